@@ -1,0 +1,153 @@
+"""The seam between the probes and the code that trains: what a probe is allowed to measure.
+
+Probes never import :mod:`advisor`. They measure a *workload*: an object satisfying
+:class:`Workload`, handed to them by the caller. ``advisor`` implements it with the very step
+code its trainer runs, so a probe times and traces the real training step and no step logic
+exists twice.
+
+Contract (read once, relied on everywhere):
+
+* ``Workload`` is immutable and picklable (a frozen dataclass of strings and numbers), so a probe
+  isolated in a child process receives it whole and rebuilds the model there.
+* ``Workload.build_step(spec, device)`` builds a fresh model, optimizer and (for fp16) grad scaler
+  for ``spec`` and returns a :class:`TrainStep`. With ``from_meta=True`` the model is built on the
+  ``meta`` device and materialised with ``to_empty(device=device)``, then shared weights are
+  re-tied: call it inside ``FakeTensorMode`` to trace memory without allocating. Parameter
+  values are then uninitialised (garbage): only shapes, dtypes and storages are meaningful.
+* ``TrainStep.forward_backward(batches)`` runs ``len(batches)`` micro-batches (the gradient
+  accumulation of one optimizer step), the loss of each divided by their number, and returns the
+  mean loss as a detached tensor (no host sync). ``TrainStep.optimizer_step()`` unscales, clips,
+  steps the optimizer (and scaler), zeroes grads with ``set_to_none`` and returns
+  :class:`StepStats`. ``TrainStep.step(batches)`` is both.
+* ``TrainStep.synthetic_batches(generator)`` returns ``grad_accum_steps`` micro-batches of random
+  tokens with the right shapes and objective on the step's device, for probes that need no data.
+* Nothing here synchronises the device; callers that time must synchronise themselves.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+
+if TYPE_CHECKING:
+    import torch
+
+PRECISIONS: tuple[str, ...] = ("fp32", "bf16", "fp16")
+CHECKPOINTING: tuple[str, ...] = ("none", "full")
+PARALLELISMS: tuple[str, ...] = ("single", "ddp", "fsdp")
+OBJECTIVES: tuple[str, ...] = ("causal_lm", "mlm")
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class StepSpec:
+    """The knobs one training step depends on (a slice of strategies' TrainConfig)."""
+
+    seq_len: int
+    micro_batch_size: int = 1
+    grad_accum_steps: int = 1
+    precision: str = "fp32"
+    activation_checkpointing: str = "none"
+    parallelism: str = "single"
+    world_size: int = 1
+    lr: float = 3e-4
+    weight_decay: float = 0.1
+    grad_clip: float = 1.0
+
+    def __post_init__(self) -> None:
+        for name in ("seq_len", "micro_batch_size", "grad_accum_steps", "world_size"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ValueError(f"{name} must be a positive integer, got {value!r}")
+        _check_choice("precision", self.precision, PRECISIONS)
+        _check_choice("activation_checkpointing", self.activation_checkpointing, CHECKPOINTING)
+        _check_choice("parallelism", self.parallelism, PARALLELISMS)
+        if self.parallelism == "single" and self.world_size != 1:
+            raise ValueError(
+                f"parallelism 'single' runs on one device but world_size is {self.world_size}: "
+                "use --parallelism ddp or fsdp, or --world-size 1"
+            )
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> StepSpec:
+        names = {f.name for f in dataclasses.fields(cls)}
+        return cls(**{k: v for k, v in data.items() if k in names})
+
+
+def _check_choice(name: str, value: str, choices: Sequence[str]) -> None:
+    if value not in choices:
+        raise ValueError(f"unknown {name} {value!r}: choose one of {', '.join(choices)}")
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class ModelFacts:
+    """Shape facts of a model, the same for every model family."""
+
+    name: str
+    family: str
+    objective: str
+    num_params: int
+    num_trainable_params: int
+    num_embedding_params: int
+    num_layers: int
+    hidden_size: int
+    num_heads: int
+    vocab_size: int
+    max_seq_len: int
+    block_class: str
+    ffn_hidden_size: int | None = None
+    num_kv_heads: int | None = None
+    tied_embeddings: bool = False
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> ModelFacts:
+        names = {f.name for f in dataclasses.fields(cls)}
+        return cls(**{k: v for k, v in data.items() if k in names})
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class StepStats:
+    """What one optimizer step reports back (tensors stay on the device: no sync)."""
+
+    grad_norm: torch.Tensor
+    skipped: bool | None = None  # fp16: did GradScaler skip this step? None until synced.
+    scale: float | None = None
+
+
+Batch = Mapping[str, "torch.Tensor"]
+
+
+@runtime_checkable
+class TrainStep(Protocol):
+    """One configured training step: model, optimizer and the step logic."""
+
+    spec: StepSpec
+    model: torch.nn.Module
+    optimizer: torch.optim.Optimizer
+    device: torch.device
+
+    def synthetic_batches(self, generator: torch.Generator | None = None) -> list[Batch]: ...
+
+    def forward_backward(self, batches: Sequence[Batch]) -> torch.Tensor: ...
+
+    def optimizer_step(self) -> StepStats: ...
+
+    def step(self, batches: Sequence[Batch]) -> tuple[torch.Tensor, StepStats]: ...
+
+
+@runtime_checkable
+class Workload(Protocol):
+    """A model (and optionally its data) that probes can build steps of."""
+
+    def facts(self) -> ModelFacts: ...
+
+    def build_step(
+        self, spec: StepSpec, device: str | torch.device, *, from_meta: bool = False
+    ) -> TrainStep: ...

@@ -1,0 +1,137 @@
+"""TrainConfig: the plan record. The search produces it, the trainer runs it, the report shows it.
+
+The global batch (sequences per optimizer step) is the user's training semantics and is held
+fixed: ``micro_batch_size * grad_accum_steps * data_parallel_size == global_batch_size``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from profilers.workload import StepSpec
+
+
+class ConfigError(ValueError):
+    """A TrainConfig that cannot be run; the message names the fix."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class TrainConfig:
+    model: str = "gpt-tiny"
+    model_args: Mapping[str, Any] = field(default_factory=dict)
+    data: str = "stdlib"
+    seq_len: int = 128
+    global_batch_size: int = 8
+    micro_batch_size: int = 8
+    grad_accum_steps: int = 1
+    precision: str = "fp32"
+    activation_checkpointing: str = "none"
+    parallelism: str = "single"
+    world_size: int = 1
+    lr: float = 1e-3
+    min_lr: float = 1e-4
+    warmup_steps: int = 20
+    weight_decay: float = 0.1
+    grad_clip: float = 1.0
+    seed: int = 1337
+    num_workers: int = 0
+
+    def __post_init__(self) -> None:
+        try:
+            self.step_spec()
+        except ValueError as exc:
+            raise ConfigError(str(exc)) from None
+        for name in ("global_batch_size",):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ConfigError(f"{name} must be a positive integer, got {value!r}")
+        produced = self.micro_batch_size * self.grad_accum_steps * self.data_parallel_size
+        if produced != self.global_batch_size:
+            raise ConfigError(
+                f"micro_batch_size {self.micro_batch_size} x grad_accum_steps "
+                f"{self.grad_accum_steps} x data-parallel size {self.data_parallel_size} = "
+                f"{produced}, not the global batch size {self.global_batch_size}: change one of "
+                "them so the product matches"
+            )
+        if not self.lr > 0:
+            raise ConfigError(f"lr must be positive, got {self.lr}")
+        if self.min_lr < 0 or self.min_lr > self.lr:
+            raise ConfigError(f"min_lr must be between 0 and lr ({self.lr}), got {self.min_lr}")
+        for name in ("warmup_steps", "num_workers"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+                raise ConfigError(f"{name} must be a non-negative integer, got {value!r}")
+        if self.weight_decay < 0:
+            raise ConfigError(f"weight_decay must be >= 0, got {self.weight_decay}")
+        if self.grad_clip < 0:
+            raise ConfigError(f"grad_clip must be >= 0 (0 disables clipping), got {self.grad_clip}")
+        if not self.model:
+            raise ConfigError("model must name a model spec, e.g. gpt-tiny")
+
+    @property
+    def data_parallel_size(self) -> int:
+        """Ranks that each see distinct data (every rank, for both DDP and FSDP)."""
+        return self.world_size
+
+    @property
+    def tokens_per_step(self) -> int:
+        return self.global_batch_size * self.seq_len
+
+    def step_spec(self) -> StepSpec:
+        return StepSpec(
+            seq_len=self.seq_len,
+            micro_batch_size=self.micro_batch_size,
+            grad_accum_steps=self.grad_accum_steps,
+            precision=self.precision,
+            activation_checkpointing=self.activation_checkpointing,
+            parallelism=self.parallelism,
+            world_size=self.world_size,
+            lr=self.lr,
+            weight_decay=self.weight_decay,
+            grad_clip=self.grad_clip,
+        )
+
+    def replace(self, **changes: Any) -> TrainConfig:
+        return dataclasses.replace(self, **changes)
+
+    def to_dict(self) -> dict[str, Any]:
+        out = dataclasses.asdict(self)
+        out["model_args"] = dict(self.model_args)
+        return out
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> TrainConfig:
+        if not isinstance(data, Mapping):
+            raise ConfigError("a TrainConfig must be a JSON object")
+        names = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(data) - names)
+        if unknown:
+            raise ConfigError(
+                f"unknown TrainConfig key(s) {', '.join(unknown)}; known keys: "
+                + ", ".join(sorted(names))
+            )
+        try:
+            return cls(**dict(data))
+        except TypeError as exc:
+            raise ConfigError(f"invalid TrainConfig: {exc}") from None
+
+
+def load_plan_config(path: str | Path) -> TrainConfig:
+    """Read the TrainConfig of a plan.json (its ``config`` object) or of a bare config file."""
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"plan file {path} does not exist: pass the plan.json that "
+                          "'advisor recommend' wrote")
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ConfigError(f"plan file {path} is not valid JSON ({exc}): regenerate it with "
+                          "'advisor recommend'") from None
+    if isinstance(data, dict) and "config" in data:
+        data = data["config"]
+    return TrainConfig.from_dict(data)
