@@ -1,0 +1,82 @@
+"""Affine fits y = intercept + slope * x, shared by the memory, time and communication models.
+
+Peak memory is affine in micro-batch size (DESIGN.md, "Measuring well"), step time is
+t0 + k*b, and a collective costs alpha + beta*bytes (the alpha-beta, or Hockney, model). One
+least-squares fit serves all three, and keeps its residuals so a profile can show how well the
+line explains what was measured.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class AffineFit:
+    intercept: float
+    slope: float
+    xs: tuple[float, ...]
+    ys: tuple[float, ...]
+
+    def predict(self, x: float) -> float:
+        return self.intercept + self.slope * x
+
+    @property
+    def residuals(self) -> tuple[float, ...]:
+        return tuple(y - self.predict(x) for x, y in zip(self.xs, self.ys, strict=True))
+
+    @property
+    def max_relative_residual(self) -> float:
+        """Largest |residual| / |measured| over the fitted points (0 for a two-point fit)."""
+        return max(
+            (abs(r) / abs(y) for r, y in zip(self.residuals, self.ys, strict=True) if y),
+            default=0.0,
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "intercept": self.intercept,
+            "slope": self.slope,
+            "xs": list(self.xs),
+            "ys": list(self.ys),
+            "residuals": list(self.residuals),
+            "max_relative_residual": self.max_relative_residual,
+        }
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> AffineFit:
+        return cls(
+            intercept=float(data["intercept"]),
+            slope=float(data["slope"]),
+            xs=tuple(float(x) for x in data.get("xs", ())),
+            ys=tuple(float(y) for y in data.get("ys", ())),
+        )
+
+
+def fit_affine(xs: Sequence[float], ys: Sequence[float]) -> AffineFit:
+    """Ordinary least squares through (xs, ys); needs at least two distinct xs.
+
+    With repeated samples at the same x (e.g. several timed steps per micro-batch size), pass
+    them all: the fit then goes through the per-x means.
+    """
+    if len(xs) != len(ys):
+        raise ValueError(f"xs and ys differ in length ({len(xs)} vs {len(ys)})")
+    if len(set(xs)) < 2:
+        raise ValueError("an affine fit needs measurements at two or more distinct x values")
+    if not all(math.isfinite(v) for v in (*xs, *ys)):
+        raise ValueError("an affine fit needs finite measurements")
+    mean_x = statistics.fmean(xs)
+    mean_y = statistics.fmean(ys)
+    sxx = sum((x - mean_x) ** 2 for x in xs)
+    sxy = sum((x - mean_x) * (y - mean_y) for x, y in zip(xs, ys, strict=True))
+    slope = sxy / sxx
+    return AffineFit(
+        intercept=mean_y - slope * mean_x,
+        slope=slope,
+        xs=tuple(float(x) for x in xs),
+        ys=tuple(float(y) for y in ys),
+    )
