@@ -125,13 +125,15 @@ def load_plan_config(path: str | Path) -> TrainConfig:
     """Read the TrainConfig of a plan.json (its ``config`` object) or of a bare config file."""
     path = Path(path)
     if not path.is_file():
-        raise ConfigError(f"plan file {path} does not exist: pass the plan.json that "
-                          "'advisor recommend' wrote")
+        raise ConfigError(
+            f"plan file {path} does not exist: pass the plan.json that 'advisor recommend' wrote"
+        )
     try:
         data = json.loads(path.read_text())
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise ConfigError(f"plan file {path} is not valid JSON ({exc}): regenerate it with "
-                          "'advisor recommend'") from None
+        raise ConfigError(
+            f"plan file {path} is not valid JSON ({exc}): regenerate it with 'advisor recommend'"
+        ) from None
     if isinstance(data, dict) and "config" in data:
         data = data["config"]
     return TrainConfig.from_dict(data)

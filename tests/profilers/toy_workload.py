@@ -61,8 +61,9 @@ class ToyGPT(nn.Module):
 
 
 class ToyStep:
-    def __init__(self, workload: ToyWorkload, spec: StepSpec, device: torch.device,
-                 from_meta: bool) -> None:
+    def __init__(
+        self, workload: ToyWorkload, spec: StepSpec, device: torch.device, from_meta: bool
+    ) -> None:
         self.spec, self.device, self.workload = spec, device, workload
         w = workload
         if from_meta:
@@ -82,8 +83,9 @@ class ToyStep:
         out = []
         for _ in range(self.spec.grad_accum_steps):
             ids = torch.randint(0, self.workload.vocab, shape, generator=generator)
-            out.append({"input_ids": ids.to(self.device),
-                        "labels": torch.roll(ids, -1, 1).to(self.device)})
+            out.append(
+                {"input_ids": ids.to(self.device), "labels": torch.roll(ids, -1, 1).to(self.device)}
+            )
         return out
 
     def forward_backward(self, batches: Sequence[Batch]) -> torch.Tensor:
@@ -100,7 +102,9 @@ class ToyStep:
 
     def optimizer_step(self) -> StepStats:
         self.scaler.unscale_(self.optimizer)
-        norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.spec.grad_clip or math.inf)
+        norm = torch.nn.utils.clip_grad_norm_(
+            self.model.parameters(), self.spec.grad_clip or math.inf
+        )
         self.scaler.step(self.optimizer)
         self.scaler.update()
         self.optimizer.zero_grad(set_to_none=True)
@@ -122,12 +126,24 @@ class ToyWorkload:
     def facts(self) -> ModelFacts:
         m = ToyGPT(self.vocab, self.d, self.layers, self.heads, self.max_len)
         n = sum(p.numel() for p in m.parameters())
-        return ModelFacts(name="toy", family="gpt", objective="causal_lm", num_params=n,
-                          num_trainable_params=n, num_embedding_params=m.wte.weight.numel()
-                          + m.wpe.weight.numel(), num_layers=self.layers, hidden_size=self.d,
-                          num_heads=self.heads, vocab_size=self.vocab, max_seq_len=self.max_len,
-                          block_class="_Block", ffn_hidden_size=4 * self.d, tied_embeddings=True)
+        return ModelFacts(
+            name="toy",
+            family="gpt",
+            objective="causal_lm",
+            num_params=n,
+            num_trainable_params=n,
+            num_embedding_params=m.wte.weight.numel() + m.wpe.weight.numel(),
+            num_layers=self.layers,
+            hidden_size=self.d,
+            num_heads=self.heads,
+            vocab_size=self.vocab,
+            max_seq_len=self.max_len,
+            block_class="_Block",
+            ffn_hidden_size=4 * self.d,
+            tied_embeddings=True,
+        )
 
-    def build_step(self, spec: StepSpec, device: str | torch.device, *,
-                   from_meta: bool = False) -> ToyStep:
+    def build_step(
+        self, spec: StepSpec, device: str | torch.device, *, from_meta: bool = False
+    ) -> ToyStep:
         return ToyStep(self, spec, torch.device(device), from_meta)
