@@ -1,0 +1,187 @@
+"""Token sources for ``--data``: where the token ids come from, split into train and val.
+
+* ``stdlib`` (default): the Python standard library's own ``.py`` sources — real text on every
+  machine with no download — as byte-level tokens (vocab 256). Files are assigned to train or
+  val by a hash of their relative path, so the split is deterministic for a Python version.
+* a text file: its bytes are the tokens (vocab 256); the last 10% is the validation split.
+* ``FILE.bin``: uint16 token ids (nanoGPT format); last 10% is val. A directory holding
+  ``train.bin`` and ``val.bin`` uses those two files.
+* ``synthetic``: random tokens over the model's vocabulary, for probes and smoke tests.
+* with ``--tokenizer DIR`` (a local Hugging Face tokenizer, extra ``hf``), text sources are
+  tokenized once and cached as token-id files.
+
+Token arrays are memory-mapped from files (the cache for ``stdlib`` and tokenized text), so data
+loader workers open them cheaply under any multiprocessing start method.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import sysconfig
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from advisor.errors import UsageProblem
+
+VAL_FRACTION = 0.1
+BYTE_VOCAB = 256
+
+
+@dataclass(frozen=True)
+class TokenSource:
+    """Picklable description of a token stream; ``tokens(split)`` memory-maps it."""
+
+    spec: str
+    kind: str  # stdlib | text | bin | synthetic | tokenized
+    vocab_size: int
+    paths: tuple[str, str] | None = None  # (train, val) files, or None for synthetic
+    split_at: int | None = None  # single-file sources: first val token
+    dtype: str = "uint8"
+    mask_token_id: int | None = None
+    description: str = ""
+
+    def tokens(self, split: str) -> np.ndarray:
+        assert split in ("train", "val"), split
+        assert self.paths is not None, "synthetic data has no token file"
+        train_path, val_path = self.paths
+        if self.split_at is not None:  # one file, split by position
+            data = np.memmap(train_path, dtype=self.dtype, mode="r")
+            return data[: self.split_at] if split == "train" else data[self.split_at :]
+        return np.memmap(train_path if split == "train" else val_path, dtype=self.dtype, mode="r")
+
+    def num_tokens(self, split: str) -> int:
+        return 0 if self.kind == "synthetic" else len(self.tokens(split))
+
+
+def cache_dir() -> Path:
+    root = os.environ.get("ADVISOR_CACHE_DIR") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME", os.path.expanduser("~/.cache")), "transformer-advisor"
+    )
+    path = Path(root)
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def _atomic_write(path: Path, data: bytes) -> None:
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_bytes(data)
+    os.replace(tmp, path)
+
+
+def stdlib_files() -> list[Path]:
+    root = Path(sysconfig.get_paths()["stdlib"])
+    files = []
+    for dirpath, dirnames, filenames in os.walk(root):
+        dirnames[:] = sorted(d for d in dirnames if d not in ("site-packages", "__pycache__"))
+        files.extend(Path(dirpath) / f for f in sorted(filenames) if f.endswith(".py"))
+    return files
+
+
+def _stdlib_source() -> TokenSource:
+    root = Path(sysconfig.get_paths()["stdlib"])
+    files = stdlib_files()
+    if not files:
+        raise UsageProblem(f"no .py files under {root}: pass --data FILE instead of stdlib")
+    listing = "\n".join(f"{p.relative_to(root)}:{p.stat().st_size}" for p in files)
+    key = hashlib.sha1(listing.encode()).hexdigest()[:16]
+    base = cache_dir() / f"stdlib-{key}"
+    train_path, val_path = base.with_suffix(".train.u8"), base.with_suffix(".val.u8")
+    if not (train_path.exists() and val_path.exists()):
+        parts: dict[str, list[bytes]] = {"train": [], "val": []}
+        for path in files:
+            rel = str(path.relative_to(root))
+            bucket = int(hashlib.sha1(rel.encode()).hexdigest(), 16) % 10
+            parts["val" if bucket == 0 else "train"].append(path.read_bytes() + b"\n\n")
+        _atomic_write(train_path, b"".join(parts["train"]))
+        _atomic_write(val_path, b"".join(parts["val"]))
+    return TokenSource(
+        spec="stdlib",
+        kind="stdlib",
+        vocab_size=BYTE_VOCAB,
+        paths=(str(train_path), str(val_path)),
+        description=f"Python {sysconfig.get_python_version()} standard library sources "
+        f"({len(files)} files, byte-level)",
+    )
+
+
+def _single_file(spec: str, path: Path, dtype: str, vocab: int, kind: str) -> TokenSource:
+    n = path.stat().st_size // np.dtype(dtype).itemsize
+    split_at = int(n * (1 - VAL_FRACTION))
+    return TokenSource(
+        spec=spec,
+        kind=kind,
+        vocab_size=vocab,
+        paths=(str(path), str(path)),
+        split_at=split_at,
+        dtype=dtype,
+        description=f"{path.name} ({n:,} tokens)",
+    )
+
+
+def _bin_vocab(paths: list[Path]) -> int:
+    top = 0
+    for path in paths:
+        data = np.memmap(path, dtype=np.uint16, mode="r")
+        for start in range(0, len(data), 1 << 24):  # chunked: a .bin may be many GB
+            top = max(top, int(data[start : start + (1 << 24)].max(initial=0)))
+    return top + 1
+
+
+def resolve_data(
+    spec: str, *, tokenizer: str | None = None, model_vocab: int = BYTE_VOCAB, min_tokens: int = 2
+) -> TokenSource:
+    """The token source named by ``--data`` (``min_tokens``: each split must hold a window)."""
+    if spec == "synthetic":
+        if tokenizer:
+            raise UsageProblem("--tokenizer has no effect on synthetic data: drop it")
+        return TokenSource(
+            spec=spec,
+            kind="synthetic",
+            vocab_size=model_vocab,
+            description=f"random tokens over {model_vocab} ids",
+        )
+    if spec == "stdlib":
+        source = _stdlib_source()
+    else:
+        path = Path(spec).expanduser()
+        if not path.exists():
+            raise UsageProblem(
+                f"data {spec!r} does not exist: pass stdlib, synthetic, a text file, a .bin of "
+                "uint16 token ids, or a directory with train.bin and val.bin"
+            )
+        if path.is_dir():
+            train, val = path / "train.bin", path / "val.bin"
+            if not (train.is_file() and val.is_file()):
+                raise UsageProblem(f"directory {path} needs train.bin and val.bin (uint16 ids)")
+            if tokenizer:
+                raise UsageProblem("--tokenizer applies to text data, not .bin token ids: drop it")
+            source = TokenSource(
+                spec=spec,
+                kind="bin",
+                vocab_size=_bin_vocab([train, val]),
+                paths=(str(train), str(val)),
+                dtype="uint16",
+                description=f"{path}/{{train,val}}.bin",
+            )
+        elif path.suffix == ".bin":
+            if tokenizer:
+                raise UsageProblem("--tokenizer applies to text data, not .bin token ids: drop it")
+            if path.stat().st_size % 2:
+                raise UsageProblem(f"{path} has an odd size: a .bin must hold uint16 token ids")
+            source = _single_file(spec, path, "uint16", _bin_vocab([path]), "bin")
+        else:
+            source = _single_file(spec, path, "uint8", BYTE_VOCAB, "text")
+    if tokenizer:
+        from advisor.data.tokenized import tokenize_source
+
+        source = tokenize_source(source, tokenizer)
+    for split in ("train", "val"):
+        if source.num_tokens(split) < min_tokens:
+            raise UsageProblem(
+                f"data {spec!r} has {source.num_tokens(split)} {split} tokens, fewer than one "
+                f"window of {min_tokens}: use more text or a shorter --seq-len"
+            )
+    return source

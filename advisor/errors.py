@@ -1,0 +1,24 @@
+"""Errors the user can fix. The CLI prints their message as one line and exits 2 (bad usage) or 1.
+
+Library code raises these with a message that names the problem *and* the fix; it never prints.
+"""
+
+from __future__ import annotations
+
+
+class AdvisorError(Exception):
+    """A failure the user can act on; ``exit_code`` is what the CLI exits with."""
+
+    exit_code = 1
+
+
+class UsageProblem(AdvisorError):
+    """Bad input: unknown spec, missing file, impossible sizes, unsupported precision ..."""
+
+    exit_code = 2
+
+
+class TrainingDiverged(AdvisorError):
+    """Loss became NaN/inf; the last good checkpoint is kept."""
+
+    exit_code = 1

@@ -1,0 +1,144 @@
+"""One face for every model: logits and loss, the repeated blocks, shape facts, weight tying.
+
+Built-in presets, Hugging Face models and user factories all become a :class:`ModelAdapter`,
+so the trainer, checkpointing, FSDP wrapping and the probes never branch on where a model came
+from.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+
+from advisor.models.objectives import Objective, lm_loss
+from profilers.workload import ModelFacts
+
+
+@dataclass
+class ModelAdapter:
+    module: nn.Module
+    name: str
+    family: str
+    objective: str  # causal_lm | mlm
+    blocks_path: str  # dotted path of the ModuleList holding the repeated blocks
+    vocab_size: int
+    hidden_size: int
+    num_heads: int
+    max_seq_len: int  # 0: unknown (a user module that does not say)
+    ffn_hidden_size: int | None = None
+    num_kv_heads: int | None = None
+    mask_token_id: int | None = None
+
+    # -- the repeated blocks ---------------------------------------------------------------
+    def blocks(self) -> nn.ModuleList:
+        found = self.module.get_submodule(self.blocks_path)
+        assert isinstance(found, nn.ModuleList)
+        return found
+
+    # -- forward and loss -------------------------------------------------------------------
+    def logits(self, input_ids: torch.Tensor) -> torch.Tensor:
+        return extract_logits(self.module(input_ids))
+
+    def loss(self, batch: Mapping[str, torch.Tensor]) -> torch.Tensor:
+        return lm_loss(self.logits(batch["input_ids"]), batch["labels"])
+
+    def make_objective(self, data_vocab_size: int) -> Objective:
+        return Objective(self.objective, data_vocab_size, self.mask_token_id)
+
+    # -- materialisation --------------------------------------------------------------------
+    def retie(self) -> None:
+        """Re-tie shared weights after ``to_empty`` (which breaks ties for non-dense tensors)."""
+        tie = getattr(self.module, "tie_weights", None)
+        if callable(tie):
+            tie()
+
+    def init_weights(self) -> None:
+        """Initialise a model materialised from meta (``to_empty`` leaves memory uninitialised)."""
+        init = getattr(self.module, "init_weights", None)
+        if callable(init):
+            init()
+            return
+        for sub in self.module.modules():
+            reset = getattr(sub, "reset_parameters", None)
+            if callable(reset):
+                reset()
+
+    # -- facts --------------------------------------------------------------------------------
+    def facts(self) -> ModelFacts:
+        params = list(self.module.parameters())  # a shared (tied) tensor is yielded once
+        embedding = {
+            id(m.weight): m.weight.numel()
+            for m in self.module.modules()
+            if isinstance(m, nn.Embedding)
+        }
+        blocks = self.blocks()
+        return ModelFacts(
+            name=self.name,
+            family=self.family,
+            objective=self.objective,
+            num_params=sum(p.numel() for p in params),
+            num_trainable_params=sum(p.numel() for p in params if p.requires_grad),
+            num_embedding_params=sum(embedding.values()),
+            num_layers=len(blocks),
+            hidden_size=self.hidden_size,
+            num_heads=self.num_heads,
+            vocab_size=self.vocab_size,
+            max_seq_len=self.max_seq_len,
+            block_class=type(blocks[0]).__name__ if len(blocks) else "",
+            ffn_hidden_size=self.ffn_hidden_size,
+            num_kv_heads=self.num_kv_heads,
+            tied_embeddings=_has_tied_output(self.module),
+        )
+
+
+def _has_tied_output(module: nn.Module) -> bool:
+    embeddings = {id(m.weight) for m in module.modules() if isinstance(m, nn.Embedding)}
+    return any(id(m.weight) in embeddings for m in module.modules() if isinstance(m, nn.Linear))
+
+
+def extract_logits(out: Any) -> torch.Tensor:
+    """Logits from a plain tensor, a ModelOutput/namespace with ``.logits``, or a dict."""
+    if isinstance(out, torch.Tensor):
+        return out
+    logits = getattr(out, "logits", None)
+    if logits is None and isinstance(out, Mapping):
+        logits = out.get("logits")
+    if logits is None and isinstance(out, tuple) and out and isinstance(out[0], torch.Tensor):
+        logits = out[0]
+    if not isinstance(logits, torch.Tensor):
+        raise TypeError(
+            f"the model returned {type(out).__name__}, not logits: its forward(input_ids) must "
+            "return a logits tensor (batch, seq, vocab) or an object with a .logits tensor"
+        )
+    return logits
+
+
+def find_repeated_blocks(module: nn.Module) -> str:
+    """Dotted path of the ModuleList of same-class blocks holding the most parameters.
+
+    That is the stack of Transformer layers in every model we know (``blocks``,
+    ``transformer.h``, ``bert.encoder.layer``, ``model.layers`` ...). A module can name its own
+    with an ``advisor_blocks`` attribute holding the dotted path.
+    """
+    named = getattr(module, "advisor_blocks", None)
+    if isinstance(named, str):
+        return named
+    best: tuple[int, str] | None = None
+    for path, sub in module.named_modules():
+        if not isinstance(sub, nn.ModuleList) or len(sub) == 0:
+            continue
+        if len({type(child) for child in sub}) != 1:
+            continue
+        size = sum(p.numel() for p in sub.parameters())
+        if best is None or size > best[0]:
+            best = (size, path)
+    if best is None:
+        raise ValueError(
+            f"{type(module).__name__} has no nn.ModuleList of repeated blocks: keep the layers in "
+            "an nn.ModuleList, or set an `advisor_blocks` attribute to its dotted path"
+        )
+    return best[1]

@@ -1,0 +1,120 @@
+"""``hf:NAME_OR_PATH``: a Hugging Face ``transformers`` model built from its configuration only.
+
+No weights and no network: NAME_OR_PATH is a local directory holding ``config.json``, a JSON
+config file, or a model type whose config class has defaults (``hf:gpt2``, ``hf:bert``,
+``hf:llama`` ...). Encoders (BERT, RoBERTa ...) train with the masked-LM objective, decoders
+with causal LM.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from advisor.errors import UsageProblem
+from advisor.models.adapter import ModelAdapter, find_repeated_blocks
+
+INSTALL_HINT = "pip install 'transformer-advisor[hf]'"
+
+
+def _transformers() -> Any:
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")  # never reach the hub from here
+    try:
+        import transformers
+    except ImportError:
+        raise UsageProblem(
+            f"hf: models need the optional 'transformers' package: {INSTALL_HINT}"
+        ) from None
+    transformers.logging.set_verbosity_error()
+    return transformers
+
+
+def load_hf_config(name_or_path: str) -> Any:
+    tf = _transformers()
+    path = Path(name_or_path).expanduser()
+    if path.is_dir():
+        if not (path / "config.json").is_file():
+            raise UsageProblem(f"{path} has no config.json: point hf: at a model's config dir")
+        data = json.loads((path / "config.json").read_text())
+    elif path.is_file():
+        try:
+            data = json.loads(path.read_text())
+        except json.JSONDecodeError as exc:
+            raise UsageProblem(f"{path} is not valid JSON ({exc}): pass a config.json") from None
+    else:
+        types = sorted(tf.CONFIG_MAPPING.keys())
+        if name_or_path not in tf.CONFIG_MAPPING:
+            raise UsageProblem(
+                f"hf:{name_or_path} is neither a local config path nor a transformers model type "
+                "(nothing is downloaded): save the model's config.json locally and pass "
+                f"hf:DIR, or use a model type such as gpt2, bert, llama ({len(types)} known)"
+            )
+        return tf.AutoConfig.for_model(name_or_path)
+    model_type = data.pop("model_type", None) if isinstance(data, dict) else None
+    if model_type not in tf.CONFIG_MAPPING:
+        raise UsageProblem(f"{path}: config has unknown model_type {model_type!r}")
+    return tf.AutoConfig.for_model(model_type, **data)
+
+
+def build_hf(spec: str, args: dict[str, Any], meta: bool) -> ModelAdapter:
+    tf = _transformers()
+    from transformers.models.auto import modeling_auto
+
+    config = load_hf_config(spec[3:])
+    unknown = sorted(k for k in args if not hasattr(config, k))
+    if unknown:
+        raise UsageProblem(
+            f"--model-arg {', '.join(unknown)} is not a field of {type(config).__name__}: "
+            "check the config's attribute names"
+        )
+    config.update(args)
+    config.use_cache = False  # training: no KV cache
+    model_type = config.model_type
+    causal = model_type in modeling_auto.MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+    masked = model_type in modeling_auto.MODEL_FOR_MASKED_LM_MAPPING_NAMES
+    if masked and (not causal or not getattr(config, "is_decoder", False)):
+        objective, auto = "mlm", tf.AutoModelForMaskedLM
+    elif causal:
+        objective, auto = "causal_lm", tf.AutoModelForCausalLM
+    else:
+        raise UsageProblem(
+            f"hf model type {model_type!r} has no causal-LM or masked-LM head in transformers: "
+            "use a decoder or encoder language model"
+        )
+    try:
+        with torch.device("meta") if meta else torch.device("cpu"):
+            try:
+                module = auto.from_config(config, attn_implementation="sdpa")
+            except (ValueError, ImportError):  # this architecture has no SDPA path
+                module = auto.from_config(config)
+    except Exception as exc:
+        raise UsageProblem(f"cannot build {spec} ({type(exc).__name__}: {exc})") from None
+    module = module.float() if not meta else module.to(torch.float32)
+
+    def first(*names: str) -> int | None:
+        for name in names:
+            value = getattr(config, name, None)
+            if isinstance(value, int):
+                return value
+        return None
+
+    hidden = first("hidden_size", "n_embd", "d_model") or 0
+    heads = first("num_attention_heads", "n_head") or 0
+    return ModelAdapter(
+        module=module,
+        name=spec,
+        family=f"hf-{model_type}",
+        objective=objective,
+        blocks_path=find_repeated_blocks(module),
+        vocab_size=int(config.vocab_size),
+        hidden_size=hidden,
+        num_heads=heads,
+        max_seq_len=first("max_position_embeddings", "n_positions", "max_seq_len") or 0,
+        ffn_hidden_size=first("intermediate_size", "n_inner"),
+        num_kv_heads=first("num_key_value_heads"),
+        mask_token_id=first("mask_token_id"),
+    )

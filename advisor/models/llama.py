@@ -1,0 +1,148 @@
+"""Llama-style decoder: RMSNorm, SwiGLU MLP, rotary position embeddings, grouped-query attention."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+@dataclass(kw_only=True)
+class LlamaConfig:
+    vocab_size: int = 128256
+    n_layer: int = 16
+    n_head: int = 32
+    n_kv_head: int = 8
+    n_embd: int = 2048
+    ffn_hidden: int = 8192
+    max_seq_len: int = 8192
+    rope_theta: float = 500000.0
+    norm_eps: float = 1e-5
+    tie_weights: bool = True
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float) -> None:
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.rms_norm(x, (x.shape[-1],), self.weight, self.eps)
+
+
+def rope_tables(head_dim: int, max_seq_len: int, theta: float) -> torch.Tensor:
+    """cos/sin tables, shape (max_seq_len, head_dim) with cos in the first half (RoFormer §3.4)."""
+    inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim))
+    angles = torch.outer(torch.arange(max_seq_len, dtype=torch.float32), inv_freq)
+    return torch.cat([angles.cos(), angles.sin()], dim=-1)
+
+
+def apply_rope(x: torch.Tensor, table: torch.Tensor) -> torch.Tensor:
+    # x: (b, heads, t, head_dim); rotate pairs (x1, x2) = halves of the head dimension.
+    half = x.shape[-1] // 2
+    cos, sin = table[: x.shape[2], :half].to(x.dtype), table[: x.shape[2], half:].to(x.dtype)
+    x1, x2 = x[..., :half], x[..., half:]
+    return torch.cat([x1 * cos - x2 * sin, x1 * sin + x2 * cos], dim=-1)
+
+
+class Attention(nn.Module):
+    def __init__(self, cfg: LlamaConfig) -> None:
+        super().__init__()
+        self.n_head, self.n_kv_head = cfg.n_head, cfg.n_kv_head
+        self.head_dim = cfg.n_embd // cfg.n_head
+        self.wq = nn.Linear(cfg.n_embd, cfg.n_head * self.head_dim, bias=False)
+        self.wk = nn.Linear(cfg.n_embd, cfg.n_kv_head * self.head_dim, bias=False)
+        self.wv = nn.Linear(cfg.n_embd, cfg.n_kv_head * self.head_dim, bias=False)
+        self.wo = nn.Linear(cfg.n_head * self.head_dim, cfg.n_embd, bias=False)
+
+    def forward(self, x: torch.Tensor, rope: torch.Tensor) -> torch.Tensor:
+        b, t, _ = x.shape
+        q = self.wq(x).view(b, t, self.n_head, self.head_dim).transpose(1, 2)
+        k = self.wk(x).view(b, t, self.n_kv_head, self.head_dim).transpose(1, 2)
+        v = self.wv(x).view(b, t, self.n_kv_head, self.head_dim).transpose(1, 2)
+        q, k = apply_rope(q, rope), apply_rope(k, rope)
+        if self.n_kv_head != self.n_head:  # grouped-query attention: share each k/v head
+            k = k.repeat_interleave(self.n_head // self.n_kv_head, dim=1)
+            v = v.repeat_interleave(self.n_head // self.n_kv_head, dim=1)
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        return self.wo(y.transpose(1, 2).reshape(b, t, -1))
+
+
+class FeedForward(nn.Module):
+    def __init__(self, cfg: LlamaConfig) -> None:
+        super().__init__()
+        self.w1 = nn.Linear(cfg.n_embd, cfg.ffn_hidden, bias=False)
+        self.w3 = nn.Linear(cfg.n_embd, cfg.ffn_hidden, bias=False)
+        self.w2 = nn.Linear(cfg.ffn_hidden, cfg.n_embd, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.w2(F.silu(self.w1(x)) * self.w3(x))  # SwiGLU (Shazeer 2020)
+
+
+class LlamaBlock(nn.Module):
+    def __init__(self, cfg: LlamaConfig) -> None:
+        super().__init__()
+        self.attention_norm = RMSNorm(cfg.n_embd, cfg.norm_eps)
+        self.attention = Attention(cfg)
+        self.ffn_norm = RMSNorm(cfg.n_embd, cfg.norm_eps)
+        self.feed_forward = FeedForward(cfg)
+
+    def forward(self, x: torch.Tensor, rope: torch.Tensor) -> torch.Tensor:
+        x = x + self.attention(self.attention_norm(x), rope)
+        return x + self.feed_forward(self.ffn_norm(x))
+
+
+class Llama(nn.Module):
+    def __init__(self, cfg: LlamaConfig) -> None:
+        super().__init__()
+        if cfg.n_embd % cfg.n_head or cfg.n_head % cfg.n_kv_head:
+            raise ValueError(
+                f"n_embd ({cfg.n_embd}) must be divisible by n_head ({cfg.n_head}) and n_head by "
+                f"n_kv_head ({cfg.n_kv_head}): fix the --model-arg values"
+            )
+        self.config = cfg
+        self.tok_embeddings = nn.Embedding(cfg.vocab_size, cfg.n_embd)
+        self.blocks = nn.ModuleList(LlamaBlock(cfg) for _ in range(cfg.n_layer))
+        self.norm = RMSNorm(cfg.n_embd, cfg.norm_eps)
+        self.output = nn.Linear(cfg.n_embd, cfg.vocab_size, bias=False)
+        # Recomputed by init_weights (a meta-built model has none); not saved in checkpoints.
+        self.register_buffer(
+            "rope",
+            rope_tables(cfg.n_embd // cfg.n_head, cfg.max_seq_len, cfg.rope_theta),
+            persistent=False,
+        )
+        self.tie_weights()
+        if not self.tok_embeddings.weight.is_meta:
+            self.init_weights()
+
+    def tie_weights(self) -> None:
+        if self.config.tie_weights:
+            self.output.weight = self.tok_embeddings.weight
+
+    @torch.no_grad()
+    def init_weights(self) -> None:
+        cfg = self.config
+        self.rope.copy_(rope_tables(cfg.n_embd // cfg.n_head, cfg.max_seq_len, cfg.rope_theta))
+        for name, p in self.named_parameters():
+            if p.dim() >= 2:
+                out_proj = name.endswith(("wo.weight", "w2.weight"))
+                std = 0.02 / math.sqrt(2 * cfg.n_layer) if out_proj else 0.02
+                nn.init.normal_(p, mean=0.0, std=std)
+            else:
+                nn.init.ones_(p)
+
+    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+        t = input_ids.shape[1]
+        if t > self.config.max_seq_len:
+            raise ValueError(
+                f"sequence length {t} exceeds the model's max_seq_len {self.config.max_seq_len}: "
+                f"use a shorter --seq-len or --model-arg max_seq_len={t}"
+            )
+        x = self.tok_embeddings(input_ids)
+        for block in self.blocks:
+            x = block(x, self.rope)
+        return self.output(self.norm(x))

@@ -1,0 +1,185 @@
+"""The one training step, shared by ``advisor train`` and every probe (via AdvisorWorkload).
+
+Wrapping order lives in :func:`prepare_module` (as in torchtitan): activation checkpointing of
+the repeated blocks, then data parallelism (DDP, or FSDP2 per block then the root), then the
+optimizer over the (possibly sharded) parameters.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+
+from advisor.models.adapter import ModelAdapter, extract_logits
+from advisor.models.objectives import lm_loss
+from profilers.workload import Batch, StepSpec, StepStats
+
+AUTOCAST_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
+ADAM_BETAS = (0.9, 0.95)  # GPT-3 (Brown et al. 2020, App. B), as in nanoGPT
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class ParallelOptions:
+    """Knobs of the data-parallel wrappers that are not part of the plan's identity."""
+
+    ddp_bucket_cap_mb: float = 25.0
+    fsdp_reshard_after_forward: bool = True
+
+
+def apply_activation_checkpointing(adapter: ModelAdapter) -> None:
+    """Wrap every repeated block in non-reentrant ``torch.utils.checkpoint``.
+
+    The wrapper's state-dict hooks strip its prefix, so checkpoints load with or without it.
+    """
+    from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import (
+        CheckpointImpl,
+        checkpoint_wrapper,
+    )
+
+    blocks = adapter.blocks()
+    for i, block in enumerate(blocks):
+        blocks[i] = checkpoint_wrapper(block, checkpoint_impl=CheckpointImpl.NO_REENTRANT)
+
+
+def prepare_module(
+    adapter: ModelAdapter, spec: StepSpec, device: torch.device, options: ParallelOptions
+) -> nn.Module:
+    """Checkpointing, then parallelism; returns the module the step calls."""
+    if spec.activation_checkpointing == "full":
+        apply_activation_checkpointing(adapter)
+    module = adapter.module
+    if spec.parallelism == "ddp":
+        from torch.nn.parallel import DistributedDataParallel
+
+        return DistributedDataParallel(
+            module,
+            device_ids=[device.index] if device.type == "cuda" else None,
+            # Gradients live in the communication buckets: saves one gradient copy.
+            gradient_as_bucket_view=True,
+            bucket_cap_mb=options.ddp_bucket_cap_mb,
+        )
+    if spec.parallelism == "fsdp":
+        from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+        dtype = AUTOCAST_DTYPES.get(spec.precision)
+        policy = MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=torch.float32)
+        for block in adapter.blocks():
+            fully_shard(
+                block,
+                mp_policy=policy,
+                reshard_after_forward=options.fsdp_reshard_after_forward,
+            )
+        # The root keeps its parameters gathered after forward: backward needs them at once.
+        fully_shard(module, mp_policy=policy, reshard_after_forward=False)
+    return module
+
+
+def build_optimizer(module: nn.Module, spec: StepSpec, device: torch.device) -> torch.optim.AdamW:
+    """AdamW with weight decay on matrices only (not on norms and biases), fused where possible."""
+    params = [p for p in module.parameters() if p.requires_grad]
+    decay = [p for p in params if p.dim() >= 2]
+    no_decay = [p for p in params if p.dim() < 2]
+    groups = [
+        {"params": decay, "weight_decay": spec.weight_decay},
+        {"params": no_decay, "weight_decay": 0.0},
+    ]
+    fused = device.type in ("cuda", "cpu") and all(p.is_floating_point() for p in params)
+    return torch.optim.AdamW(groups, lr=spec.lr, betas=ADAM_BETAS, eps=1e-8, fused=fused)
+
+
+def make_grad_scaler(spec: StepSpec, device: torch.device) -> Any:
+    """Dynamic loss scaling for fp16 only (bf16 has fp32's exponent range)."""
+    enabled = spec.precision == "fp16"
+    if enabled and spec.parallelism == "fsdp":
+        # Sharded gradients: found-inf must be agreed across ranks.
+        from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
+
+        return ShardedGradScaler(device.type)
+    return torch.amp.GradScaler(device.type, enabled=enabled)
+
+
+class AdvisorStep:
+    """A :class:`profilers.workload.TrainStep`: the real training step of ``advisor train``."""
+
+    def __init__(
+        self,
+        adapter: ModelAdapter,
+        spec: StepSpec,
+        device: torch.device,
+        options: ParallelOptions | None = None,
+    ) -> None:
+        self.adapter, self.spec, self.device = adapter, spec, device
+        self.model = prepare_module(adapter, spec, device, options or ParallelOptions())
+        self.optimizer = build_optimizer(self.model, spec, device)
+        self.scaler = make_grad_scaler(spec, device)
+        self.autocast_dtype = AUTOCAST_DTYPES.get(spec.precision)
+
+    def autocast(self) -> contextlib.AbstractContextManager[Any]:
+        if self.autocast_dtype is None:
+            return contextlib.nullcontext()
+        return torch.autocast(self.device.type, dtype=self.autocast_dtype)
+
+    def synthetic_batches(self, generator: torch.Generator | None = None) -> list[Batch]:
+        from torch._subclasses.fake_tensor import unset_fake_temporarily
+
+        gen = generator if generator is not None else torch.Generator().manual_seed(0)
+        objective = self.adapter.make_objective(min(self.adapter.vocab_size, 256))
+        shape = (self.spec.micro_batch_size, self.spec.seq_len + 1)
+        batches = []
+        for _ in range(self.spec.grad_accum_steps):
+            # Real tokens even under FakeTensorMode: MLM masking is data-dependent.
+            with unset_fake_temporarily():
+                window = torch.randint(objective.data_vocab_size, shape, generator=gen)
+                example = objective.example(window, gen)
+            batches.append({k: v.to(self.device) for k, v in example.items()})
+        return batches
+
+    def loss(self, batch: Batch) -> torch.Tensor:
+        with self.autocast():
+            logits = extract_logits(self.model(batch["input_ids"]))
+            return lm_loss(logits, batch["labels"])
+
+    def forward_backward(self, batches: Sequence[Batch]) -> torch.Tensor:
+        total = torch.zeros((), device=self.device)
+        last = len(batches) - 1
+        for i, batch in enumerate(batches):
+            with self._sync_gradients(i == last):
+                # Equal tokens per micro-batch: the mean of the means is the global-batch mean.
+                loss = self.loss(batch) / len(batches)
+                self.scaler.scale(loss).backward()
+            total += loss.detach()
+        return total
+
+    def _sync_gradients(self, sync: bool) -> contextlib.AbstractContextManager[Any]:
+        # DDP: all-reduce only on the last micro-batch of an accumulation.
+        no_sync = getattr(self.model, "no_sync", None)
+        if not sync and self.spec.parallelism == "ddp" and no_sync is not None:
+            return no_sync()  # type: ignore[no-any-return]
+        return contextlib.nullcontext()
+
+    def optimizer_step(self) -> StepStats:
+        fp16 = self.scaler.is_enabled()
+        if fp16:
+            self.scaler.unscale_(self.optimizer)
+            scale_before = self.scaler.get_scale()  # host sync, fp16 only
+        max_norm = self.spec.grad_clip if self.spec.grad_clip > 0 else math.inf
+        grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), max_norm)
+        if hasattr(grad_norm, "full_tensor"):  # FSDP2: a DTensor norm
+            grad_norm = grad_norm.full_tensor()
+        self.scaler.step(self.optimizer)
+        self.scaler.update()
+        self.optimizer.zero_grad(set_to_none=True)
+        if fp16:
+            scale = self.scaler.get_scale()
+            return StepStats(grad_norm=grad_norm, skipped=scale < scale_before, scale=scale)
+        return StepStats(grad_norm=grad_norm)
+
+    def step(self, batches: Sequence[Batch]) -> tuple[torch.Tensor, StepStats]:
+        loss = self.forward_backward(batches)
+        return loss, self.optimizer_step()
