@@ -133,7 +133,9 @@ class TrainStep(Protocol):
     optimizer: torch.optim.Optimizer
     device: torch.device
 
-    def synthetic_batches(self, generator: torch.Generator | None = None) -> list[Batch]: ...
+    def synthetic_batches(
+        self, generator: torch.Generator | None = None
+    ) -> Sequence[Batch]: ...
 
     def forward_backward(self, batches: Sequence[Batch]) -> torch.Tensor: ...
 

@@ -25,6 +25,7 @@ class TrainConfig:
     model: str = "gpt-tiny"
     model_args: Mapping[str, Any] = field(default_factory=dict)
     data: str = "stdlib"
+    tokenizer: str | None = None  # local HF tokenizer dir for text data; None: byte-level
     seq_len: int = 128
     global_batch_size: int = 8
     micro_batch_size: int = 8
@@ -137,3 +138,34 @@ def load_plan_config(path: str | Path) -> TrainConfig:
     if isinstance(data, dict) and "config" in data:
         data = data["config"]
     return TrainConfig.from_dict(data)
+
+
+BATCH_KEYS = frozenset({"global_batch_size", "micro_batch_size", "grad_accum_steps", "world_size"})
+
+
+def compose_config(base: TrainConfig, overrides: Mapping[str, Any]) -> TrainConfig:
+    """``base`` with ``overrides`` applied, keeping micro x accum x world = global consistent.
+
+    Without an explicit global batch it follows from the other three; with one (and no explicit
+    accumulation) the accumulation follows from it.
+    """
+    changes = dict(overrides)
+    if changes.keys() & BATCH_KEYS:
+        micro = changes.get("micro_batch_size", base.micro_batch_size)
+        world = changes.get("world_size", base.world_size)
+        if "global_batch_size" not in changes:
+            accum = changes.get("grad_accum_steps", base.grad_accum_steps)
+            changes["global_batch_size"] = micro * accum * world
+        elif "grad_accum_steps" not in changes:
+            per_step = micro * world
+            if changes["global_batch_size"] % per_step:
+                raise ConfigError(
+                    f"global batch size {changes['global_batch_size']} is not a multiple of "
+                    f"micro_batch_size {micro} x world_size {world}: pick a micro-batch size "
+                    "that divides it"
+                )
+            changes["grad_accum_steps"] = changes["global_batch_size"] // per_step
+    try:
+        return dataclasses.replace(base, **changes)
+    except TypeError as exc:
+        raise ConfigError(f"invalid TrainConfig override: {exc}") from None

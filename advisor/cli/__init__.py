@@ -1,1 +1,69 @@
-"""advisor/cli."""
+"""``advisor``: the command line. Thin: each command parses options, builds a config, calls one
+library function, and turns the library's errors into one line and an exit code.
+
+Importing this package must not import torch (``advisor --help`` stays instant): heavy imports
+live inside the command functions.
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Any
+
+import click
+
+from advisor import __version__
+
+
+def _fail(message: str, code: int) -> None:
+    click.echo(f"error: {message}", err=True)
+    sys.exit(code)
+
+
+class AdvisorGroup(click.Group):
+    """Every failure is one line on stderr: exit 2 for bad usage, 1 for a failed job."""
+
+    def main(self, *args: Any, **kwargs: Any) -> Any:  # type: ignore[override]
+        from advisor.errors import AdvisorError
+
+        kwargs["standalone_mode"] = False
+        try:
+            code = super().main(*args, **kwargs)
+        except click.exceptions.NoArgsIsHelpError as exc:
+            click.echo(exc.ctx.get_help() if exc.ctx else str(exc))
+            sys.exit(2)
+        except click.UsageError as exc:
+            hint = f" (see '{exc.ctx.command_path} --help')" if exc.ctx else ""
+            _fail(exc.format_message() + hint, 2)
+        except click.exceptions.Abort:
+            _fail("aborted", 130)
+        except click.ClickException as exc:
+            _fail(exc.format_message(), exc.exit_code)
+        except AdvisorError as exc:
+            _fail(str(exc), exc.exit_code)
+        except KeyboardInterrupt:
+            _fail("interrupted", 130)
+        except ValueError as exc:
+            # Config records (strategies.ConfigError) validate at construction with a fix.
+            from strategies.config import ConfigError
+
+            if isinstance(exc, ConfigError):
+                _fail(str(exc), 2)
+            raise
+        sys.exit(code or 0)
+
+
+@click.group(cls=AdvisorGroup, context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, prog_name="advisor")
+def main() -> None:
+    """Profile a Transformer, pick the fastest training config that fits at your global batch,
+    train it, and explain the choice in one HTML report."""
+
+
+def _register() -> None:
+    from advisor.cli.train import train
+
+    main.add_command(train)
+
+
+_register()

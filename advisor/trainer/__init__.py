@@ -1,1 +1,5 @@
-"""advisor/trainer."""
+"""The trainer: runs a TrainConfig end to end (``advisor train``)."""
+
+from advisor.trainer.loop import RunOptions, TrainResult, TrainingInterrupted, train
+
+__all__ = ["RunOptions", "TrainResult", "TrainingInterrupted", "train"]

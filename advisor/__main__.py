@@ -1,0 +1,5 @@
+"""``python -m advisor`` is the ``advisor`` command."""
+
+from advisor.cli import main
+
+main()

@@ -1,0 +1,419 @@
+"""``advisor train``: run a TrainConfig end to end.
+
+Writes ``OUT/metrics.jsonl`` (one line per optimizer step, plus eval lines), ``OUT/checkpoints/``
+and ``OUT/train_config.json``. Resumable bit for bit: the data order is a pure function of the
+step, and a checkpoint carries every state the next step reads.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import signal
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import FrameType
+from typing import Any
+
+import torch
+
+from advisor.data import StepSampler, TokenSource, WindowDataset, make_loader, resolve_data
+from advisor.errors import AdvisorError, TrainingDiverged, UsageProblem
+from advisor.trainer.checkpoint import CheckpointDir, atomic_write_text, rng_state, set_rng_state
+from advisor.trainer.dist import DistContext, init_distributed, shutdown_distributed
+from advisor.trainer.metrics import MetricsLog, PeakMemory, Progress
+from advisor.trainer.schedule import WarmupCosine
+from advisor.trainer.step import AdvisorStep
+from advisor.workload import AdvisorWorkload
+from profilers.workload import Batch, ModelFacts
+from strategies.config import TrainConfig
+
+
+class TrainingInterrupted(AdvisorError):
+    """SIGTERM/SIGINT: a checkpoint was saved and the run stopped; ``--resume`` continues it."""
+
+    def __init__(self, message: str, signum: int) -> None:
+        super().__init__(message)
+        self.exit_code = 128 + signum
+
+
+@dataclass(frozen=True, kw_only=True)
+class RunOptions:
+    out: Path
+    steps: int | None = None
+    tokens: int | None = None
+    resume: bool = False
+    checkpoint_every: int | None = None  # None: about four checkpoints per run
+    eval_every: int | None = None  # None: about ten evals per run; 0: only at the end
+    eval_batches: int = 10
+    keep_checkpoints: int = 2
+    device: str = "auto"
+    progress: bool = True
+
+
+@dataclass
+class TrainResult:
+    out: Path
+    steps: int
+    tokens: int
+    final_loss: float
+    eval_loss: float | None
+    checkpoint: Path | None
+    metrics_path: Path
+    skipped_steps: int = 0
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+def plan_total_steps(config: TrainConfig, steps: int | None, tokens: int | None) -> int:
+    if steps is not None and tokens is not None:
+        raise UsageProblem("give --steps or --tokens, not both")
+    if steps is not None:
+        if steps < 1:
+            raise UsageProblem(f"--steps must be a positive integer, got {steps}")
+        return steps
+    if tokens is not None:
+        if tokens < 1:
+            raise UsageProblem(f"--tokens must be a positive integer, got {tokens}")
+        return math.ceil(tokens / config.tokens_per_step)
+    raise UsageProblem("say how long to train: --steps N or --tokens N")
+
+
+def resolve_device(name: str, local_rank: int = 0) -> torch.device:
+    if name not in ("auto", "cpu", "cuda"):
+        raise UsageProblem(f"unknown --device {name!r}: use auto, cpu or cuda")
+    if name == "cuda" or (name == "auto" and torch.cuda.is_available()):
+        if not torch.cuda.is_available():
+            raise UsageProblem("--device cuda but no CUDA device is visible: use --device cpu")
+        return torch.device("cuda", local_rank % torch.cuda.device_count())
+    return torch.device("cpu")
+
+
+def check_precision(precision: str, device: torch.device) -> None:
+    from profilers.device import supported_precisions
+
+    problem = supported_precisions(device).get(precision)
+    if problem:
+        raise UsageProblem(f"{precision} cannot run on {device.type}: {problem}")
+
+
+def check_shapes(config: TrainConfig, facts: ModelFacts, source: TokenSource) -> None:
+    if facts.max_seq_len and config.seq_len > facts.max_seq_len:
+        raise UsageProblem(
+            f"--seq-len {config.seq_len} exceeds {config.model}'s maximum sequence length "
+            f"{facts.max_seq_len}: lower --seq-len or raise the model's maximum with --model-arg"
+        )
+    if source.vocab_size > facts.vocab_size:
+        raise UsageProblem(
+            f"data {config.data!r} has token ids up to {source.vocab_size - 1} but "
+            f"{config.model} has a vocabulary of {facts.vocab_size}: use "
+            f"--model-arg vocab_size={source.vocab_size} (or a matching tokenizer)"
+        )
+
+
+def _jsonable(x: float) -> float | None:
+    return x if math.isfinite(x) else None
+
+
+class _StopFlag:
+    """SIGTERM/SIGINT set a flag checked between steps; a second signal interrupts at once."""
+
+    def __init__(self) -> None:
+        self.signum: int | None = None
+        self._previous: dict[int, Any] = {}
+
+    def __enter__(self) -> _StopFlag:
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            try:
+                self._previous[sig] = signal.signal(sig, self._handle)
+            except ValueError:  # not the main thread: leave signals alone
+                pass
+        return self
+
+    def _handle(self, signum: int, frame: FrameType | None) -> None:
+        if self.signum is not None:
+            self.__exit__()
+            raise KeyboardInterrupt
+        self.signum = signum
+
+    def __exit__(self, *exc: object) -> None:
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)
+        self._previous.clear()
+
+
+class Trainer:
+    def __init__(self, config: TrainConfig, options: RunOptions) -> None:
+        self.config, self.options = config, options
+        self.total_steps = plan_total_steps(config, options.steps, options.tokens)
+        self.ctx: DistContext = init_distributed(config.world_size, _device_type(options.device))
+        self.device = resolve_device(options.device, self.ctx.local_rank)
+        check_precision(config.precision, self.device)
+        self.workload = AdvisorWorkload(config.model, dict(config.model_args), config.data,
+                                        config.tokenizer)
+        self.facts = self.workload.facts()
+        self.source = resolve_data(config.data, tokenizer=config.tokenizer,
+                                   model_vocab=self.facts.vocab_size,
+                                   min_tokens=config.seq_len + 1)
+        check_shapes(config, self.facts, self.source)
+        self.out = options.out
+        self.checkpoints = CheckpointDir(self.out / "checkpoints", options.keep_checkpoints)
+        self.metrics = MetricsLog(self.out / "metrics.jsonl")
+        self.checkpoint_every = options.checkpoint_every or max(1, self.total_steps // 4)
+        self.eval_every = (max(1, self.total_steps // 10) if options.eval_every is None
+                           else options.eval_every)
+
+    # -- setup --------------------------------------------------------------------------------
+    def _build(self) -> None:
+        torch.manual_seed(self.config.seed)  # identical initial weights on every rank
+        self.step: AdvisorStep = self.workload.build_step(self.config.step_spec(), self.device)
+        schedule = WarmupCosine(self.config.lr, self.config.min_lr, self.config.warmup_steps,
+                                self.total_steps)
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.step.optimizer, schedule)
+        self.objective = self.step.adapter.make_objective(self.source.vocab_size)
+        self.peak = PeakMemory(self.device)
+
+    def _check_out_dir(self) -> Path | None:
+        existing = self.checkpoints.latest()
+        if self.options.resume:
+            return existing
+        if existing is not None or (self.out / "metrics.jsonl").exists():
+            raise UsageProblem(
+                f"{self.out} already holds a training run: pass --resume to continue it, "
+                "or choose another --out"
+            )
+        return None
+
+    def _restore(self, path: Path) -> int:
+        state = self.checkpoints.load(path, map_location=self.device)
+        saved = state["config"]
+        ours = self.config.to_dict()
+        diff = sorted(k for k in set(saved) | set(ours) if saved.get(k) != ours.get(k))
+        if diff:
+            raise UsageProblem(
+                f"cannot resume {self.out}: its checkpoint was trained with a different "
+                f"{', '.join(diff)}; resume with the same settings or choose another --out"
+            )
+        self.step.adapter.module.load_state_dict(state["model"])
+        self.step.optimizer.load_state_dict(state["optimizer"])
+        self.step.scaler.load_state_dict(state["scaler"])
+        self.scheduler.load_state_dict(state["scheduler"])
+        set_rng_state(state["rng"])
+        self.tokens = int(state["tokens"])
+        self.skipped = int(state["skipped_steps"])
+        self.elapsed_before = float(state["elapsed_s"])
+        return int(state["step"])
+
+    def _save(self, step: int) -> Path | None:
+        state = {
+            "step": step,
+            "config": self.config.to_dict(),
+            "total_steps": self.total_steps,
+            "model": self.step.adapter.module.state_dict(),
+            "optimizer": self.step.optimizer.state_dict(),
+            "scaler": self.step.scaler.state_dict(),
+            "scheduler": self.scheduler.state_dict(),
+            "rng": rng_state(),
+            "tokens": self.tokens,
+            "skipped_steps": self.skipped,
+            "elapsed_s": self._elapsed(),
+        }
+        path = None
+        if self.ctx.is_main:
+            self.metrics.sync()
+            path = self.checkpoints.save(state, step)
+        self.last_checkpoint = path
+        self.last_checkpoint_step = step
+        return path
+
+    # -- data ---------------------------------------------------------------------------------
+    def _batches(self, start: int) -> Iterator[list[Batch]]:
+        c = self.config
+        dataset = WindowDataset(self.source, "train", c.seq_len, c.seed, self.objective)
+        sampler = StepSampler(start_step=start, num_steps=self.total_steps - start,
+                              micro_batch=c.micro_batch_size, accum=c.grad_accum_steps,
+                              rank=self.ctx.rank, world=c.world_size)
+        loader = make_loader(dataset, sampler, micro_batch=c.micro_batch_size,
+                             num_workers=c.num_workers, pin_memory=self.device.type == "cuda")
+        micro: list[Batch] = []
+        for batch in loader:
+            micro.append({k: v.to(self.device, non_blocking=True) for k, v in batch.items()})
+            if len(micro) == c.grad_accum_steps:
+                yield micro
+                micro = []
+
+    def _all_mean(self, value: torch.Tensor) -> torch.Tensor:
+        if self.ctx.enabled:
+            import torch.distributed as dist
+
+            value = value.clone()
+            dist.all_reduce(value, op=dist.ReduceOp.SUM)
+            value /= self.ctx.world_size
+        return value
+
+    def evaluate(self) -> float:
+        c = self.config
+        dataset = WindowDataset(self.source, "val", c.seq_len, c.seed, self.objective)
+        self.step.model.eval()
+        total = torch.zeros((), device=self.device)
+        with torch.no_grad():
+            for i in range(self.options.eval_batches):
+                first = (i * c.world_size + self.ctx.rank) * c.micro_batch_size
+                items = [dataset[j] for j in range(first, first + c.micro_batch_size)]
+                batch = {k: torch.stack([it[k] for it in items]).to(self.device) for k in items[0]}
+                total += self.step.loss(batch).float()
+        self.step.model.train()
+        return float(self._all_mean(total / self.options.eval_batches).item())
+
+    # -- the loop -----------------------------------------------------------------------------
+    def _elapsed(self) -> float:
+        return self.elapsed_before + time.perf_counter() - self._t_start
+
+    def _gather_peaks(self, peak: int) -> list[int]:
+        if not self.ctx.enabled:
+            return [peak]
+        import torch.distributed as dist
+
+        out: list[Any] = [None] * self.ctx.world_size
+        dist.all_gather_object(out, peak)
+        return [int(v) for v in out]
+
+    def run(self) -> TrainResult:
+        resume_from = self._check_out_dir()
+        self._build()
+        self.tokens, self.skipped, self.elapsed_before = 0, 0, 0.0
+        self.last_checkpoint: Path | None = None
+        self.last_checkpoint_step = -1
+        start = self._restore(resume_from) if resume_from is not None else 0
+        if self.ctx.is_main:
+            self.out.mkdir(parents=True, exist_ok=True)
+            if resume_from is not None:
+                self.metrics.truncate_after(start)
+            atomic_write_text(self.out / "train_config.json", json.dumps(
+                {"config": self.config.to_dict(), "total_steps": self.total_steps,
+                 "device": str(self.device), "data": self.source.description,
+                 "model": self.facts.to_dict()}, indent=2) + "\n")
+        if start >= self.total_steps:
+            return self._already_done(start)
+        progress = Progress(self.total_steps, start, enabled=self.options.progress and self.ctx.is_main)
+        if resume_from is not None:
+            progress.message(f"resumed from {resume_from} at step {start}")
+        self._t_start = time.perf_counter()
+        loss_value, eval_loss = math.nan, None
+        try:
+            with _StopFlag() as stop:
+                t_prev = time.perf_counter()
+                batches = self._batches(start)
+                for step in range(start + 1, self.total_steps + 1):
+                    micro = next(batches)
+                    t_data = time.perf_counter() - t_prev
+                    lr = self.step.optimizer.param_groups[0]["lr"]
+                    self.peak.reset()
+                    loss, stats = self.step.step(micro)
+                    self.scheduler.step()
+                    # Host sync: one per optimizer step, for the loss, norm and the step timer.
+                    loss_value = float(self._all_mean(loss).item())
+                    grad_norm = float(stats.grad_norm.item())
+                    now = time.perf_counter()
+                    step_time, t_prev = now - t_prev, now
+                    if not math.isfinite(loss_value):
+                        where = (f"the last good checkpoint is {self.last_checkpoint}"
+                                 if self.last_checkpoint else "no checkpoint was saved yet")
+                        raise TrainingDiverged(
+                            f"loss became {loss_value} at step {step}; {where}. Lower --lr, raise"
+                            " --warmup-steps, keep --grad-clip on, or use bf16 instead of fp16"
+                        )
+                    self.skipped += bool(stats.skipped)
+                    self.tokens += self.config.tokens_per_step
+                    peaks = self._gather_peaks(self.peak.read())
+                    record: dict[str, Any] = {
+                        "kind": "train", "step": step, "loss": loss_value, "lr": lr,
+                        "grad_norm": _jsonable(grad_norm), "tokens": self.tokens,
+                        "step_time_s": step_time, "data_time_s": t_data,
+                        "tokens_per_s": self.config.tokens_per_step / step_time,
+                        "peak_memory_bytes": max(peaks), "peak_memory_kind": self.peak.kind,
+                        "mfu": self.mfu(self.config.tokens_per_step / step_time),
+                        "skipped_steps": self.skipped, "elapsed_s": self._elapsed(),
+                    }
+                    if self.ctx.enabled:
+                        record["peak_memory_bytes_per_rank"] = peaks
+                    if stats.scale is not None:
+                        record["loss_scale"] = stats.scale
+                    if self.ctx.is_main:
+                        self.metrics.write(record)
+                    progress.update(step, loss_value, record["tokens_per_s"])
+                    last = step == self.total_steps
+                    if last or (self.eval_every and step % self.eval_every == 0):
+                        eval_loss = self.evaluate()
+                        progress.eval_loss = eval_loss
+                        if self.ctx.is_main:
+                            self.metrics.write({"kind": "eval", "step": step,
+                                                "eval_loss": eval_loss, "tokens": self.tokens})
+                    if last or step % self.checkpoint_every == 0:
+                        self._save(step)
+                    if stop.signum is not None:
+                        if self.last_checkpoint_step != step:
+                            self._save(step)
+                        name = signal.Signals(stop.signum).name
+                        raise TrainingInterrupted(
+                            f"{name}: stopped after step {step}, checkpoint saved in "
+                            f"{self.checkpoints.path}; continue with the same command plus "
+                            "--resume", stop.signum)
+                    t_prev = time.perf_counter()  # exclude eval/checkpoint from the next step
+        finally:
+            progress.close()
+            self.metrics.close()
+        return TrainResult(
+            out=self.out, steps=self.total_steps, tokens=self.tokens, final_loss=loss_value,
+            eval_loss=eval_loss, checkpoint=self.last_checkpoint,
+            metrics_path=self.metrics.path, skipped_steps=self.skipped,
+        )
+
+    def _already_done(self, start: int) -> TrainResult:
+        """Resuming a finished run: nothing to train; report what it ended with."""
+        from advisor.trainer.metrics import read_metrics
+
+        records = read_metrics(self.metrics.path) if self.metrics.path.exists() else []
+        train = [r for r in records if r.get("kind") == "train"]
+        evals = [r for r in records if "eval_loss" in r]
+        return TrainResult(
+            out=self.out, steps=start, tokens=self.tokens,
+            final_loss=train[-1]["loss"] if train else math.nan,
+            eval_loss=evals[-1]["eval_loss"] if evals else None,
+            checkpoint=self.checkpoints.latest(), metrics_path=self.metrics.path,
+            skipped_steps=self.skipped, extra={"already_complete": True},
+        )
+
+    def _peak_flops_per_device(self) -> float | None:
+        """Datasheet peak of this device at the run's precision; None if unknown (e.g. CPU)."""
+        if self.device.type != "cuda":
+            return None
+        from profilers.hardware import match_device
+
+        spec = match_device(torch.cuda.get_device_name(self.device))
+        return spec.peak_flops(self.config.precision) if spec is not None else None
+
+    def mfu(self, tokens_per_s: float) -> float | None:
+        """Model FLOPs utilisation per device; model FLOPs exclude recompute (PaLM App. B)."""
+        from profilers.flops import formula_flops_per_token, mfu
+
+        if not hasattr(self, "_mfu_terms"):
+            self._mfu_terms = (formula_flops_per_token(self.facts, self.config.seq_len),
+                               self._peak_flops_per_device())
+        flops_per_token, peak = self._mfu_terms
+        return mfu(tokens_per_s / self.config.world_size, flops_per_token, peak)
+
+
+def _device_type(name: str) -> str:
+    if name == "cuda" or (name == "auto" and torch.cuda.is_available()):
+        return "cuda"
+    return "cpu"
+
+
+def train(config: TrainConfig, options: RunOptions) -> TrainResult:
+    """Train ``config`` as ``options`` say; the one public entry of the trainer."""
+    try:
+        return Trainer(config, options).run()
+    finally:
+        shutdown_distributed()

@@ -1,0 +1,137 @@
+"""The trainer end to end: resume equality after SIGKILL, SIGTERM, divergence, the config matrix."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from advisor.errors import TrainingDiverged, UsageProblem
+from advisor.trainer import RunOptions, train
+from strategies.config import TrainConfig
+
+TINY = ["--model", "gpt-tiny", "--model-arg", "n_layer=1", "--model-arg", "n_embd=32",
+        "--seq-len", "32", "--micro-batch-size", "2", "--grad-accum-steps", "2",
+        "--warmup-steps", "2", "--eval-batches", "2", "--quiet"]
+TINY_CONFIG = TrainConfig(model="gpt-tiny", model_args={"n_layer": 1, "n_embd": 32}, seq_len=32,
+                          global_batch_size=4, micro_batch_size=2, grad_accum_steps=2,
+                          warmup_steps=2)
+
+
+def advisor(*args: str, **kwargs: object) -> subprocess.Popen[str]:
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    return subprocess.Popen([sys.executable, "-m", "advisor", *args], text=True, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, **kwargs)  # type: ignore[call-overload]
+
+
+def run_ok(*args: str) -> str:
+    proc = advisor(*args)
+    out, err = proc.communicate(timeout=300)
+    assert proc.returncode == 0, err
+    return out
+
+
+def losses(out: Path) -> list[tuple[int, float]]:
+    lines = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
+    return [(r["step"], r["loss"]) for r in lines if r["kind"] == "train"]
+
+
+def wait_for(path: Path, proc: subprocess.Popen[str], timeout: float = 240) -> None:
+    deadline = time.monotonic() + timeout
+    while not path.exists():
+        assert proc.poll() is None, proc.communicate()[1]
+        assert time.monotonic() < deadline, f"{path} never appeared"
+        time.sleep(0.05)
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory: pytest.TempPathFactory) -> list[tuple[int, float]]:
+    out = tmp_path_factory.mktemp("ref") / "run"
+    run_ok("train", *TINY, "--steps", "24", "--checkpoint-every", "4", "--out", str(out))
+    return losses(out)
+
+
+def test_sigkill_then_resume_reproduces_losses_bitwise(tmp_path: Path, reference: list) -> None:
+    out = tmp_path / "run"
+    args = ["train", *TINY, "--steps", "24", "--checkpoint-every", "4", "--out", str(out)]
+    proc = advisor(*args)
+    wait_for(out / "checkpoints" / "step_00000008.pt", proc)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait(timeout=30)
+    assert proc.returncode == -signal.SIGKILL
+    assert len(losses(out)) < 24  # it really was cut short
+    run_ok(*args, "--resume")
+    assert losses(out) == reference  # same steps, same float losses: bit for bit
+
+
+def test_sigterm_saves_a_checkpoint_and_exits_cleanly(tmp_path: Path, reference: list) -> None:
+    out = tmp_path / "run"
+    args = ["train", *TINY, "--steps", "24", "--checkpoint-every", "100", "--out", str(out)]
+    proc = advisor(*args)
+    wait_for(out / "metrics.jsonl", proc)
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=120)
+    if proc.returncode == 0:
+        pytest.skip("the run finished before SIGTERM arrived")
+    assert proc.returncode == 128 + signal.SIGTERM
+    assert err.startswith("error: SIGTERM: stopped after step"), err
+    assert "Traceback" not in err
+    assert any((out / "checkpoints").glob("step_*.pt"))
+    run_ok(*args, "--resume")
+    assert losses(out) == reference
+
+
+def test_nan_loss_stops_with_a_clear_message_and_keeps_the_checkpoint(tmp_path: Path) -> None:
+    factory = Path(__file__).parent.parent / "data" / "nan_model.py"
+    config = TrainConfig(model=f"{factory}:factory", model_args={"calls": 8}, seq_len=16,
+                         global_batch_size=2, micro_batch_size=2)
+    with pytest.raises(TrainingDiverged, match=r"loss became nan at step 9; the last good "
+                                                r"checkpoint is .*step_00000008\.pt"):
+        train(config, RunOptions(out=tmp_path, steps=20, checkpoint_every=4, progress=False,
+                                 eval_every=0))
+    assert (tmp_path / "checkpoints" / "step_00000008.pt").exists()
+
+
+@pytest.mark.parametrize("precision", ["fp32", "bf16", "fp16"])
+@pytest.mark.parametrize("checkpointing", ["none", "full"])
+@pytest.mark.parametrize("accum", [1, 2])
+def test_every_precision_checkpointing_accumulation_trains(
+    tmp_path: Path, precision: str, checkpointing: str, accum: int
+) -> None:
+    config = TINY_CONFIG.replace(precision=precision, activation_checkpointing=checkpointing,
+                                 grad_accum_steps=accum, micro_batch_size=4 // accum, lr=3e-3)
+    result = train(config, RunOptions(out=tmp_path, steps=6, progress=False, eval_batches=1))
+    records = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    steps = [r for r in records if r["kind"] == "train"]
+    assert [r["step"] for r in steps] == list(range(1, 7))
+    for key in ("loss", "lr", "grad_norm", "tokens", "step_time_s", "tokens_per_s",
+                "peak_memory_bytes"):
+        assert all(r[key] is not None for r in steps), key
+    assert steps[-1]["tokens"] == 6 * 4 * 32
+    assert steps[-1]["loss"] < steps[0]["loss"]
+    assert result.eval_loss is not None and result.checkpoint is not None
+
+
+def test_refuses_to_overwrite_a_run_without_resume(tmp_path: Path) -> None:
+    train(TINY_CONFIG, RunOptions(out=tmp_path, steps=1, progress=False, eval_batches=1))
+    with pytest.raises(UsageProblem, match="already holds a training run: pass --resume"):
+        train(TINY_CONFIG, RunOptions(out=tmp_path, steps=1, progress=False))
+
+
+def test_resume_with_a_different_config_is_refused(tmp_path: Path) -> None:
+    train(TINY_CONFIG, RunOptions(out=tmp_path, steps=2, progress=False, eval_batches=1))
+    with pytest.raises(UsageProblem, match="different lr"):
+        train(TINY_CONFIG.replace(lr=1e-2),
+              RunOptions(out=tmp_path, steps=4, resume=True, progress=False))
+
+
+def test_tokens_budget_sets_the_number_of_steps(tmp_path: Path) -> None:
+    result = train(TINY_CONFIG, RunOptions(out=tmp_path, tokens=3 * 128 + 1, progress=False,
+                                           eval_batches=1))
+    assert result.steps == 4  # ceil(385 / 128)
