@@ -22,20 +22,27 @@ NON_NEGATIVE = click.IntRange(min=0)
 
 def model_options(f: F) -> F:
     f = click.option(
-        "--tokenizer", type=click.Path(), default=None,
+        "--tokenizer",
+        type=click.Path(),
+        default=None,
         help="Local Hugging Face tokenizer directory for text data (extra 'hf').",
     )(f)
     f = click.option(
-        "--data", default=None,
+        "--data",
+        default=None,
         help="stdlib (default: Python's own sources, byte-level), synthetic, a text file, a .bin "
         "of uint16 token ids, or a directory with train.bin/val.bin.",
     )(f)
     f = click.option(
-        "--model-arg", "model_arg", multiple=True, metavar="KEY=VALUE",
+        "--model-arg",
+        "model_arg",
+        multiple=True,
+        metavar="KEY=VALUE",
         help="Override a model config field (repeatable), e.g. --model-arg n_layer=2.",
     )(f)
     f = click.option(
-        "--model", default=None,
+        "--model",
+        default=None,
         help="Preset (gpt-tiny, gpt-small, ... bert-tiny, llama-tiny ...), hf:NAME_OR_PATH, "
         "FILE.py:factory or package.module:factory. Default gpt-tiny.",
     )(f)
@@ -54,13 +61,20 @@ def config_options(f: F) -> F:
         ("--lr", dict(type=click.FloatRange(min=0, min_open=True), help="Peak learning rate.")),
         ("--world-size", dict(type=POSITIVE, help="Ranks (processes/devices) for ddp/fsdp.")),
         ("--parallelism", dict(type=click.Choice(PARALLELISMS), help="single, ddp or fsdp.")),
-        ("--activation-checkpointing", dict(
-            type=click.Choice(CHECKPOINTING), help="Recompute each block in backward: none|full.")),
+        (
+            "--activation-checkpointing",
+            dict(
+                type=click.Choice(CHECKPOINTING),
+                help="Recompute each block in backward: none|full.",
+            ),
+        ),
         ("--precision", dict(type=click.Choice(PRECISIONS), help="fp32, bf16 or fp16 (autocast).")),
         ("--grad-accum-steps", dict(type=POSITIVE, help="Micro-batches per optimizer step.")),
         ("--micro-batch-size", dict(type=POSITIVE, help="Sequences per forward/backward.")),
-        ("--global-batch-size", dict(
-            type=POSITIVE, help="Sequences per optimizer step = micro x accum x world size.")),
+        (
+            "--global-batch-size",
+            dict(type=POSITIVE, help="Sequences per optimizer step = micro x accum x world size."),
+        ),
         ("--seq-len", dict(type=POSITIVE, help="Tokens per sequence.")),
     ]
     for flag, kwargs in specs:
@@ -69,9 +83,21 @@ def config_options(f: F) -> F:
 
 
 CONFIG_KEYS = (
-    "seq_len", "global_batch_size", "micro_batch_size", "grad_accum_steps", "precision",
-    "activation_checkpointing", "parallelism", "world_size", "lr", "min_lr", "warmup_steps",
-    "weight_decay", "grad_clip", "seed", "num_workers",
+    "seq_len",
+    "global_batch_size",
+    "micro_batch_size",
+    "grad_accum_steps",
+    "precision",
+    "activation_checkpointing",
+    "parallelism",
+    "world_size",
+    "lr",
+    "min_lr",
+    "warmup_steps",
+    "weight_decay",
+    "grad_clip",
+    "seed",
+    "num_workers",
 )
 
 

@@ -1,5 +1,5 @@
 """The trainer: runs a TrainConfig end to end (``advisor train``)."""
 
-from advisor.trainer.loop import RunOptions, TrainResult, TrainingInterrupted, train
+from advisor.trainer.loop import RunOptions, TrainingInterrupted, TrainResult, train
 
 __all__ = ["RunOptions", "TrainResult", "TrainingInterrupted", "train"]

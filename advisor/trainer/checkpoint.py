@@ -104,8 +104,9 @@ class CheckpointDir:
     def load(self, path: Path, map_location: str | torch.device = "cpu") -> dict[str, Any]:
         state: dict[str, Any] = torch.load(path, map_location=map_location, weights_only=True)
         if state.get("format") != FORMAT_VERSION:
-            raise ValueError(f"{path} has checkpoint format {state.get('format')!r}, "
-                             f"expected {FORMAT_VERSION}")
+            raise ValueError(
+                f"{path} has checkpoint format {state.get('format')!r}, expected {FORMAT_VERSION}"
+            )
         return state
 
     def _prune(self) -> None:

@@ -33,8 +33,9 @@ def launched_by_torchrun() -> bool:
     return "RANK" in os.environ and "WORLD_SIZE" in os.environ and "LOCAL_RANK" in os.environ
 
 
-def init_distributed(world_size: int, device_type: str,
-                     timeout_s: float = DEFAULT_PG_TIMEOUT_S) -> DistContext:
+def init_distributed(
+    world_size: int, device_type: str, timeout_s: float = DEFAULT_PG_TIMEOUT_S
+) -> DistContext:
     """Join the process group torchrun set up; a single process needs none."""
     if world_size == 1 and not launched_by_torchrun():
         return DistContext()
@@ -49,8 +50,9 @@ def init_distributed(world_size: int, device_type: str,
             f"the plan asks for world_size {world_size} but torchrun started {env_world} "
             f"processes: launch {world_size} in total or set --world-size {env_world}"
         )
-    ctx = DistContext(rank=int(os.environ["RANK"]), world_size=env_world,
-                      local_rank=int(os.environ["LOCAL_RANK"]))
+    ctx = DistContext(
+        rank=int(os.environ["RANK"]), world_size=env_world, local_rank=int(os.environ["LOCAL_RANK"])
+    )
     import torch.distributed as dist
 
     if not dist.is_initialized():

@@ -7,6 +7,7 @@ step, and a checkpoint carries every state the next step reads.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import signal
@@ -125,10 +126,8 @@ class _StopFlag:
 
     def __enter__(self) -> _StopFlag:
         for sig in (signal.SIGINT, signal.SIGTERM):
-            try:
+            with contextlib.suppress(ValueError):  # not the main thread: leave signals alone
                 self._previous[sig] = signal.signal(sig, self._handle)
-            except ValueError:  # not the main thread: leave signals alone
-                pass
         return self
 
     def _handle(self, signum: int, frame: FrameType | None) -> None:
@@ -150,26 +149,32 @@ class Trainer:
         self.ctx: DistContext = init_distributed(config.world_size, _device_type(options.device))
         self.device = resolve_device(options.device, self.ctx.local_rank)
         check_precision(config.precision, self.device)
-        self.workload = AdvisorWorkload(config.model, dict(config.model_args), config.data,
-                                        config.tokenizer)
+        self.workload = AdvisorWorkload(
+            config.model, dict(config.model_args), config.data, config.tokenizer
+        )
         self.facts = self.workload.facts()
-        self.source = resolve_data(config.data, tokenizer=config.tokenizer,
-                                   model_vocab=self.facts.vocab_size,
-                                   min_tokens=config.seq_len + 1)
+        self.source = resolve_data(
+            config.data,
+            tokenizer=config.tokenizer,
+            model_vocab=self.facts.vocab_size,
+            min_tokens=config.seq_len + 1,
+        )
         check_shapes(config, self.facts, self.source)
         self.out = options.out
         self.checkpoints = CheckpointDir(self.out / "checkpoints", options.keep_checkpoints)
         self.metrics = MetricsLog(self.out / "metrics.jsonl")
         self.checkpoint_every = options.checkpoint_every or max(1, self.total_steps // 4)
-        self.eval_every = (max(1, self.total_steps // 10) if options.eval_every is None
-                           else options.eval_every)
+        self.eval_every = (
+            max(1, self.total_steps // 10) if options.eval_every is None else options.eval_every
+        )
 
     # -- setup --------------------------------------------------------------------------------
     def _build(self) -> None:
         torch.manual_seed(self.config.seed)  # identical initial weights on every rank
         self.step: AdvisorStep = self.workload.build_step(self.config.step_spec(), self.device)
-        schedule = WarmupCosine(self.config.lr, self.config.min_lr, self.config.warmup_steps,
-                                self.total_steps)
+        schedule = WarmupCosine(
+            self.config.lr, self.config.min_lr, self.config.warmup_steps, self.total_steps
+        )
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.step.optimizer, schedule)
         self.objective = self.step.adapter.make_objective(self.source.vocab_size)
         self.peak = PeakMemory(self.device)
@@ -231,11 +236,21 @@ class Trainer:
     def _batches(self, start: int) -> Iterator[list[Batch]]:
         c = self.config
         dataset = WindowDataset(self.source, "train", c.seq_len, c.seed, self.objective)
-        sampler = StepSampler(start_step=start, num_steps=self.total_steps - start,
-                              micro_batch=c.micro_batch_size, accum=c.grad_accum_steps,
-                              rank=self.ctx.rank, world=c.world_size)
-        loader = make_loader(dataset, sampler, micro_batch=c.micro_batch_size,
-                             num_workers=c.num_workers, pin_memory=self.device.type == "cuda")
+        sampler = StepSampler(
+            start_step=start,
+            num_steps=self.total_steps - start,
+            micro_batch=c.micro_batch_size,
+            accum=c.grad_accum_steps,
+            rank=self.ctx.rank,
+            world=c.world_size,
+        )
+        loader = make_loader(
+            dataset,
+            sampler,
+            micro_batch=c.micro_batch_size,
+            num_workers=c.num_workers,
+            pin_memory=self.device.type == "cuda",
+        )
         micro: list[Batch] = []
         for batch in loader:
             micro.append({k: v.to(self.device, non_blocking=True) for k, v in batch.items()})
@@ -290,13 +305,25 @@ class Trainer:
             self.out.mkdir(parents=True, exist_ok=True)
             if resume_from is not None:
                 self.metrics.truncate_after(start)
-            atomic_write_text(self.out / "train_config.json", json.dumps(
-                {"config": self.config.to_dict(), "total_steps": self.total_steps,
-                 "device": str(self.device), "data": self.source.description,
-                 "model": self.facts.to_dict()}, indent=2) + "\n")
+            atomic_write_text(
+                self.out / "train_config.json",
+                json.dumps(
+                    {
+                        "config": self.config.to_dict(),
+                        "total_steps": self.total_steps,
+                        "device": str(self.device),
+                        "data": self.source.description,
+                        "model": self.facts.to_dict(),
+                    },
+                    indent=2,
+                )
+                + "\n",
+            )
         if start >= self.total_steps:
             return self._already_done(start)
-        progress = Progress(self.total_steps, start, enabled=self.options.progress and self.ctx.is_main)
+        progress = Progress(
+            self.total_steps, start, enabled=self.options.progress and self.ctx.is_main
+        )
         if resume_from is not None:
             progress.message(f"resumed from {resume_from} at step {start}")
         self._t_start = time.perf_counter()
@@ -318,8 +345,11 @@ class Trainer:
                     now = time.perf_counter()
                     step_time, t_prev = now - t_prev, now
                     if not math.isfinite(loss_value):
-                        where = (f"the last good checkpoint is {self.last_checkpoint}"
-                                 if self.last_checkpoint else "no checkpoint was saved yet")
+                        where = (
+                            f"the last good checkpoint is {self.last_checkpoint}"
+                            if self.last_checkpoint
+                            else "no checkpoint was saved yet"
+                        )
                         raise TrainingDiverged(
                             f"loss became {loss_value} at step {step}; {where}. Lower --lr, raise"
                             " --warmup-steps, keep --grad-clip on, or use bf16 instead of fp16"
@@ -328,13 +358,20 @@ class Trainer:
                     self.tokens += self.config.tokens_per_step
                     peaks = self._gather_peaks(self.peak.read())
                     record: dict[str, Any] = {
-                        "kind": "train", "step": step, "loss": loss_value, "lr": lr,
-                        "grad_norm": _jsonable(grad_norm), "tokens": self.tokens,
-                        "step_time_s": step_time, "data_time_s": t_data,
+                        "kind": "train",
+                        "step": step,
+                        "loss": loss_value,
+                        "lr": lr,
+                        "grad_norm": _jsonable(grad_norm),
+                        "tokens": self.tokens,
+                        "step_time_s": step_time,
+                        "data_time_s": t_data,
                         "tokens_per_s": self.config.tokens_per_step / step_time,
-                        "peak_memory_bytes": max(peaks), "peak_memory_kind": self.peak.kind,
+                        "peak_memory_bytes": max(peaks),
+                        "peak_memory_kind": self.peak.kind,
                         "mfu": self.mfu(self.config.tokens_per_step / step_time),
-                        "skipped_steps": self.skipped, "elapsed_s": self._elapsed(),
+                        "skipped_steps": self.skipped,
+                        "elapsed_s": self._elapsed(),
                     }
                     if self.ctx.enabled:
                         record["peak_memory_bytes_per_rank"] = peaks
@@ -348,8 +385,14 @@ class Trainer:
                         eval_loss = self.evaluate()
                         progress.eval_loss = eval_loss
                         if self.ctx.is_main:
-                            self.metrics.write({"kind": "eval", "step": step,
-                                                "eval_loss": eval_loss, "tokens": self.tokens})
+                            self.metrics.write(
+                                {
+                                    "kind": "eval",
+                                    "step": step,
+                                    "eval_loss": eval_loss,
+                                    "tokens": self.tokens,
+                                }
+                            )
                     if last or step % self.checkpoint_every == 0:
                         self._save(step)
                     if stop.signum is not None:
@@ -359,15 +402,22 @@ class Trainer:
                         raise TrainingInterrupted(
                             f"{name}: stopped after step {step}, checkpoint saved in "
                             f"{self.checkpoints.path}; continue with the same command plus "
-                            "--resume", stop.signum)
+                            "--resume",
+                            stop.signum,
+                        )
                     t_prev = time.perf_counter()  # exclude eval/checkpoint from the next step
         finally:
             progress.close()
             self.metrics.close()
         return TrainResult(
-            out=self.out, steps=self.total_steps, tokens=self.tokens, final_loss=loss_value,
-            eval_loss=eval_loss, checkpoint=self.last_checkpoint,
-            metrics_path=self.metrics.path, skipped_steps=self.skipped,
+            out=self.out,
+            steps=self.total_steps,
+            tokens=self.tokens,
+            final_loss=loss_value,
+            eval_loss=eval_loss,
+            checkpoint=self.last_checkpoint,
+            metrics_path=self.metrics.path,
+            skipped_steps=self.skipped,
         )
 
     def _already_done(self, start: int) -> TrainResult:
@@ -378,11 +428,15 @@ class Trainer:
         train = [r for r in records if r.get("kind") == "train"]
         evals = [r for r in records if "eval_loss" in r]
         return TrainResult(
-            out=self.out, steps=start, tokens=self.tokens,
+            out=self.out,
+            steps=start,
+            tokens=self.tokens,
             final_loss=train[-1]["loss"] if train else math.nan,
             eval_loss=evals[-1]["eval_loss"] if evals else None,
-            checkpoint=self.checkpoints.latest(), metrics_path=self.metrics.path,
-            skipped_steps=self.skipped, extra={"already_complete": True},
+            checkpoint=self.checkpoints.latest(),
+            metrics_path=self.metrics.path,
+            skipped_steps=self.skipped,
+            extra={"already_complete": True},
         )
 
     def _peak_flops_per_device(self) -> float | None:
@@ -399,8 +453,10 @@ class Trainer:
         from profilers.flops import formula_flops_per_token, mfu
 
         if not hasattr(self, "_mfu_terms"):
-            self._mfu_terms = (formula_flops_per_token(self.facts, self.config.seq_len),
-                               self._peak_flops_per_device())
+            self._mfu_terms = (
+                formula_flops_per_token(self.facts, self.config.seq_len),
+                self._peak_flops_per_device(),
+            )
         flops_per_token, peak = self._mfu_terms
         return mfu(tokens_per_s / self.config.world_size, flops_per_token, peak)
 

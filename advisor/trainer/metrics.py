@@ -129,8 +129,14 @@ def _fmt_rate(tokens_per_s: float) -> str:
 class Progress:
     """A rich progress bar on a terminal; one plain line every ``log_every`` steps otherwise."""
 
-    def __init__(self, total_steps: int, start_step: int, *, enabled: bool = True,
-                 stream: TextIO | None = None) -> None:
+    def __init__(
+        self,
+        total_steps: int,
+        start_step: int,
+        *,
+        enabled: bool = True,
+        stream: TextIO | None = None,
+    ) -> None:
         self.total, self.enabled = total_steps, enabled
         self.stream = stream or sys.stderr
         self.interactive = enabled and self.stream.isatty()
@@ -150,12 +156,18 @@ class Progress:
             from rich.progress import Progress as RichProgress
 
             self._bar = RichProgress(
-                TextColumn("[bold]train"), BarColumn(), MofNCompleteColumn(),
-                TextColumn("{task.fields[status]}"), TimeElapsedColumn(), TimeRemainingColumn(),
-                console=Console(file=self.stream), transient=False,
+                TextColumn("[bold]train"),
+                BarColumn(),
+                MofNCompleteColumn(),
+                TextColumn("{task.fields[status]}"),
+                TimeElapsedColumn(),
+                TimeRemainingColumn(),
+                console=Console(file=self.stream),
+                transient=False,
             )
-            self._task = self._bar.add_task("train", total=total_steps, completed=start_step,
-                                            status="")
+            self._task = self._bar.add_task(
+                "train", total=total_steps, completed=start_step, status=""
+            )
             self._bar.start()
 
     def _status(self, loss: float, tokens_per_s: float) -> str:
@@ -173,8 +185,9 @@ class Progress:
             self._bar.update(self._task, completed=step, status=status)
         elif step % self.log_every == 0 or step == self.total:
             elapsed = time.perf_counter() - self._started
-            print(f"step {step}/{self.total}  {status}  {elapsed:.0f}s", file=self.stream,
-                  flush=True)
+            print(
+                f"step {step}/{self.total}  {status}  {elapsed:.0f}s", file=self.stream, flush=True
+            )
 
     def message(self, text: str) -> None:
         if not self.enabled:

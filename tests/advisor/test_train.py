@@ -16,18 +16,46 @@ from advisor.errors import TrainingDiverged, UsageProblem
 from advisor.trainer import RunOptions, train
 from strategies.config import TrainConfig
 
-TINY = ["--model", "gpt-tiny", "--model-arg", "n_layer=1", "--model-arg", "n_embd=32",
-        "--seq-len", "32", "--micro-batch-size", "2", "--grad-accum-steps", "2",
-        "--warmup-steps", "2", "--eval-batches", "2", "--quiet"]
-TINY_CONFIG = TrainConfig(model="gpt-tiny", model_args={"n_layer": 1, "n_embd": 32}, seq_len=32,
-                          global_batch_size=4, micro_batch_size=2, grad_accum_steps=2,
-                          warmup_steps=2)
+TINY = [
+    "--model",
+    "gpt-tiny",
+    "--model-arg",
+    "n_layer=1",
+    "--model-arg",
+    "n_embd=32",
+    "--seq-len",
+    "32",
+    "--micro-batch-size",
+    "2",
+    "--grad-accum-steps",
+    "2",
+    "--warmup-steps",
+    "2",
+    "--eval-batches",
+    "2",
+    "--quiet",
+]
+TINY_CONFIG = TrainConfig(
+    model="gpt-tiny",
+    model_args={"n_layer": 1, "n_embd": 32},
+    seq_len=32,
+    global_batch_size=4,
+    micro_batch_size=2,
+    grad_accum_steps=2,
+    warmup_steps=2,
+)
 
 
 def advisor(*args: str, **kwargs: object) -> subprocess.Popen[str]:
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    return subprocess.Popen([sys.executable, "-m", "advisor", *args], text=True, env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, **kwargs)  # type: ignore[call-overload]
+    return subprocess.Popen(
+        [sys.executable, "-m", "advisor", *args],
+        text=True,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        **kwargs,
+    )  # type: ignore[call-overload]
 
 
 def run_ok(*args: str) -> str:
@@ -89,12 +117,22 @@ def test_sigterm_saves_a_checkpoint_and_exits_cleanly(tmp_path: Path, reference:
 
 def test_nan_loss_stops_with_a_clear_message_and_keeps_the_checkpoint(tmp_path: Path) -> None:
     factory = Path(__file__).parent.parent / "data" / "nan_model.py"
-    config = TrainConfig(model=f"{factory}:factory", model_args={"calls": 8}, seq_len=16,
-                         global_batch_size=2, micro_batch_size=2)
-    with pytest.raises(TrainingDiverged, match=r"loss became nan at step 9; the last good "
-                                                r"checkpoint is .*step_00000008\.pt"):
-        train(config, RunOptions(out=tmp_path, steps=20, checkpoint_every=4, progress=False,
-                                 eval_every=0))
+    config = TrainConfig(
+        model=f"{factory}:factory",
+        model_args={"calls": 8},
+        seq_len=16,
+        global_batch_size=2,
+        micro_batch_size=2,
+    )
+    with pytest.raises(
+        TrainingDiverged,
+        match=r"loss became nan at step 9; the last good "
+        r"checkpoint is .*step_00000008\.pt",
+    ):
+        train(
+            config,
+            RunOptions(out=tmp_path, steps=20, checkpoint_every=4, progress=False, eval_every=0),
+        )
     assert (tmp_path / "checkpoints" / "step_00000008.pt").exists()
 
 
@@ -104,14 +142,26 @@ def test_nan_loss_stops_with_a_clear_message_and_keeps_the_checkpoint(tmp_path: 
 def test_every_precision_checkpointing_accumulation_trains(
     tmp_path: Path, precision: str, checkpointing: str, accum: int
 ) -> None:
-    config = TINY_CONFIG.replace(precision=precision, activation_checkpointing=checkpointing,
-                                 grad_accum_steps=accum, micro_batch_size=4 // accum, lr=3e-3)
+    config = TINY_CONFIG.replace(
+        precision=precision,
+        activation_checkpointing=checkpointing,
+        grad_accum_steps=accum,
+        micro_batch_size=4 // accum,
+        lr=3e-3,
+    )
     result = train(config, RunOptions(out=tmp_path, steps=6, progress=False, eval_batches=1))
     records = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     steps = [r for r in records if r["kind"] == "train"]
     assert [r["step"] for r in steps] == list(range(1, 7))
-    for key in ("loss", "lr", "grad_norm", "tokens", "step_time_s", "tokens_per_s",
-                "peak_memory_bytes"):
+    for key in (
+        "loss",
+        "lr",
+        "grad_norm",
+        "tokens",
+        "step_time_s",
+        "tokens_per_s",
+        "peak_memory_bytes",
+    ):
         assert all(r[key] is not None for r in steps), key
     assert steps[-1]["tokens"] == 6 * 4 * 32
     assert steps[-1]["loss"] < steps[0]["loss"]
@@ -127,11 +177,14 @@ def test_refuses_to_overwrite_a_run_without_resume(tmp_path: Path) -> None:
 def test_resume_with_a_different_config_is_refused(tmp_path: Path) -> None:
     train(TINY_CONFIG, RunOptions(out=tmp_path, steps=2, progress=False, eval_batches=1))
     with pytest.raises(UsageProblem, match="different lr"):
-        train(TINY_CONFIG.replace(lr=1e-2),
-              RunOptions(out=tmp_path, steps=4, resume=True, progress=False))
+        train(
+            TINY_CONFIG.replace(lr=1e-2),
+            RunOptions(out=tmp_path, steps=4, resume=True, progress=False),
+        )
 
 
 def test_tokens_budget_sets_the_number_of_steps(tmp_path: Path) -> None:
-    result = train(TINY_CONFIG, RunOptions(out=tmp_path, tokens=3 * 128 + 1, progress=False,
-                                           eval_batches=1))
+    result = train(
+        TINY_CONFIG, RunOptions(out=tmp_path, tokens=3 * 128 + 1, progress=False, eval_batches=1)
+    )
     assert result.steps == 4  # ceil(385 / 128)
