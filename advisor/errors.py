@@ -6,6 +6,12 @@ Library code raises these with a message that names the problem *and* the fix; i
 from __future__ import annotations
 
 
+def one_line(exc: BaseException) -> str:
+    """``Type: message`` with the message's whitespace (newlines included) collapsed."""
+    text = " ".join(str(exc).split())
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+
+
 class AdvisorError(Exception):
     """A failure the user can act on; ``exit_code`` is what the CLI exits with."""
 

@@ -105,8 +105,8 @@ def resolve_train_config(
 def train(**params: Any) -> None:
     """Train a model with a plan or explicit TrainConfig flags; writes metrics.jsonl and
     checkpoints under --out."""
-    from advisor.trainer import RunOptions
-    from advisor.trainer import train as run_training
+    from advisor.trainer.loop import RunOptions
+    from advisor.trainer.loop import train as run_training
 
     out = params["out"]
     if params["resume"] and out is None:

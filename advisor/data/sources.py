@@ -47,6 +47,9 @@ class TokenSource:
         assert split in ("train", "val"), split
         assert self.paths is not None, "synthetic data has no token file"
         train_path, val_path = self.paths
+        path = train_path if split == "train" or self.split_at is not None else val_path
+        if os.path.getsize(path) == 0:  # numpy cannot memory-map an empty file
+            return np.empty(0, dtype=self.dtype)
         if self.split_at is not None:  # one file, split by position
             data = np.memmap(train_path, dtype=self.dtype, mode="r")
             return data[: self.split_at] if split == "train" else data[self.split_at :]
@@ -124,6 +127,8 @@ def _single_file(spec: str, path: Path, dtype: str, vocab: int, kind: str) -> To
 def _bin_vocab(paths: list[Path]) -> int:
     top = 0
     for path in paths:
+        if path.stat().st_size == 0:
+            continue
         data = np.memmap(path, dtype=np.uint16, mode="r")
         for start in range(0, len(data), 1 << 24):  # chunked: a .bin may be many GB
             top = max(top, int(data[start : start + (1 << 24)].max(initial=0)))

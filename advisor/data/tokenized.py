@@ -9,8 +9,8 @@ from typing import Any
 import numpy as np
 
 from advisor.data.sources import VAL_FRACTION, TokenSource, _atomic_write, cache_dir
-from advisor.errors import UsageProblem
-from advisor.models.hf import INSTALL_HINT, _transformers
+from advisor.errors import UsageProblem, one_line
+from advisor.models.hf import _transformers
 
 CHUNK_CHARS = 1 << 20  # tokenize in ~1 MB pieces to bound memory
 
@@ -23,9 +23,21 @@ def _load_tokenizer(path: str) -> Any:
         return tf.AutoTokenizer.from_pretrained(str(Path(path).expanduser()), local_files_only=True)
     except Exception as exc:
         raise UsageProblem(
-            f"cannot load a tokenizer from {path} ({type(exc).__name__}: {exc}): pass a directory "
-            f"holding tokenizer.json or the tokenizer's files ({INSTALL_HINT})"
+            f"cannot load a tokenizer from {path} ({one_line(exc)}): pass a directory holding "
+            "tokenizer.json or the tokenizer's files saved by save_pretrained"
         ) from None
+
+
+def _tokenizer_fingerprint(path: str) -> str:
+    """Content hash of the tokenizer's files: a different tokenizer saved at the same path
+    must not reuse cached ids."""
+    root = Path(path).expanduser().resolve()
+    files = sorted(p for p in root.rglob("*") if p.is_file()) if root.is_dir() else [root]
+    digest = hashlib.sha1()
+    for file in files:
+        digest.update(str(file.relative_to(root) if root.is_dir() else file.name).encode())
+        digest.update(file.read_bytes())
+    return digest.hexdigest()
 
 
 def _encode(tokenizer: Any, text: str) -> list[int]:
@@ -45,7 +57,8 @@ def tokenize_source(source: TokenSource, tokenizer_path: str) -> TokenSource:
     fingerprint = "|".join(
         f"{p}:{Path(p).stat().st_size}:{Path(p).stat().st_mtime_ns}" for p in source.paths
     )
-    key = hashlib.sha1(f"{fingerprint}|{Path(tokenizer_path).resolve()}".encode()).hexdigest()[:16]
+    key = hashlib.sha1(f"{fingerprint}|{_tokenizer_fingerprint(tokenizer_path)}".encode())
+    key = key.hexdigest()[:16]
     train_path = cache_dir() / f"tok-{key}.train.{dtype}"
     val_path = cache_dir() / f"tok-{key}.val.{dtype}"
     if not (train_path.exists() and val_path.exists()):

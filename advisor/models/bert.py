@@ -50,6 +50,11 @@ class BertLayer(nn.Module):
 class BertForMLM(nn.Module):
     def __init__(self, cfg: BertConfig) -> None:
         super().__init__()
+        if cfg.n_embd % cfg.n_head:
+            raise ValueError(
+                f"n_embd ({cfg.n_embd}) must be divisible by n_head ({cfg.n_head}): fix the "
+                "--model-arg values"
+            )
         self.config = cfg
         self.word_embeddings = nn.Embedding(cfg.vocab_size, cfg.n_embd)
         self.position_embeddings = nn.Embedding(cfg.max_position, cfg.n_embd)

@@ -73,6 +73,11 @@ class Block(nn.Module):
 class GPT(nn.Module):
     def __init__(self, cfg: GPTConfig) -> None:
         super().__init__()
+        if cfg.n_embd % cfg.n_head:
+            raise ValueError(
+                f"n_embd ({cfg.n_embd}) must be divisible by n_head ({cfg.n_head}): fix the "
+                "--model-arg values"
+            )
         self.config = cfg
         self.wte = nn.Embedding(cfg.vocab_size, cfg.n_embd)
         self.wpe = nn.Embedding(cfg.block_size, cfg.n_embd)

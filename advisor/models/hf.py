@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from advisor.errors import UsageProblem
+from advisor.errors import UsageProblem, one_line
 from advisor.models.adapter import ModelAdapter, find_repeated_blocks
 
 INSTALL_HINT = "pip install 'transformer-advisor[hf]'"
@@ -44,7 +44,9 @@ def load_hf_config(name_or_path: str) -> Any:
         try:
             data = json.loads(path.read_text())
         except json.JSONDecodeError as exc:
-            raise UsageProblem(f"{path} is not valid JSON ({exc}): pass a config.json") from None
+            raise UsageProblem(
+                f"{path} is not valid JSON ({one_line(exc)}): pass a config.json"
+            ) from None
     else:
         types = sorted(tf.CONFIG_MAPPING.keys())
         if name_or_path not in tf.CONFIG_MAPPING:
@@ -92,7 +94,7 @@ def build_hf(spec: str, args: dict[str, Any], meta: bool) -> ModelAdapter:
             except (ValueError, ImportError):  # this architecture has no SDPA path
                 module = auto.from_config(config)
     except Exception as exc:
-        raise UsageProblem(f"cannot build {spec} ({type(exc).__name__}: {exc})") from None
+        raise UsageProblem(f"cannot build {spec} ({one_line(exc)})") from None
     module = module.float() if not meta else module.to(torch.float32)
 
     def first(*names: str) -> int | None:

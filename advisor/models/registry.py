@@ -22,7 +22,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from advisor.errors import UsageProblem
+from advisor.errors import UsageProblem, one_line
 from advisor.models.adapter import ModelAdapter, find_repeated_blocks
 from advisor.models.presets import PRESETS
 
@@ -105,7 +105,7 @@ def _build_preset(name: str, args: dict[str, Any], meta: bool) -> ModelAdapter:
         with _build_device(meta):
             module = model_cls(cfg)
     except (ValueError, TypeError, RuntimeError) as exc:
-        raise UsageProblem(f"cannot build {name} with {args}: {exc}") from None
+        raise UsageProblem(f"cannot build {name} with {args}: {one_line(exc)}") from None
     c: Any = cfg
     if preset.family == "gpt":
         return ModelAdapter(
@@ -175,14 +175,15 @@ def load_factory(spec: str) -> Any:
             except Exception as exc:
                 del sys.modules[name]
                 raise UsageProblem(
-                    f"importing {target} failed ({type(exc).__name__}: {exc}): fix the file"
+                    f"importing {target} failed ({one_line(exc)}): fix the file"
                 ) from None
     else:
         try:
             module = importlib.import_module(target)
         except ImportError as exc:
             raise UsageProblem(
-                f"cannot import module {target!r} ({exc}): install it or put it on PYTHONPATH"
+                f"cannot import module {target!r} ({one_line(exc)}): install it or put it on "
+                "PYTHONPATH"
             ) from None
     factory = getattr(module, attr, None)
     if factory is None or not callable(factory):
@@ -209,13 +210,13 @@ def _build_user(spec: str, args: dict[str, Any], meta: bool) -> ModelAdapter:
         inspect.signature(factory).bind(**args)
     except TypeError as exc:
         raise UsageProblem(
-            f"--model-arg does not fit {spec} ({exc}): check its parameters"
+            f"--model-arg does not fit {spec} ({one_line(exc)}): check its parameters"
         ) from None
     try:
         with _build_device(meta):
             module = factory(**args)
     except Exception as exc:
-        raise UsageProblem(f"{spec} raised {type(exc).__name__}: {exc}") from None
+        raise UsageProblem(f"{spec} raised {one_line(exc)}") from None
     if not isinstance(module, nn.Module):
         raise UsageProblem(
             f"{spec} returned {type(module).__name__}, not a torch.nn.Module: return the model"

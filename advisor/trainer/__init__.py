@@ -1,5 +1,5 @@
-"""The trainer: runs a TrainConfig end to end (``advisor train``)."""
+"""The trainer: runs a TrainConfig end to end (``advisor train``); entry: ``loop.train``.
 
-from advisor.trainer.loop import RunOptions, TrainingInterrupted, TrainResult, train
-
-__all__ = ["RunOptions", "TrainResult", "TrainingInterrupted", "train"]
+Nothing is re-exported here: ``advisor.workload`` imports ``advisor.trainer.step``, and an eager
+import of ``loop`` (which imports the workload) would make that circular.
+"""

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from advisor.errors import TrainingDiverged, UsageProblem
-from advisor.trainer import RunOptions, train
+from advisor.trainer.loop import RunOptions, train
 from strategies.config import TrainConfig
 
 TINY = [

@@ -1,0 +1,184 @@
+"""The memory model: per-phase affine fits of traced peaks over micro-batch size.
+
+Peak memory is affine in micro-batch size within a phase (DESIGN.md, "Measuring well"), but the
+step's peak is the max of two phases that peak for different reasons, so each is fitted alone
+and :meth:`MemoryModel.predict` takes the max: a single line through both would miss the kink
+where, with checkpointing, the optimizer step stops dominating.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from profilers.fit import AffineFit, fit_affine
+from profilers.memory_records import MemoryTrace
+
+ACCUMULATION_SOURCES: tuple[str, ...] = ("fit", "offset", "gradient_bytes")
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class MemoryModel:
+    """Peak memory of a step as a function of micro-batch size b and accumulation steps n.
+
+    One model per (precision, activation_checkpointing) at one sequence length and target:
+
+        peak(b, 1) = max(forward_backward(b), optimizer_step(b))
+        peak(b, n) = max(forward_backward_accumulating(b), optimizer_step(b))    for n > 1
+
+    With accumulation, every micro-batch after the first runs forward and backward with the
+    previous gradients live. How much that adds depends on where the peak falls: nothing of the
+    gradients exists yet at a peak at the start of backward (the full gradient copy is added),
+    some already do at a later one (checkpointing; less is added). So it is measured:
+    ``accumulation_source`` says how ``forward_backward_accumulating`` was obtained:
+    ``"fit"`` (traces with accumulation at two or more sizes), ``"offset"`` (one size: the
+    fit without accumulation shifted by what was measured there) or ``"gradient_bytes"`` (no
+    trace with accumulation: shifted by the gradient bytes, an upper bound). Accumulating more
+    than two steps adds nothing but the inputs of the extra micro-batches.
+    """
+
+    precision: str
+    activation_checkpointing: str
+    seq_len: int
+    target_device_type: str
+    forward_backward: AffineFit
+    forward_backward_accumulating: AffineFit
+    optimizer_step: AffineFit
+    accumulation_source: str
+    parameter_bytes: int
+    gradient_bytes: int
+    optimizer_state_bytes: int
+    resident_bytes: int
+
+    def predict(self, micro_batch_size: int, grad_accum_steps: int = 1) -> int:
+        """Predicted peak bytes of one optimizer step."""
+        if micro_batch_size < 1 or grad_accum_steps < 1:
+            raise ValueError(
+                "micro_batch_size and grad_accum_steps must be positive, got "
+                f"{micro_batch_size} and {grad_accum_steps}"
+            )
+        fb = self.forward_backward if grad_accum_steps == 1 else self.forward_backward_accumulating
+        return math.ceil(
+            max(fb.predict(micro_batch_size), self.optimizer_step.predict(micro_batch_size))
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "precision": self.precision,
+            "activation_checkpointing": self.activation_checkpointing,
+            "seq_len": self.seq_len,
+            "target_device_type": self.target_device_type,
+            "forward_backward": self.forward_backward.to_dict(),
+            "forward_backward_accumulating": self.forward_backward_accumulating.to_dict(),
+            "optimizer_step": self.optimizer_step.to_dict(),
+            "accumulation_source": self.accumulation_source,
+            "parameter_bytes": self.parameter_bytes,
+            "gradient_bytes": self.gradient_bytes,
+            "optimizer_state_bytes": self.optimizer_state_bytes,
+            "resident_bytes": self.resident_bytes,
+        }
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> MemoryModel:
+        return cls(
+            precision=str(data["precision"]),
+            activation_checkpointing=str(data["activation_checkpointing"]),
+            seq_len=int(data["seq_len"]),
+            target_device_type=str(data["target_device_type"]),
+            forward_backward=AffineFit.from_dict(data["forward_backward"]),
+            forward_backward_accumulating=AffineFit.from_dict(
+                data["forward_backward_accumulating"]
+            ),
+            optimizer_step=AffineFit.from_dict(data["optimizer_step"]),
+            accumulation_source=str(data["accumulation_source"]),
+            parameter_bytes=int(data["parameter_bytes"]),
+            gradient_bytes=int(data["gradient_bytes"]),
+            optimizer_state_bytes=int(data["optimizer_state_bytes"]),
+            resident_bytes=int(data["resident_bytes"]),
+        )
+
+
+def fit_memory(traces: Sequence[MemoryTrace]) -> MemoryModel:
+    """Fit a :class:`MemoryModel` on traces of one (precision, checkpointing, seq_len, target).
+
+    Needs traces without accumulation at two or more micro-batch sizes. Traces with
+    accumulation (any number of steps above one) measure what the live gradients add; trace
+    them at the same two sizes for a fit, since with checkpointing that extra grows with the
+    micro-batch.
+    """
+    if not traces:
+        raise ValueError("fit_memory needs traces: trace two or more micro-batch sizes")
+    keys = {_group_key(t) for t in traces}
+    if len(keys) > 1:
+        raise ValueError(
+            "fit_memory fits one (precision, activation_checkpointing, seq_len, target) at a "
+            f"time, got {sorted(keys)}: group them first, e.g. with fit_memory_models"
+        )
+    single = [t for t in traces if t.spec.grad_accum_steps == 1]
+    accumulating = [t for t in traces if t.spec.grad_accum_steps > 1]
+    sizes = sorted({t.spec.micro_batch_size for t in single})
+    if len(sizes) < 2:
+        raise ValueError(
+            "fit_memory needs traces with grad_accum_steps=1 at two or more distinct "
+            f"micro-batch sizes, got {sizes}"
+        )
+    forward_backward = _fit(single, "forward_backward_peak_bytes")
+    optimizer_step = _fit(single, "optimizer_step_peak_bytes")
+    reference = max(single, key=lambda t: t.spec.micro_batch_size)
+    source = "fit"
+    if len({t.spec.micro_batch_size for t in accumulating}) >= 2:
+        accumulating_fit = _fit(accumulating, "forward_backward_peak_bytes")
+    else:
+        if accumulating:
+            source = "offset"
+            extra = max(
+                t.forward_backward_peak_bytes - forward_backward.predict(t.spec.micro_batch_size)
+                for t in accumulating
+            )
+            xs = tuple(float(t.spec.micro_batch_size) for t in accumulating)
+            ys = tuple(float(t.forward_backward_peak_bytes) for t in accumulating)
+        else:
+            source, extra, xs, ys = "gradient_bytes", reference.gradient_bytes, (), ()
+        accumulating_fit = AffineFit(
+            intercept=forward_backward.intercept + extra,
+            slope=forward_backward.slope,
+            xs=xs,
+            ys=ys,
+        )
+    first = traces[0]
+    return MemoryModel(
+        precision=first.spec.precision,
+        activation_checkpointing=first.spec.activation_checkpointing,
+        seq_len=first.spec.seq_len,
+        target_device_type=first.target_device_type,
+        forward_backward=forward_backward,
+        forward_backward_accumulating=accumulating_fit,
+        optimizer_step=optimizer_step,
+        accumulation_source=source,
+        parameter_bytes=reference.parameter_bytes,
+        gradient_bytes=reference.gradient_bytes,
+        optimizer_state_bytes=reference.optimizer_state_bytes,
+        resident_bytes=reference.resident_bytes,
+    )
+
+
+def _fit(traces: Sequence[MemoryTrace], attribute: str) -> AffineFit:
+    return fit_affine(
+        [float(t.spec.micro_batch_size) for t in traces],
+        [float(getattr(t, attribute)) for t in traces],
+    )
+
+
+def fit_memory_models(traces: Iterable[MemoryTrace]) -> list[MemoryModel]:
+    """One :class:`MemoryModel` per (precision, checkpointing, seq_len, target) in ``traces``."""
+    groups: dict[tuple[str, str, int, str], list[MemoryTrace]] = {}
+    for t in traces:
+        groups.setdefault(_group_key(t), []).append(t)
+    return [fit_memory(group) for _, group in sorted(groups.items())]
+
+
+def _group_key(trace: MemoryTrace) -> tuple[str, str, int, str]:
+    s = trace.spec
+    return (s.precision, s.activation_checkpointing, s.seq_len, trace.target_device_type)

@@ -1,0 +1,186 @@
+"""Records of the memory probe: traced and measured step memory (JSON via to_dict/from_dict)."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from profilers.workload import StepSpec
+
+TARGET_DEVICE_TYPES: tuple[str, ...] = ("cpu", "cuda")
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class MemoryBreakdown:
+    """Bytes live at one instant, by what they hold (MemTracker's ``_MemRefType`` categories).
+
+    MemTracker labels a storage by where it was created: ``activations`` are created in forward
+    (and in the recomputation of checkpointed blocks), ``temporaries`` in backward (gradients of
+    activations, and parameter gradients until their hook relabels them ``gradients``). Storages
+    created between backward and ``optimizer.step()`` (GradScaler's unscale, gradient clipping)
+    count as ``activations``. Inside ``optimizer.step()`` the state that outlives the step is
+    ``optimizer_state`` and the rest (e.g. foreach AdamW's parameter-sized temporaries) is
+    ``temporaries``.
+    """
+
+    parameters: int = 0
+    buffers: int = 0
+    gradients: int = 0
+    optimizer_state: int = 0
+    activations: int = 0
+    temporaries: int = 0
+    other: int = 0
+
+    @property
+    def total(self) -> int:
+        return sum(getattr(self, f.name) for f in dataclasses.fields(self))
+
+    def to_dict(self) -> dict[str, int]:
+        return {**dataclasses.asdict(self), "total": self.total}
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> MemoryBreakdown:
+        names = {f.name for f in dataclasses.fields(cls)}
+        return cls(**{k: int(v) for k, v in data.items() if k in names})
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class MemoryTrace:
+    """Traced memory of one full training step (the second one: optimizer state exists).
+
+    ``peak_bytes`` is the max of the two phase peaks; each breakdown is taken at its phase's
+    peak. ``resident_bytes`` is what stays live between steps (parameters, optimizer state, and
+    gradients if the step does not free them). For a CUDA target every storage is rounded up
+    to the caching allocator's 512-byte blocks; CUDA context, workspaces and fragmentation are
+    not included (see :class:`CudaStepMemory`).
+    """
+
+    spec: StepSpec
+    target_device_type: str
+    peak_bytes: int
+    forward_backward_peak_bytes: int
+    optimizer_step_peak_bytes: int
+    forward_backward_breakdown: MemoryBreakdown
+    optimizer_step_breakdown: MemoryBreakdown
+    parameter_bytes: int
+    gradient_bytes: int
+    optimizer_state_bytes: int
+    resident_bytes: int
+    trace_seconds: float
+
+    @property
+    def peak_phase(self) -> str:
+        if self.forward_backward_peak_bytes >= self.optimizer_step_peak_bytes:
+            return "forward_backward"
+        return "optimizer_step"
+
+    @property
+    def breakdown(self) -> MemoryBreakdown:
+        """The breakdown at the overall peak."""
+        if self.peak_phase == "forward_backward":
+            return self.forward_backward_breakdown
+        return self.optimizer_step_breakdown
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "spec": self.spec.to_dict(),
+            "target_device_type": self.target_device_type,
+            "peak_bytes": self.peak_bytes,
+            "peak_phase": self.peak_phase,
+            "forward_backward_peak_bytes": self.forward_backward_peak_bytes,
+            "optimizer_step_peak_bytes": self.optimizer_step_peak_bytes,
+            "forward_backward_breakdown": self.forward_backward_breakdown.to_dict(),
+            "optimizer_step_breakdown": self.optimizer_step_breakdown.to_dict(),
+            "parameter_bytes": self.parameter_bytes,
+            "gradient_bytes": self.gradient_bytes,
+            "optimizer_state_bytes": self.optimizer_state_bytes,
+            "resident_bytes": self.resident_bytes,
+            "trace_seconds": self.trace_seconds,
+        }
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> MemoryTrace:
+        return cls(
+            spec=StepSpec.from_dict(data["spec"]),
+            target_device_type=str(data["target_device_type"]),
+            peak_bytes=int(data["peak_bytes"]),
+            forward_backward_peak_bytes=int(data["forward_backward_peak_bytes"]),
+            optimizer_step_peak_bytes=int(data["optimizer_step_peak_bytes"]),
+            forward_backward_breakdown=MemoryBreakdown.from_dict(
+                data["forward_backward_breakdown"]
+            ),
+            optimizer_step_breakdown=MemoryBreakdown.from_dict(data["optimizer_step_breakdown"]),
+            parameter_bytes=int(data["parameter_bytes"]),
+            gradient_bytes=int(data["gradient_bytes"]),
+            optimizer_state_bytes=int(data["optimizer_state_bytes"]),
+            resident_bytes=int(data["resident_bytes"]),
+            trace_seconds=float(data["trace_seconds"]),
+        )
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class CpuStepMemory:
+    """CPU truth for one real step: the allocator's net bytes, peaked per phase."""
+
+    spec: StepSpec
+    peak_bytes: int
+    forward_backward_peak_bytes: int
+    optimizer_step_peak_bytes: int
+    step_seconds: float  # wall time of the measured step, profiler overhead included
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**dataclasses.asdict(self), "spec": self.spec.to_dict()}
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> CpuStepMemory:
+        return cls(
+            spec=StepSpec.from_dict(data["spec"]),
+            peak_bytes=int(data["peak_bytes"]),
+            forward_backward_peak_bytes=int(data["forward_backward_peak_bytes"]),
+            optimizer_step_peak_bytes=int(data["optimizer_step_peak_bytes"]),
+            step_seconds=float(data["step_seconds"]),
+        )
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class CudaStepMemory:
+    """CUDA truth for one real step, and what the fake trace cannot see.
+
+    ``fragmentation_bytes`` is reserved minus allocated at their peaks (the caching allocator's
+    cached but unused blocks). ``context_bytes`` is device memory in use before the workload was
+    built that the allocator does not hold: the CUDA context, plus other processes on a shared
+    device (an upper bound). ``workspace_bytes`` is device memory the step added outside the
+    allocator (library handles and workspaces not taken from the caching allocator).
+    """
+
+    spec: StepSpec
+    device_name: str
+    total_bytes: int
+    peak_allocated_bytes: int
+    peak_reserved_bytes: int
+    forward_backward_peak_allocated_bytes: int
+    optimizer_step_peak_allocated_bytes: int
+    context_bytes: int
+    workspace_bytes: int
+
+    @property
+    def fragmentation_bytes(self) -> int:
+        return self.peak_reserved_bytes - self.peak_allocated_bytes
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            **dataclasses.asdict(self),
+            "spec": self.spec.to_dict(),
+            "fragmentation_bytes": self.fragmentation_bytes,
+        }
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> CudaStepMemory:
+        names = {f.name for f in dataclasses.fields(cls)} - {"spec", "device_name"}
+        return cls(
+            spec=StepSpec.from_dict(data["spec"]),
+            device_name=str(data["device_name"]),
+            **{k: int(v) for k, v in data.items() if k in names},
+        )

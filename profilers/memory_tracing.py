@@ -1,0 +1,233 @@
+"""Fake-tensor tracing of one training step with MemTracker (the body of trace_step_memory).
+
+Recipe (DESIGN.md, verified on CPU against the allocator): build the step on ``meta`` and
+materialise it with ``to_empty`` inside ``FakeTensorMode(allow_non_fake_inputs=True)``, then run
+two iterations and measure the second, so the optimizer state exists as it does in training.
+Each phase runs in its own ``with tracker:`` block because entering a MemTracker resets its peak
+to what is live at that moment: the two peaks come out separately, with no bookkeeping of ours.
+
+What it does not see: memory a kernel allocates below the dispatcher (the fake kernels have
+none to allocate), CUDA context and library workspaces, allocator fragmentation. Those are
+measured on the device (``memory_truth.measure_cuda``).
+
+Several torch internals are relied on here; each is named where it is used, and the tests on the
+toy workload fail loudly if a torch release changes them.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import math
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+import torch.distributed._tools.mem_tracker as mem_tracker_module
+from torch._subclasses.fake_tensor import FakeTensorMode
+from torch.distributed._tools.mem_tracker import MemTracker
+
+from profilers.memory_records import MemoryBreakdown, MemoryTrace
+from profilers.workload import StepSpec, TrainStep, Workload
+
+# MemTracker's categories (``_MemRefType`` values) -> MemoryBreakdown fields.
+_CATEGORY_FIELDS = {
+    "Parameter": "parameters",
+    "Buffer": "buffers",
+    "Gradient": "gradients",
+    "Optstate": "optimizer_state",
+    "Activation": "activations",
+    "Temp": "temporaries",
+    "Other": "other",
+}
+_TOTAL_KEY = "Total"
+
+# CUDA's caching allocator rounds every request up to a multiple of 512 bytes (kMinBlockSize
+# in c10/cuda/CUDACachingAllocator.cpp, round_size(); 0 bytes stays 0), and
+# torch.cuda.memory_allocated counts those rounded blocks. MemTracker applies the same rounding,
+# but only to storages whose device is cuda; we trace on fake *CPU* (fake CUDA aborts in autograd
+# on a CPU-only build), so the rounding is applied here to every storage. MemTracker's constant
+# already honours PYTORCH_NO_CUDA_MEMORY_CACHING=1 (no rounding). Not modelled:
+# PYTORCH_CUDA_ALLOC_CONF=roundup_power2_divisions (rounds larger requests to power-of-two
+# fractions), and the 2 MiB / 20 MiB segment sizes, which affect reserved, not allocated, memory.
+CUDA_BLOCK_BYTES: int = mem_tracker_module._PYTORCH_MIN_ALLOCATE
+
+
+def cuda_block_bytes(num_bytes: int) -> int:
+    """Bytes the CUDA caching allocator hands out for a request of ``num_bytes``."""
+    return math.ceil(num_bytes / CUDA_BLOCK_BYTES) * CUDA_BLOCK_BYTES
+
+
+class _CudaRoundedWeakRefInfo(mem_tracker_module._WeakRefInfo):
+    def _calculate_mem_consumed(self) -> int:
+        return cuda_block_bytes(self.size * self.element_size)
+
+
+class _StepMemTracker(MemTracker):
+    """MemTracker that accepts gradient accumulation.
+
+    MemTracker refuses a second forward of the root module in one tracked region ("multiple
+    iterative calls"), which is what every micro-batch after the first is. Its per-module stats
+    are the only thing that check protects and we do not read them, so a new root forward simply
+    starts them afresh. Parameter gradient hooks stay installed (they are keyed by parameter).
+    """
+
+    def _pre_fw_hook(self, module: torch.nn.Module, inputs: Any) -> None:
+        name = self._mod_tracker.get_known_fqn(module)
+        if (
+            module in self.memory_tracking
+            and not self._mod_tracker.is_bw
+            and set(self._mod_tracker.parents) - {name} == {"Global"}
+        ):
+            self.reset_mod_stats()
+        super()._pre_fw_hook(module, inputs)
+
+
+def trace(workload: Workload, spec: StepSpec, *, cuda_rounding: bool) -> MemoryTrace:
+    started = time.perf_counter()
+    round_bytes = cuda_block_bytes if cuda_rounding else _identity
+    with contextlib.ExitStack() as stack:
+        mode = stack.enter_context(FakeTensorMode(allow_non_fake_inputs=True))
+        if cuda_rounding:
+            rounded = _patched(mem_tracker_module, "_WeakRefInfo", _CudaRoundedWeakRefInfo)
+            stack.enter_context(rounded)
+        stack.enter_context(_grad_scaler_never_skips())
+        step = _build_fake_step(workload, spec, mode)
+        tracker = _StepMemTracker()
+        tracker.track_external(step.model, step.optimizer)
+        for _ in range(2):  # the second iteration is measured: optimizer state exists
+            tracker.reset_mod_stats()
+            with tracker:
+                batches = step.synthetic_batches()
+                loss = step.forward_backward(batches)
+                forward_backward = _peak(tracker)
+            with tracker:
+                step.optimizer_step()
+                optimizer_step = _peak(tracker)
+            del batches, loss
+        resident = _total(tracker.get_tracker_snapshot("current"))
+        parameter_bytes = _storage_bytes(step.model.parameters(), round_bytes)
+        gradient_bytes = _storage_bytes(
+            (p for p in step.model.parameters() if p.requires_grad), round_bytes
+        )
+        optimizer_state_bytes = _storage_bytes(
+            (v for state in step.optimizer.state.values() for v in state.values()), round_bytes
+        )
+    optimizer_step = _split_optimizer_temporaries(optimizer_step, optimizer_state_bytes)
+    fb_total, opt_total = forward_backward.total, optimizer_step.total
+    return MemoryTrace(
+        spec=spec,
+        target_device_type="cuda" if cuda_rounding else "cpu",
+        peak_bytes=max(fb_total, opt_total),
+        forward_backward_peak_bytes=fb_total,
+        optimizer_step_peak_bytes=opt_total,
+        forward_backward_breakdown=forward_backward,
+        optimizer_step_breakdown=optimizer_step,
+        parameter_bytes=parameter_bytes,
+        gradient_bytes=gradient_bytes,
+        optimizer_state_bytes=optimizer_state_bytes,
+        resident_bytes=resident,
+        trace_seconds=time.perf_counter() - started,
+    )
+
+
+def _build_fake_step(workload: Workload, spec: StepSpec, mode: FakeTensorMode) -> TrainStep:
+    """``build_step(from_meta=True)`` under the fake mode, tolerating a meta build inside it.
+
+    A module built on ``meta`` *inside* FakeTensorMode has FakeTensor parameters, and
+    ``Module._apply`` (used by ``to_empty``) must then swap them with ``torch.utils.swap_tensors``,
+    which refuses any tensor with a weakref. The fake mode's converter memo
+    (``meta_converter.tensor_memo``, a WeakValueDictionary) holds a weakref to every fake tensor
+    it makes, so the swap fails ("Couldn't swap Embedding.weight"). Building the meta module under
+    ``torch._subclasses.fake_tensor.unset_fake_temporarily()`` avoids this in the workload; for
+    workloads that don't, the memo is a plain dict (strong references, no weakrefs) while the step
+    is built, and the original is put back after: it is only a cache.
+    """
+    converter = mode.fake_tensor_converter.meta_converter
+    memo = converter.tensor_memo
+    converter.tensor_memo = {}  # type: ignore[assignment]
+    try:
+        return workload.build_step(spec, "cpu", from_meta=True)
+    finally:
+        converter.tensor_memo = memo
+
+
+@contextlib.contextmanager
+def _grad_scaler_never_skips() -> Iterator[None]:
+    """Trace GradScaler's step as taken.
+
+    ``GradScaler._maybe_opt_step`` reads ``found_inf.item()`` to decide whether to skip the
+    optimizer step; a fake tensor has no value. A taken step is the one whose memory matters
+    (it creates and updates optimizer state), so the trace always takes it.
+    """
+
+    def always_step(
+        self: torch.amp.GradScaler,
+        optimizer: torch.optim.Optimizer,
+        optimizer_state: dict[str, Any],
+        *args: Any,
+        **kwargs: Any,
+    ) -> Any:
+        return optimizer.step(*args, **kwargs)
+
+    with _patched(torch.amp.GradScaler, "_maybe_opt_step", always_step):
+        yield
+
+
+@contextlib.contextmanager
+def _patched(owner: Any, name: str, value: Any) -> Iterator[None]:
+    original = getattr(owner, name)
+    setattr(owner, name, value)
+    try:
+        yield
+    finally:
+        setattr(owner, name, original)
+
+
+def _peak(tracker: MemTracker) -> MemoryBreakdown:
+    return _breakdown(tracker.get_tracker_snapshot("peak"))
+
+
+def _breakdown(snapshot: dict[torch.device, dict[Any, int]]) -> MemoryBreakdown:
+    # One device is traced (fake CPU); summing over devices only guards against a stray one.
+    fields = dict.fromkeys(_CATEGORY_FIELDS.values(), 0)
+    for device_snapshot in snapshot.values():
+        for key, num_bytes in device_snapshot.items():
+            if key != _TOTAL_KEY:
+                fields[_CATEGORY_FIELDS[key.value]] += num_bytes
+    return MemoryBreakdown(**fields)
+
+
+def _split_optimizer_temporaries(
+    breakdown: MemoryBreakdown, optimizer_state_bytes: int
+) -> MemoryBreakdown:
+    """Inside ``optimizer.step()`` MemTracker labels every new storage optimizer state, the
+    foreach kernels' temporaries (e.g. AdamW's ``sqrt(v)`` over all parameters) included; what
+    exceeds the state that outlives the step is moved to ``temporaries``."""
+    excess = breakdown.optimizer_state - optimizer_state_bytes
+    if excess <= 0:
+        return breakdown
+    return dataclasses.replace(
+        breakdown,
+        optimizer_state=optimizer_state_bytes,
+        temporaries=breakdown.temporaries + excess,
+    )
+
+
+def _total(snapshot: dict[torch.device, dict[Any, int]]) -> int:
+    return sum(device_snapshot[_TOTAL_KEY] for device_snapshot in snapshot.values())
+
+
+def _storage_bytes(tensors: Any, round_bytes: Any) -> int:
+    """Bytes of the distinct storages behind ``tensors`` (tied weights count once)."""
+    seen: dict[int, int] = {}
+    for t in tensors:
+        if isinstance(t, torch.Tensor):
+            storage = t.untyped_storage()
+            seen[id(storage)] = round_bytes(storage.nbytes())
+    return sum(seen.values())
+
+
+def _identity(num_bytes: int) -> int:
+    return num_bytes

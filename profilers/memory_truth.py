@@ -1,0 +1,142 @@
+"""Ground truth for the memory trace: real steps, measured by the allocators themselves.
+
+Both measure the second step of the same phases the trace measures (forward+backward over all
+micro-batches, then the optimizer step). A first step whose GradScaler skipped the update (fp16
+overflow at the initial scale) creates no optimizer state, so warm-up repeats until the state
+exists, as it does in steady training.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+
+import torch
+from torch._C._profiler import _EventType, _ProfilerEvent
+from torch.profiler import ProfilerActivity, profile, record_function
+
+from profilers.memory_records import CpuStepMemory, CudaStepMemory
+from profilers.workload import StepSpec, TrainStep, Workload
+
+_MAX_WARMUP_STEPS = 8
+_FORWARD_BACKWARD = "memory_probe::forward_backward"
+_OPTIMIZER_STEP = "memory_probe::optimizer_step"
+
+
+def measure_cpu(workload: Workload, spec: StepSpec) -> CpuStepMemory:
+    """Peak of the CPU allocator's ``total_allocated`` over each phase of the measured step.
+
+    The profiler's CPU memory reporter counts only blocks allocated while it runs (frees of older
+    blocks are not subtracted), so the step is built inside the profiled region: the count is
+    then everything the step holds, as the trace counts it.
+    """
+    generator = torch.Generator().manual_seed(0)
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        step = workload.build_step(spec, "cpu")
+        _warm_up(step, generator)
+        started = time.perf_counter()
+        with record_function(_FORWARD_BACKWARD):
+            batches = step.synthetic_batches(generator)
+            loss = step.forward_backward(batches)
+        with record_function(_OPTIMIZER_STEP):
+            step.optimizer_step()
+        step_seconds = time.perf_counter() - started
+        del batches, loss, step
+    assert prof.profiler is not None and prof.profiler.kineto_results is not None
+    events = list(_walk(prof.profiler.kineto_results.experimental_event_tree()))
+    forward_backward = _window_peak(events, _FORWARD_BACKWARD)
+    optimizer_step = _window_peak(events, _OPTIMIZER_STEP)
+    return CpuStepMemory(
+        spec=spec,
+        peak_bytes=max(forward_backward, optimizer_step),
+        forward_backward_peak_bytes=forward_backward,
+        optimizer_step_peak_bytes=optimizer_step,
+        step_seconds=step_seconds,
+    )
+
+
+def _warm_up(step: TrainStep, generator: torch.Generator | None) -> None:
+    for _ in range(_MAX_WARMUP_STEPS):
+        step.step(step.synthetic_batches(generator))
+        if step.optimizer.state:
+            return
+
+
+def _walk(roots: list[_ProfilerEvent]) -> Iterator[_ProfilerEvent]:
+    stack = list(roots)
+    while stack:
+        event = stack.pop()
+        yield event
+        stack.extend(event.children)
+
+
+def _window_peak(events: list[_ProfilerEvent], label: str) -> int:
+    """Max CPU ``total_allocated`` from the start to the end of the ``label`` range.
+
+    The level entering the window (after the last event before it) counts too: a phase that
+    only frees peaks at its start.
+    """
+    (window,) = [e for e in events if e.tag == _EventType.TorchOp and e.name == label]
+    start, end = window.start_time_ns, window.end_time_ns
+    allocations = sorted(
+        (e.start_time_ns, e.extra_fields.total_allocated)  # type: ignore[union-attr]
+        for e in events
+        if e.tag == _EventType.Allocation
+        and e.extra_fields.device.type == "cpu"  # type: ignore[union-attr]
+        and e.start_time_ns <= end
+    )
+    before = [total for t, total in allocations if t < start]
+    inside = [total for t, total in allocations if t >= start]
+    return max([*before[-1:], *inside], default=0)
+
+
+def measure_cuda(
+    workload: Workload, spec: StepSpec, device: str | torch.device = "cuda"
+) -> CudaStepMemory:
+    """The caching allocator's peaks over each phase of the second step, plus what it misses.
+
+    ``torch.cuda.mem_get_info`` reports the whole device (this process's context, workspaces
+    outside the allocator, other processes); ``memory_reserved`` is what the caching allocator
+    holds. Their difference before the build is the context (plus other tenants); its growth over
+    the steps is the step's memory outside the allocator.
+    """
+    dev = torch.device(device)
+    if dev.type != "cuda":
+        raise ValueError(f"measure_cuda_step_memory needs a CUDA device, got {dev}")
+    if not torch.cuda.is_available():
+        raise RuntimeError("CUDA is not available on this machine: measure on a GPU host")
+    with torch.cuda.device(dev):
+        torch.cuda.synchronize()
+        torch.cuda.empty_cache()
+        free_before, total = torch.cuda.mem_get_info()  # creates the context if needed
+        outside_before = total - free_before - torch.cuda.memory_reserved()
+
+        step = workload.build_step(spec, dev)
+        # The global RNG: the contract does not say on which device a generator must live.
+        _warm_up(step, None)
+        batches = step.synthetic_batches()
+        torch.cuda.synchronize()  # the peaks must not include warm-up work still queued
+        torch.cuda.reset_peak_memory_stats()
+        loss = step.forward_backward(batches)
+        torch.cuda.synchronize()  # the allocator's peak counters are final once work is done
+        forward_backward = torch.cuda.max_memory_allocated()
+        reserved = torch.cuda.max_memory_reserved()
+        torch.cuda.reset_peak_memory_stats()
+        step.optimizer_step()
+        torch.cuda.synchronize()
+        optimizer_step = torch.cuda.max_memory_allocated()
+        reserved = max(reserved, torch.cuda.max_memory_reserved())
+        free_after, _ = torch.cuda.mem_get_info()
+        outside_after = total - free_after - torch.cuda.memory_reserved()
+        del batches, loss, step
+    return CudaStepMemory(
+        spec=spec,
+        device_name=torch.cuda.get_device_name(dev),
+        total_bytes=total,
+        peak_allocated_bytes=max(forward_backward, optimizer_step),
+        peak_reserved_bytes=reserved,
+        forward_backward_peak_allocated_bytes=forward_backward,
+        optimizer_step_peak_allocated_bytes=optimizer_step,
+        context_bytes=outside_before,
+        workspace_bytes=max(0, outside_after - outside_before),
+    )

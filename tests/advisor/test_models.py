@@ -1,0 +1,421 @@
+"""Model specs: presets, ``hf:`` configs, user factories, the adapter and the objectives."""
+
+from __future__ import annotations
+
+import math
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from advisor.errors import UsageProblem
+from advisor.models import PRESETS, ModelAdapter, build_model, parse_model_args
+from advisor.models.objectives import IGNORE_INDEX, Objective, lm_loss, mask_tokens
+
+DATA = Path(__file__).resolve().parents[1] / "data"
+USER_FILE = DATA / "user_model.py"
+
+# Published parameter counts (GPT-2: Radford et al. 2019; BERT: Devlin et al. 2018; Llama 3.2
+# 1B: Meta's model card) and depths.
+PUBLISHED = {
+    "gpt-small": (124e6, 12),
+    "gpt-medium": (355e6, 24),
+    "gpt-large": (774e6, 36),
+    "gpt-xl": (1558e6, 48),
+    "bert-base": (110e6, 12),
+    "llama-1b": (1.24e9, 16),
+}
+TINY = {  # real (allocated) versions small enough for a forward and backward in milliseconds
+    "gpt-tiny": {"n_layer": 1},
+    "bert-tiny": {"n_layer": 1},
+    "llama-tiny": {"n_layer": 1},
+}
+
+
+def one_line_problem(excinfo: pytest.ExceptionInfo[UsageProblem]) -> str:
+    message = str(excinfo.value)
+    assert message and "\n" not in message, repr(message)
+    return message
+
+
+def random_batch(
+    adapter: ModelAdapter, batch: int = 2, seq_len: int = 16, seed: int = 0
+) -> dict[str, torch.Tensor]:
+    gen = torch.Generator().manual_seed(seed)
+    window = torch.randint(min(adapter.vocab_size, 256), (batch, seq_len + 1), generator=gen)
+    return adapter.make_objective(min(adapter.vocab_size, 256)).example(window, gen)
+
+
+# -- presets ----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", sorted(PRESETS))
+def test_every_preset_builds_on_meta_without_memory(name: str) -> None:
+    adapter = build_model(name, meta=True)
+    assert all(p.is_meta for p in adapter.module.parameters())
+    facts = adapter.facts()
+    assert facts.num_layers == len(adapter.blocks()) > 0
+    assert facts.block_class == type(adapter.blocks()[0]).__name__
+    assert facts.num_params == facts.num_trainable_params > 0
+
+
+@pytest.mark.parametrize("name", sorted(PUBLISHED))
+def test_preset_matches_published_size(name: str) -> None:
+    published_params, published_layers = PUBLISHED[name]
+    facts = build_model(name, meta=True).facts()
+    assert facts.num_params == pytest.approx(published_params, rel=0.01)
+    assert facts.num_layers == published_layers
+    assert facts.tied_embeddings  # the published models share input and output embeddings
+
+
+@pytest.mark.parametrize("name", sorted(TINY))
+def test_tiny_models_forward_and_backward(name: str) -> None:
+    torch.manual_seed(0)
+    adapter = build_model(name, TINY[name])
+    batch = random_batch(adapter)
+    logits = adapter.logits(batch["input_ids"])
+    assert logits.shape == (2, 16, adapter.vocab_size)
+    loss = adapter.loss(batch)
+    assert torch.isfinite(loss)
+    loss.backward()
+    assert all(p.grad is not None for p in adapter.module.parameters())
+
+
+def test_gpt_tiny_initial_loss_is_uniform_guess() -> None:
+    # A well-initialised LM starts near a uniform prediction: cross-entropy ln(vocab).
+    torch.manual_seed(0)
+    adapter = build_model("gpt-tiny")
+    with torch.no_grad():
+        loss = adapter.loss(random_batch(adapter, batch=4, seq_len=64))
+    assert loss.item() == pytest.approx(math.log(adapter.vocab_size), abs=0.1)
+
+
+@pytest.mark.parametrize("name", sorted(TINY))
+def test_meta_to_empty_retie_keeps_tied_weights_and_function(name: str) -> None:
+    meta = build_model(name, TINY[name], meta=True)
+    num_params = meta.facts().num_params
+    meta.module.to_empty(device="cpu")
+    meta.retie()
+    facts = meta.facts()
+    assert facts.tied_embeddings
+    assert facts.num_params == num_params  # a broken tie would count the embedding twice
+    meta.init_weights()
+    real = build_model(name, TINY[name])
+    # Non-parameter state (Llama's RoPE tables) is rebuilt by init_weights, not left garbage.
+    for (key, got), (_, want) in zip(
+        meta.module.named_buffers(), real.module.named_buffers(), strict=True
+    ):
+        torch.testing.assert_close(got, want, msg=key)
+    with torch.no_grad():
+        loss = meta.loss(random_batch(meta))
+    assert loss.item() == pytest.approx(math.log(meta.vocab_size), abs=0.3)
+
+
+def test_model_args_override_preset_fields() -> None:
+    facts = build_model("gpt-small", {"n_layer": 1, "block_size": 128}, meta=True).facts()
+    assert (facts.num_layers, facts.max_seq_len, facts.hidden_size) == (1, 128, 768)
+
+
+def test_unknown_model_arg_names_the_valid_fields() -> None:
+    with pytest.raises(UsageProblem) as excinfo:
+        build_model("gpt-tiny", {"n_layers": 2}, meta=True)
+    message = one_line_problem(excinfo)
+    assert "n_layers" in message
+    assert "n_layer" in message.split("choose from", 1)[1]
+
+
+def test_inconsistent_llama_shape_is_a_usage_problem() -> None:
+    with pytest.raises(UsageProblem) as excinfo:
+        build_model("llama-tiny", {"n_kv_head": 3}, meta=True)
+    assert "n_kv_head" in one_line_problem(excinfo)
+
+
+@pytest.mark.parametrize("name", ["gpt-tiny", "bert-tiny"])
+def test_heads_not_dividing_width_is_a_usage_problem(name: str) -> None:
+    with pytest.raises(UsageProblem):
+        build_model(name, {"n_head": 3}, meta=True)
+
+
+@pytest.mark.parametrize(
+    ("name", "field"),
+    [("gpt-tiny", "block_size"), ("bert-tiny", "max_position"), ("llama-tiny", "max_seq_len")],
+)
+def test_sequence_longer_than_model_maximum_says_how_to_fix(name: str, field: str) -> None:
+    adapter = build_model(name, {"n_layer": 1, field: 8})
+    assert adapter.facts().max_seq_len == 8
+    with pytest.raises(ValueError, match=rf"--seq-len or --model-arg {field}=9"):
+        adapter.logits(torch.zeros(1, 9, dtype=torch.long))
+
+
+def test_unknown_spec_lists_the_choices() -> None:
+    with pytest.raises(UsageProblem) as excinfo:
+        build_model("gpt-huge")
+    message = one_line_problem(excinfo)
+    assert "gpt-tiny" in message and "hf:" in message
+
+
+def test_objective_override_turns_a_decoder_into_mlm() -> None:
+    adapter = build_model("gpt-tiny", {"objective": "mlm", "n_layer": 1}, meta=True)
+    assert adapter.objective == "mlm"
+    assert adapter.mask_token_id == adapter.vocab_size - 1
+    with pytest.raises(UsageProblem, match="causal_lm or mlm"):
+        build_model("gpt-tiny", {"objective": "seq2seq"}, meta=True)
+
+
+def test_parse_model_args_reads_json_literals_and_rejects_malformed_pairs() -> None:
+    parsed = parse_model_args(["n_layer=2", "bias=false", "dropout=0.1", "name=abc", "x=None"])
+    assert parsed == {"n_layer": 2, "bias": False, "dropout": 0.1, "name": "abc", "x": None}
+    with pytest.raises(UsageProblem, match="KEY=VALUE"):
+        parse_model_args(["n_layer"])
+
+
+# -- hf: ----------------------------------------------------------------------------------------
+
+HF_TINY = {
+    "hf:gpt2": {"n_layer": 1, "n_embd": 32, "n_head": 2, "vocab_size": 256},
+    "hf:bert": {
+        "num_hidden_layers": 1,
+        "hidden_size": 32,
+        "num_attention_heads": 2,
+        "intermediate_size": 64,
+        "vocab_size": 256,
+    },
+    "hf:llama": {
+        "num_hidden_layers": 1,
+        "hidden_size": 32,
+        "num_attention_heads": 2,
+        "num_key_value_heads": 1,
+        "intermediate_size": 64,
+        "vocab_size": 256,
+    },
+}
+
+
+@pytest.fixture(scope="module")
+def transformers_installed() -> None:
+    pytest.importorskip("transformers")
+
+
+@pytest.mark.usefixtures("transformers_installed")
+@pytest.mark.parametrize(
+    ("spec", "objective", "blocks"),
+    [
+        ("hf:gpt2", "causal_lm", "transformer.h"),
+        ("hf:bert", "mlm", "bert.encoder.layer"),
+        ("hf:llama", "causal_lm", "model.layers"),
+    ],
+)
+def test_hf_model_type_builds_from_config_and_trains(
+    spec: str, objective: str, blocks: str
+) -> None:
+    torch.manual_seed(0)
+    adapter = build_model(spec, HF_TINY[spec])
+    facts = adapter.facts()
+    assert (adapter.objective, adapter.blocks_path) == (objective, blocks)
+    assert (facts.num_layers, facts.hidden_size, facts.vocab_size) == (1, 32, 256)
+    if objective == "mlm":
+        assert adapter.mask_token_id is not None
+    batch = random_batch(adapter)
+    if objective == "mlm":
+        assert (batch["labels"] == IGNORE_INDEX).any()
+    loss = adapter.loss(batch)  # HF returns a ModelOutput: the adapter takes its .logits
+    assert loss.item() == pytest.approx(math.log(256), abs=0.5)
+    loss.backward()
+
+
+@pytest.mark.usefixtures("transformers_installed")
+def test_hf_full_size_config_on_meta_has_published_size() -> None:
+    facts = build_model("hf:gpt2", meta=True).facts()
+    assert facts.num_params == pytest.approx(124e6, rel=0.01)
+    assert facts.tied_embeddings
+
+
+@pytest.mark.usefixtures("transformers_installed")
+def test_hf_local_config_dir_and_file() -> None:
+    gpt2 = build_model(f"hf:{DATA / 'hf_tiny_gpt2'}", {"n_layer": 1}).facts()
+    assert (gpt2.family, gpt2.num_layers, gpt2.vocab_size, gpt2.max_seq_len) == (
+        "hf-gpt2",
+        1,  # the override wins over the file's 2 layers
+        128,
+        64,
+    )
+    bert = build_model(f"hf:{DATA / 'hf_tiny_bert_config.json'}", meta=True)
+    assert (bert.objective, bert.vocab_size, len(bert.blocks())) == ("mlm", 96, 2)
+
+
+@pytest.mark.usefixtures("transformers_installed")
+@pytest.mark.parametrize(
+    ("spec", "hint"),
+    [
+        ("hf:openai-community/gpt2", "save the model's config.json locally"),
+        ("hf:no-such-type", "use a model type such as gpt2"),
+        ("hf:vit", "decoder or encoder language model"),  # no LM head
+    ],
+)
+def test_hf_unusable_name_says_how_to_fix(spec: str, hint: str) -> None:
+    with pytest.raises(UsageProblem) as excinfo:
+        build_model(spec, meta=True)
+    assert hint in one_line_problem(excinfo)
+
+
+@pytest.mark.usefixtures("transformers_installed")
+def test_hf_bad_local_configs(tmp_path: Path) -> None:
+    (tmp_path / "empty").mkdir()
+    (tmp_path / "broken.json").write_text("{not json")
+    (tmp_path / "alien.json").write_text('{"model_type": "no-such-type"}')
+    cases = {"empty": "config.json", "broken.json": "not valid JSON", "alien.json": "model_type"}
+    for name, hint in cases.items():
+        with pytest.raises(UsageProblem) as excinfo:
+            build_model(f"hf:{tmp_path / name}", meta=True)
+        assert hint in one_line_problem(excinfo)
+
+
+@pytest.mark.usefixtures("transformers_installed")
+def test_hf_unknown_model_arg_is_a_usage_problem() -> None:
+    with pytest.raises(UsageProblem) as excinfo:
+        build_model("hf:gpt2", {"num_layers": 1}, meta=True)
+    message = one_line_problem(excinfo)
+    assert "num_layers" in message and "GPT2Config" in message
+
+
+def test_hf_without_transformers_names_the_extra(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "transformers", None)  # `import transformers` fails
+    with pytest.raises(UsageProblem) as excinfo:
+        build_model("hf:gpt2", meta=True)
+    assert "pip install 'transformer-advisor[hf]'" in one_line_problem(excinfo)
+
+
+# -- user factories ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "target", [str(USER_FILE), "tests.data.user_model"], ids=["file", "module"]
+)
+def test_user_factory_gets_model_args_as_kwargs(
+    target: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.syspath_prepend(str(DATA.parents[1]))
+    adapter = build_model(f"{target}:tiny_lm", {"vocab_size": 50, "dim": 8, "n_layers": 3})
+    facts = adapter.facts()
+    assert (facts.family, facts.vocab_size, facts.hidden_size, facts.num_layers) == (
+        "custom",
+        50,
+        8,
+        3,
+    )
+    assert adapter.blocks_path == "layers"
+    batch = random_batch(adapter)
+    assert batch["input_ids"].max() < 50
+    adapter.loss(batch).backward()
+
+
+def test_user_factory_builds_on_meta() -> None:
+    adapter = build_model(f"{USER_FILE}:tiny_lm", meta=True)
+    assert all(p.is_meta for p in adapter.module.parameters())
+
+
+def test_user_factory_returning_output_with_logits_trains() -> None:
+    adapter = build_model(f"{USER_FILE}:logits_output_lm")
+    loss = adapter.loss(random_batch(adapter))
+    loss.backward()
+    assert torch.isfinite(loss)
+
+
+def test_user_module_can_name_its_blocks() -> None:
+    adapter = build_model(f"{USER_FILE}:named_blocks_lm", meta=True)
+    assert adapter.blocks_path == "adapters"
+    assert adapter.facts().num_layers == 3
+
+
+@pytest.mark.parametrize(
+    ("spec", "hint"),
+    [
+        (f"{USER_FILE}:not_a_module", "not a torch.nn.Module"),
+        (f"{USER_FILE}:raises", "RuntimeError: out of coffee"),
+        (f"{USER_FILE}:no_blocks", "nn.ModuleList"),
+        (f"{USER_FILE}:missing", "no callable 'missing'"),
+        (f"{USER_FILE}:NOT_CALLABLE", "no callable 'NOT_CALLABLE'"),
+        (f"{DATA / 'no_such_file.py'}:f", "does not exist"),
+        ("no_such_package_xyz.models:f", "PYTHONPATH"),
+    ],
+    ids=["non-module", "raises", "no-blocks", "missing-attr", "not-callable", "no-file", "no-pkg"],
+)
+def test_user_factory_failures_are_one_line_usage_problems(spec: str, hint: str) -> None:
+    with pytest.raises(UsageProblem) as excinfo:
+        build_model(spec, meta=True)
+    assert hint in one_line_problem(excinfo)
+
+
+def test_user_factory_with_unexpected_arg_or_broken_file(tmp_path: Path) -> None:
+    with pytest.raises(UsageProblem) as excinfo:
+        build_model(f"{USER_FILE}:tiny_lm", {"width": 8}, meta=True)
+    assert "width" in one_line_problem(excinfo)
+    broken = tmp_path / "broken.py"
+    broken.write_text("def f(:\n")
+    with pytest.raises(UsageProblem) as excinfo:
+        build_model(f"{broken}:f")
+    assert "SyntaxError" in one_line_problem(excinfo)
+
+
+def test_factory_raising_a_multi_line_error_still_gives_one_line(tmp_path: Path) -> None:
+    factory = tmp_path / "chatty.py"
+    factory.write_text("def build():\n    raise ValueError('bad shape\\nsee the docs')\n")
+    with pytest.raises(UsageProblem) as excinfo:
+        build_model(f"{factory}:build")
+    assert "bad shape" in one_line_problem(excinfo)
+
+
+# -- objectives -------------------------------------------------------------------------------
+
+
+def test_causal_objective_shifts_by_one() -> None:
+    window = torch.arange(10).reshape(2, 5)
+    example = Objective("causal_lm").example(window, torch.Generator())
+    assert example["input_ids"].tolist() == [[0, 1, 2, 3], [5, 6, 7, 8]]
+    assert example["labels"].tolist() == [[1, 2, 3, 4], [6, 7, 8, 9]]
+
+
+def test_mlm_masking_statistics() -> None:
+    vocab, mask_id = 1000, 999
+    tokens = torch.randint(mask_id, (512, 512), generator=torch.Generator().manual_seed(1))
+    out = mask_tokens(tokens, mask_id, vocab, torch.Generator().manual_seed(2))
+    chosen = out["labels"] != IGNORE_INDEX
+    num_chosen = int(chosen.sum())
+    assert num_chosen / tokens.numel() == pytest.approx(0.15, abs=0.005)
+    # Labels carry the original token where chosen; inputs are untouched elsewhere.
+    assert torch.equal(out["labels"][chosen], tokens[chosen])
+    assert torch.equal(out["input_ids"][~chosen], tokens[~chosen])
+    inputs = out["input_ids"][chosen]
+    masked = (inputs == mask_id).sum().item() / num_chosen
+    kept = (inputs == tokens[chosen]).sum().item() / num_chosen
+    randomized = 1 - masked - kept
+    assert masked == pytest.approx(0.8, abs=0.01)
+    assert kept == pytest.approx(0.1, abs=0.01)
+    assert randomized == pytest.approx(0.1, abs=0.01)
+
+
+def test_mlm_is_deterministic_per_generator_seed() -> None:
+    objective = Objective("mlm", data_vocab_size=256, mask_token_id=255)
+    window = torch.randint(255, (4, 65), generator=torch.Generator().manual_seed(0))
+    first = objective.example(window, torch.Generator().manual_seed(7))
+    again = objective.example(window, torch.Generator().manual_seed(7))
+    other = objective.example(window, torch.Generator().manual_seed(8))
+    assert first["input_ids"].shape == (4, 64)
+    assert all(torch.equal(first[k], again[k]) for k in first)
+    assert not torch.equal(first["labels"], other["labels"])
+
+
+def test_mlm_always_labels_at_least_one_token() -> None:
+    tokens = torch.zeros(1, 2, dtype=torch.long)
+    for seed in range(50):
+        out = mask_tokens(tokens, 255, 256, torch.Generator().manual_seed(seed))
+        assert (out["labels"] != IGNORE_INDEX).any()
+
+
+def test_lm_loss_ignores_unlabelled_positions() -> None:
+    logits = torch.randn(1, 3, 5)
+    labels = torch.tensor([[2, IGNORE_INDEX, 4]])
+    expected = torch.nn.functional.cross_entropy(logits[0, [0, 2]], torch.tensor([2, 4]))
+    assert lm_loss(logits.bfloat16(), labels).dtype == torch.float32
+    torch.testing.assert_close(lm_loss(logits, labels), expected)
