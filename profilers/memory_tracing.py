@@ -29,7 +29,7 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.distributed._tools.mem_tracker import MemTracker
 
 from profilers.memory_records import MemoryBreakdown, MemoryTrace
-from profilers.workload import StepSpec, TrainStep, Workload
+from profilers.workload import StepSpec, Workload
 
 # MemTracker's categories (``_MemRefType`` values) -> MemoryBreakdown fields.
 _CATEGORY_FIELDS = {
@@ -88,12 +88,12 @@ def trace(workload: Workload, spec: StepSpec, *, cuda_rounding: bool) -> MemoryT
     started = time.perf_counter()
     round_bytes = cuda_block_bytes if cuda_rounding else _identity
     with contextlib.ExitStack() as stack:
-        mode = stack.enter_context(FakeTensorMode(allow_non_fake_inputs=True))
+        stack.enter_context(FakeTensorMode(allow_non_fake_inputs=True))
         if cuda_rounding:
             rounded = _patched(mem_tracker_module, "_WeakRefInfo", _CudaRoundedWeakRefInfo)
             stack.enter_context(rounded)
         stack.enter_context(_grad_scaler_never_skips())
-        step = _build_fake_step(workload, spec, mode)
+        step = workload.build_step(spec, "cpu", from_meta=True)
         tracker = _StepMemTracker()
         tracker.track_external(step.model, step.optimizer)
         for _ in range(2):  # the second iteration is measured: optimizer state exists
@@ -130,27 +130,6 @@ def trace(workload: Workload, spec: StepSpec, *, cuda_rounding: bool) -> MemoryT
         resident_bytes=resident,
         trace_seconds=time.perf_counter() - started,
     )
-
-
-def _build_fake_step(workload: Workload, spec: StepSpec, mode: FakeTensorMode) -> TrainStep:
-    """``build_step(from_meta=True)`` under the fake mode, tolerating a meta build inside it.
-
-    A module built on ``meta`` *inside* FakeTensorMode has FakeTensor parameters, and
-    ``Module._apply`` (used by ``to_empty``) must then swap them with ``torch.utils.swap_tensors``,
-    which refuses any tensor with a weakref. The fake mode's converter memo
-    (``meta_converter.tensor_memo``, a WeakValueDictionary) holds a weakref to every fake tensor
-    it makes, so the swap fails ("Couldn't swap Embedding.weight"). Building the meta module under
-    ``torch._subclasses.fake_tensor.unset_fake_temporarily()`` avoids this in the workload; for
-    workloads that don't, the memo is a plain dict (strong references, no weakrefs) while the step
-    is built, and the original is put back after: it is only a cache.
-    """
-    converter = mode.fake_tensor_converter.meta_converter
-    memo = converter.tensor_memo
-    converter.tensor_memo = {}  # type: ignore[assignment]
-    try:
-        return workload.build_step(spec, "cpu", from_meta=True)
-    finally:
-        converter.tensor_memo = memo
 
 
 @contextlib.contextmanager

@@ -411,17 +411,3 @@ def profile_step_time(
     timings = measure_interleaved(workload, specs, device, rounds=rounds, warmup=warmup, seed=seed)
     return timings, fit_step_time(timings)
 
-
-def mfu(
-    tokens_per_s: float, flops_per_token: float, peak_flops_per_s: float | None
-) -> float | None:
-    """Model FLOPs utilisation: achieved FLOP/s over the device's peak (nanoGPT's estimate_mfu).
-
-    ``flops_per_token`` is the training cost per token, 6N + 12*L*H*Q*T (PaLM, Appendix B),
-    computed by the caller. An unknown peak gives None, never a guess.
-    """
-    if peak_flops_per_s is None:
-        return None
-    if peak_flops_per_s <= 0:
-        raise ValueError(f"peak_flops_per_s must be positive or None, got {peak_flops_per_s}")
-    return tokens_per_s * flops_per_token / peak_flops_per_s

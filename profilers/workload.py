@@ -14,6 +14,9 @@ Contract (read once, relied on everywhere):
   ``meta`` device and materialised with ``to_empty(device=device)``, then shared weights are
   re-tied: call it inside ``FakeTensorMode`` to trace memory without allocating. Parameter
   values are then uninitialised (garbage): only shapes, dtypes and storages are meaningful.
+  The meta module must be built *outside* the caller's fake mode (under
+  ``torch._subclasses.fake_tensor.unset_fake_temporarily()``): parameters created inside it are
+  FakeTensors that ``to_empty`` cannot swap ("Couldn't swap Embedding.weight").
 * ``TrainStep.forward_backward(batches)`` runs ``len(batches)`` micro-batches (the gradient
   accumulation of one optimizer step), the loss of each divided by their number, and returns the
   mean loss as a detached tensor (no host sync). ``TrainStep.optimizer_step()`` unscales, clips,
@@ -27,7 +30,7 @@ Contract (read once, relied on everywhere):
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
@@ -117,8 +120,8 @@ class StepStats:
     """What one optimizer step reports back (tensors stay on the device: no sync)."""
 
     grad_norm: torch.Tensor
-    skipped: bool | None = None  # fp16: did GradScaler skip this step? None until synced.
-    scale: float | None = None
+    skipped: torch.Tensor | None = None  # fp16: bool tensor, True if GradScaler skipped the step
+    loss_scale: torch.Tensor | None = None  # fp16: GradScaler's scale after this step's update
 
 
 Batch = Mapping[str, "torch.Tensor"]
@@ -133,9 +136,7 @@ class TrainStep(Protocol):
     optimizer: torch.optim.Optimizer
     device: torch.device
 
-    def synthetic_batches(
-        self, generator: torch.Generator | None = None
-    ) -> Sequence[Batch]: ...
+    def synthetic_batches(self, generator: torch.Generator | None = None) -> Sequence[Batch]: ...
 
     def forward_backward(self, batches: Sequence[Batch]) -> torch.Tensor: ...
 
@@ -153,3 +154,12 @@ class Workload(Protocol):
     def build_step(
         self, spec: StepSpec, device: str | torch.device, *, from_meta: bool = False
     ) -> TrainStep: ...
+
+
+@runtime_checkable
+class DataWorkload(Workload, Protocol):
+    """A workload whose real input pipeline can be measured (the input probe)."""
+
+    def data_batches(
+        self, spec: StepSpec, num_workers: int, num_batches: int
+    ) -> Iterable[Batch]: ...

@@ -61,8 +61,10 @@ def main() -> None:
 
 
 def _register() -> None:
+    from advisor.cli.profile import profile
     from advisor.cli.train import train
 
+    main.add_command(profile)
     main.add_command(train)
 
 

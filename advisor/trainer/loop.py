@@ -354,7 +354,7 @@ class Trainer:
                             f"loss became {loss_value} at step {step}; {where}. Lower --lr, raise"
                             " --warmup-steps, keep --grad-clip on, or use bf16 instead of fp16"
                         )
-                    self.skipped += bool(stats.skipped)
+                    self.skipped += bool(stats.skipped) if stats.skipped is not None else 0
                     self.tokens += self.config.tokens_per_step
                     peaks = self._gather_peaks(self.peak.read())
                     record: dict[str, Any] = {
@@ -375,8 +375,8 @@ class Trainer:
                     }
                     if self.ctx.enabled:
                         record["peak_memory_bytes_per_rank"] = peaks
-                    if stats.scale is not None:
-                        record["loss_scale"] = stats.scale
+                    if stats.loss_scale is not None:
+                        record["loss_scale"] = float(stats.loss_scale)
                     if self.ctx.is_main:
                         self.metrics.write(record)
                     progress.update(step, loss_value, record["tokens_per_s"])

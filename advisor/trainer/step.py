@@ -167,7 +167,8 @@ class AdvisorStep:
         fp16 = self.scaler.is_enabled()
         if fp16:
             self.scaler.unscale_(self.optimizer)
-            scale_before = self.scaler.get_scale()  # host sync, fp16 only
+            # The scale tensor (no host sync): update() backs it off exactly when it skips.
+            scale_before = self.scaler._scale.clone()
         max_norm = self.spec.grad_clip if self.spec.grad_clip > 0 else math.inf
         grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), max_norm)
         if hasattr(grad_norm, "full_tensor"):  # FSDP2: a DTensor norm
@@ -176,8 +177,8 @@ class AdvisorStep:
         self.scaler.update()
         self.optimizer.zero_grad(set_to_none=True)
         if fp16:
-            scale = self.scaler.get_scale()
-            return StepStats(grad_norm=grad_norm, skipped=scale < scale_before, scale=scale)
+            scale = self.scaler._scale
+            return StepStats(grad_norm=grad_norm, skipped=scale < scale_before, loss_scale=scale)
         return StepStats(grad_norm=grad_norm)
 
     def step(self, batches: Sequence[Batch]) -> tuple[torch.Tensor, StepStats]:

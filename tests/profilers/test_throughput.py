@@ -15,7 +15,6 @@ from profilers.throughput import (
     fit_step_time,
     fit_step_times,
     measure_interleaved,
-    mfu,
     profile_step_time,
     round_robin,
     time_steps,
@@ -221,9 +220,3 @@ def test_fit_needs_two_micro_batch_sizes() -> None:
     with pytest.raises(ValueError, match="two or more distinct"):
         fit_step_time([_timing(2, [1.0, 1.1], [0.1, 0.1])])
 
-
-def test_mfu() -> None:
-    assert mfu(1000.0, 6e6, None) is None
-    assert mfu(1000.0, 6e6, 1.2e10) == pytest.approx(0.5)
-    with pytest.raises(ValueError, match="peak"):
-        mfu(1.0, 1.0, 0.0)

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch._subclasses.fake_tensor import unset_fake_temporarily
 from torch.utils.checkpoint import checkpoint
 
 from profilers.workload import Batch, ModelFacts, StepSpec, StepStats
@@ -67,7 +68,8 @@ class ToyStep:
         self.spec, self.device, self.workload = spec, device, workload
         w = workload
         if from_meta:
-            with torch.device("meta"):
+            # Real meta tensors, built outside the caller's FakeTensorMode (the contract).
+            with unset_fake_temporarily(), torch.device("meta"):
                 model = ToyGPT(w.vocab, w.d, w.layers, w.heads, w.max_len)
             model.to_empty(device=device)
             model.head.weight = model.wte.weight

@@ -1,0 +1,73 @@
+"""``advisor profile``: run the probes on a model and write profile.json and probes.csv."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from advisor import __version__
+from advisor.errors import UsageProblem
+from profilers.profile_record import Profile
+from profilers.profiler import Progress
+
+
+@dataclass(frozen=True, kw_only=True)
+class ProfileRequest:
+    model: str = "gpt-tiny"
+    model_args: Mapping[str, Any] = field(default_factory=dict)
+    data: str = "stdlib"
+    tokenizer: str | None = None
+    seq_len: int = 128
+    device: str = "auto"
+    budget_s: float = 120.0
+    precisions: tuple[str, ...] | None = None
+    comm: bool = True
+
+
+def resolve_device_name(name: str) -> str:
+    import torch
+
+    if name not in ("auto", "cpu", "cuda"):
+        raise UsageProblem(f"unknown --device {name!r}: use auto, cpu or cuda")
+    if name == "cuda" and not torch.cuda.is_available():
+        raise UsageProblem("--device cuda but no CUDA device is visible: use --device cpu")
+    return "cuda:0" if name == "cuda" or (name == "auto" and torch.cuda.is_available()) else "cpu"
+
+
+def profile(request: ProfileRequest, out: Path, progress: Progress | None = None) -> Profile:
+    """Validate the request cheaply, run every probe, write ``out``/profile.json + probes.csv."""
+    from advisor.data import resolve_data
+    from advisor.trainer.loop import check_shapes
+    from advisor.workload import AdvisorWorkload
+    from profilers.profiler import ProfileOptions, run_profile
+    from strategies.config import TrainConfig
+
+    if request.budget_s <= 0:
+        raise UsageProblem(f"--budget-s must be positive, got {request.budget_s}")
+    device = resolve_device_name(request.device)
+    workload = AdvisorWorkload(
+        request.model, dict(request.model_args), request.data, request.tokenizer
+    )
+    facts = workload.facts()  # a bad model spec fails here, before any probe
+    source = resolve_data(
+        request.data,
+        tokenizer=request.tokenizer,
+        model_vocab=facts.vocab_size,
+        min_tokens=request.seq_len + 1,
+    )
+    check_shapes(
+        TrainConfig(model=request.model, data=request.data, seq_len=request.seq_len), facts, source
+    )
+    options = ProfileOptions(
+        seq_len=request.seq_len,
+        device=device,
+        budget_s=request.budget_s,
+        precisions=request.precisions,
+        comm=request.comm,
+        tool={"advisor": __version__, "data": source.description},
+    )
+    result = run_profile(workload, options, progress)
+    result.save(out)
+    return result

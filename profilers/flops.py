@@ -1,0 +1,242 @@
+"""FLOPs of one training step: counted by the dispatcher, and the PaLM formula beside it.
+
+:func:`count_step_flops` runs one forward+backward of the workload's real step under
+``torch.utils.flop_counter.FlopCounterMode``, once per activation-checkpointing mode (recompute
+adds a forward of each checkpointed block), and divides by the tokens of the micro-batch. It
+traces under ``FakeTensorMode`` when the workload allows it (no allocation: any model size, in
+seconds) and falls back to a real CPU step otherwise, saying why.
+
+FlopCounterMode counts matmuls, convolutions and attention only (2 FLOPs per multiply-add);
+element-wise ops, norms and softmax are free, as in the formula. Its registry lacks the CPU
+flash-attention kernels that ``F.scaled_dot_product_attention`` dispatches to on CPU, so an
+attention model traced on CPU silently loses its attention FLOPs. Every count first calls
+:func:`register_cpu_sdpa_formulas`, which registers them, mirroring torch's own SDPA formulas
+(the full T×T score matrix, no causal discount, the backward recomputing the scores once).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from profilers.workload import CHECKPOINTING, ModelFacts, StepSpec, Workload
+
+if TYPE_CHECKING:
+    import torch
+
+METHODS: tuple[str, ...] = ("fake", "real")
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class FlopCount:
+    """Counted FLOPs per training token of one forward+backward, per checkpointing mode."""
+
+    seq_len: int
+    micro_batch_size: int
+    tokens: int  # tokens in the counted micro-batch
+    flops_per_token: dict[str, float]  # activation_checkpointing -> forward+backward FLOPs/token
+    flops_by_op: dict[str, dict[str, float]]  # activation_checkpointing -> aten op -> FLOPs/token
+    formula_flops_per_token: float | None  # PaLM App. B, see palm_flops_per_token
+    method: str  # "fake" (FakeTensorMode trace) | "real" (a real CPU step)
+    fallback_reason: str | None = None  # why the fake trace was not used
+
+    @property
+    def model_flops_per_token(self) -> float:
+        """Counted FLOPs per token without activation recompute.
+
+        Includes what the kernels really do inside SDPA's backward (flash attention recomputes
+        Q·Kᵀ once: +2·L·d·T, as torch counts it), which the PaLM formula leaves out; for an
+        MFU comparable with published ones use ``formula_flops_per_token``.
+        """
+        return self.flops_per_token["none"]
+
+    @property
+    def relative_difference(self) -> float | None:
+        """(counted - formula) / formula, without recompute; None without a formula."""
+        if not self.formula_flops_per_token:
+            return None
+        return (self.model_flops_per_token - self.formula_flops_per_token) / (
+            self.formula_flops_per_token
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        data = dataclasses.asdict(self)
+        data["relative_difference"] = self.relative_difference
+        return data
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> FlopCount:
+        names = {f.name for f in dataclasses.fields(cls)}
+        return cls(**{k: v for k, v in data.items() if k in names})
+
+
+def palm_flops_per_token(
+    num_params: int,
+    num_layers: int,
+    hidden: int,
+    seq_len: int,
+    *,
+    num_embedding_params: int = 0,
+) -> float:
+    """Training FLOPs per token, 6N + 12·L·H·Q·T (PaLM paper, Appendix B).
+
+    6N: each weight does one multiply-add (2 FLOPs) per token forward and two backward (the
+    gradient of the input and of the weight). 12·L·H·Q·T: per layer the attention's two T×T
+    matmuls, Q·Kᵀ and P·V, cost 2·2·T·(H·Q) forward per token, times 3 for the backward. H·Q
+    (heads × head size) is the hidden size. No causal discount, no recompute.
+
+    N, as in nanoGPT, counts the weights that multiply activations: ``num_params`` minus
+    ``num_embedding_params``, the lookup-only tables (position embeddings, and the token
+    embedding unless it is tied to the output head, whose matmul it then performs).
+    """
+    num_matmul_params = num_params - num_embedding_params
+    return 6.0 * num_matmul_params + 12.0 * num_layers * hidden * seq_len
+
+
+def lookup_only_params(facts: ModelFacts) -> int:
+    """Embedding parameters that do no matmul (``num_embedding_params`` counts every table;
+    a token table tied to the output head does the head's matmul, so it is given back)."""
+    tied_head = facts.vocab_size * facts.hidden_size if facts.tied_embeddings else 0
+    return max(facts.num_embedding_params - tied_head, 0)
+
+
+def formula_flops_per_token(facts: ModelFacts, seq_len: int) -> float:
+    return palm_flops_per_token(
+        facts.num_params,
+        facts.num_layers,
+        facts.hidden_size,
+        seq_len,
+        num_embedding_params=lookup_only_params(facts),
+    )
+
+
+def mfu(tokens_per_s: float, flops_per_token: float, peak_flops: float | None) -> float | None:
+    """Model FLOPs utilisation: achieved model FLOP/s over the device's peak (PaLM App. B).
+
+    Per device: pass one device's tokens/s and peak. None when the peak is unknown (CPU, a GPU
+    missing from the table), never a guess.
+    """
+    if peak_flops is None or peak_flops <= 0 or tokens_per_s < 0 or flops_per_token < 0:
+        return None
+    return tokens_per_s * flops_per_token / peak_flops
+
+
+def count_step_flops(workload: Workload, spec: StepSpec, *, prefer_fake: bool = True) -> FlopCount:
+    """Count one forward+backward of ``workload``'s step at ``spec``, per training token.
+
+    Only the shapes matter: the count is taken at fp32, one micro-batch, one device (FLOPs per
+    token don't depend on precision, accumulation or data parallelism; each rank does the same
+    work), for every activation-checkpointing mode. ``micro_batch_size`` does not change the
+    per-token count; keep it small if the real fallback may run.
+    """
+    base = dataclasses.replace(
+        spec, precision="fp32", grad_accum_steps=1, parallelism="single", world_size=1
+    )
+    fallback_reason: str | None = None
+    counts: dict[str, dict[str, int]] | None = None
+    if prefer_fake:
+        try:
+            counts = {mode: _count(workload, base, mode, fake=True) for mode in CHECKPOINTING}
+        except Exception as exc:  # any failure of the trace: the real step still counts
+            fallback_reason = f"FakeTensorMode trace failed: {type(exc).__name__}: {exc}"
+            if exc.__cause__ is not None:
+                fallback_reason += f" ({exc.__cause__})"
+    else:
+        fallback_reason = "prefer_fake=False"
+    method = "fake"
+    if counts is None:
+        counts = {mode: _count(workload, base, mode, fake=False) for mode in CHECKPOINTING}
+        method = "real"
+    tokens = base.micro_batch_size * base.seq_len
+    try:
+        formula: float | None = formula_flops_per_token(workload.facts(), base.seq_len)
+    except Exception:  # facts are optional for counting; no formula then
+        formula = None
+    return FlopCount(
+        seq_len=base.seq_len,
+        micro_batch_size=base.micro_batch_size,
+        tokens=tokens,
+        flops_per_token={mode: sum(ops.values()) / tokens for mode, ops in counts.items()},
+        flops_by_op={
+            mode: {op: n / tokens for op, n in sorted(ops.items())} for mode, ops in counts.items()
+        },
+        formula_flops_per_token=formula,
+        method=method,
+        fallback_reason=fallback_reason,
+    )
+
+
+def _count(workload: Workload, base: StepSpec, checkpointing: str, *, fake: bool) -> dict[str, int]:
+    import torch
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.utils.flop_counter import FlopCounterMode
+
+    register_cpu_sdpa_formulas()
+    spec = dataclasses.replace(base, activation_checkpointing=checkpointing)
+    mode = FakeTensorMode(allow_non_fake_inputs=True) if fake else None
+    if mode is not None:
+        with mode:
+            step = workload.build_step(spec, "cpu", from_meta=True)
+    else:
+        step = workload.build_step(spec, "cpu")
+    with mode or contextlib.nullcontext():
+        batches = step.synthetic_batches(torch.Generator().manual_seed(0))
+        # FlopCounterMode inside the fake mode: it sees each op first, then the fake mode runs it.
+        with FlopCounterMode(display=False) as counter:
+            step.forward_backward(batches)
+    return {str(op): int(n) for op, n in counter.get_flop_counts()["Global"].items()}
+
+
+# -- the CPU SDPA kernels missing from FlopCounterMode's registry ----------------------------
+
+
+def _bhsd(shape: torch.Size | tuple[int, ...]) -> tuple[int, int, int, int]:
+    """(batch, heads, seq, head_dim) of an SDPA operand; leading dims fold into batch."""
+    *lead, heads, seq, dim = (1, 1, *tuple(shape))[-max(len(shape), 4) :]
+    return math.prod(lead), heads, seq, dim
+
+
+def _cpu_sdpa_flop(
+    query_shape: Any, key_shape: Any, value_shape: Any, *args: Any, **kw: Any
+) -> int:
+    from torch.utils.flop_counter import sdpa_flop_count
+
+    return int(sdpa_flop_count(_bhsd(query_shape), _bhsd(key_shape), _bhsd(value_shape)))
+
+
+def _cpu_sdpa_backward_flop(
+    grad_out_shape: Any, query_shape: Any, key_shape: Any, value_shape: Any, *args: Any, **kw: Any
+) -> int:
+    from torch.utils.flop_counter import sdpa_backward_flop_count
+
+    shapes = (_bhsd(s) for s in (grad_out_shape, query_shape, key_shape, value_shape))
+    return int(sdpa_backward_flop_count(*shapes))
+
+
+def register_cpu_sdpa_formulas() -> list[str]:
+    """Register FLOP formulas for the CPU flash-attention ops if torch lacks them (idempotent).
+
+    Returns the ops this call registered. Torch 2.13 counts ``_scaled_dot_product_flash_
+    attention`` (CUDA) and friends but not ``..._for_cpu`` and its backward.
+    """
+    import torch
+    from torch.utils import flop_counter
+
+    aten = torch.ops.aten
+    wanted = {
+        "_scaled_dot_product_flash_attention_for_cpu": _cpu_sdpa_flop,
+        "_scaled_dot_product_flash_attention_for_cpu_backward": _cpu_sdpa_backward_flop,
+    }
+    registered = []
+    for name, formula in wanted.items():
+        op = getattr(aten, name, None)
+        # The registry is looked up anew: torch rebinds the module-level dict after import.
+        if op is None or op in flop_counter.flop_registry:
+            continue
+        flop_counter.register_flop_formula(op)(formula)  # type: ignore[arg-type]
+        registered.append(f"aten.{name}")
+    return registered

@@ -1,0 +1,302 @@
+"""profile.json: everything the probes measured about one workload on one device.
+
+The strategies read it (cost model, search); the report shows it. Keys are stable
+(DESIGN.md): ``device, model, memory, throughput, communication, input, fits`` plus the
+provenance and per-probe status this module adds. Every nested record keeps its own
+``to_dict``/``from_dict``.
+"""
+
+from __future__ import annotations
+
+import csv
+import dataclasses
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from profilers.comm_records import CommFit, CommRun, CommSample
+from profilers.device import DeviceInfo
+from profilers.flops import FlopCount
+from profilers.memory_model import MemoryModel
+from profilers.memory_records import CpuStepMemory, CudaStepMemory, MemoryTrace
+from profilers.throughput import StepTiming, TimeModel
+from profilers.workload import ModelFacts
+
+SCHEMA_VERSION = 1
+PROBE_STATUSES = ("ok", "oom", "timeout", "error", "skipped", "unsupported")
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class ProbeRow:
+    """One probe run: a row of probes.csv (tidy: one observation per row)."""
+
+    # device | model | flops | memory | memory_check | throughput | communication | input
+    probe: str
+    name: str  # e.g. "fp32/none/b=4"
+    status: str  # one of PROBE_STATUSES
+    reason: str = ""
+    wall_s: float = 0.0
+    precision: str | None = None
+    activation_checkpointing: str | None = None
+    micro_batch_size: int | None = None
+    grad_accum_steps: int | None = None
+    world_size: int | None = None
+    value: float | None = None  # the probe's headline number, in ``unit``
+    unit: str = ""
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> ProbeRow:
+        names = {f.name for f in dataclasses.fields(cls)}
+        return cls(**{k: v for k, v in data.items() if k in names})
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class InputSample:
+    """Data-loader speed at one ``num_workers`` against the model's consumption."""
+
+    num_workers: int
+    micro_batch_size: int
+    seq_len: int
+    batches_per_s: float
+    status: str = "ok"
+    reason: str = ""
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.batches_per_s * self.micro_batch_size * self.seq_len
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**dataclasses.asdict(self), "tokens_per_s": self.tokens_per_s}
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> InputSample:
+        names = {f.name for f in dataclasses.fields(cls)}
+        return cls(**{k: v for k, v in data.items() if k in names})
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class MemoryOverhead:
+    """What the fake trace cannot see, measured on the device and added by the cost model.
+
+    ``fixed_bytes``: outside the allocator (CUDA context and workspaces; on CPU the process's
+    resident memory beyond tensors: interpreter, libraries). ``fragmentation_fraction``: reserved
+    over allocated minus one at the peak (CUDA caching allocator); 0 on CPU.
+    ``trace_error_fraction``: largest |measured - traced| / measured over the real checks.
+    """
+
+    fixed_bytes: int = 0
+    fragmentation_fraction: float = 0.0
+    trace_error_fraction: float = 0.0
+    method: str = ""
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> MemoryOverhead:
+        names = {f.name for f in dataclasses.fields(cls)}
+        return cls(**{k: v for k, v in data.items() if k in names})
+
+
+@dataclass(frozen=True, kw_only=True)
+class Fits:
+    memory: tuple[MemoryModel, ...] = ()
+    time: tuple[TimeModel, ...] = ()
+    communication: tuple[CommFit, ...] = ()
+
+    def memory_model(self, precision: str, checkpointing: str) -> MemoryModel | None:
+        return next(
+            (
+                m
+                for m in self.memory
+                if m.precision == precision and m.activation_checkpointing == checkpointing
+            ),
+            None,
+        )
+
+    def time_model(
+        self,
+        precision: str,
+        checkpointing: str,
+        *,
+        parallelism: str = "single",
+        world_size: int = 1,
+    ) -> TimeModel | None:
+        return next(
+            (
+                t
+                for t in self.time
+                if t.precision == precision
+                and t.activation_checkpointing == checkpointing
+                and t.parallelism == parallelism
+                and t.world_size == world_size
+            ),
+            None,
+        )
+
+    def comm_fit(self, collective: str, world_size: int) -> CommFit | None:
+        return next(
+            (
+                c
+                for c in self.communication
+                if c.collective == collective and c.world_size == world_size
+            ),
+            None,
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "memory": [m.to_dict() for m in self.memory],
+            "time": [t.to_dict() for t in self.time],
+            "communication": [c.to_dict() for c in self.communication],
+        }
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> Fits:
+        return cls(
+            memory=tuple(MemoryModel.from_dict(m) for m in data.get("memory", ())),
+            time=tuple(TimeModel.from_dict(t) for t in data.get("time", ())),
+            communication=tuple(CommFit.from_dict(c) for c in data.get("communication", ())),
+        )
+
+
+@dataclass(frozen=True, kw_only=True)
+class Profile:
+    workload: dict[str, Any]  # model, model_args, data, tokenizer, seq_len
+    device: DeviceInfo
+    model: ModelFacts
+    flops: FlopCount | None = None
+    memory: tuple[MemoryTrace, ...] = ()
+    memory_measured: tuple[CpuStepMemory | CudaStepMemory, ...] = ()
+    memory_overhead: MemoryOverhead = field(default_factory=MemoryOverhead)
+    throughput: tuple[StepTiming, ...] = ()
+    communication: tuple[CommSample, ...] = ()
+    communication_runs: tuple[CommRun, ...] = ()
+    input: tuple[InputSample, ...] = ()
+    fits: Fits = field(default_factory=Fits)
+    probes: tuple[ProbeRow, ...] = ()
+    tool: dict[str, Any] = field(default_factory=dict)  # versions of advisor, torch, python ...
+    created: str = ""
+    budget_s: float | None = None
+    elapsed_s: float = 0.0
+    schema_version: int = SCHEMA_VERSION
+
+    @property
+    def seq_len(self) -> int:
+        return int(self.workload["seq_len"])
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "schema_version": self.schema_version,
+            "created": self.created,
+            "tool": self.tool,
+            "workload": self.workload,
+            "device": self.device.to_dict(),
+            "model": {
+                **self.model.to_dict(),
+                "flops": self.flops.to_dict() if self.flops else None,
+            },
+            "memory": [t.to_dict() for t in self.memory],
+            "memory_measured": [
+                {"kind": "cuda" if isinstance(m, CudaStepMemory) else "cpu", **m.to_dict()}
+                for m in self.memory_measured
+            ],
+            "memory_overhead": self.memory_overhead.to_dict(),
+            "throughput": [t.to_dict() for t in self.throughput],
+            "communication": [s.to_dict() for s in self.communication],
+            "communication_runs": [r.to_dict() for r in self.communication_runs],
+            "input": [s.to_dict() for s in self.input],
+            "fits": self.fits.to_dict(),
+            "probes": [p.to_dict() for p in self.probes],
+            "budget_s": self.budget_s,
+            "elapsed_s": self.elapsed_s,
+        }
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> Profile:
+        version = data.get("schema_version")
+        if version != SCHEMA_VERSION:
+            raise ValueError(
+                f"profile schema version {version!r} is not {SCHEMA_VERSION}: re-run "
+                "'advisor profile' with this version of advisor"
+            )
+        model = dict(data["model"])
+        flops = model.pop("flops", None)
+        measured: list[CpuStepMemory | CudaStepMemory] = []
+        for m in data.get("memory_measured", ()):
+            measured.append(
+                CudaStepMemory.from_dict(m)
+                if m.get("kind") == "cuda"
+                else CpuStepMemory.from_dict(m)
+            )
+        return cls(
+            schema_version=version,
+            created=data.get("created", ""),
+            tool=dict(data.get("tool", {})),
+            workload=dict(data["workload"]),
+            device=DeviceInfo.from_dict(data["device"]),
+            model=ModelFacts.from_dict(model),
+            flops=FlopCount.from_dict(flops) if flops else None,
+            memory=tuple(MemoryTrace.from_dict(t) for t in data.get("memory", ())),
+            memory_measured=tuple(measured),
+            memory_overhead=MemoryOverhead.from_dict(data.get("memory_overhead", {})),
+            throughput=tuple(StepTiming.from_dict(t) for t in data.get("throughput", ())),
+            communication=tuple(CommSample.from_dict(s) for s in data.get("communication", ())),
+            communication_runs=tuple(
+                CommRun.from_dict(r) for r in data.get("communication_runs", ())
+            ),
+            input=tuple(InputSample.from_dict(s) for s in data.get("input", ())),
+            fits=Fits.from_dict(data.get("fits", {})),
+            probes=tuple(ProbeRow.from_dict(p) for p in data.get("probes", ())),
+            budget_s=data.get("budget_s"),
+            elapsed_s=float(data.get("elapsed_s", 0.0)),
+        )
+
+    # -- files ------------------------------------------------------------------------------------
+    def save(self, directory: Path) -> tuple[Path, Path]:
+        """Write ``profile.json`` and ``probes.csv`` into ``directory``."""
+        directory.mkdir(parents=True, exist_ok=True)
+        json_path = directory / "profile.json"
+        tmp = json_path.with_suffix(".json.tmp")
+        tmp.write_text(json.dumps(self.to_dict(), indent=1) + "\n")
+        tmp.replace(json_path)
+        csv_path = directory / "probes.csv"
+        write_probes_csv(csv_path, self.probes)
+        return json_path, csv_path
+
+
+def write_probes_csv(path: Path, rows: Sequence[ProbeRow]) -> None:
+    names = [f.name for f in dataclasses.fields(ProbeRow)]
+    tmp = path.with_suffix(".csv.tmp")
+    with open(tmp, "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=names)
+        writer.writeheader()
+        for row in rows:
+            writer.writerow(row.to_dict())
+    tmp.replace(path)
+
+
+def load_profile(path: str | Path) -> Profile:
+    """Read a profile.json (or the directory holding one); ValueError names the fix."""
+    path = Path(path)
+    if path.is_dir():
+        path = path / "profile.json"
+    if not path.is_file():
+        raise ValueError(f"profile {path} does not exist: run 'advisor profile' first")
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError) as exc:
+        raise ValueError(
+            f"profile {path} is not valid JSON ({exc}): re-run 'advisor profile'"
+        ) from None
+    try:
+        return Profile.from_dict(data)
+    except (KeyError, TypeError) as exc:
+        raise ValueError(
+            f"profile {path} is incomplete (missing {exc}): re-run 'advisor profile'"
+        ) from None

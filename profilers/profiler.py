@@ -1,0 +1,719 @@
+"""Run every probe on one workload within a time budget and assemble the Profile.
+
+Order: device facts and micro-benchmarks, model facts and FLOPs, fake-traced memory (no
+allocation: every precision x checkpointing at two micro-batch sizes and once with
+accumulation), real memory checks of configs that fit (what tracing cannot see), timed steps per
+precision x checkpointing (isolated, interleaved across two micro-batch sizes), collectives,
+and the input pipeline. Each probe that runs real steps runs in a child process with a timeout:
+an OOM, crash or hang becomes a row with its status and reason, and profiling goes on.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import datetime as dt
+import importlib.metadata
+import os
+import platform
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from profilers.isolate import Isolation, Outcome, run_isolated
+from profilers.memory_model import MemoryModel
+from profilers.memory_records import CpuStepMemory, CudaStepMemory, MemoryTrace
+from profilers.profile_record import (
+    Fits,
+    InputSample,
+    MemoryOverhead,
+    ProbeRow,
+    Profile,
+)
+from profilers.throughput import StepTiming
+from profilers.workload import CHECKPOINTING, PRECISIONS, DataWorkload, StepSpec, Workload
+
+Progress = Callable[[str, float], None]  # (what is running now, fraction of the budget spent)
+
+# Shares of the budget per phase; what a phase leaves unused flows to the next ones.
+SHARES = {
+    "device": 0.05,
+    "model": 0.02,
+    "memory": 0.15,
+    "memory_check": 0.10,
+    "throughput": 0.45,
+    "communication": 0.16,
+    "input": 0.07,
+}
+CPU_MAX_TIMED_MICRO_BATCH = 8  # CPU throughput is flat or falls beyond ~8 (DESIGN.md)
+GPU_MAX_TIMED_MICRO_BATCH = 64
+CHILD_START_S = 3.0  # spawn + import torch + build, measured 1.1-3 s on 2 cores
+
+
+@dataclass(frozen=True, kw_only=True)
+class ProfileOptions:
+    seq_len: int
+    device: str = "cpu"  # "cpu", "cuda" or "cuda:N"
+    budget_s: float = 120.0
+    precisions: tuple[str, ...] | None = None  # None: every precision the device can run
+    checkpointing: tuple[str, ...] = CHECKPOINTING
+    trace_micro_batch_sizes: tuple[int, int] = (1, 4)
+    time_micro_batch_sizes: tuple[int, int] | None = None  # None: chosen from memory and budget
+    comm: bool = True
+    comm_world_sizes: tuple[int, ...] | None = None  # None: what is available locally
+    input_workers: tuple[int, ...] = (0, 1, 2)
+    memory_budget: float = 0.9  # fraction of device memory a probed config may use
+    tool: dict[str, Any] = field(default_factory=dict)
+
+
+class _Clock:
+    def __init__(self, budget_s: float, progress: Progress | None) -> None:
+        self.budget_s, self.progress = budget_s, progress
+        self.start = time.perf_counter()
+        self.spent_shares = 0.0
+
+    def elapsed(self) -> float:
+        return time.perf_counter() - self.start
+
+    def remaining(self) -> float:
+        return max(0.0, self.budget_s - self.elapsed())
+
+    def share(self, phase: str) -> float:
+        """Seconds this phase may use: its share, plus what earlier phases left unused."""
+        self.spent_shares += SHARES[phase]
+        planned_end = self.budget_s * self.spent_shares
+        return max(0.0, min(self.remaining(), planned_end - self.elapsed()))
+
+    def say(self, message: str) -> None:
+        if self.progress is not None:
+            self.progress(message, min(1.0, self.elapsed() / self.budget_s))
+
+
+def _versions(extra: dict[str, Any]) -> dict[str, Any]:
+    out: dict[str, Any] = {"python": platform.python_version(), "platform": platform.platform()}
+    for dist in ("torch", "optuna", "transformers", "numpy", "pandas"):
+        try:
+            out[dist] = importlib.metadata.version(dist)
+        except importlib.metadata.PackageNotFoundError:
+            out[dist] = None
+    return {**out, **extra}
+
+
+def _label(spec: StepSpec) -> str:
+    label = f"{spec.precision}/{spec.activation_checkpointing}/b={spec.micro_batch_size}"
+    return label + (f"x{spec.grad_accum_steps}" if spec.grad_accum_steps > 1 else "")
+
+
+def _row(
+    probe: str,
+    spec: StepSpec | None,
+    outcome_status: str,
+    *,
+    reason: str = "",
+    wall_s: float = 0.0,
+    value: float | None = None,
+    unit: str = "",
+    name: str | None = None,
+) -> ProbeRow:
+    kw: dict[str, Any] = {}
+    if spec is not None:
+        kw = dict(
+            precision=spec.precision,
+            activation_checkpointing=spec.activation_checkpointing,
+            micro_batch_size=spec.micro_batch_size,
+            grad_accum_steps=spec.grad_accum_steps,
+            world_size=spec.world_size,
+        )
+    return ProbeRow(
+        probe=probe,
+        name=name or (_label(spec) if spec else probe),
+        status=outcome_status,
+        reason=reason,
+        wall_s=wall_s,
+        value=value,
+        unit=unit,
+        **kw,
+    )
+
+
+def _one_line(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: {' '.join(str(exc).split())}"[:300]
+
+
+# -- child-process entry points (top level: they are pickled by reference) --------------------
+
+
+@contextlib.contextmanager
+def _quiet_fds() -> Iterator[None]:
+    """Silence the child's stdout/stderr at the fd level: torch's profiler (kineto) prints
+    'profiler_start/stop' lines from C++ that no Python setting turns off."""
+    saved = [os.dup(1), os.dup(2)]
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(devnull, 1)
+        os.dup2(devnull, 2)
+        yield
+    finally:
+        os.dup2(saved[0], 1)
+        os.dup2(saved[1], 2)
+        for fd in (*saved, devnull):
+            os.close(fd)
+
+
+def _memory_check_child(
+    workload: Workload, spec: StepSpec, device: str
+) -> tuple[dict[str, Any], int | None]:
+    """Real memory of one step, plus (CPU) the process's resident peak beside the allocator's."""
+    from profilers.memory import measure_cpu_step_memory, measure_cuda_step_memory
+
+    if device.startswith("cuda"):
+        return measure_cuda_step_memory(workload, spec, device).to_dict(), None
+    with _quiet_fds():
+        measured = measure_cpu_step_memory(workload, spec)
+    rss = None
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    rss = int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return measured.to_dict(), rss
+
+
+def _timing_child(
+    workload: Workload, small: StepSpec, max_micro: int, device: str, budget_s: float
+) -> list[dict[str, Any]]:
+    """Time ``small`` and a larger micro-batch, interleaved, sized to fit ``budget_s``.
+
+    One untimed + one timed step at the small size first tell how slow this group is here (a
+    precision can be 30x slower than fp32 on a CPU); the larger size and the number of rounds
+    follow from it: the largest power-of-two multiple <= ``max_micro`` whose rounds fit.
+    """
+    from profilers.throughput import measure_interleaved, time_steps
+
+    started = time.perf_counter()
+    t_small = time_steps(workload, small, device, warmup=1, repeats=1).median_step_s
+    left = budget_s - (time.perf_counter() - started)
+    b1 = small.micro_batch_size
+
+    def cost(b2: int, rounds: int) -> float:  # linear in b: an upper bound on CPU and GPU
+        return (1 + rounds) * t_small * (1 + b2 / b1)
+
+    b2, rounds = 2 * b1, 1  # the minimum: two sizes, one timed step each
+    for candidate_rounds in (3, 2, 1):
+        fitting = [b for b in _doublings(2 * b1, max_micro) if cost(b, candidate_rounds) <= left]
+        if fitting:
+            b2, rounds = fitting[-1], candidate_rounds
+            break
+    specs = [small, dataclasses.replace(small, micro_batch_size=b2)]
+    timings = measure_interleaved(workload, specs, device, rounds=rounds, warmup=1)
+    return [t.to_dict() for t in timings]
+
+
+def _doublings(start: int, limit: int) -> list[int]:
+    out = [start]
+    while out[-1] * 2 <= limit:
+        out.append(out[-1] * 2)
+    return out
+
+
+def _input_child(
+    workload: DataWorkload, spec: StepSpec, workers: tuple[int, ...], budget_s: float
+) -> list[dict[str, Any]]:
+    from profilers.input import probe_input
+
+    return [s.to_dict() for s in probe_input(workload, spec, workers, budget_s=budget_s)]
+
+
+# -- the phases ---------------------------------------------------------------------------------
+
+
+class _Run:
+    def __init__(self, workload: Workload, options: ProfileOptions, progress: Progress | None):
+        self.workload, self.options = workload, options
+        self.clock = _Clock(options.budget_s, progress)
+        self.rows: list[ProbeRow] = []
+        self.base = StepSpec(seq_len=options.seq_len)
+
+    def spec(self, precision: str, checkpointing: str, micro: int, accum: int = 1) -> StepSpec:
+        return dataclasses.replace(
+            self.base,
+            precision=precision,
+            activation_checkpointing=checkpointing,
+            micro_batch_size=micro,
+            grad_accum_steps=accum,
+        )
+
+    def isolated(self, fn: Callable[..., Any], *args: Any, timeout_s: float) -> Outcome:
+        return run_isolated(Isolation(timeout_s=max(timeout_s, CHILD_START_S + 5)), fn, *args)
+
+    # device ----------------------------------------------------------------------------------
+    def device(self) -> Any:
+        from profilers.device import probe_device
+
+        self.clock.say("device: facts, matmul and bandwidth benchmarks")
+        t0 = time.perf_counter()
+        info = probe_device(self.options.device, budget_s=max(1.0, self.clock.share("device")))
+        self.rows.append(
+            _row(
+                "device",
+                None,
+                "ok",
+                wall_s=time.perf_counter() - t0,
+                name=info.name,
+                value=info.total_memory_bytes,
+                unit="bytes",
+            )
+        )
+        return info
+
+    def precisions(self, device: Any) -> list[str]:
+        wanted = self.options.precisions or PRECISIONS
+        out = []
+        for precision in wanted:
+            check = device.precisions.get(precision)
+            if check is not None and not check.supported:
+                self.rows.append(
+                    _row(
+                        "device",
+                        None,
+                        "unsupported",
+                        reason=check.reason or "",
+                        name=f"precision {precision}",
+                    )
+                )
+                continue
+            out.append(precision)
+        return out
+
+    # model -----------------------------------------------------------------------------------
+    def model(self) -> tuple[Any, Any]:
+        from profilers.flops import count_step_flops
+
+        self.clock.say("model: shape facts and FLOPs per token")
+        self.clock.share("model")
+        t0 = time.perf_counter()
+        facts = self.workload.facts()
+        self.rows.append(
+            _row(
+                "model",
+                None,
+                "ok",
+                wall_s=time.perf_counter() - t0,
+                name=facts.name,
+                value=facts.num_params,
+                unit="params",
+            )
+        )
+        t0 = time.perf_counter()
+        try:
+            flops = count_step_flops(self.workload, self.spec("fp32", "none", 1))
+            self.rows.append(
+                _row(
+                    "flops",
+                    None,
+                    "ok",
+                    wall_s=time.perf_counter() - t0,
+                    value=flops.model_flops_per_token,
+                    unit="flops/token",
+                )
+            )
+        except Exception as exc:
+            flops = None
+            self.rows.append(
+                _row("flops", None, "error", reason=_one_line(exc), wall_s=time.perf_counter() - t0)
+            )
+        return facts, flops
+
+    # memory ----------------------------------------------------------------------------------
+    def traces(self, precisions: Sequence[str], target: str) -> list[MemoryTrace]:
+        from profilers.memory import trace_step_memory
+
+        share = self.clock.share("memory")
+        deadline = time.perf_counter() + share
+        b1, b2 = self.options.trace_micro_batch_sizes
+        plan = [
+            (p, c, b, a)
+            for p in precisions
+            for c in self.options.checkpointing
+            for b, a in ((b1, 1), (b2, 1), (b1, 2))
+        ]
+        traces = []
+        for i, (p, c, b, a) in enumerate(plan):
+            spec = self.spec(p, c, b, a)
+            # Past the budget, still trace what a fit needs (two sizes); skip accumulation.
+            if a > 1 and time.perf_counter() > deadline:
+                self.rows.append(_row("memory", spec, "skipped", reason="time budget spent"))
+                continue
+            self.clock.say(f"memory: tracing {_label(spec)} ({i + 1}/{len(plan)})")
+            t0 = time.perf_counter()
+            try:
+                trace = trace_step_memory(self.workload, spec, target_device_type=target)
+            except Exception as exc:
+                self.rows.append(
+                    _row(
+                        "memory",
+                        spec,
+                        "error",
+                        reason=_one_line(exc),
+                        wall_s=time.perf_counter() - t0,
+                    )
+                )
+                continue
+            traces.append(trace)
+            self.rows.append(
+                _row(
+                    "memory",
+                    spec,
+                    "ok",
+                    wall_s=time.perf_counter() - t0,
+                    value=trace.peak_bytes,
+                    unit="bytes",
+                )
+            )
+        return traces
+
+    def memory_checks(
+        self, models: Sequence[MemoryModel], precisions: Sequence[str], capacity: int
+    ) -> tuple[list[CpuStepMemory | CudaStepMemory], MemoryOverhead]:
+        share = self.clock.share("memory_check")
+        deadline = time.perf_counter() + share
+        b = self.options.trace_micro_batch_sizes[1]
+        candidates = [(p, c) for p in precisions for c in self.options.checkpointing]
+        # fp32 first: the others are checked only while the budget lasts.
+        candidates.sort(key=lambda pc: (pc[0] != "fp32", pc[1] != "none"))
+        measured: list[CpuStepMemory | CudaStepMemory] = []
+        errors: list[float] = []
+        fixed: list[int] = []
+        fragmentation: list[float] = []
+        for p, c in candidates:
+            spec = self.spec(p, c, b)
+            model = next(
+                (m for m in models if m.precision == p and m.activation_checkpointing == c), None
+            )
+            if model is None:
+                continue
+            if model.predict(b) > self.options.memory_budget * capacity:
+                self.rows.append(
+                    _row("memory_check", spec, "skipped", reason="predicted not to fit the device")
+                )
+                continue
+            if measured and time.perf_counter() > deadline:
+                self.rows.append(_row("memory_check", spec, "skipped", reason="time budget spent"))
+                continue
+            self.clock.say(f"memory: real step {_label(spec)}")
+            outcome = self.isolated(
+                _memory_check_child,
+                self.workload,
+                spec,
+                self.options.device,
+                timeout_s=max(30.0, deadline - time.perf_counter()),
+            )
+            if not outcome.ok:
+                self.rows.append(
+                    _row(
+                        "memory_check",
+                        spec,
+                        outcome.status,
+                        reason=outcome.reason,
+                        wall_s=outcome.wall_s,
+                    )
+                )
+                continue
+            data, rss = outcome.value
+            record: CpuStepMemory | CudaStepMemory
+            if data.get("device_name") is not None:
+                record = CudaStepMemory.from_dict(data)
+                fixed.append(record.context_bytes + record.workspace_bytes)
+                if record.peak_allocated_bytes:
+                    fragmentation.append(record.fragmentation_bytes / record.peak_allocated_bytes)
+                truth = record.peak_allocated_bytes
+            else:
+                record = CpuStepMemory.from_dict(data)
+                truth = record.peak_bytes
+                if rss is not None:
+                    fixed.append(max(0, rss - truth))
+            measured.append(record)
+            predicted = model.predict(b)
+            if truth:
+                errors.append(abs(truth - predicted) / truth)
+            self.rows.append(
+                _row(
+                    "memory_check",
+                    spec,
+                    "ok",
+                    wall_s=outcome.wall_s,
+                    value=truth,
+                    unit="bytes",
+                    reason=f"traced fit {predicted} B",
+                )
+            )
+        method = (
+            "CUDA: context + workspaces from mem_get_info, fragmentation from "
+            "max_memory_reserved / max_memory_allocated"
+            if self.options.device.startswith("cuda")
+            else "CPU: process resident peak (VmHWM) minus the allocator's peak"
+        )
+        overhead = MemoryOverhead(
+            fixed_bytes=max(fixed) if fixed else 0,
+            fragmentation_fraction=max(fragmentation) if fragmentation else 0.0,
+            trace_error_fraction=max(errors) if errors else 0.0,
+            method=method,
+        )
+        return measured, overhead
+
+    # throughput ------------------------------------------------------------------------------
+    def timed_sizes(
+        self, model: MemoryModel | None, capacity: int, on_gpu: bool, slowdown: float
+    ) -> tuple[int, int]:
+        """(small size, largest size allowed): the larger one is picked in the child."""
+        if self.options.time_micro_batch_sizes is not None:
+            return self.options.time_micro_batch_sizes
+        cap = GPU_MAX_TIMED_MICRO_BATCH if on_gpu else CPU_MAX_TIMED_MICRO_BATCH
+        if slowdown > 4:  # a slow precision: small sizes keep its probe inside the budget
+            cap = 2
+        largest = cap
+        if model is not None:
+            while largest > 1 and model.predict(largest) > self.options.memory_budget * capacity:
+                largest //= 2
+        largest = max(largest, 2)
+        return (max(1, largest // 4), largest)
+
+    def throughput(
+        self, precisions: Sequence[str], models: Sequence[MemoryModel], capacity: int, device: Any
+    ) -> list[StepTiming]:
+        share = self.clock.share("throughput")
+        deadline = time.perf_counter() + share
+        on_gpu = self.options.device.startswith("cuda")
+        groups = [(p, c) for p in precisions for c in self.options.checkpointing]
+        groups.sort(key=lambda pc: (pc[0] != "fp32", pc[1] != "none"))
+        timings: list[StepTiming] = []
+        for i, (p, c) in enumerate(groups):
+            check = device.precisions.get(p)
+            slowdown = 1.0
+            if check is not None and check.speedup_vs_fp32:
+                slowdown = 1.0 / check.speedup_vs_fp32
+            model = next(
+                (m for m in models if m.precision == p and m.activation_checkpointing == c), None
+            )
+            b1, b_max = self.timed_sizes(model, capacity, on_gpu, slowdown)
+            small = self.spec(p, c, b1)
+            remaining = deadline - time.perf_counter()
+            per_group = remaining / (len(groups) - i)
+            if per_group < CHILD_START_S + 2:
+                self.rows.append(_row("throughput", small, "skipped", reason="time budget spent"))
+                continue
+            self.clock.say(f"throughput: timing {p}/{c} from b={b1}")
+            outcome = self.isolated(
+                _timing_child,
+                self.workload,
+                small,
+                b_max,
+                self.options.device,
+                per_group - CHILD_START_S,
+                timeout_s=1.5 * per_group + 15,
+            )
+            if not outcome.ok:
+                for spec in (small,):
+                    self.rows.append(
+                        _row(
+                            "throughput",
+                            spec,
+                            outcome.status,
+                            reason=outcome.reason,
+                            wall_s=outcome.wall_s,
+                        )
+                    )
+                continue
+            for data in outcome.value:
+                timing = StepTiming.from_dict(data)
+                timings.append(timing)
+                self.rows.append(
+                    _row(
+                        "throughput",
+                        timing.spec,
+                        "ok",
+                        wall_s=outcome.wall_s,
+                        value=timing.median_step_s,
+                        unit="s/step",
+                    )
+                )
+        return timings
+
+    # communication ---------------------------------------------------------------------------
+    def communication(self) -> Any:
+        from profilers.comm import available_world_sizes, probe_communication
+
+        share = self.clock.share("communication")
+        device_type = "cuda" if self.options.device.startswith("cuda") else "cpu"
+        sizes = self.options.comm_world_sizes or available_world_sizes(device_type)
+        if not self.options.comm or not sizes or share < 5:
+            reason = (
+                "disabled"
+                if not self.options.comm
+                else "no world size > 1 available"
+                if not sizes
+                else "time budget spent"
+            )
+            self.rows.append(_row("communication", None, "skipped", reason=reason))
+            return None
+        self.clock.say(f"communication: collectives at world size {', '.join(map(str, sizes))}")
+        t0 = time.perf_counter()
+        try:
+            comm = probe_communication(
+                world_sizes=sizes,
+                device_type=device_type,
+                budget_s=share,
+                progress=lambda line: self.clock.say(f"communication: {line}"),
+            )
+        except Exception as exc:
+            self.rows.append(
+                _row(
+                    "communication",
+                    None,
+                    "error",
+                    reason=_one_line(exc),
+                    wall_s=time.perf_counter() - t0,
+                )
+            )
+            return None
+        for run in comm.runs:
+            self.rows.append(
+                _row(
+                    "communication",
+                    None,
+                    run.status,
+                    reason=run.reason,
+                    wall_s=run.wall_s,
+                    name=f"{run.backend} world={run.world_size}",
+                    value=run.max_bytes_measured,
+                    unit="bytes",
+                )
+            )
+        return comm
+
+    # input -----------------------------------------------------------------------------------
+    def input(self, micro_batch: int) -> list[InputSample]:
+        share = self.clock.share("input")
+        if not isinstance(self.workload, DataWorkload) or share < 2:
+            self.rows.append(
+                _row(
+                    "input",
+                    None,
+                    "skipped",
+                    reason="no data loader" if share >= 2 else "time budget spent",
+                )
+            )
+            return []
+        spec = self.spec("fp32", "none", micro_batch)
+        self.clock.say(f"input: data loader at num_workers {self.options.input_workers}")
+        outcome = self.isolated(
+            _input_child,
+            self.workload,
+            spec,
+            self.options.input_workers,
+            max(1.0, share - CHILD_START_S),
+            timeout_s=share + 30,
+        )
+        if not outcome.ok:
+            self.rows.append(
+                _row("input", spec, outcome.status, reason=outcome.reason, wall_s=outcome.wall_s)
+            )
+            return []
+        samples = [InputSample.from_dict(d) for d in outcome.value]
+        for s in samples:
+            self.rows.append(
+                _row(
+                    "input",
+                    spec,
+                    s.status,
+                    reason=s.reason,
+                    name=f"num_workers={s.num_workers}",
+                    value=s.tokens_per_s,
+                    unit="tokens/s",
+                )
+            )
+        return samples
+
+
+def run_profile(
+    workload: Workload, options: ProfileOptions, progress: Progress | None = None
+) -> Profile:
+    """Probe ``workload`` on ``options.device`` within about ``options.budget_s`` seconds."""
+    from profilers.memory_model import fit_memory_models
+    from profilers.throughput import fit_step_times
+
+    if options.budget_s <= 0:
+        raise ValueError(f"budget_s must be positive, got {options.budget_s}")
+    run = _Run(workload, options, progress)
+    device = run.device()
+    precisions = run.precisions(device)
+    facts, flops = run.model()
+    target = "cuda" if options.device.startswith("cuda") else "cpu"
+    traces = run.traces(precisions, target)
+    models = _fit_groups(fit_memory_models, traces, run.rows, "memory")
+    capacity = device.free_memory_bytes if target == "cuda" else device.total_memory_bytes
+    measured, overhead = run.memory_checks(models, precisions, capacity)
+    timings = run.throughput(precisions, models, capacity, device)
+    time_models = _fit_groups(fit_step_times, timings, run.rows, "throughput")
+    comm = run.communication()
+    micro = max((t.spec.micro_batch_size for t in timings), default=4)
+    inputs = run.input(micro)
+    run.clock.say("done")
+    return Profile(
+        created=dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+        tool=_versions(options.tool),
+        workload={**getattr(workload, "describe", lambda: {})(), "seq_len": options.seq_len},
+        device=device,
+        model=facts,
+        flops=flops,
+        memory=tuple(traces),
+        memory_measured=tuple(measured),
+        memory_overhead=overhead,
+        throughput=tuple(timings),
+        communication=tuple(comm.samples) if comm is not None else (),
+        communication_runs=tuple(comm.runs) if comm is not None else (),
+        input=tuple(inputs),
+        fits=Fits(
+            memory=tuple(models),
+            time=tuple(time_models),
+            communication=tuple(comm.fits) if comm is not None else (),
+        ),
+        probes=tuple(run.rows),
+        budget_s=options.budget_s,
+        elapsed_s=run.clock.elapsed(),
+    )
+
+
+def _fit_groups(
+    fit: Callable[[Any], Any], records: Sequence[Any], rows: list[ProbeRow], probe: str
+) -> list[Any]:
+    """Fit each group that has what a fit needs; a group that cannot be fitted becomes a row."""
+    try:
+        return list(fit(records))
+    except ValueError:
+        pass
+    # One bad group must not sink the others: fit group by group.
+    groups: dict[tuple[str, str], list[Any]] = {}
+    for record in records:
+        groups.setdefault((record.spec.precision, record.spec.activation_checkpointing), []).append(
+            record
+        )
+    out = []
+    for (precision, checkpointing), group in groups.items():
+        try:
+            out.extend(fit(group))
+        except ValueError as exc:
+            rows.append(
+                ProbeRow(
+                    probe=f"{probe}_fit",
+                    name=f"{precision}/{checkpointing}",
+                    status="error",
+                    reason=_one_line(exc),
+                    precision=precision,
+                    activation_checkpointing=checkpointing,
+                )
+            )
+    return out

@@ -1,0 +1,126 @@
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from profilers import device
+from profilers.device import (
+    DeviceInfo,
+    probe_device,
+    read_cpu_info,
+    read_host_memory,
+    supported_precisions,
+)
+from profilers.hardware import match_device
+from profilers.workload import PRECISIONS
+
+BUDGET_S = 2.0
+
+
+@pytest.fixture(scope="module")
+def cpu_info() -> DeviceInfo:
+    return probe_device("cpu", budget_s=BUDGET_S)
+
+
+def test_cpu_probe_shape(cpu_info: DeviceInfo) -> None:
+    info = cpu_info
+    assert info.kind == "cpu" and info.index is None and info.gpu is None
+    assert info.datasheet is None and info.peak_flops("bf16") is None  # CPUs: never a guess
+    assert 0 < info.free_memory_bytes <= info.total_memory_bytes
+    assert info.cpu.num_logical_cores >= info.cpu.num_usable_cores >= 1
+    assert info.cpu.torch_num_threads >= 1 and info.cpu.torch_cpu_capability
+    assert set(info.matmul) == {"fp32", "bf16", "fp16"}  # TF32 is a CUDA mode
+    for bench in info.matmul.values():
+        assert bench.error is not None or (bench.samples_s and bench.rate and bench.size >= 512)
+    fp32 = info.measured_flops("fp32")
+    assert fp32 is not None and fp32 > 1e8  # any CPU of this decade does > 0.1 GFLOP/s
+    assert info.memory_bandwidth is not None and (info.memory_bandwidth.rate or 0) > 1e8
+    assert list(info.precisions) == list(PRECISIONS)
+    assert info.precisions["fp32"].speedup_vs_fp32 == 1.0
+    assert all(check.supported for check in info.precisions.values())
+    # The budget bounds the plan; one call that started in time may finish after it.
+    assert info.elapsed_s < BUDGET_S + 3.0
+
+
+def test_device_info_round_trips_through_json(cpu_info: DeviceInfo) -> None:
+    data = json.loads(json.dumps(cpu_info.to_dict()))
+    assert data["matmul"]["fp32"]["rate"] == cpu_info.measured_flops("fp32")
+    assert DeviceInfo.from_dict(data) == cpu_info
+
+
+def test_supported_precisions_on_cpu() -> None:
+    assert supported_precisions("cpu") == {"fp32": None, "bf16": None, "fp16": None}
+
+
+def test_unsupported_devices_are_refused() -> None:
+    with pytest.raises(ValueError, match="unsupported device 'meta'"):
+        probe_device("meta")
+    if not torch.cuda.is_available():
+        with pytest.raises(ValueError, match="CUDA is not available here: use 'cpu'"):
+            supported_precisions("cuda")
+
+
+def test_read_cpu_info_keeps_isa_flags(tmp_path: Path) -> None:
+    cpuinfo = tmp_path / "cpuinfo"
+    cpuinfo.write_text(
+        "processor\t: 0\nmodel name\t: Test CPU 9000\n"
+        "flags\t\t: fpu sse2 avx avx2 fma avx512f avx512_bf16 amx_tile amx_bf16\n\n"
+        "processor\t: 1\nmodel name\t: Test CPU 9000\nflags\t\t: fpu\n"
+    )
+    info = read_cpu_info(str(cpuinfo))
+    assert info.model_name == "Test CPU 9000"
+    assert info.isa_flags == (
+        "amx_bf16",
+        "amx_tile",
+        "avx",
+        "avx2",
+        "avx512_bf16",
+        "avx512f",
+        "fma",
+    )
+
+
+def test_read_host_memory_parses_meminfo_and_honours_a_cgroup_limit(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    meminfo = tmp_path / "meminfo"
+    meminfo.write_text("MemTotal:       1000 kB\nMemFree:     100 kB\nMemAvailable:    600 kB\n")
+    monkeypatch.setattr(device, "_cgroup_memory", lambda: (None, None))
+    assert read_host_memory(str(meminfo)) == (1000 * 1024, 600 * 1024)
+    # A container limited to 500 KiB, 100 KiB of it in use: the limit is the machine.
+    monkeypatch.setattr(device, "_cgroup_memory", lambda: (500 * 1024, 100 * 1024))
+    assert read_host_memory(str(meminfo)) == (500 * 1024, 400 * 1024)
+
+
+gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+
+
+@pytest.mark.gpu
+@gpu
+def test_cuda_probe() -> None:
+    info = probe_device("cuda", budget_s=6.0)
+    assert info.kind == "cuda" and info.index is not None and info.gpu is not None
+    assert info.datasheet == match_device(info.name)
+    major = int(info.gpu.compute_capability.split(".")[0])
+    assert "tf32" in info.matmul
+    assert info.precisions["bf16"].supported == (major >= 8)
+    assert (info.measured_flops("fp32") or 0) > 1e11
+    if info.datasheet is not None:  # measured GEMMs cannot beat the datasheet by much
+        for dtype in ("fp32", "bf16"):
+            peak, measured = info.peak_flops(dtype), info.measured_flops(dtype)
+            if peak and measured:
+                assert measured < 1.15 * peak
+    assert DeviceInfo.from_dict(json.loads(json.dumps(info.to_dict()))) == info
+
+
+@pytest.mark.gpu
+@gpu
+def test_cuda_bf16_refusal_names_the_fix() -> None:
+    reasons = supported_precisions("cuda")
+    if torch.cuda.get_device_capability()[0] < 8:
+        assert "--precision fp16" in (reasons["bf16"] or "")
+    else:
+        assert reasons == {"fp32": None, "bf16": None, "fp16": None}
