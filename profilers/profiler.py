@@ -501,7 +501,7 @@ class _Run:
             b1, b_max = self.timed_sizes(model, capacity, on_gpu, slowdown)
             small = self.spec(p, c, b1)
             remaining = deadline - time.perf_counter()
-            per_group = remaining / (len(groups) - i)
+            per_group = max(remaining / (len(groups) - i), min(remaining, CHILD_START_S + 2))
             if per_group < CHILD_START_S + 2:
                 self.rows.append(_row("throughput", small, "skipped", reason="time budget spent"))
                 continue

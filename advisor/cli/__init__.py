@@ -16,8 +16,18 @@ from advisor import __version__
 
 
 def _fail(message: str, code: int) -> None:
+    from advisor.launch import write_rank_error
+
+    write_rank_error(message)  # a rank of a distributed job: tell the launcher why
     click.echo(f"error: {message}", err=True)
     sys.exit(code)
+
+
+def _report_to_launcher(exc: BaseException) -> None:
+    from advisor.errors import one_line
+    from advisor.launch import write_rank_error
+
+    write_rank_error(one_line(exc))
 
 
 class AdvisorGroup(click.Group):
@@ -49,6 +59,10 @@ class AdvisorGroup(click.Group):
 
             if isinstance(exc, ConfigError):
                 _fail(str(exc), 2)
+            _report_to_launcher(exc)
+            raise
+        except Exception as exc:  # a bug or a user model's own error: keep the traceback
+            _report_to_launcher(exc)
             raise
         sys.exit(code or 0)
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import time
 from pathlib import Path
 from typing import Any
@@ -16,6 +17,7 @@ from advisor.cli.options import (
     explicit_config,
     model_options,
 )
+from advisor.launch import under_torchrun
 
 DEFAULT_STEPS = 300
 
@@ -90,9 +92,9 @@ def resolve_train_config(
 @click.option(
     "--eval-batches",
     type=POSITIVE,
-    default=10,
+    default=4,
     show_default=True,
-    help="Validation micro-batches per eval.",
+    help="Validation global batches per eval (the same samples for any micro/accum/rank split).",
 )
 @click.option(
     "--device",
@@ -100,6 +102,26 @@ def resolve_train_config(
     default="auto",
     show_default=True,
     help="Where to train.",
+)
+@click.option(
+    "--nnodes",
+    type=POSITIVE,
+    default=1,
+    show_default=True,
+    help="Nodes of a multi-node job (torchrun --nnodes).",
+)
+@click.option(
+    "--node-rank",
+    type=click.IntRange(min=0),
+    default=0,
+    show_default=True,
+    help="This node's index in a multi-node job (torchrun --node-rank).",
+)
+@click.option(
+    "--rdzv-endpoint",
+    default=None,
+    metavar="HOST:PORT",
+    help="Rendezvous address (node 0) of a multi-node job (torchrun --rdzv-endpoint).",
 )
 @click.option("--quiet", is_flag=True, help="No progress display.")
 def train(**params: Any) -> None:
@@ -127,7 +149,12 @@ def train(**params: Any) -> None:
         device=params["device"],
         progress=not params["quiet"],
     )
+    if config.world_size > 1 and not under_torchrun():
+        launch_ranks(config, options, params)
+        return
     result = run_training(config, options)
+    if os.environ.get("RANK", "0") != "0":
+        return  # rank 0 reports for the job
     if result.extra.get("already_complete"):
         click.echo(
             f"{options.out} already finished {result.steps} steps; nothing to do "
@@ -139,3 +166,48 @@ def train(**params: Any) -> None:
         f"trained {result.steps} steps ({result.tokens:,} tokens): loss {result.final_loss:.4f}"
         f"{eval_text}; metrics in {result.metrics_path}, checkpoint {result.checkpoint}"
     )
+
+
+def launch_ranks(config: Any, options: Any, params: dict[str, Any]) -> None:
+    """Re-run this command once per rank through torchrun, with the resolved config as a plan."""
+    from advisor.launch import LaunchSpec, launch, node_commands
+
+    spec = LaunchSpec(
+        world_size=config.world_size,
+        nnodes=params["nnodes"],
+        node_rank=params["node_rank"],
+        rdzv_endpoint=params["rdzv_endpoint"],
+    )
+    options.out.mkdir(parents=True, exist_ok=True)
+    plan = options.out / "launch_config.json"
+    plan.write_text(json.dumps({"config": config.to_dict()}, indent=2) + "\n")
+    args = [
+        "train",
+        "--plan",
+        str(plan),
+        "--out",
+        str(options.out),
+        "--device",
+        options.device,
+        "--eval-batches",
+        str(options.eval_batches),
+        "--keep-checkpoints",
+        str(options.keep_checkpoints),
+    ]
+    for flag, value in (
+        ("--steps", options.steps),
+        ("--tokens", options.tokens),
+        ("--checkpoint-every", options.checkpoint_every),
+        ("--eval-every", options.eval_every),
+    ):
+        if value is not None:
+            args += [flag, str(value)]
+    if options.resume:
+        args.append("--resume")
+    if not options.progress:
+        args.append("--quiet")
+    if spec.nnodes > 1:
+        click.echo("run on every node (with --out on a shared filesystem):", err=True)
+        for command in node_commands(spec, args):
+            click.echo(f"  {command}", err=True)
+    launch(spec, args)

@@ -1,8 +1,8 @@
-"""Checkpoints: written atomically (temp file + fsync + rename), loaded with ``weights_only=True``.
+"""Checkpoints: written atomically (staging dir, fsync, rename), loaded ``weights_only=True``.
 
 A checkpoint holds everything a resumed run needs to continue bit for bit: model, optimizer,
 grad scaler, LR scheduler, every RNG state and the data position (the next step index; the
-sample order is a pure function of it). ``checkpoints/latest`` names the newest file.
+sample order is a pure function of it). ``checkpoints/latest`` names the newest one.
 """
 
 from __future__ import annotations
@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import random
 import re
+import shutil
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -18,7 +19,7 @@ import numpy as np
 import torch
 
 FORMAT_VERSION = 1
-_NAME = re.compile(r"^step_(\d{8})\.pt$")
+_NAME = re.compile(r"^step_(\d{8})$")
 
 
 def rng_state() -> dict[str, Any]:
@@ -72,16 +73,43 @@ def atomic_write_text(path: Path, text: str) -> None:
 
 @dataclass(frozen=True)
 class CheckpointDir:
+    """``checkpoints/step_NNNNNNNN/`` directories, each written under a temporary name and
+    renamed into place when complete, so a kill at any moment leaves only whole checkpoints.
+
+    A checkpoint directory holds ``extra.pt`` (step, config, scheduler, RNG, data position,
+    counters) and the model and optimizer: ``state.pt`` for a replicated model (single device,
+    DDP; written by rank 0) or ``torch.distributed.checkpoint`` shards (FSDP; every rank).
+    """
+
     path: Path
     keep_last: int = 2
 
-    def file_for(self, step: int) -> Path:
-        return self.path / f"step_{step:08d}.pt"
+    def dir_for(self, step: int) -> Path:
+        return self.path / f"step_{step:08d}"
 
-    def save(self, state: dict[str, Any], step: int) -> Path:
-        self.path.mkdir(parents=True, exist_ok=True)
-        target = self.file_for(step)
-        atomic_save({"format": FORMAT_VERSION, **state}, target)
+    def staging_dir(self, step: int) -> Path:
+        return self.path / f".step_{step:08d}.tmp"
+
+    def begin(self, step: int) -> Path:
+        """Rank 0: a fresh, empty staging directory for ``step``."""
+        staging = self.staging_dir(step)
+        shutil.rmtree(staging, ignore_errors=True)
+        staging.mkdir(parents=True)
+        return staging
+
+    def commit(self, step: int, extra: dict[str, Any]) -> Path:
+        """Rank 0, after every rank wrote its part: add ``extra.pt``, rename into place."""
+        staging = self.staging_dir(step)
+        atomic_save({"format": FORMAT_VERSION, **extra}, staging / "extra.pt")
+        for file in staging.iterdir():
+            if file.is_file():
+                with open(file, "rb") as f:
+                    os.fsync(f.fileno())
+        target = self.dir_for(step)
+        if target.exists():
+            shutil.rmtree(target)
+        os.replace(staging, target)
+        _fsync_dir(self.path)
         atomic_write_text(self.path / "latest", target.name + "\n")
         self._prune()
         return target
@@ -89,20 +117,21 @@ class CheckpointDir:
     def steps(self) -> list[int]:
         if not self.path.is_dir():
             return []
-        found = (_NAME.match(p.name) for p in self.path.iterdir())
+        found = (_NAME.match(p.name) for p in self.path.iterdir() if p.is_dir())
         return sorted(int(m.group(1)) for m in found if m)
 
     def latest(self) -> Path | None:
         pointer = self.path / "latest"
         if pointer.is_file():
             candidate = self.path / pointer.read_text().strip()
-            if candidate.is_file():
+            if (candidate / "extra.pt").is_file():
                 return candidate
-        steps = self.steps()  # pointer lost: fall back to the newest complete file
-        return self.file_for(steps[-1]) if steps else None
+        steps = self.steps()  # pointer lost: fall back to the newest complete directory
+        return self.dir_for(steps[-1]) if steps else None
 
-    def load(self, path: Path, map_location: str | torch.device = "cpu") -> dict[str, Any]:
-        state: dict[str, Any] = torch.load(path, map_location=map_location, weights_only=True)
+    @staticmethod
+    def load_extra(path: Path) -> dict[str, Any]:
+        state: dict[str, Any] = torch.load(path / "extra.pt", map_location="cpu", weights_only=True)
         if state.get("format") != FORMAT_VERSION:
             raise ValueError(
                 f"{path} has checkpoint format {state.get('format')!r}, expected {FORMAT_VERSION}"
@@ -111,4 +140,4 @@ class CheckpointDir:
 
     def _prune(self) -> None:
         for step in self.steps()[: -self.keep_last] if self.keep_last > 0 else []:
-            self.file_for(step).unlink(missing_ok=True)
+            shutil.rmtree(self.dir_for(step), ignore_errors=True)

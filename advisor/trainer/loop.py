@@ -22,10 +22,17 @@ import torch
 
 from advisor.data import StepSampler, TokenSource, WindowDataset, make_loader, resolve_data
 from advisor.errors import AdvisorError, TrainingDiverged, UsageProblem
+from advisor.launch import die_with_parent
 from advisor.trainer.checkpoint import CheckpointDir, atomic_write_text, rng_state, set_rng_state
-from advisor.trainer.dist import DistContext, init_distributed, shutdown_distributed
+from advisor.trainer.dist import (
+    DistContext,
+    init_distributed,
+    launched_by_torchrun,
+    shutdown_distributed,
+)
 from advisor.trainer.metrics import MetricsLog, PeakMemory, Progress
 from advisor.trainer.schedule import WarmupCosine
+from advisor.trainer.state import barrier, load_model_state, save_model_state
 from advisor.trainer.step import AdvisorStep
 from advisor.workload import AdvisorWorkload
 from profilers.workload import Batch, ModelFacts
@@ -48,7 +55,7 @@ class RunOptions:
     resume: bool = False
     checkpoint_every: int | None = None  # None: about four checkpoints per run
     eval_every: int | None = None  # None: about ten evals per run; 0: only at the end
-    eval_batches: int = 10
+    eval_batches: int = 4  # global batches of the validation split
     keep_checkpoints: int = 2
     device: str = "auto"
     progress: bool = True
@@ -146,6 +153,8 @@ class Trainer:
     def __init__(self, config: TrainConfig, options: RunOptions) -> None:
         self.config, self.options = config, options
         self.total_steps = plan_total_steps(config, options.steps, options.tokens)
+        if launched_by_torchrun():
+            die_with_parent()  # a rank never outlives its launcher (kill -9 included)
         self.ctx: DistContext = init_distributed(config.world_size, _device_type(options.device))
         self.device = resolve_device(options.device, self.ctx.local_rank)
         check_precision(config.precision, self.device)
@@ -191,7 +200,7 @@ class Trainer:
         return None
 
     def _restore(self, path: Path) -> int:
-        state = self.checkpoints.load(path, map_location=self.device)
+        state = self.checkpoints.load_extra(path)
         saved = state["config"]
         ours = self.config.to_dict()
         diff = sorted(k for k in set(saved) | set(ours) if saved.get(k) != ours.get(k))
@@ -200,8 +209,7 @@ class Trainer:
                 f"cannot resume {self.out}: its checkpoint was trained with a different "
                 f"{', '.join(diff)}; resume with the same settings or choose another --out"
             )
-        self.step.adapter.module.load_state_dict(state["model"])
-        self.step.optimizer.load_state_dict(state["optimizer"])
+        load_model_state(self.step, path, self.device)
         self.step.scaler.load_state_dict(state["scaler"])
         self.scheduler.load_state_dict(state["scheduler"])
         set_rng_state(state["rng"])
@@ -211,12 +219,18 @@ class Trainer:
         return int(state["step"])
 
     def _save(self, step: int) -> Path | None:
-        state = {
+        """Every rank: stage, write model/optimizer state, then rank 0 commits atomically."""
+        if self.ctx.is_main:
+            self.metrics.sync()
+            self.checkpoints.begin(step)
+        barrier(self.ctx)
+        save_model_state(self.step, self.checkpoints.staging_dir(step), self.ctx)
+        barrier(self.ctx)
+        extra = {
             "step": step,
             "config": self.config.to_dict(),
             "total_steps": self.total_steps,
-            "model": self.step.adapter.module.state_dict(),
-            "optimizer": self.step.optimizer.state_dict(),
+            "world_size": self.config.world_size,
             "scaler": self.step.scaler.state_dict(),
             "scheduler": self.scheduler.state_dict(),
             "rng": rng_state(),
@@ -224,11 +238,9 @@ class Trainer:
             "skipped_steps": self.skipped,
             "elapsed_s": self._elapsed(),
         }
-        path = None
-        if self.ctx.is_main:
-            self.metrics.sync()
-            path = self.checkpoints.save(state, step)
-        self.last_checkpoint = path
+        path = self.checkpoints.commit(step, extra) if self.ctx.is_main else None
+        barrier(self.ctx)  # nobody moves on (or dies) with a half-committed checkpoint
+        self.last_checkpoint = path or self.checkpoints.dir_for(step)
         self.last_checkpoint_step = step
         return path
 
@@ -268,18 +280,25 @@ class Trainer:
         return value
 
     def evaluate(self) -> float:
+        """Mean loss over the first ``eval_batches`` global batches of the validation split.
+
+        The same samples whatever the split into micro-batches, accumulation and ranks, so the
+        eval loss of two configs at one global batch is comparable.
+        """
         c = self.config
         dataset = WindowDataset(self.source, "val", c.seq_len, c.seed, self.objective)
+        per_rank = self.options.eval_batches * c.micro_batch_size * c.grad_accum_steps
+        chunks = per_rank // c.micro_batch_size
         self.step.model.eval()
         total = torch.zeros((), device=self.device)
         with torch.no_grad():
-            for i in range(self.options.eval_batches):
-                first = (i * c.world_size + self.ctx.rank) * c.micro_batch_size
+            for i in range(chunks):
+                first = self.ctx.rank * per_rank + i * c.micro_batch_size
                 items = [dataset[j] for j in range(first, first + c.micro_batch_size)]
                 batch = {k: torch.stack([it[k] for it in items]).to(self.device) for k in items[0]}
                 total += self.step.loss(batch).float()
         self.step.model.train()
-        return float(self._all_mean(total / self.options.eval_batches).item())
+        return float(self._all_mean(total / chunks).item())
 
     # -- the loop -----------------------------------------------------------------------------
     def _elapsed(self) -> float:

@@ -89,7 +89,7 @@ def test_sigkill_then_resume_reproduces_losses_bitwise(tmp_path: Path, reference
     out = tmp_path / "run"
     args = ["train", *TINY, "--steps", "24", "--checkpoint-every", "4", "--out", str(out)]
     proc = advisor(*args)
-    wait_for(out / "checkpoints" / "step_00000008.pt", proc)
+    wait_for(out / "checkpoints" / "step_00000008", proc)
     proc.send_signal(signal.SIGKILL)
     proc.wait(timeout=30)
     assert proc.returncode == -signal.SIGKILL
@@ -110,7 +110,7 @@ def test_sigterm_saves_a_checkpoint_and_exits_cleanly(tmp_path: Path, reference:
     assert proc.returncode == 128 + signal.SIGTERM
     assert err.startswith("error: SIGTERM: stopped after step"), err
     assert "Traceback" not in err
-    assert any((out / "checkpoints").glob("step_*.pt"))
+    assert any((out / "checkpoints").glob("step_*/extra.pt"))
     run_ok(*args, "--resume")
     assert losses(out) == reference
 
@@ -127,13 +127,13 @@ def test_nan_loss_stops_with_a_clear_message_and_keeps_the_checkpoint(tmp_path: 
     with pytest.raises(
         TrainingDiverged,
         match=r"loss became nan at step 9; the last good "
-        r"checkpoint is .*step_00000008\.pt",
+        r"checkpoint is .*step_00000008\. Lower --lr",
     ):
         train(
             config,
             RunOptions(out=tmp_path, steps=20, checkpoint_every=4, progress=False, eval_every=0),
         )
-    assert (tmp_path / "checkpoints" / "step_00000008.pt").exists()
+    assert (tmp_path / "checkpoints" / "step_00000008" / "extra.pt").exists()
 
 
 @pytest.mark.parametrize("precision", ["fp32", "bf16", "fp16"])

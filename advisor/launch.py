@@ -1,0 +1,151 @@
+"""Start a multi-process job through torch's own launcher (``torch.distributed.run``, torchrun).
+
+``advisor train`` with ``world_size > 1`` re-invokes itself once per rank through torchrun: gloo
+processes on a CPU machine, NCCL on GPUs, and the same code path on several nodes (``--nnodes``,
+``--node-rank``, ``--rdzv-endpoint`` pass through). No home-made launcher or RPC: torchrun's
+elastic agent spawns the ranks, watches them, and stops the rest when one dies.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import signal
+import sys
+import time
+from dataclasses import dataclass
+
+from advisor.errors import AdvisorError, UsageProblem
+
+# Set by our launcher in every rank it starts (ranks started by a user's own torchrun lack it).
+LAUNCHED_ENV = "ADVISOR_LAUNCHED"
+
+
+@dataclass(frozen=True, kw_only=True)
+class LaunchSpec:
+    world_size: int
+    nnodes: int = 1
+    node_rank: int = 0
+    rdzv_endpoint: str | None = None  # HOST:PORT of the rendezvous (node 0); None: standalone
+    rdzv_id: str = "advisor"
+    monitor_interval_s: float = 0.5
+
+    def __post_init__(self) -> None:
+        if self.nnodes < 1 or self.world_size % self.nnodes:
+            raise UsageProblem(
+                f"world size {self.world_size} is not a multiple of --nnodes {self.nnodes}: each "
+                "node runs the same number of ranks"
+            )
+        if not 0 <= self.node_rank < self.nnodes:
+            raise UsageProblem(f"--node-rank {self.node_rank} must be in 0..{self.nnodes - 1}")
+        if self.nnodes > 1 and not self.rdzv_endpoint:
+            raise UsageProblem(
+                "a multi-node job needs --rdzv-endpoint HOST:PORT (node 0's address, reachable "
+                "from every node)"
+            )
+
+    @property
+    def nproc_per_node(self) -> int:
+        return self.world_size // self.nnodes
+
+    def torchrun_args(self, node_rank: int | None = None) -> list[str]:
+        """The launcher's own options (what goes between ``torchrun`` and ``-m advisor``)."""
+        args = [f"--nnodes={self.nnodes}", f"--nproc-per-node={self.nproc_per_node}"]
+        if self.rdzv_endpoint:
+            args += [
+                "--rdzv-backend=c10d",
+                f"--rdzv-endpoint={self.rdzv_endpoint}",
+                f"--rdzv-id={self.rdzv_id}",
+                f"--node-rank={self.node_rank if node_rank is None else node_rank}",
+            ]
+        else:
+            args.append("--standalone")
+        return args
+
+
+def under_torchrun() -> bool:
+    return all(k in os.environ for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK"))
+
+
+def node_commands(spec: LaunchSpec, advisor_args: list[str]) -> list[str]:
+    """The exact command to run on each node (printed for multi-node jobs)."""
+    tail = shlex.join(["-m", "advisor", *advisor_args])
+    return [
+        f"torchrun {shlex.join(spec.torchrun_args(node))} {tail}" for node in range(spec.nnodes)
+    ]
+
+
+def launch(spec: LaunchSpec, advisor_args: list[str]) -> None:
+    """Run ``python -m advisor ADVISOR_ARGS`` on this node's ranks; raise if any rank fails."""
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.run import get_args_parser, run
+
+    argv = [
+        *spec.torchrun_args(),
+        f"--monitor-interval={spec.monitor_interval_s}",
+        "--max-restarts=0",
+        "-m",
+        "advisor",
+        *advisor_args,
+    ]
+    args = get_args_parser().parse_args(argv)
+    os.environ[LAUNCHED_ENV] = "1"
+    # A single CPU node: split the cores between the ranks rather than oversubscribe them.
+    os.environ.setdefault(
+        "OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // spec.nproc_per_node))
+    )
+    started = time.monotonic()
+    try:
+        run(args)
+    except ChildFailedError as exc:
+        raise AdvisorError(_describe_failure(exc, time.monotonic() - started)) from None
+    finally:
+        os.environ.pop(LAUNCHED_ENV, None)
+
+
+def _describe_failure(exc: object, elapsed_s: float) -> str:
+    """One line: which rank failed first, how, and why (its own message when it left one)."""
+    failures = getattr(exc, "failures", {}) or {}
+    if not failures:
+        return f"the distributed job failed after {elapsed_s:.0f}s"
+    rank, failure = min(failures.items(), key=lambda kv: kv[1].timestamp)
+    code = failure.exitcode
+    how = f"was killed by {signal.Signals(-code).name}" if code < 0 else f"exited with code {code}"
+    message = failure.message if isinstance(failure.message, str) else ""
+    if "To enable traceback" in message or message.startswith("Signal"):
+        message = ""  # torchrun's placeholder, not the rank's reason
+    reason = f": {' '.join(message.split())}" if message else ""
+    others = len(failures) - 1
+    tail = f" ({others} other rank(s) stopped with it)" if others else ""
+    return f"rank {rank} {how} after {elapsed_s:.0f}s{reason}{tail}"
+
+
+def write_rank_error(message: str) -> None:
+    """Leave this rank's one-line error where torchrun's agent looks for it."""
+    path = os.environ.get("TORCHELASTIC_ERROR_FILE")
+    if not path or not under_torchrun():
+        return
+    # The plain form torchrun's ProcessFailure reads: a string message and a timestamp.
+    payload = {"message": message, "timestamp": int(time.time())}
+    try:
+        with open(path, "w") as f:
+            json.dump(payload, f)
+    except OSError:
+        pass
+
+
+def die_with_parent() -> None:
+    """Linux: make this rank die when the launcher dies (even by SIGKILL), never linger."""
+    if os.environ.get(LAUNCHED_ENV) != "1" or not sys.platform.startswith("linux"):
+        return
+    import ctypes
+
+    try:
+        libc = ctypes.CDLL("libc.so.6", use_errno=True)
+        pr_set_pdeathsig = 1
+        libc.prctl(pr_set_pdeathsig, signal.SIGKILL)
+    except OSError:
+        return
+    if os.getppid() == 1:  # the launcher died before we asked
+        os._exit(1)

@@ -1,0 +1,222 @@
+"""DDP and FSDP through torchrun on CPU (gloo, world size 2): equality with one process,
+resume after SIGKILL of the launcher, and a failing rank ending the job."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.skipif((os.cpu_count() or 1) < 2, reason="world size 2 needs two cores")
+
+BASE = [
+    "--model",
+    "gpt-tiny",
+    "--model-arg",
+    "n_layer=2",
+    "--model-arg",
+    "n_embd=32",
+    "--seq-len",
+    "32",
+    "--global-batch-size",
+    "4",
+    "--warmup-steps",
+    "2",
+    "--eval-batches",
+    "1",
+    "--quiet",
+]
+STEPS = 12
+
+
+def advisor(*args: str) -> subprocess.Popen[str]:
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    return subprocess.Popen(
+        [sys.executable, "-m", "advisor", *args],
+        text=True,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+
+
+def run_ok(*args: str) -> None:
+    proc = advisor(*args)
+    _, err = proc.communicate(timeout=600)
+    assert proc.returncode == 0, err
+
+
+def losses(out: Path) -> list[float]:
+    lines = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
+    return [r["loss"] for r in lines if r["kind"] == "train"]
+
+
+@pytest.fixture(scope="module")
+def single(tmp_path_factory: pytest.TempPathFactory) -> list[float]:
+    out = tmp_path_factory.mktemp("single") / "run"
+    run_ok(
+        "train",
+        *BASE,
+        "--micro-batch-size",
+        "2",
+        "--grad-accum-steps",
+        "2",
+        "--steps",
+        str(STEPS),
+        "--out",
+        str(out),
+    )
+    return losses(out)
+
+
+@pytest.mark.parametrize(
+    ("parallelism", "micro", "accum"), [("ddp", 2, 1), ("ddp", 1, 2), ("fsdp", 1, 2)]
+)
+def test_world_size_2_matches_one_process_at_the_same_global_batch(
+    tmp_path: Path, single: list[float], parallelism: str, micro: int, accum: int
+) -> None:
+    out = tmp_path / "run"
+    run_ok(
+        "train",
+        *BASE,
+        "--parallelism",
+        parallelism,
+        "--world-size",
+        "2",
+        "--micro-batch-size",
+        str(micro),
+        "--grad-accum-steps",
+        str(accum),
+        "--steps",
+        str(STEPS),
+        "--out",
+        str(out),
+    )
+    got = losses(out)
+    assert len(got) == len(single) == STEPS
+    for a, b in zip(got, single, strict=True):
+        assert abs(a - b) / abs(b) <= 1e-4
+    records = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
+    assert all(len(r["peak_memory_bytes_per_rank"]) == 2 for r in records if r["kind"] == "train")
+
+
+def _wait_for(path: Path, proc: subprocess.Popen[str], timeout: float = 300) -> None:
+    deadline = time.monotonic() + timeout
+    while not path.exists():
+        assert proc.poll() is None, proc.communicate()[1]
+        assert time.monotonic() < deadline, f"{path} never appeared"
+        time.sleep(0.05)
+
+
+def _children(pid: int) -> list[int]:
+    out = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            if int(fields[1]) == pid:
+                out.append(int(entry.name))
+    return out
+
+
+@pytest.mark.parametrize("parallelism", ["ddp", "fsdp"])
+def test_sigkill_of_the_launcher_then_resume_reproduces_the_losses(
+    tmp_path: Path, parallelism: str
+) -> None:
+    args = [
+        "train",
+        *BASE,
+        "--parallelism",
+        parallelism,
+        "--world-size",
+        "2",
+        "--micro-batch-size",
+        "1",
+        "--grad-accum-steps",
+        "2",
+        "--steps",
+        str(STEPS),
+        "--checkpoint-every",
+        "4",
+        "--out",
+    ]
+    reference = tmp_path / "reference"
+    run_ok(*args, str(reference))
+    out = tmp_path / "run"
+    proc = advisor(*args, str(out))
+    _wait_for(out / "checkpoints" / "step_00000004" / "extra.pt", proc)
+    ranks = _children(proc.pid)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait(timeout=30)
+    deadline = time.monotonic() + 30  # the ranks die with their launcher
+    while any(
+        Path(f"/proc/{pid}").exists()
+        and "Z" not in Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        for pid in ranks
+    ):
+        assert time.monotonic() < deadline, "a rank outlived its launcher"
+        time.sleep(0.1)
+    run_ok(*args, str(out), "--resume")
+    assert losses(out) == losses(reference)
+
+
+def test_a_rank_that_raises_ends_the_job_with_its_reason(tmp_path: Path) -> None:
+    factory = Path(__file__).parent.parent / "data" / "rank_failure_model.py"
+    proc = advisor(
+        "train",
+        "--model",
+        f"{factory}:factory",
+        "--seq-len",
+        "16",
+        "--micro-batch-size",
+        "2",
+        "--parallelism",
+        "ddp",
+        "--world-size",
+        "2",
+        "--steps",
+        "50",
+        "--quiet",
+        "--out",
+        str(tmp_path / "run"),
+    )
+    _, err = proc.communicate(timeout=180)
+    assert proc.returncode == 1
+    last = err.strip().splitlines()[-1]
+    assert last.startswith("error: rank 1 exited with code 1"), err
+    assert "injected failure on rank 1" in last
+
+
+def test_a_rank_killed_from_outside_ends_the_job_in_bounded_time(tmp_path: Path) -> None:
+    out = tmp_path / "run"
+    proc = advisor(
+        "train",
+        *BASE,
+        "--parallelism",
+        "ddp",
+        "--world-size",
+        "2",
+        "--micro-batch-size",
+        "2",
+        "--steps",
+        "100000",
+        "--out",
+        str(out),
+    )
+    _wait_for(out / "metrics.jsonl", proc)
+    ranks = _children(proc.pid)
+    assert len(ranks) == 2
+    os.kill(ranks[-1], signal.SIGKILL)
+    started = time.monotonic()
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode != 0
+    assert time.monotonic() - started < 120
+    assert "was killed by SIGKILL" in err.strip().splitlines()[-1], err
