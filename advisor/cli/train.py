@@ -149,7 +149,8 @@ def train(**params: Any) -> None:
         device=params["device"],
         progress=not params["quiet"],
     )
-    if config.world_size > 1 and not under_torchrun():
+    # DDP/FSDP need a process group even on one rank: torchrun provides it.
+    if (config.world_size > 1 or config.parallelism != "single") and not under_torchrun():
         launch_ranks(config, options, params)
         return
     result = run_training(config, options)

@@ -65,18 +65,24 @@ def prepare_module(
             bucket_cap_mb=options.ddp_bucket_cap_mb,
         )
     if spec.parallelism == "fsdp":
+        from torch._subclasses.fake_tensor import unset_fake_temporarily
+        from torch.distributed.device_mesh import init_device_mesh
         from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
+        # The mesh is bookkeeping on real tensors, also when a probe traces under FakeTensorMode.
+        with unset_fake_temporarily():
+            mesh = init_device_mesh(device.type, (spec.world_size,))
         dtype = AUTOCAST_DTYPES.get(spec.precision)
         policy = MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=torch.float32)
         for block in adapter.blocks():
             fully_shard(
                 block,
+                mesh=mesh,
                 mp_policy=policy,
                 reshard_after_forward=options.fsdp_reshard_after_forward,
             )
         # The root keeps its parameters gathered after forward: backward needs them at once.
-        fully_shard(module, mp_policy=policy, reshard_after_forward=False)
+        fully_shard(module, mesh=mesh, mp_policy=policy, reshard_after_forward=False)
     return module
 
 
