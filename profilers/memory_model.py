@@ -23,10 +23,16 @@ ACCUMULATION_SOURCES: tuple[str, ...] = ("fit", "offset", "gradient_bytes")
 class MemoryModel:
     """Peak memory of a step as a function of micro-batch size b and accumulation steps n.
 
-    One model per (precision, activation_checkpointing) at one sequence length and target:
+    One model per (precision, activation_checkpointing) at one sequence length, target,
+    parallelism and world size:
 
         peak(b, 1) = max(forward_backward(b), optimizer_step(b))
         peak(b, n) = max(forward_backward_accumulating(b), optimizer_step(b))    for n > 1
+
+    For ``ddp``/``fsdp`` every byte is per rank (rank 0's trace, see
+    :mod:`profilers.memory_distributed`) and ``gradient_bytes`` is the rank's gradient storage
+    (DDP: its buckets; FSDP: its shards). Records written before parallelism was traced read
+    back as ``single`` at world size 1.
 
     With accumulation, every micro-batch after the first runs forward and backward with the
     previous gradients live. How much that adds depends on where the peak falls: nothing of the
@@ -51,6 +57,8 @@ class MemoryModel:
     gradient_bytes: int
     optimizer_state_bytes: int
     resident_bytes: int
+    parallelism: str = "single"
+    world_size: int = 1
 
     def predict(self, micro_batch_size: int, grad_accum_steps: int = 1) -> int:
         """Predicted peak bytes of one optimizer step."""
@@ -78,6 +86,8 @@ class MemoryModel:
             "gradient_bytes": self.gradient_bytes,
             "optimizer_state_bytes": self.optimizer_state_bytes,
             "resident_bytes": self.resident_bytes,
+            "parallelism": self.parallelism,
+            "world_size": self.world_size,
         }
 
     @classmethod
@@ -97,11 +107,14 @@ class MemoryModel:
             gradient_bytes=int(data["gradient_bytes"]),
             optimizer_state_bytes=int(data["optimizer_state_bytes"]),
             resident_bytes=int(data["resident_bytes"]),
+            parallelism=str(data.get("parallelism", "single")),
+            world_size=int(data.get("world_size", 1)),
         )
 
 
 def fit_memory(traces: Sequence[MemoryTrace]) -> MemoryModel:
-    """Fit a :class:`MemoryModel` on traces of one (precision, checkpointing, seq_len, target).
+    """Fit a :class:`MemoryModel` on traces of one (precision, checkpointing, seq_len, target,
+    parallelism, world_size).
 
     Needs traces without accumulation at two or more micro-batch sizes. Traces with
     accumulation (any number of steps above one) measure what the live gradients add; trace
@@ -113,7 +126,8 @@ def fit_memory(traces: Sequence[MemoryTrace]) -> MemoryModel:
     keys = {_group_key(t) for t in traces}
     if len(keys) > 1:
         raise ValueError(
-            "fit_memory fits one (precision, activation_checkpointing, seq_len, target) at a "
+            "fit_memory fits one (precision, activation_checkpointing, seq_len, target, "
+            "parallelism, world_size) at a "
             f"time, got {sorted(keys)}: group them first, e.g. with fit_memory_models"
         )
     single = [t for t in traces if t.spec.grad_accum_steps == 1]
@@ -161,6 +175,8 @@ def fit_memory(traces: Sequence[MemoryTrace]) -> MemoryModel:
         gradient_bytes=reference.gradient_bytes,
         optimizer_state_bytes=reference.optimizer_state_bytes,
         resident_bytes=reference.resident_bytes,
+        parallelism=first.spec.parallelism,
+        world_size=first.spec.world_size,
     )
 
 
@@ -172,13 +188,24 @@ def _fit(traces: Sequence[MemoryTrace], attribute: str) -> AffineFit:
 
 
 def fit_memory_models(traces: Iterable[MemoryTrace]) -> list[MemoryModel]:
-    """One :class:`MemoryModel` per (precision, checkpointing, seq_len, target) in ``traces``."""
-    groups: dict[tuple[str, str, int, str], list[MemoryTrace]] = {}
+    """One :class:`MemoryModel` per (precision, checkpointing, seq_len, target, parallelism,
+    world_size) in ``traces``."""
+    groups: dict[tuple[str, str, int, str, str, int], list[MemoryTrace]] = {}
     for t in traces:
         groups.setdefault(_group_key(t), []).append(t)
-    return [fit_memory(group) for _, group in sorted(groups.items())]
+    # Single-device fits first: callers that look a fit up by (precision, checkpointing) alone
+    # keep finding the single-device one.
+    ordered = sorted(groups.items(), key=lambda kv: (kv[0][4] != "single", kv[0]))
+    return [fit_memory(group) for _, group in ordered]
 
 
-def _group_key(trace: MemoryTrace) -> tuple[str, str, int, str]:
+def _group_key(trace: MemoryTrace) -> tuple[str, str, int, str, str, int]:
     s = trace.spec
-    return (s.precision, s.activation_checkpointing, s.seq_len, trace.target_device_type)
+    return (
+        s.precision,
+        s.activation_checkpointing,
+        s.seq_len,
+        trace.target_device_type,
+        s.parallelism,
+        s.world_size,
+    )

@@ -23,6 +23,11 @@ class MemoryBreakdown:
     count as ``activations``. Inside ``optimizer.step()`` the state that outlives the step is
     ``optimizer_state`` and the rest (e.g. foreach AdamW's parameter-sized temporaries) is
     ``temporaries``.
+
+    Distributed steps (``memory_distributed``): under FSDP ``parameters`` holds the local shards
+    and the gathered (unsharded) parameters, ``gradients`` the sharded ones, and
+    ``communication`` the all-gather and reduce-scatter buffers; under DDP ``gradients`` holds
+    the gradient buckets (they are the gradients' storage). ``communication`` is 0 elsewhere.
     """
 
     parameters: int = 0
@@ -32,6 +37,7 @@ class MemoryBreakdown:
     activations: int = 0
     temporaries: int = 0
     other: int = 0
+    communication: int = 0
 
     @property
     def total(self) -> int:

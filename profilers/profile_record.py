@@ -109,12 +109,23 @@ class Fits:
     time: tuple[TimeModel, ...] = ()
     communication: tuple[CommFit, ...] = ()
 
-    def memory_model(self, precision: str, checkpointing: str) -> MemoryModel | None:
+    def memory_model(
+        self,
+        precision: str,
+        checkpointing: str,
+        *,
+        parallelism: str = "single",
+        world_size: int = 1,
+    ) -> MemoryModel | None:
+        """The fit for this configuration; per rank for ``ddp``/``fsdp``."""
         return next(
             (
                 m
                 for m in self.memory
-                if m.precision == precision and m.activation_checkpointing == checkpointing
+                if m.precision == precision
+                and m.activation_checkpointing == checkpointing
+                and m.parallelism == parallelism
+                and m.world_size == world_size
             ),
             None,
         )

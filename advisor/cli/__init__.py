@@ -75,11 +75,13 @@ def main() -> None:
 
 
 def _register() -> None:
+    from advisor.cli.predict import predict
     from advisor.cli.profile import profile
+    from advisor.cli.recommend import recommend
     from advisor.cli.train import train
 
-    main.add_command(profile)
-    main.add_command(train)
+    for command in (profile, recommend, train, predict):
+        main.add_command(command)
 
 
 _register()

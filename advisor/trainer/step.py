@@ -95,7 +95,13 @@ def build_optimizer(module: nn.Module, spec: StepSpec, device: torch.device) -> 
         {"params": decay, "weight_decay": spec.weight_decay},
         {"params": no_decay, "weight_decay": 0.0},
     ]
-    fused = device.type in ("cuda", "cpu") and all(p.is_floating_point() for p in params)
+    # Not with FSDP: ShardedGradScaler's 1-element found_inf does not broadcast in fused AdamW
+    # over DTensors ("output with shape [] doesn't match the broadcast shape [1]").
+    fused = (
+        device.type in ("cuda", "cpu")
+        and spec.parallelism != "fsdp"
+        and all(p.is_floating_point() for p in params)
+    )
     return torch.optim.AdamW(groups, lr=spec.lr, betas=ADAM_BETAS, eps=1e-8, fused=fused)
 
 

@@ -1,0 +1,217 @@
+"""``recommend``: from a profile to a validated plan (the library behind ``advisor recommend``).
+
+    profile.json → cost model → search space → Optuna study (ask/tell, resumable) → top-K
+    validated by short real runs → plan.json + trials.csv
+
+The search and the decision are pure (strategies); what needs the device is the validation,
+done here by pluggable :class:`advisor.validation.Validator`s. A what-if plan (``--target``) is
+never validated: its numbers are estimates for hardware that is not here.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from advisor.errors import UsageProblem
+from advisor.validation import LocalValidator, Validator, route
+from profilers.profile_record import Profile, load_profile
+from strategies.config import ConfigError, TrainConfig
+from strategies.cost import CostModel, cost_model_from_profile
+from strategies.plan import Measurement, Plan, decide, naive_baseline, top_candidates
+from strategies.search import default_storage, run_search, study_name_for
+from strategies.space import SearchRequest, build_space
+from strategies.whatif import resolve_target, whatif_cost_model
+
+DEFAULT_VALIDATE_TOP_K = 3
+
+
+def read_profile(profile: str | Path | Profile) -> Profile:
+    """A Profile, or a UsageProblem naming the fix (missing, not JSON, wrong version)."""
+    if isinstance(profile, Profile):
+        return profile
+    try:
+        return load_profile(profile)
+    except ValueError as exc:
+        raise UsageProblem(str(exc)) from None
+
+
+def profile_digest(profile: str | Path | Profile) -> str:
+    """Identity of a profile's content: a re-profiled device gets a new study, the same file
+    the same study (its bytes, so that a newer advisor reading it differently still resumes)."""
+    if not isinstance(profile, Profile):
+        path = Path(profile)
+        path = path / "profile.json" if path.is_dir() else path
+        return hashlib.sha256(path.read_bytes()).hexdigest()
+    text = json.dumps(profile.to_dict(), sort_keys=True, default=str)
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def base_config(profile: Profile, request: SearchRequest) -> TrainConfig:
+    """The TrainConfig every candidate shares: the profiled workload + the request's keys."""
+    workload = profile.workload
+    fields: dict[str, Any] = {
+        "model": workload["model"],
+        "model_args": dict(workload.get("model_args") or {}),
+        "seq_len": int(workload["seq_len"]),
+        "global_batch_size": request.global_batch_size,
+        "micro_batch_size": request.global_batch_size,
+    }
+    if workload.get("data"):
+        fields["data"] = workload["data"]
+    if workload.get("tokenizer"):
+        fields["tokenizer"] = workload["tokenizer"]
+    fields.update(request.config_overrides)
+    try:
+        return TrainConfig(**fields)
+    except (ConfigError, TypeError) as exc:
+        raise UsageProblem(f"the profile's workload is not a valid config: {exc}") from None
+
+
+def cost_model_for(profile: Profile, request: SearchRequest) -> tuple[CostModel, str]:
+    """(the cost model, its estimate label or ""): measured, or a what-if for ``--target``."""
+    if request.target is not None:
+        return whatif_cost_model(profile, request)
+    return cost_model_from_profile(profile, request.memory_budget), ""
+
+
+def default_validators(
+    profile: Profile,
+    model: CostModel,
+    *,
+    device: str = "auto",
+    progress: Callable[[str], None] | None = None,
+) -> list[Validator]:
+    """The local single-device validator on the profiled device, when this machine has it."""
+    wanted = profile.device.kind if device == "auto" else device
+    if wanted.startswith("cuda"):
+        import torch
+
+        if not torch.cuda.is_available():
+            from advisor.validation import Unvalidated
+
+            return [Unvalidated(reason="the profiled device (cuda) is not available here")]
+    elif wanted != "cpu":
+        raise UsageProblem(f"unknown --device {device!r}: use auto, cpu or cuda")
+    if wanted.split(":")[0] != profile.device.kind:
+        raise UsageProblem(
+            f"the profile was measured on {profile.device.kind}, not {wanted}: validate on the "
+            "profiled device (--device auto) or profile this one first"
+        )
+    return [LocalValidator(device=wanted, budget_bytes=model.budget_bytes, progress=progress)]
+
+
+def recommend(
+    profile: str | Path | Profile,
+    request: SearchRequest,
+    *,
+    validate_top_k: int = DEFAULT_VALIDATE_TOP_K,
+    storage: str | None = None,
+    out: Path | None = None,
+    device: str = "auto",
+    validators: Sequence[Validator] | None = None,
+    progress: Callable[[str], None] | None = None,
+) -> Plan:
+    """Search the config space of ``profile`` for ``request`` and return the plan.
+
+    ``storage``: an Optuna RDB URL; default ``sqlite:///OUT/study.db`` (``out`` is then
+    required). Re-running the same call resumes the study. ``validate_top_k``: how many of
+    the best predicted candidates to measure (0: none); the baseline is measured too when it
+    fits. ``validators``: default :func:`default_validators`. With ``out`` the plan is saved
+    there (plan.json, trials.csv). Raises strategies' errors (NothingFits ...) and
+    UsageProblem for bad input.
+    """
+    say = progress or (lambda _m: None)
+    if validate_top_k < 0:
+        raise UsageProblem(f"--validate-top must be 0 or more, got {validate_top_k}")
+    prof = read_profile(profile)
+    base = base_config(prof, request)
+    target = resolve_target(request)[0] if request.target is not None else None
+    model, label = cost_model_for(prof, request)
+    space = build_space(prof, request, target=target)
+    if storage is None:
+        if out is None:
+            raise UsageProblem("pass --out DIR (for DIR/study.db) or --storage URL")
+        out.mkdir(parents=True, exist_ok=True)
+        storage = default_storage(out)
+    name = request.study_name or study_name_for(profile_digest(profile), space, model)
+    result = run_search(
+        space,
+        model,
+        storage=storage,
+        study_name=name,
+        trials=request.trials,
+        seed=request.seed,
+        progress=say,
+    )
+    say(f"search: {result.mode} of {result.space_size} candidates in {result.wall_s:.1f} s")
+    baseline = naive_baseline(model, request.global_batch_size)
+    measurements: dict[str, Measurement] = {}
+    top = top_candidates(result, validate_top_k)
+    if top and validate_top_k and not model.machine.estimate:
+        chosen = list(top)
+        if baseline.candidate and all(e.candidate.key != baseline.candidate.key for e in chosen):
+            from strategies.search import evaluate
+
+            chosen.append(evaluate(model, baseline.candidate))
+        configs = [e.candidate.apply(base) for e in chosen]
+        predictions = [e.prediction for e in chosen if e.prediction is not None]
+        if validators is None:
+            validators = default_validators(prof, model, device=device, progress=say)
+        for e, m in zip(chosen, route(configs, predictions, validators), strict=True):
+            measurements[e.candidate.key] = m
+    plan = decide(
+        base=base,
+        model=model,
+        space=space,
+        result=result,
+        measurements=measurements,
+        baseline=baseline,
+        label=label,
+        profile_info={
+            "path": str(profile) if not isinstance(profile, Profile) else "",
+            "device": prof.device.name,
+            "created": prof.created,
+            "request": request.to_dict(),
+        },
+    )
+    if out is not None:
+        plan.save(out)
+    return plan
+
+
+def predict(
+    profile: str | Path | Profile,
+    config: TrainConfig,
+    *,
+    memory_budget: float = 0.9,
+    target: str | None = None,
+    nodes: int = 1,
+    network: str | None = None,
+) -> dict[str, Any]:
+    """What ``config`` would cost on the profiled device (or, with ``target``, an estimate).
+
+    Returns ``{"config", "predicted": {peak_memory_bytes, step_time_s, tokens_per_s, fits,
+    breakdown ...}, "estimate", "label"}``. Raises strategies' Unpredictable when the profile
+    lacks a measurement the config needs.
+    """
+    prof = read_profile(profile)
+    request = SearchRequest(
+        global_batch_size=config.global_batch_size,
+        memory_budget=memory_budget,
+        world_size=config.world_size,
+        target=target,
+        nodes=nodes,
+        network=network,
+    )
+    model, label = cost_model_for(prof, request)
+    prediction = model.predict_config(config)
+    return {
+        "config": config.to_dict(),
+        "predicted": prediction.to_dict(),
+        "estimate": prediction.estimate,
+        "label": label,
+    }

@@ -1,0 +1,321 @@
+"""Validation: short real runs of the top predicted candidates, on the profiled device.
+
+A :class:`Validator` turns TrainConfigs into :class:`strategies.plan.Measurement`s. The
+recommendation routes each config to the first validator that accepts it
+(``unsupported_reason`` returns None); a config no validator accepts is recorded
+``not_validated`` with the reasons, and :func:`strategies.plan.decide` never lets it beat a
+measured one. :class:`LocalValidator` runs single-device configs; the distributed launcher
+(issue 5) adds one for ddp/fsdp by implementing the same two methods.
+
+LocalValidator runs every config in ONE isolated child (profilers.isolate: spawn, timeout,
+memory cap): first each config's real peak memory (CPU: the allocator's own count through the
+profiler, :func:`profilers.memory.measure_cpu_step_memory`; CUDA: the caching allocator plus
+context and workspaces, :func:`profilers.memory.measure_cuda_step_memory`), then their step
+times interleaved round-robin (:func:`profilers.throughput.measure_interleaved`: slow drift of a
+shared host spreads over all configs instead of biasing one) when all of them fit in memory at
+once, else one after the other. If that child fails, each config is retried in a child of its
+own so one crash (an OOM the model did not predict) doesn't cost the others their measurement.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import statistics
+import sys
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Protocol, cast
+
+from profilers.isolate import Isolation, describe_exception, run_isolated
+from profilers.workload import StepSpec
+from strategies.config import TrainConfig
+from strategies.cost import Prediction
+from strategies.plan import Measurement
+
+if TYPE_CHECKING:
+    from profilers.workload import Workload
+
+# Seconds per validated config beyond its predicted steps: child start-up and import of torch
+# (~3-5 s on this 2-vCPU host), building the model, the profiler's memory pass.
+_STARTUP_S = 60.0
+_SAFETY = 5.0  # timeout = SAFETY × the predicted work: predictions can be off by a few ×
+
+
+class Validator(Protocol):
+    """Measures candidate configs for real. Contract:
+
+    * ``unsupported_reason(config)``: None if this validator can run ``config``, else why not
+      (one line, e.g. "needs the distributed launcher"). Cheap and side-effect free.
+    * ``validate(configs, predictions)``: one :class:`Measurement` per config, in order; never
+      raises for a config's failure (status ``oom``/``timeout``/``error`` with the reason).
+      ``predictions`` (same order) size timeouts and decide what may run side by side.
+    """
+
+    @property
+    def name(self) -> str: ...
+
+    def unsupported_reason(self, config: TrainConfig) -> str | None: ...
+
+    def validate(
+        self, configs: Sequence[TrainConfig], predictions: Sequence[Prediction]
+    ) -> list[Measurement]: ...
+
+
+@dataclass(frozen=True, kw_only=True)
+class LocalValidator:
+    """Single-device validation on ``device`` ("cpu" or "cuda[:i]")."""
+
+    device: str
+    budget_bytes: int
+    warmup: int = 2
+    rounds: int = 3
+    memory_limit: bool = True  # cap the child (CPU RAM) at the budget
+    progress: Callable[[str], None] | None = field(default=None, compare=False)
+    name: str = "local"
+
+    def unsupported_reason(self, config: TrainConfig) -> str | None:
+        if config.parallelism != "single" or config.world_size != 1:
+            return (
+                f"{config.parallelism}×{config.world_size} needs the distributed launcher "
+                "(issue 5) to be measured"
+            )
+        return None
+
+    def validate(
+        self, configs: Sequence[TrainConfig], predictions: Sequence[Prediction]
+    ) -> list[Measurement]:
+        if not configs:
+            return []
+        say = self.progress or (lambda _m: None)
+        workload = _workload_args(configs[0])
+        specs = [c.step_spec() for c in configs]
+        together = sum(p.budgeted_bytes for p in predictions) <= self.budget_bytes
+        say(
+            f"validating {len(configs)} configs on {self.device} "
+            f"({'interleaved' if together else 'one after the other'}, {self.warmup} warm-up + "
+            f"{self.rounds} timed steps each)"
+        )
+        outcome = run_isolated(
+            self._isolation(predictions),
+            measure_configs,
+            workload,
+            specs,
+            self.device,
+            warmup=self.warmup,
+            rounds=self.rounds,
+            interleave=together,
+        )
+        if outcome.ok:
+            return [
+                _measurement(r, c, self.device, self.name)
+                for r, c in zip(outcome.value, configs, strict=True)
+            ]
+        if len(configs) == 1:
+            return [
+                Measurement(
+                    status=outcome.status,
+                    reason=outcome.reason,
+                    device=self.device,
+                    validator=self.name,
+                    wall_s=outcome.wall_s,
+                )
+            ]
+        say(
+            f"the shared validation child failed ({outcome.status}: {outcome.reason}); "
+            "measuring each config alone"
+        )
+        return [self.validate([c], [p])[0] for c, p in zip(configs, predictions, strict=True)]
+
+    def _isolation(self, predictions: Sequence[Prediction]) -> Isolation:
+        steps = self.warmup + self.rounds + 4  # + the memory pass (warm-up + measured step)
+        work = sum(p.step_time_s for p in predictions) * steps
+        limit = self.budget_bytes if self.memory_limit and self.device == "cpu" else None
+        return Isolation(
+            timeout_s=_STARTUP_S * len(predictions) + _SAFETY * work,
+            memory_limit_bytes=limit,
+        )
+
+
+@dataclass(frozen=True, kw_only=True)
+class Unvalidated:
+    """The validator of last resort: records why nobody could measure a config."""
+
+    reason: str
+    name: str = "none"
+
+    def unsupported_reason(self, config: TrainConfig) -> str | None:
+        return None
+
+    def validate(
+        self, configs: Sequence[TrainConfig], predictions: Sequence[Prediction]
+    ) -> list[Measurement]:
+        return [Measurement(status="not_validated", reason=self.reason) for _ in configs]
+
+
+def route(
+    configs: Sequence[TrainConfig],
+    predictions: Sequence[Prediction],
+    validators: Sequence[Validator],
+) -> list[Measurement]:
+    """Measure each config with the first validator that accepts it (batched per validator)."""
+    results: list[Measurement | None] = [None] * len(configs)
+    batches: dict[int, list[int]] = {}
+    for i, config in enumerate(configs):
+        refusals = []
+        for j, validator in enumerate(validators):
+            why = validator.unsupported_reason(config)
+            if why is None:
+                batches.setdefault(j, []).append(i)
+                break
+            refusals.append(why)
+        else:
+            reason = "; ".join(refusals) or "no validator"
+            results[i] = Measurement(status="not_validated", reason=reason)
+    for j, indices in batches.items():
+        measured = validators[j].validate(
+            [configs[i] for i in indices], [predictions[i] for i in indices]
+        )
+        for i, m in zip(indices, measured, strict=True):
+            results[i] = m
+    return [m if m is not None else Measurement(status="error", reason="lost") for m in results]
+
+
+# -- the child ------------------------------------------------------------------------------------
+
+
+def _workload_args(config: TrainConfig) -> dict[str, Any]:
+    return {
+        "model": config.model,
+        "model_args": dict(config.model_args),
+        "tokenizer": config.tokenizer,
+    }
+
+
+def measure_configs(
+    workload: Mapping[str, Any],
+    specs: Sequence[StepSpec],
+    device: str,
+    *,
+    warmup: int,
+    rounds: int,
+    interleave: bool,
+) -> list[dict[str, Any]]:
+    """Runs in the isolated child: each spec's real peak memory, then its timed steps.
+
+    Returns one plain dict per spec (status, reason, memory, samples). A spec whose memory pass
+    fails is not timed.
+    """
+    import torch
+
+    from advisor.workload import AdvisorWorkload
+    from profilers.memory import measure_cpu_step_memory, measure_cuda_step_memory
+    from profilers.throughput import measure_interleaved, time_steps
+
+    # AdvisorWorkload satisfies the probes' Workload protocol (AdvisorStep is a TrainStep);
+    # mypy cannot see it through the protocol's return type.
+    w = cast(
+        "Workload",
+        AdvisorWorkload(
+            model=workload["model"],
+            model_args=workload["model_args"],
+            data="synthetic",
+            tokenizer=workload["tokenizer"],
+        ),
+    )
+    out: list[dict[str, Any]] = []
+    for spec in specs:
+        started = time.perf_counter()
+        try:
+            if device.startswith("cuda"):
+                cuda = measure_cuda_step_memory(w, spec, device)
+                peak = cuda.peak_reserved_bytes + cuda.context_bytes + cuda.workspace_bytes
+                kind = "cuda: peak reserved + context + workspaces"
+                allocated = cuda.peak_allocated_bytes
+            else:
+                with _stderr_silenced():  # kineto prints "USDT: profiler_start/stop" lines
+                    cpu = measure_cpu_step_memory(w, spec)
+                peak = allocated = cpu.peak_bytes
+                kind = "cpu: allocator peak (torch.profiler), process overhead excluded"
+            out.append(
+                {
+                    "status": "ok",
+                    "peak": peak,
+                    "allocated": allocated,
+                    "kind": kind,
+                    "wall_s": time.perf_counter() - started,
+                }
+            )
+        except Exception as exc:
+            from profilers.isolate import classify_exception
+
+            out.append(
+                {
+                    "status": classify_exception(exc),
+                    "reason": describe_exception(exc),
+                    "wall_s": time.perf_counter() - started,
+                }
+            )
+        if device.startswith("cuda"):
+            torch.cuda.empty_cache()
+    runnable = [i for i, r in enumerate(out) if r["status"] == "ok"]
+    timed: dict[int, tuple[float, ...]] = {}
+    if interleave and runnable:
+        timings = measure_interleaved(
+            w, [specs[i] for i in runnable], device, rounds=rounds, warmup=warmup
+        )
+        timed = {i: t.step_s for i, t in zip(runnable, timings, strict=True)}
+    else:
+        for i in runnable:
+            try:
+                timed[i] = time_steps(w, specs[i], device, warmup=warmup, repeats=rounds).step_s
+            except Exception as exc:
+                from profilers.isolate import classify_exception
+
+                out[i].update(status=classify_exception(exc), reason=describe_exception(exc))
+    for i, samples in timed.items():
+        out[i]["samples"] = list(samples)
+    return out
+
+
+@contextlib.contextmanager
+def _stderr_silenced() -> Iterator[None]:
+    """File descriptor 2 to /dev/null for a while (C++ writes there, not to sys.stderr)."""
+    sys.stderr.flush()
+    saved = os.dup(2)
+    try:
+        with open(os.devnull, "w") as null:
+            os.dup2(null.fileno(), 2)
+        yield
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+
+
+def _measurement(
+    result: Mapping[str, Any], config: TrainConfig, device: str, validator: str
+) -> Measurement:
+    if result["status"] != "ok" or not result.get("samples"):
+        return Measurement(
+            status=result["status"] if result["status"] != "ok" else "error",
+            reason=result.get("reason", "no timed step"),
+            device=device,
+            validator=validator,
+            wall_s=float(result.get("wall_s", 0.0)),
+        )
+    samples = tuple(float(s) for s in result["samples"])
+    step = statistics.median(samples)
+    # One rank: its share of the global batch is all of it (world size 1).
+    tokens = config.micro_batch_size * config.grad_accum_steps * config.seq_len
+    return Measurement(
+        status="ok",
+        step_time_s=step,
+        tokens_per_s=tokens / step,
+        peak_memory_bytes=int(result["peak"]),
+        memory_kind=str(result["kind"]),
+        step_samples_s=samples,
+        device=device,
+        validator=validator,
+        wall_s=float(result.get("wall_s", 0.0)),
+    )

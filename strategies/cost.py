@@ -1,0 +1,721 @@
+"""The cost model: predicted peak memory and step time of one candidate, from a profile.
+
+Pure arithmetic over profile records (no device, no torch): milliseconds for a whole search.
+Every formula cites where it comes from. One :class:`CostModel` answers for one profiled device
+(:func:`cost_model_from_profile`) or, with estimated sources, for hardware the user does not
+have (:mod:`strategies.whatif`). Its parts:
+
+* memory per rank = the profile's fitted peak(precision, checkpointing)(micro-batch, accum)
+  (phase maxima, :class:`profilers.memory_model.MemoryModel`), reshaped for the parallelism
+  (DDP's gradient buckets, FSDP's shards), plus the measured fixed overhead and fragmentation;
+* time per optimizer step = accum × t_fb(micro) + t_opt + exposed communication (+ input);
+* tokens/s = global tokens per step / step time.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from profilers.comm_records import CommFit, bus_bandwidth_factor, predict_collective_time
+from profilers.fit import AffineFit
+from profilers.flops import FlopCount
+from profilers.memory_model import MemoryModel
+from profilers.profile_record import Fits, Profile
+from profilers.workload import ModelFacts
+from strategies.config import TrainConfig
+from strategies.errors import Unpredictable
+from strategies.space import Candidate
+
+MiB = 2**20
+GiB = 2**30
+
+# torch DDP: bucket_cap_mb=25 (the trainer's ParallelOptions.ddp_bucket_cap_mb) and a first
+# bucket of 1 MiB (torch.distributed._DEFAULT_FIRST_BUCKET_BYTES), filled in reverse
+# registration order so the first bucket holds the last layers' gradients (Li et al., "PyTorch
+# Distributed", VLDB 2020, §3.2.3).
+DDP_BUCKET_CAP_BYTES = 25 * MiB
+DDP_FIRST_BUCKET_BYTES = 1 * MiB
+
+# FSDP2 as advisor/trainer/step.py wraps it: MixedPrecisionPolicy(param_dtype=the autocast
+# dtype or fp32, reduce_dtype=fp32); every block resharded after forward, the root not.
+COMPUTE_BYTES_PER_PARAM: Mapping[str, int] = {"fp32": 4, "bf16": 2, "fp16": 2}
+REDUCE_BYTES_PER_PARAM = 4
+
+# Share of a micro-batch's forward+backward spent in backward when no FLOP count says better:
+# backward costs twice the forward (one matmul for the input's gradient, one for the weight's;
+# PaLM, Chowdhery et al. 2022, App. B; Kaplan et al. 2020, §2.1) -> 2/3; full checkpointing
+# recomputes the forward inside backward -> (2 + 1) / (1 + 2 + 1) = 3/4.
+DEFAULT_BACKWARD_SHARE: Mapping[str, float] = {"none": 2 / 3, "full": 3 / 4}
+
+
+# -- records -------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Machine:
+    """Where the candidates run: the memory they are budgeted against and what ranks share.
+
+    ``memory_bytes``: one device's memory (GPU), or the RAM available to the job on a CPU host.
+    ``fixed_overhead_bytes``: per process, outside what the fake trace counts (CUDA context and
+    workspaces; on CPU the interpreter and libraries). ``shared_host``: the ranks of a
+    multi-rank candidate are processes on this one host sharing its cores and its RAM (CPU).
+    """
+
+    kind: str
+    name: str
+    memory_bytes: int
+    fixed_overhead_bytes: int = 0
+    fragmentation_fraction: float = 0.0
+    shared_host: bool = False
+    estimate: bool = False
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "kind": self.kind,
+            "name": self.name,
+            "memory_bytes": self.memory_bytes,
+            "fixed_overhead_bytes": self.fixed_overhead_bytes,
+            "fragmentation_fraction": self.fragmentation_fraction,
+            "shared_host": self.shared_host,
+            "estimate": self.estimate,
+        }
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> Machine:
+        return cls(**{k: data[k] for k in cls.__dataclass_fields__ if k in data})
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Prediction:
+    """What one candidate is predicted to cost.
+
+    ``peak_memory_bytes``: one rank's peak, overheads included. ``budgeted_bytes``: what is
+    compared with ``budget_bytes``: the per-rank peak on a GPU, every rank together on a CPU
+    host (they share its RAM). ``breakdown`` holds the terms (``memory``, ``time``) and the
+    ``assumptions`` made; ``estimate`` is True for what-if predictions (never measurements).
+    """
+
+    peak_memory_bytes: int
+    budgeted_bytes: int
+    budget_bytes: int
+    step_time_s: float
+    tokens_per_s: float
+    estimate: bool = False
+    breakdown: Mapping[str, Any] = field(default_factory=dict)
+
+    @property
+    def fits(self) -> bool:
+        return self.budgeted_bytes <= self.budget_bytes
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "peak_memory_bytes": self.peak_memory_bytes,
+            "budgeted_bytes": self.budgeted_bytes,
+            "budget_bytes": self.budget_bytes,
+            "fits": self.fits,
+            "step_time_s": self.step_time_s,
+            "tokens_per_s": self.tokens_per_s,
+            "estimate": self.estimate,
+            "breakdown": dict(self.breakdown),
+        }
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> Prediction:
+        return cls(
+            peak_memory_bytes=int(data["peak_memory_bytes"]),
+            budgeted_bytes=int(data["budgeted_bytes"]),
+            budget_bytes=int(data["budget_bytes"]),
+            step_time_s=float(data["step_time_s"]),
+            tokens_per_s=float(data["tokens_per_s"]),
+            estimate=bool(data.get("estimate", False)),
+            breakdown=dict(data.get("breakdown", {})),
+        )
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class ComputeTime:
+    """One rank's compute for one candidate, before sharing and communication are applied.
+
+    ``parallel_measured``: the time was measured with the candidate's own parallel wrapper and
+    world size, so it already contains communication and any sharing of the host's cores.
+    """
+
+    forward_backward_s: float  # one micro-batch
+    optimizer_s: float  # one optimizer step over the whole (unsharded) model
+    source: str
+    parallel_measured: bool = False
+
+
+class TimeSource(Protocol):
+    """Compute time of a candidate; raises :class:`Unpredictable` naming what is missing."""
+
+    def compute(self, candidate: Candidate) -> ComputeTime: ...
+
+
+class CommSource(Protocol):
+    """Seconds of one collective of ``num_bytes`` (nccl-tests' byte convention) on ``world``
+    ranks; raises :class:`Unpredictable` naming what is missing."""
+
+    def collective_s(self, collective: str, world_size: int, num_bytes: float) -> float: ...
+
+    def describe(self, collective: str, world_size: int) -> str: ...
+
+
+# -- measured sources ---------------------------------------------------------------------------
+
+
+def affine_seconds(fit: AffineFit, micro_batch_size: int) -> float:
+    """t0 + k·b from a time fit, kept positive below the fitted range.
+
+    A least-squares line through noisy samples may have a negative intercept; below the
+    smallest fitted size it would then predict near-zero or negative time, so there the time
+    scales in proportion to b from the smallest fitted point (no fixed cost is invented).
+    """
+    value = fit.predict(micro_batch_size)
+    if fit.xs:
+        smallest = min(fit.xs)
+        if micro_batch_size < smallest and (fit.intercept < 0 or value <= 0):
+            value = fit.predict(smallest) * micro_batch_size / smallest
+    return max(value, 1e-9)
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class MeasuredTime:
+    """Step times from the profile's fitted TimeModels (t_fb(b) = t0 + k·b, t_opt median).
+
+    A measured multi-rank TimeModel for the candidate's (parallelism, world size) wins; else the
+    single-device fit. A missing checkpointing fit is derived from the no-checkpointing one
+    times the counted FLOPs ratio (recompute adds one forward of each block), and says so.
+    """
+
+    fits: Fits
+    flops: FlopCount | None = None
+
+    def compute(self, candidate: Candidate) -> ComputeTime:
+        c = candidate
+        if c.parallelism != "single":
+            model = self.fits.time_model(
+                c.precision,
+                c.activation_checkpointing,
+                parallelism=c.parallelism,
+                world_size=c.world_size,
+            )
+            if model is not None:
+                return ComputeTime(
+                    forward_backward_s=affine_seconds(model.forward_backward, c.micro_batch_size),
+                    optimizer_s=model.optimizer_s,
+                    source=f"measured {c.parallelism}×{c.world_size} fit",
+                    parallel_measured=True,
+                )
+        model = self.fits.time_model(c.precision, c.activation_checkpointing)
+        if model is not None:
+            return ComputeTime(
+                forward_backward_s=affine_seconds(model.forward_backward, c.micro_batch_size),
+                optimizer_s=model.optimizer_s,
+                source="measured single-device fit",
+            )
+        base = self.fits.time_model(c.precision, "none")
+        counted = self.flops.flops_per_token if self.flops else {}
+        if base is not None and counted.get("none") and counted.get(c.activation_checkpointing):
+            ratio = counted[c.activation_checkpointing] / counted["none"]
+            plain = affine_seconds(base.forward_backward, c.micro_batch_size)
+            return ComputeTime(
+                forward_backward_s=ratio * plain,
+                optimizer_s=base.optimizer_s,
+                source=(
+                    f"derived: the {c.precision}/none fit × {ratio:.3f}, the counted FLOPs ratio "
+                    f"of {c.activation_checkpointing} checkpointing (recompute)"
+                ),
+            )
+        raise Unpredictable(
+            f"the profile has no step-time fit for {c.precision} with "
+            f"{c.activation_checkpointing} checkpointing: re-run 'advisor profile' so it times "
+            "this precision"
+        )
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class MeasuredComm:
+    """Collective times from the profile's alpha-beta fits (Hockney model).
+
+    A world size without its own fit borrows the nearest one's: bus bandwidth, busbw =
+    factor(n) · bytes / t, is what a ring sustains per link whatever the rank count (nccl-tests
+    doc/PERFORMANCE.md), so beta scales by factor(n) / factor(m); the latency is kept.
+    """
+
+    fits: tuple[CommFit, ...]
+
+    def _fit(self, collective: str, world_size: int) -> tuple[CommFit, float]:
+        exact = [f for f in self.fits if (f.collective, f.world_size) == (collective, world_size)]
+        if exact and exact[0].beta_s_per_byte > 0:
+            return exact[0], exact[0].beta_s_per_byte
+        if exact:
+            # A line with no positive slope knows the latency, not the bandwidth: any message
+            # size would come out free. Typical of a probe stopped at small sizes.
+            raise Unpredictable(
+                f"the {exact[0].backend} {collective} fit on {world_size} ranks has no positive "
+                f"bandwidth (measured up to {exact[0].max_bytes} B only): re-run 'advisor "
+                "profile' with a larger --budget-s so the communication probe reaches MB sizes"
+            )
+        others = [f for f in self.fits if f.collective == collective and f.beta_s_per_byte > 0]
+        if not others:
+            raise Unpredictable(
+                f"the profile has no {collective} measurement: re-run 'advisor profile "
+                f"--world-size {world_size}' to measure communication"
+            )
+        nearest = min(others, key=lambda f: (abs(f.world_size - world_size), -f.world_size))
+        scale = bus_bandwidth_factor(collective, world_size) / bus_bandwidth_factor(
+            collective, nearest.world_size
+        )
+        return nearest, nearest.beta_s_per_byte * scale
+
+    def collective_s(self, collective: str, world_size: int, num_bytes: float) -> float:
+        fit, beta = self._fit(collective, world_size)
+        if beta == fit.beta_s_per_byte:
+            return predict_collective_time(fit, num_bytes)
+        return max(fit.alpha_s + beta * num_bytes, fit.min_time_s)
+
+    def describe(self, collective: str, world_size: int) -> str:
+        fit, _ = self._fit(collective, world_size)
+        if fit.world_size == world_size:
+            return f"measured {fit.backend} {collective} alpha-beta fit on {world_size} ranks"
+        return (
+            f"{fit.backend} {collective} fit measured on {fit.world_size} ranks, rescaled to "
+            f"{world_size} by the bus-bandwidth factor (nccl-tests PERFORMANCE.md)"
+        )
+
+
+# -- formulas ---------------------------------------------------------------------------------
+
+
+def backward_share(checkpointing: str, flops: FlopCount | None) -> float:
+    """Fraction of forward+backward time spent in backward, where communication can hide.
+
+    From counted FLOPs when the profile has them: the forward is a third of the step without
+    recompute (backward = 2 × forward, PaLM App. B), so share = (F_mode − F_none / 3) / F_mode;
+    otherwise :data:`DEFAULT_BACKWARD_SHARE`.
+    """
+    counted = flops.flops_per_token if flops else {}
+    total, plain = counted.get(checkpointing), counted.get("none")
+    if total and plain:
+        return (total - plain / 3) / total
+    return DEFAULT_BACKWARD_SHARE[checkpointing]
+
+
+def ddp_buckets(
+    gradient_bytes: int,
+    cap_bytes: int = DDP_BUCKET_CAP_BYTES,
+    first_bytes: int = DDP_FIRST_BUCKET_BYTES,
+) -> list[int]:
+    """Sizes of DDP's gradient buckets in the order they fill (Li et al. 2020, §3.2.3).
+
+    A bucket closes at the cap, parameters are not split; this ignores parameter boundaries,
+    which only moves a few bytes between neighbouring buckets.
+    """
+    sizes: list[int] = []
+    left = gradient_bytes
+    if left > 0:
+        sizes.append(min(first_bytes, left))
+        left -= sizes[-1]
+    while left > 0:
+        sizes.append(min(cap_bytes, left))
+        left -= sizes[-1]
+    return sizes
+
+
+def exposed_bucketed_allreduce_s(
+    bucket_bytes: Sequence[int], bucket_times_s: Sequence[float], backward_s: float
+) -> float:
+    """Communication left over after backward ends, DDP-style.
+
+    Bucket i becomes ready once backward has produced its gradients, at a uniform rate through
+    backward: ready_i = backward_s × (bytes of buckets 0..i) / total. All-reduces run one at a
+    time, in order (one communication stream): end_i = max(ready_i, end_{i−1}) + t_i. What
+    runs past the end of backward is exposed: max(0, end_last − backward_s). The last bucket is
+    ready only when backward ends, so at least its all-reduce is always exposed.
+    """
+    total = sum(bucket_bytes)
+    if total <= 0:
+        return 0.0
+    end, filled = 0.0, 0
+    for size, seconds in zip(bucket_bytes, bucket_times_s, strict=True):
+        filled += size
+        end = max(end, backward_s * filled / total) + seconds
+    return max(0.0, end - backward_s)
+
+
+def overlapped_exposure_s(
+    first_s: float, overlappable_s: float, compute_s: float, last_s: float = 0.0
+) -> float:
+    """Exposed time of a prefetched collective sequence: the first transfer (nothing to hide
+    behind yet), the last one (nothing left to compute), and whatever the rest exceed the
+    compute they overlap with (Zhao et al., "PyTorch FSDP", VLDB 2023, §3.3)."""
+    return first_s + last_s + max(0.0, overlappable_s - compute_s)
+
+
+def fsdp_units(facts: ModelFacts) -> tuple[int, int]:
+    """(root parameters, parameters per block) as the trainer wraps FSDP2.
+
+    Each repeated block is one unit; the root unit holds the rest: the embeddings, the final
+    norm and an untied output head. Blocks are taken as equal (transformer blocks are).
+    """
+    head = 0 if facts.tied_embeddings else facts.vocab_size * facts.hidden_size
+    body = facts.num_params - facts.num_embedding_params - head
+    per_block = max(body // max(facts.num_layers, 1), 0)
+    return facts.num_params - per_block * facts.num_layers, per_block
+
+
+# -- the model ------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, kw_only=True)
+class CostModel:
+    """Predicts a :class:`Prediction` for every candidate of one workload on one machine.
+
+    Pure and deterministic: the same inputs give the same prediction in any process (several
+    search workers, a resumed study). ``memory_budget`` is the fraction of
+    ``machine.memory_bytes`` a rank (GPU) or the job (CPU host) may use.
+    """
+
+    machine: Machine
+    facts: ModelFacts
+    workload: Mapping[str, Any]
+    memory_models: tuple[MemoryModel, ...]
+    time: TimeSource
+    comm: CommSource
+    memory_budget: float
+    flops: FlopCount | None = None
+    input_tokens_per_s: Mapping[int, float] = field(default_factory=dict)
+    rounding_allowance_bytes: int = 0
+    ddp_bucket_cap_bytes: int = DDP_BUCKET_CAP_BYTES
+    assumptions: tuple[str, ...] = ()
+
+    @property
+    def seq_len(self) -> int:
+        return int(self.workload["seq_len"])
+
+    @property
+    def budget_bytes(self) -> int:
+        return math.floor(self.memory_budget * self.machine.memory_bytes)
+
+    def memory_model(
+        self,
+        precision: str,
+        checkpointing: str,
+        *,
+        parallelism: str = "single",
+        world_size: int = 1,
+    ) -> MemoryModel:
+        """The fit for (precision, checkpointing), single-device unless asked otherwise (a
+        per-rank fit traced for a parallel layout, when the profile has one)."""
+        found = self._find_memory_model(precision, checkpointing, parallelism, world_size)
+        if found is not None:
+            return found
+        raise Unpredictable(
+            f"the profile has no memory fit for {precision} with {checkpointing} "
+            "checkpointing: re-run 'advisor profile' so it traces this combination"
+        )
+
+    def _find_memory_model(
+        self, precision: str, checkpointing: str, parallelism: str, world_size: int
+    ) -> MemoryModel | None:
+        for model in self.memory_models:
+            # Profiles written before parallel layouts were traced have single-device fits only.
+            layout = (getattr(model, "parallelism", "single"), getattr(model, "world_size", 1))
+            if (model.precision, model.activation_checkpointing) == (
+                precision,
+                checkpointing,
+            ) and layout == (parallelism, world_size):
+                return model
+        return None
+
+    def check_config(self, config: TrainConfig) -> None:
+        """The profile measured one model at one sequence length: refuse any other."""
+        for key in ("model", "seq_len"):
+            profiled = self.workload.get(key)
+            if profiled is not None and getattr(config, key) != profiled:
+                raise Unpredictable(
+                    f"the profile measured {key}={profiled!r}, not {getattr(config, key)!r}: "
+                    f"re-run 'advisor profile --{key.replace('_', '-')} "
+                    f"{getattr(config, key)}' first"
+                )
+        profiled_args = dict(self.workload.get("model_args") or {})
+        if dict(config.model_args) != profiled_args:
+            raise Unpredictable(
+                f"the profile measured model_args {profiled_args}, not "
+                f"{dict(config.model_args)}: re-run 'advisor profile' with these --model-arg"
+            )
+
+    def predict_config(self, config: TrainConfig) -> Prediction:
+        self.check_config(config)
+        return self.predict(Candidate.from_config(config))
+
+    def predict(self, candidate: Candidate) -> Prediction:
+        """Memory and time of ``candidate``; :class:`Unpredictable` if the profile can't say."""
+        memory = self._memory(candidate)
+        time = self._time(candidate)
+        tokens = candidate.global_batch_size * self.seq_len
+        assumptions = list(self.assumptions) + memory.pop("assumptions") + time.pop("assumptions")
+        return Prediction(
+            peak_memory_bytes=memory["per_rank_bytes"],
+            budgeted_bytes=memory["budgeted_bytes"],
+            budget_bytes=self.budget_bytes,
+            step_time_s=time["step_s"],
+            tokens_per_s=tokens / time["step_s"],
+            estimate=self.machine.estimate,
+            breakdown={"memory": memory, "time": time, "assumptions": assumptions},
+        )
+
+    # -- memory ----------------------------------------------------------------------------
+    def _memory(self, c: Candidate) -> dict[str, Any]:
+        model = self.memory_model(c.precision, c.activation_checkpointing)
+        b, accum, world = c.micro_batch_size, c.grad_accum_steps, c.world_size
+        fb_fit = model.forward_backward if accum == 1 else model.forward_backward_accumulating
+        forward_backward = fb_fit.predict(b)
+        optimizer = model.optimizer_step.predict(b)
+        out: dict[str, Any] = {"assumptions": []}
+        traced_rank = None
+        if c.parallelism != "single":
+            traced_rank = self._find_memory_model(
+                c.precision, c.activation_checkpointing, c.parallelism, world
+            )
+        if traced_rank is not None:
+            # A per-rank trace of this very layout (DDP buckets / FSDP shards, gathered units
+            # and communication buffers included) beats the analytic reshaping below.
+            traced = float(traced_rank.predict(b, accum))
+            out["fitted_peak_bytes"] = int(traced)
+            out["source"] = f"traced {c.parallelism}×{world} per-rank fit"
+        elif c.parallelism == "single":
+            # MemoryModel.predict: max of the phase fits; the accumulating fit already holds
+            # the gradient copy that is live while later micro-batches run.
+            traced = float(model.predict(b, accum))
+            out["fitted_peak_bytes"] = int(traced)
+        elif c.parallelism == "ddp":
+            # gradient_as_bucket_view=True: the buckets ARE the gradients and persist across
+            # steps, so a gradient copy is live at the forward peak even right after
+            # zero_grad(set_to_none=True), where single-device training has none. With
+            # accumulation the fitted peak already holds that copy.
+            buckets = model.gradient_bytes if accum == 1 else 0
+            traced = max(forward_backward + buckets, optimizer)
+            out["fitted_peak_bytes"] = int(max(forward_backward, optimizer))
+            out["ddp_gradient_buckets_bytes"] = buckets
+        else:
+            traced = self._fsdp_memory(model, c, forward_backward, optimizer, out)
+        traced += self.rounding_allowance_bytes
+        fragmentation = traced * self.machine.fragmentation_fraction
+        per_rank = math.ceil(traced + fragmentation) + self.machine.fixed_overhead_bytes
+        ranks_sharing = world if self.machine.shared_host else 1
+        if ranks_sharing > 1:
+            out["assumptions"].append(
+                f"CPU host: the {world} ranks are processes sharing its RAM, so the budget "
+                "holds all of them"
+            )
+        out.update(
+            phase="forward_backward" if forward_backward >= optimizer else "optimizer_step",
+            traced_bytes=int(traced),
+            rounding_allowance_bytes=self.rounding_allowance_bytes,
+            fragmentation_bytes=int(fragmentation),
+            fixed_overhead_bytes=self.machine.fixed_overhead_bytes,
+            per_rank_bytes=per_rank,
+            ranks_sharing_memory=ranks_sharing,
+            budgeted_bytes=per_rank * ranks_sharing,
+            budget_bytes=self.budget_bytes,
+            parameter_bytes=model.parameter_bytes,
+            gradient_bytes=model.gradient_bytes,
+            optimizer_state_bytes=model.optimizer_state_bytes,
+        )
+        return out
+
+    def _fsdp_memory(
+        self,
+        model: MemoryModel,
+        c: Candidate,
+        forward_backward: float,
+        optimizer: float,
+        out: dict[str, Any],
+    ) -> float:
+        """Per-rank peak under FSDP2 (ZeRO-3-like sharding; Rajbhandari et al., "ZeRO", SC 2020,
+        §5: parameters, gradients and optimizer state each divided by N).
+
+        forward/backward peak = (params + grads + optimizer state) / N
+            + gathered units: the root (never resharded) + two blocks (the running one and the
+              prefetched next one), in the compute dtype
+            + one block's unsharded fp32 gradients awaiting their reduce-scatter
+            + activations as on one device: the single-device peak minus its persistent state.
+        optimizer-step peak = the single-device optimizer-phase peak / N: everything live then
+            (parameters, gradients, state, foreach temporaries) is per-parameter, so sharded.
+        """
+        world = c.world_size
+        state = model.parameter_bytes + model.gradient_bytes + model.optimizer_state_bytes
+        root, block = fsdp_units(self.facts)
+        compute_bytes = COMPUTE_BYTES_PER_PARAM[c.precision]
+        gathered = (root + 2 * block) * compute_bytes
+        grad_buffer = block * REDUCE_BYTES_PER_PARAM
+        single = model.forward_backward.predict(c.micro_batch_size)
+        activations = max(single - model.parameter_bytes - model.optimizer_state_bytes, 0.0)
+        fb = state / world + gathered + grad_buffer + activations
+        opt = optimizer / world
+        out["fsdp"] = {
+            "sharded_state_bytes": int(state / world),
+            "gathered_units_bytes": int(gathered),
+            "reduce_scatter_buffer_bytes": int(grad_buffer),
+            "activation_bytes": int(activations),
+            "optimizer_phase_bytes": int(opt),
+            "root_params": root,
+            "params_per_block": block,
+        }
+        out["fitted_peak_bytes"] = int(max(forward_backward, optimizer))
+        out["assumptions"].append(
+            "FSDP: the gradients of every micro-batch are reduce-scattered (no no_sync), so "
+            "only sharded gradients accumulate"
+        )
+        return max(fb, opt)
+
+    # -- time --------------------------------------------------------------------------------
+    def _time(self, c: Candidate) -> dict[str, Any]:
+        compute = self.time.compute(c)
+        world, accum = c.world_size, c.grad_accum_steps
+        assumptions: list[str] = []
+        shared = self.machine.shared_host and world > 1 and not compute.parallel_measured
+        share = world if shared else 1
+        if shared:
+            assumptions.append(
+                f"CPU host: no {c.parallelism}×{world} time was measured, so each rank's compute "
+                f"is the single-process time × {world} (the ranks share the host's cores)"
+            )
+        fb = compute.forward_backward_s * share
+        optimizer = compute.optimizer_s * share
+        if c.parallelism == "fsdp" and not compute.parallel_measured:
+            optimizer /= world  # each rank steps its 1/N shard (ZeRO §5)
+        communication, exposed = 0.0, 0.0
+        comm_detail: dict[str, Any] = {}
+        if c.parallelism != "single" and not compute.parallel_measured:
+            communication, exposed, comm_detail = self._communication(c, fb)
+        elif compute.parallel_measured:
+            comm_detail = {"note": "inside the measured multi-rank step time"}
+        compute_s = accum * fb + optimizer + exposed
+        input_s, step = self._input(c, compute_s, share, assumptions)
+        return {
+            "forward_backward_s": fb,
+            "micro_batches": accum,
+            "optimizer_s": optimizer,
+            "communication_s": communication,
+            "exposed_communication_s": exposed,
+            "communication": comm_detail,
+            "input_s": input_s,
+            "compute_source": compute.source,
+            "step_s": step,
+            "assumptions": assumptions,
+        }
+
+    def _communication(self, c: Candidate, fb_s: float) -> tuple[float, float, dict[str, Any]]:
+        """(total collective seconds per step, exposed seconds per step, detail)."""
+        world, accum = c.world_size, c.grad_accum_steps
+        share = backward_share(c.activation_checkpointing, self.flops)
+        backward_s = share * fb_s
+        model = self.memory_model(c.precision, c.activation_checkpointing)
+        if c.parallelism == "ddp":
+            # One all-reduce of the gradients per optimizer step: no_sync() on every micro-
+            # batch but the last; it overlaps that micro-batch's backward.
+            sizes = ddp_buckets(model.gradient_bytes, self.ddp_bucket_cap_bytes)
+            times = [self.comm.collective_s("all_reduce", world, s) for s in sizes]
+            exposed = exposed_bucketed_allreduce_s(sizes, times, backward_s)
+            detail = {
+                "collective": "all_reduce",
+                "buckets": len(sizes),
+                "bytes": sum(sizes),
+                "backward_s": backward_s,
+                "source": self.comm.describe("all_reduce", world),
+            }
+            return sum(times), exposed, detail
+        root, block = fsdp_units(self.facts)
+        layers = self.facts.num_layers
+        cb = COMPUTE_BYTES_PER_PARAM[c.precision]
+        # Per micro-batch: all-gather every unit for forward, every block again for backward
+        # (resharded after forward; the root is not), reduce-scatter every unit's gradients.
+        ag_root = self.comm.collective_s("all_gather", world, root * cb)
+        ag_block = self.comm.collective_s("all_gather", world, block * cb)
+        rs_root = self.comm.collective_s("reduce_scatter", world, root * REDUCE_BYTES_PER_PARAM)
+        rs_block = self.comm.collective_s("reduce_scatter", world, block * REDUCE_BYTES_PER_PARAM)
+        forward_s = fb_s - backward_s
+        exposed_fwd = overlapped_exposure_s(ag_root, layers * ag_block, forward_s)
+        exposed_bwd = overlapped_exposure_s(
+            ag_block, (layers - 1) * ag_block + layers * rs_block, backward_s, last_s=rs_root
+        )
+        per_micro = ag_root + 2 * layers * ag_block + rs_root + layers * rs_block
+        detail = {
+            "collectives": "all_gather (forward, backward) + reduce_scatter per micro-batch",
+            "all_gather_bytes": (root + 2 * layers * block) * cb,
+            "reduce_scatter_bytes": (root + layers * block) * REDUCE_BYTES_PER_PARAM,
+            "exposed_forward_s": exposed_fwd,
+            "exposed_backward_s": exposed_bwd,
+            "source": self.comm.describe("all_gather", world),
+        }
+        return accum * per_micro, accum * (exposed_fwd + exposed_bwd), detail
+
+    def _input(
+        self, c: Candidate, compute_s: float, share: int, assumptions: list[str]
+    ) -> tuple[float, float]:
+        """(loading seconds per step, step seconds). Loading in the training process adds to
+        the step; worker processes on a GPU host overlap it (the step waits only for the
+        excess); on a CPU host loading uses the same cores, so it adds either way."""
+        rate = self.input_tokens_per_s.get(c.num_workers)
+        if not rate:
+            if self.input_tokens_per_s:
+                assumptions.append(f"input speed with {c.num_workers} workers not measured: 0 s")
+            return 0.0, compute_s
+        tokens = c.micro_batch_size * c.grad_accum_steps * self.seq_len
+        input_s = tokens / rate * share
+        if c.num_workers == 0 or self.machine.shared_host:
+            return input_s, compute_s + input_s
+        return input_s, max(compute_s, input_s)
+
+
+# -- from a profile ----------------------------------------------------------------------------
+
+
+def input_rates(profile: Profile) -> dict[int, float]:
+    """Tokens/s the data loader delivered per worker count (mean over its ok samples)."""
+    rates: dict[int, list[float]] = {}
+    for sample in profile.input:
+        if sample.status == "ok" and sample.batches_per_s > 0:
+            rates.setdefault(sample.num_workers, []).append(sample.tokens_per_s)
+    return {w: statistics.fmean(v) for w, v in rates.items()}
+
+
+def machine_from_profile(profile: Profile) -> Machine:
+    """The profiled device. A CPU job is budgeted against the RAM that was available when
+    profiled (not the total: other processes hold the rest); a GPU against its memory."""
+    device = profile.device
+    cpu = device.kind == "cpu"
+    return Machine(
+        kind=device.kind,
+        name=device.name,
+        memory_bytes=device.free_memory_bytes if cpu else device.total_memory_bytes,
+        fixed_overhead_bytes=profile.memory_overhead.fixed_bytes,
+        fragmentation_fraction=profile.memory_overhead.fragmentation_fraction,
+        shared_host=cpu,
+    )
+
+
+def cost_model_from_profile(profile: Profile, memory_budget: float) -> CostModel:
+    """The measured cost model of ``profile``'s device."""
+    target = profile.device.kind
+    models = tuple(m for m in profile.fits.memory if m.target_device_type == target) or tuple(
+        profile.fits.memory
+    )
+    return CostModel(
+        machine=machine_from_profile(profile),
+        facts=profile.model,
+        workload=profile.workload,
+        memory_models=models,
+        time=MeasuredTime(fits=profile.fits, flops=profile.flops),
+        comm=MeasuredComm(fits=profile.fits.communication),
+        memory_budget=memory_budget,
+        flops=profile.flops,
+        input_tokens_per_s=input_rates(profile),
+    )

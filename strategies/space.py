@@ -1,0 +1,339 @@
+"""The search space: every config that keeps the global batch, on the devices a profile saw.
+
+A candidate is one choice of the knobs the search turns (precision, activation checkpointing,
+parallelism × world size, micro-batch size × gradient accumulation, data-loader workers); every
+other TrainConfig key (model, data, learning rate ...) is the same for all of them and comes
+from the profile's workload and the request. The global batch is the user's training semantics
+and is held FIXED: ``micro_batch_size * grad_accum_steps * world_size == global_batch_size``
+for every candidate, so micro-batch sizes are exactly the divisors of global_batch / world_size
+(DESIGN.md).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from profilers.hardware import HardwareSpec
+from profilers.profile_record import Profile
+from profilers.workload import CHECKPOINTING, PRECISIONS
+from strategies.config import TrainConfig
+from strategies.errors import StrategyError
+
+# Knobs a candidate sets; every other TrainConfig key comes from the base config.
+KNOBS: tuple[str, ...] = (
+    "precision",
+    "activation_checkpointing",
+    "parallelism",
+    "world_size",
+    "micro_batch_size",
+    "grad_accum_steps",
+    "num_workers",
+)
+
+
+@dataclass(frozen=True, kw_only=True, slots=True, order=True)
+class Candidate:
+    """One point of the search space (a slice of TrainConfig)."""
+
+    precision: str
+    activation_checkpointing: str
+    parallelism: str
+    world_size: int
+    micro_batch_size: int
+    grad_accum_steps: int
+    num_workers: int = 0
+
+    @property
+    def global_batch_size(self) -> int:
+        return self.micro_batch_size * self.grad_accum_steps * self.world_size
+
+    @property
+    def layout(self) -> str:
+        """``single``, ``ddp×2``, ``fsdp×4``: parallelism and world size in one word."""
+        return "single" if self.parallelism == "single" else f"{self.parallelism}×{self.world_size}"
+
+    @property
+    def key(self) -> str:
+        """A stable identity, e.g. ``bf16/full/ddp2/mb4xga8/nw0`` (study de-duplication)."""
+        return (
+            f"{self.precision}/{self.activation_checkpointing}/{self.parallelism}"
+            f"{self.world_size}/mb{self.micro_batch_size}xga{self.grad_accum_steps}"
+            f"/nw{self.num_workers}"
+        )
+
+    def label(self) -> str:
+        """Human-readable: ``bf16, checkpointing, ddp×2, 4×8 accumulation``."""
+        parts = [self.precision]
+        if self.activation_checkpointing != "none":
+            parts.append(f"{self.activation_checkpointing} checkpointing")
+        parts.append(self.layout)
+        parts.append(f"micro-batch {self.micro_batch_size} × {self.grad_accum_steps} accumulation")
+        if self.num_workers:
+            parts.append(f"{self.num_workers} loader workers")
+        return ", ".join(parts)
+
+    def apply(self, base: TrainConfig) -> TrainConfig:
+        """``base`` with this candidate's knobs (and the matching global batch)."""
+        return base.replace(global_batch_size=self.global_batch_size, **self.to_dict())
+
+    @classmethod
+    def from_config(cls, config: TrainConfig) -> Candidate:
+        return cls(**{k: getattr(config, k) for k in KNOBS})
+
+    def to_dict(self) -> dict[str, Any]:
+        return {k: getattr(self, k) for k in KNOBS}
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> Candidate:
+        return cls(**{k: data[k] for k in KNOBS if k in data})
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class SearchRequest:
+    """What the user asks of ``advisor recommend`` (CLI flags, validated here once).
+
+    ``world_size``: the most ranks to consider (None: the devices the profile saw; 1 on a CPU
+    host). With a what-if ``target`` it is exactly the ranks planned for, over ``nodes``
+    machines (``network`` between them, a :data:`profilers.hardware.NETWORKS` key).
+    ``config_overrides``: TrainConfig keys the plan carries unchanged (lr, data, seed ...).
+    """
+
+    global_batch_size: int
+    memory_budget: float = 0.9
+    world_size: int | None = None
+    trials: int | None = None
+    target: str | None = None
+    nodes: int = 1
+    network: str | None = None
+    seed: int = 0
+    study_name: str | None = None
+    config_overrides: Mapping[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        for name in ("global_batch_size", "nodes", "seed"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+                raise StrategyError(f"{name} must be a non-negative integer, got {value!r}")
+        if self.global_batch_size < 1:
+            raise StrategyError(
+                f"global batch size must be at least 1, got {self.global_batch_size}: pass "
+                "--global-batch-size N (sequences per optimizer step)"
+            )
+        if not 0 < self.memory_budget <= 1:
+            raise StrategyError(
+                f"memory budget must be a fraction in (0, 1], got {self.memory_budget}: e.g. "
+                "--memory-budget 0.9"
+            )
+        for name in ("world_size", "trials"):
+            value = getattr(self, name)
+            if value is not None and (not isinstance(value, int) or value < 1):
+                raise StrategyError(f"{name} must be a positive integer, got {value!r}")
+        if self.nodes < 1:
+            raise StrategyError(f"nodes must be at least 1, got {self.nodes}")
+        if self.target is None and (self.nodes != 1 or self.network is not None):
+            raise StrategyError(
+                "--nodes and --network plan for hardware you don't have: they need --target "
+                "(e.g. --target h100-80gb --world-size 16 --nodes 2)"
+            )
+        if self.target is not None:
+            world = self.world_size or 1
+            if world % self.nodes:
+                raise StrategyError(
+                    f"world size {world} does not split evenly over {self.nodes} nodes: pick a "
+                    "multiple of --nodes"
+                )
+        unknown = sorted(
+            set(self.config_overrides) - {f.name for f in dataclasses.fields(TrainConfig)}
+        )
+        if unknown:
+            raise StrategyError(f"unknown TrainConfig key(s) {', '.join(unknown)}")
+        clash = sorted(set(self.config_overrides) & {*KNOBS, "global_batch_size"})
+        if clash:
+            raise StrategyError(
+                f"{', '.join(clash)} are chosen by the search: use 'advisor predict' to cost a "
+                "fixed config"
+            )
+
+    def to_dict(self) -> dict[str, Any]:
+        data = dataclasses.asdict(self)
+        data["config_overrides"] = dict(self.config_overrides)
+        return data
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> SearchRequest:
+        names = {f.name for f in dataclasses.fields(cls)}
+        return cls(**{k: v for k, v in data.items() if k in names})
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class SearchSpace:
+    """The knobs' values; :meth:`candidates` is their product under the fixed global batch.
+
+    ``excluded`` names values left out and why (a precision the device cannot run ...), for the
+    plan's reasons.
+    """
+
+    global_batch_size: int
+    precisions: tuple[str, ...]
+    checkpointing: tuple[str, ...]
+    layouts: tuple[tuple[str, int], ...]  # (parallelism, world_size)
+    num_workers: tuple[int, ...] = (0,)
+    excluded: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        if not self.precisions:
+            raise StrategyError(
+                "no training precision is both supported by the device and profiled: re-run "
+                "'advisor profile' on this device"
+            )
+        if not self.layouts:
+            raise StrategyError(
+                f"global batch size {self.global_batch_size} cannot be split over the world "
+                "sizes asked for: pick a multiple of --world-size, or a smaller --world-size"
+            )
+
+    def micro_batch_sizes(self, world_size: int) -> tuple[int, ...]:
+        """Divisors of the per-rank batch: micro × accum × world = global exactly."""
+        if self.global_batch_size % world_size:
+            return ()
+        per_rank = self.global_batch_size // world_size
+        return tuple(d for d in range(1, per_rank + 1) if per_rank % d == 0)
+
+    def candidates(self) -> list[Candidate]:
+        """Every candidate, in a fixed order (so enumeration and resumption are deterministic)."""
+        out = []
+        for precision in self.precisions:
+            for checkpointing in self.checkpointing:
+                for parallelism, world in self.layouts:
+                    per_rank = self.global_batch_size // world
+                    for micro in self.micro_batch_sizes(world):
+                        for workers in self.num_workers:
+                            out.append(
+                                Candidate(
+                                    precision=precision,
+                                    activation_checkpointing=checkpointing,
+                                    parallelism=parallelism,
+                                    world_size=world,
+                                    micro_batch_size=micro,
+                                    grad_accum_steps=per_rank // micro,
+                                    num_workers=workers,
+                                )
+                            )
+        return out
+
+    @property
+    def size(self) -> int:
+        per_layout = sum(len(self.micro_batch_sizes(w)) for _, w in self.layouts)
+        return len(self.precisions) * len(self.checkpointing) * per_layout * len(self.num_workers)
+
+    def contains(self, candidate: Candidate) -> bool:
+        return (
+            candidate.precision in self.precisions
+            and candidate.activation_checkpointing in self.checkpointing
+            and (candidate.parallelism, candidate.world_size) in self.layouts
+            and candidate.global_batch_size == self.global_batch_size
+            and candidate.num_workers in self.num_workers
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "global_batch_size": self.global_batch_size,
+            "precisions": list(self.precisions),
+            "checkpointing": list(self.checkpointing),
+            "layouts": [f"{p}/{w}" for p, w in self.layouts],
+            "num_workers": list(self.num_workers),
+            "excluded": list(self.excluded),
+            "size": self.size,
+        }
+
+
+def layouts_for(global_batch_size: int, world_sizes: Sequence[int]) -> tuple[tuple[str, int], ...]:
+    """(parallelism, world size) pairs whose world size divides the global batch."""
+    out: list[tuple[str, int]] = []
+    for world in world_sizes:
+        if global_batch_size % world:
+            continue
+        out.extend([("single", 1)] if world == 1 else [("ddp", world), ("fsdp", world)])
+    return tuple(out)
+
+
+def device_precisions(profile: Profile) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """(precisions the profiled device runs, why the others are left out).
+
+    The device probe tried an autocast step per precision; a profile without that record (an
+    older or hand-made one) falls back to the precisions its memory fits cover.
+    """
+    checks = profile.device.precisions
+    if not checks:
+        fitted = {m.precision for m in profile.fits.memory}
+        kept = tuple(p for p in PRECISIONS if p in fitted)
+        return kept, tuple(f"{p}: not profiled" for p in PRECISIONS if p not in fitted)
+    kept = tuple(p for p in PRECISIONS if p in checks and checks[p].supported)
+    dropped = tuple(
+        f"{p}: {checks[p].reason if p in checks else 'not checked by the device probe'}"
+        for p in PRECISIONS
+        if p not in kept
+    )
+    return kept, dropped
+
+
+def target_precisions(target: HardwareSpec) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """Precisions with a datasheet peak on ``target`` (V100 has no bf16 units, ...)."""
+    kept = tuple(p for p in PRECISIONS if target.peak_flops(p) is not None)
+    dropped = tuple(
+        f"{p}: {target.name} has no {p} figure on its datasheet"
+        for p in PRECISIONS
+        if p not in kept
+    )
+    return kept, dropped
+
+
+def available_devices(profile: Profile) -> int:
+    """Ranks the profiled machine can host without being told: its visible GPUs, or 1 on CPU
+    (CPU ranks share one host's cores; ask for more with --world-size)."""
+    gpu = profile.device.gpu
+    if profile.device.kind == "cuda" and gpu is not None:
+        return max(gpu.num_visible_gpus, 1)
+    return 1
+
+
+def build_space(
+    profile: Profile, request: SearchRequest, *, target: HardwareSpec | None = None
+) -> SearchSpace:
+    """The search space for ``request`` on the profiled device (or on a what-if ``target``).
+
+    World sizes: 1 .. ``request.world_size`` (default: the devices available); a what-if plans
+    for exactly ``request.world_size`` ranks. Data-loader workers: the counts the profile's
+    input probe measured, on a GPU host only: on a CPU host the loader's workers and the step
+    share the same cores, so there is no overlap to buy (0 workers).
+    """
+    if target is not None:
+        precisions, excluded = target_precisions(target)
+        world = request.world_size or 1
+        worlds: Sequence[int] = (world,)
+    else:
+        precisions, excluded = device_precisions(profile)
+        worlds = range(1, (request.world_size or available_devices(profile)) + 1)
+    layouts = layouts_for(request.global_batch_size, worlds)
+    if not layouts:
+        raise StrategyError(
+            f"global batch size {request.global_batch_size} cannot be split over "
+            f"{worlds[-1]} ranks: pick a multiple of {worlds[-1]} for --global-batch-size or "
+            "a world size that divides it"
+        )
+    on_gpu = (target is not None) or profile.device.kind == "cuda"
+    workers: tuple[int, ...] = (0,)
+    if on_gpu and target is None:
+        measured = sorted({s.num_workers for s in profile.input if s.status == "ok"})
+        workers = tuple(measured) or (0,)
+    return SearchSpace(
+        global_batch_size=request.global_batch_size,
+        precisions=precisions,
+        checkpointing=CHECKPOINTING,
+        layouts=layouts,
+        num_workers=workers,
+        excluded=excluded,
+    )

@@ -1,0 +1,238 @@
+"""What-if planning: predict configs on hardware the user does not have, clearly as ESTIMATES.
+
+``advisor recommend --target h100-80gb --world-size 16 --nodes 2`` plans from a profile taken
+anywhere (this CPU, say) for a device from :mod:`profilers.hardware`'s datasheet table:
+
+* memory: the profile's fake-traced fits, which are device independent (DESIGN.md, "Measuring
+  well"), with the CUDA caching allocator's 512-byte rounding (the profile's CUDA-target fits
+  when it has them, else an upper bound, below) + a known fixed overhead per process (CUDA
+  context and library workspaces) + a fragmentation margin;
+* time: the profile's counted FLOPs per token over the datasheet peak at a documented
+  efficiency (:data:`MFU`); the optimizer step as memory traffic over the datasheet bandwidth;
+* communication: the ring bus-bandwidth model over the table's link bandwidths.
+
+Every prediction carries ``estimate=True`` and a label; no measurement is ever mixed in.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from profilers.comm_records import bus_bandwidth_factor
+from profilers.flops import FlopCount, formula_flops_per_token
+from profilers.hardware import HardwareSpec, NetworkPreset, lookup_network, lookup_target
+from profilers.profile_record import Profile
+from profilers.workload import ModelFacts
+from strategies.cost import ComputeTime, CostModel, Machine
+from strategies.errors import StrategyError, Unpredictable
+from strategies.space import Candidate, SearchRequest
+
+GiB = 2**30
+
+# Achievable model-FLOPs utilisation of a training step against the datasheet's dense peak of
+# its dtype. bf16/fp16: 0.4-0.5 is what well-tuned GEMM-heavy Transformer training reaches
+# (PaLM reports 46% MFU, Chowdhery et al. 2022, Table 3; Megatron-LM 2021 reports ~52% of peak
+# on A100 for its largest models); we take the low-middle 0.45. fp32 without TF32 (PyTorch's
+# default "highest" matmul precision) runs on CUDA cores, where element-wise ops and
+# attention's softmax weigh relatively more: 0.35. Small models sit below these (kernel launch
+# overhead); a CPU profile cannot tell how far.
+MFU: Mapping[str, float] = {"bf16": 0.45, "fp16": 0.45, "fp32": 0.35}
+
+# Fused AdamW traffic per parameter (fp32 master weights): read parameter, gradient, exp_avg,
+# exp_avg_sq (4 × 4 B), write parameter, exp_avg, exp_avg_sq (3 × 4 B) = 28 B; a streaming
+# kernel reaches ~80% of the HBM datasheet bandwidth (STREAM-like copy on H100/A100).
+ADAMW_BYTES_PER_PARAM = 28
+MEMORY_BANDWIDTH_EFFICIENCY = 0.8
+
+# NCCL ring collectives reach ~80% of the link's per-direction peak as bus bandwidth at large
+# messages (nccl-tests all_reduce on DGX H100: ~360 of 450 GB/s NVLink). Latency per
+# collective: ~10 us within a node, ~20 us across nodes (NCCL small-message all_reduce).
+LINK_EFFICIENCY = 0.8
+ALPHA_INTRA_NODE_S = 10e-6
+ALPHA_INTER_NODE_S = 20e-6
+
+# Per process outside the allocator: CUDA context (~0.3-0.6 GiB on Hopper with CUDA 12 lazy
+# module loading), cuBLAS workspaces and NCCL buffers; the upper end of 0.5-1 GiB is taken.
+CUDA_FIXED_OVERHEAD_BYTES = 1 * GiB
+# Caching-allocator fragmentation (reserved / allocated - 1), when the profile did not measure
+# it on a CUDA device: 10%, the margin PyTorch's memory docs' examples commonly show.
+DEFAULT_FRAGMENTATION = 0.10
+# 512-B rounding without CUDA-target traces: at most 511 B per live storage. A block has at
+# most ~16 parameter tensors (BERT; GPT 12, Llama 9), each with a gradient and two Adam states,
+# and saves at most ~32 activations per micro-batch: 512 × (4·16 + 32) per layer, + 8 root
+# tensors × 4. Negligible (0.6 MiB for 12 layers) but kept, and labelled an upper bound.
+CUDA_BLOCK_BYTES = 512
+STORAGES_PER_LAYER = 4 * 16 + 32
+ROOT_STORAGES = 4 * 8
+
+DEFAULT_NETWORK = "ib-ndr-400"
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class FlopsTime:
+    """Compute time from counted FLOPs over the datasheet peak at :data:`MFU`."""
+
+    target: HardwareSpec
+    facts: ModelFacts
+    seq_len: int
+    flops: FlopCount | None = None
+
+    def flops_per_token(self, checkpointing: str) -> float:
+        if self.flops and checkpointing in self.flops.flops_per_token:
+            return self.flops.flops_per_token[checkpointing]
+        # PaLM App. B formula; full checkpointing recomputes the forward: + 2N of 6N -> ×4/3.
+        plain = formula_flops_per_token(self.facts, self.seq_len)
+        return plain * (4 / 3 if checkpointing == "full" else 1.0)
+
+    def compute(self, candidate: Candidate) -> ComputeTime:
+        peak = self.target.peak_flops(candidate.precision)
+        if peak is None:
+            raise Unpredictable(
+                f"{self.target.name} has no {candidate.precision} peak on its datasheet: plan "
+                "another precision"
+            )
+        if self.target.memory_bandwidth_gbs is None:
+            raise Unpredictable(f"{self.target.name} has no memory bandwidth on its datasheet")
+        efficiency = MFU[candidate.precision]
+        tokens = candidate.micro_batch_size * self.seq_len
+        fb = self.flops_per_token(candidate.activation_checkpointing) * tokens / (peak * efficiency)
+        bandwidth = self.target.memory_bandwidth_gbs * 1e9 * MEMORY_BANDWIDTH_EFFICIENCY
+        optimizer = ADAMW_BYTES_PER_PARAM * self.facts.num_params / bandwidth
+        counted = "counted" if self.flops else "PaLM-formula"
+        return ComputeTime(
+            forward_backward_s=fb,
+            optimizer_s=optimizer,
+            source=(
+                f"estimate: {counted} FLOPs at {efficiency:.0%} of {self.target.name}'s "
+                f"{candidate.precision} datasheet peak; AdamW as {ADAMW_BYTES_PER_PARAM} B/param "
+                f"at {MEMORY_BANDWIDTH_EFFICIENCY:.0%} of its memory bandwidth"
+            ),
+        )
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class LinkComm:
+    """Ring collectives over datasheet links: t = alpha + bytes × factor(n) / busbw.
+
+    busbw is the slowest link a ring crosses, at :data:`LINK_EFFICIENCY`: within a node NVLink
+    through NVSwitch (any pair) or a bridge (pairs only), else PCIe; across nodes the node's
+    network bandwidth shared by its GPUs (NCCL runs one ring per NIC).
+    """
+
+    target: HardwareSpec
+    gpus_per_node: int
+    network: NetworkPreset | None = None
+
+    def _link(self, world_size: int) -> tuple[float, float, str]:
+        t = self.target
+        if t.nvlink_gbs and (
+            t.nvlink_kind == "switch" or (t.nvlink_kind == "bridge" and world_size <= 2)
+        ):
+            intra, name = t.nvlink_gbs * 1e9, f"NVLink ({t.nvlink_kind})"
+        else:
+            intra, name = t.pcie_gbs * 1e9, f"PCIe gen{t.pcie_gen} x16"
+        if world_size <= self.gpus_per_node or self.network is None:
+            return intra, ALPHA_INTRA_NODE_S, name
+        per_gpu = self.network.bytes_per_s / self.gpus_per_node
+        if per_gpu < intra:
+            shared = f"{self.network.name} shared by {self.gpus_per_node} GPUs"
+            return per_gpu, ALPHA_INTER_NODE_S, shared
+        return intra, ALPHA_INTER_NODE_S, name
+
+    def collective_s(self, collective: str, world_size: int, num_bytes: float) -> float:
+        bandwidth, alpha, _ = self._link(world_size)
+        factor = bus_bandwidth_factor(collective, world_size)
+        return alpha + num_bytes * factor / (bandwidth * LINK_EFFICIENCY)
+
+    def describe(self, collective: str, world_size: int) -> str:
+        bandwidth, alpha, name = self._link(world_size)
+        return (
+            f"estimate: ring {collective} over {name}, {bandwidth / 1e9:.0f} GB/s at "
+            f"{LINK_EFFICIENCY:.0%}, {alpha * 1e6:.0f} us latency"
+        )
+
+
+def rounding_allowance(facts: ModelFacts) -> int:
+    """Upper bound of CUDA's 512-B rounding over CPU-traced storages (see the constants)."""
+    return CUDA_BLOCK_BYTES * (STORAGES_PER_LAYER * facts.num_layers + ROOT_STORAGES)
+
+
+def resolve_target(request: SearchRequest) -> tuple[HardwareSpec, NetworkPreset | None]:
+    if request.target is None:
+        raise StrategyError("what-if planning needs --target (e.g. --target h100-80gb)")
+    try:
+        target = lookup_target(request.target)
+        network = None
+        if request.nodes > 1:
+            network = lookup_network(request.network or DEFAULT_NETWORK)
+    except ValueError as exc:
+        raise StrategyError(str(exc)) from None
+    return target, network
+
+
+def whatif_label(
+    target: HardwareSpec, world_size: int, nodes: int, network: NetworkPreset | None
+) -> str:
+    where = f"{world_size}× {target.name}" + (f" on {nodes} nodes" if nodes > 1 else "")
+    link = f" linked by {network.name}" if network else ""
+    return (
+        f"ESTIMATE for {where}{link}: memory from the profile's fake traces + CUDA overheads, "
+        "time from counted FLOPs and datasheet peaks at documented efficiencies; nothing here "
+        "was measured on that hardware"
+    )
+
+
+def whatif_cost_model(profile: Profile, request: SearchRequest) -> tuple[CostModel, str]:
+    """(the estimated cost model for ``request.target``, its label)."""
+    target, network = resolve_target(request)
+    world = request.world_size or 1
+    nodes = request.nodes
+    gpus_per_node = math.ceil(world / nodes)
+    cuda_models = tuple(m for m in profile.fits.memory if m.target_device_type == "cuda")
+    models = cuda_models or tuple(profile.fits.memory)
+    measured_on_cuda = profile.device.kind == "cuda"
+    overhead = profile.memory_overhead
+    assumptions = [
+        "what-if: every number is an estimate for hardware that was not measured",
+        f"datasheet: {target.source}",
+    ]
+    if cuda_models:
+        allowance = 0
+        assumptions.append("memory fits traced for a CUDA target (512-B rounding included)")
+    else:
+        allowance = rounding_allowance(profile.model)
+        assumptions.append(
+            f"CUDA 512-B rounding: an upper bound of {allowance} B over the CPU-traced fits"
+        )
+    fixed = overhead.fixed_bytes if measured_on_cuda else CUDA_FIXED_OVERHEAD_BYTES
+    fragmentation = overhead.fragmentation_fraction if measured_on_cuda else DEFAULT_FRAGMENTATION
+    assumptions.append(
+        f"fixed overhead {fixed / GiB:.2f} GiB per process and {fragmentation:.0%} fragmentation"
+        + (" (measured on the profiled GPU)" if measured_on_cuda else " (assumed, documented)")
+    )
+    label = whatif_label(target, world, nodes, network)
+    model = CostModel(
+        machine=Machine(
+            kind="cuda",
+            name=target.name,
+            memory_bytes=target.memory_bytes,
+            fixed_overhead_bytes=fixed,
+            fragmentation_fraction=fragmentation,
+            shared_host=False,
+            estimate=True,
+        ),
+        facts=profile.model,
+        workload=profile.workload,
+        memory_models=models,
+        time=FlopsTime(
+            target=target, facts=profile.model, seq_len=profile.seq_len, flops=profile.flops
+        ),
+        comm=LinkComm(target=target, gpus_per_node=gpus_per_node, network=network),
+        memory_budget=request.memory_budget,
+        flops=profile.flops,
+        rounding_allowance_bytes=allowance,
+        assumptions=tuple(assumptions),
+    )
+    return model, label

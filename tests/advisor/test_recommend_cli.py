@@ -1,0 +1,212 @@
+"""``advisor recommend`` and ``advisor predict``: exit codes, exact messages, files, JSON."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner, Result
+
+from advisor.cli import main
+from tests.strategies.profiles import hand_profile
+
+
+def run(*args: str) -> Result:
+    return CliRunner().invoke(main, list(args))
+
+
+@pytest.fixture
+def profile_path(tmp_path: Path) -> Path:
+    hand_profile().save(tmp_path)
+    return tmp_path / "profile.json"
+
+
+def test_missing_profile(tmp_path: Path) -> None:
+    missing = tmp_path / "nope" / "profile.json"
+    result = run("recommend", "--profile", str(missing), "--global-batch-size", "8")
+    assert result.exit_code == 2
+    assert result.stderr == (
+        f"error: profile {missing} does not exist: run 'advisor profile' first\n"
+    )
+
+
+def test_profile_that_is_not_json(tmp_path: Path) -> None:
+    bad = tmp_path / "profile.json"
+    bad.write_text("{not json")
+    result = run("recommend", "--profile", str(bad), "--global-batch-size", "8")
+    assert result.exit_code == 2
+    assert result.stderr.startswith(f"error: profile {bad} is not valid JSON (")
+    assert result.stderr.endswith("): re-run 'advisor profile'\n")
+
+
+@pytest.mark.parametrize("value", ["0", "-3"])
+def test_global_batch_must_be_positive(profile_path: Path, value: str) -> None:
+    result = run("recommend", "--profile", str(profile_path), "--global-batch-size", value)
+    assert result.exit_code == 2
+    assert (
+        f"error: Invalid value for '--global-batch-size': {value} is not in the range x>=1."
+        in result.stderr
+    )
+
+
+def test_global_batch_is_required(profile_path: Path) -> None:
+    result = run("recommend", "--profile", str(profile_path))
+    assert result.exit_code == 2
+    assert "error: Missing option '--global-batch-size'" in result.stderr
+
+
+def test_global_batch_that_cannot_be_split_over_the_ranks(profile_path: Path) -> None:
+    result = run(
+        "recommend", "--profile", str(profile_path), "--global-batch-size", "4",
+        "--target", "h100-80gb", "--world-size", "8",
+    )  # fmt: skip
+    assert result.exit_code == 2
+    assert result.stderr == (
+        "error: global batch size 4 cannot be split over 8 ranks: pick a multiple of 8 for "
+        "--global-batch-size or a world size that divides it\n"
+    )
+
+
+def test_nodes_without_a_target(profile_path: Path) -> None:
+    result = run(
+        "recommend", "--profile", str(profile_path), "--global-batch-size", "8", "--nodes", "2"
+    )
+    assert result.exit_code == 2
+    assert result.stderr.startswith(
+        "error: --nodes and --network plan for other hardware: add --target"
+    )
+
+
+def test_nothing_fits_exits_2_naming_the_need(tmp_path: Path) -> None:
+    hand_profile(memory_bytes=16 * 2**20).save(tmp_path)
+    result = run(
+        "recommend", "--profile", str(tmp_path / "profile.json"), "--global-batch-size", "8",
+        "--validate-top", "0", "--quiet",
+    )  # fmt: skip
+    assert result.exit_code == 2
+    assert result.stderr.startswith("error: nothing fits the memory budget of 0.01 GiB")
+    assert "the smallest candidate (" in result.stderr
+
+
+def test_recommend_writes_the_plan_and_a_rerun_resumes_the_study(profile_path: Path) -> None:
+    out = profile_path.parent / "run"
+    args = (
+        "recommend",
+        "--profile",
+        str(profile_path),
+        "--global-batch-size",
+        "8",
+        "--validate-top",
+        "0",
+        "--out",
+        str(out),
+        "--quiet",
+    )
+    first = run(*args)
+    assert first.exit_code == 0, first.output
+    for name in ("plan.json", "trials.csv", "study.db"):
+        assert (out / name).is_file()
+    assert first.stdout.endswith(
+        f"train it: advisor train --plan {out / 'plan.json'} --out {out / 'train'}\n"
+    )
+    plan = json.loads((out / "plan.json").read_text())
+    assert plan["estimate"] is False
+    size = plan["search"]["space_size"]
+    assert plan["search"]["trials_told"] == size
+    second = run(*args)
+    assert second.exit_code == 0
+    again = json.loads((out / "plan.json").read_text())
+    assert again["search"]["trials_before"] == size and again["search"]["trials_told"] == 0
+    assert again["config"] == plan["config"]
+
+
+def test_whatif_recommend_is_labelled_an_estimate(profile_path: Path) -> None:
+    out = profile_path.parent / "whatif"
+    result = run(
+        "recommend", "--profile", str(profile_path), "--global-batch-size", "64",
+        "--target", "h100-80gb", "--world-size", "16", "--nodes", "2", "--out", str(out),
+        "--quiet",
+    )  # fmt: skip
+    assert result.exit_code == 0, result.output
+    assert result.stdout.startswith("ESTIMATE for 16× NVIDIA H100 SXM5 80GB on 2 nodes")
+    plan = json.loads((out / "plan.json").read_text())
+    assert plan["estimate"] is True and plan["label"].startswith("ESTIMATE")
+    assert plan["measured"] == {} and plan["validated"] == []
+    assert plan["config"]["world_size"] == 16
+    assert plan["predicted"]["estimate"] is True
+
+
+def test_predict_prints_the_cost_of_one_config(profile_path: Path) -> None:
+    result = run(
+        "predict", "--profile", str(profile_path), "--micro-batch-size", "4",
+        "--grad-accum-steps", "2", "--activation-checkpointing", "full",
+    )  # fmt: skip
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.stdout)
+    assert set(data) == {"config", "predicted", "estimate", "label"}
+    assert data["config"]["global_batch_size"] == 8
+    predicted = data["predicted"]
+    for key in ("peak_memory_bytes", "step_time_s", "tokens_per_s", "fits", "breakdown"):
+        assert key in predicted
+    assert set(predicted["breakdown"]) == {"memory", "time", "assumptions"}
+    assert predicted["tokens_per_s"] == pytest.approx(8 * 64 / predicted["step_time_s"])
+    assert data["estimate"] is False
+
+
+def test_predict_refuses_what_the_profile_did_not_measure(profile_path: Path) -> None:
+    result = run("predict", "--profile", str(profile_path), "--seq-len", "128")
+    assert result.exit_code == 2
+    assert result.stderr == (
+        "error: the profile measured seq_len=64, not 128: re-run 'advisor profile --seq-len "
+        "128' first\n"
+    )
+    result = run("predict", "--profile", str(profile_path), "--precision", "fp16")
+    assert result.exit_code == 2
+    assert result.stderr.startswith("error: the profile has no memory fit for fp16")
+
+
+def test_predict_whatif_is_an_estimate(profile_path: Path) -> None:
+    result = run(
+        "predict", "--profile", str(profile_path), "--target", "a100-80gb",
+        "--precision", "bf16", "--parallelism", "fsdp", "--world-size", "8",
+        "--micro-batch-size", "2",
+    )  # fmt: skip
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.stdout)
+    assert data["estimate"] is True and data["label"].startswith("ESTIMATE for 8× NVIDIA A100")
+    assert data["predicted"]["breakdown"]["memory"]["fsdp"]["sharded_state_bytes"] > 0
+
+
+def test_recommend_validates_the_top_candidates_for_real(tmp_path: Path) -> None:
+    """A tiny real model: the top-2 and the baseline are measured in an isolated child; the
+    measured best wins; distributed candidates are recorded as not validated."""
+    profile = hand_profile(comm_world_sizes=(2,))
+    args = {"vocab_size": 256, "n_layer": 1, "n_head": 2, "n_embd": 32, "block_size": 64}
+    profile = dataclasses.replace(
+        profile, workload={**profile.workload, "model_args": args, "seq_len": 64}
+    )
+    profile.save(tmp_path)
+    result = run(
+        "recommend", "--profile", str(tmp_path / "profile.json"), "--global-batch-size", "4",
+        "--world-size", "2", "--validate-top", "2", "--quiet",
+    )  # fmt: skip
+    assert result.exit_code == 0, result.output
+    plan = json.loads((tmp_path / "plan.json").read_text())
+    validated = plan["validated"]
+    assert len(validated) >= 2
+    statuses = {v["key"]: v["measured"]["status"] for v in validated}
+    ok = [v for v in validated if v["measured"]["status"] == "ok"]
+    assert ok, statuses
+    assert plan["measured"]["status"] == "ok"
+    best = max(ok, key=lambda v: v["measured"]["tokens_per_s"])
+    assert plan["measured"]["tokens_per_s"] == best["measured"]["tokens_per_s"]
+    for v in validated:
+        if v["candidate"]["parallelism"] != "single":
+            assert v["measured"]["status"] == "not_validated"
+            assert "distributed launcher" in v["measured"]["reason"]
+        else:
+            assert v["measured"]["peak_memory_bytes"] > 0
+            assert v["time_error"] is not None
+    assert plan["baseline"]["measured"] is not None

@@ -1,0 +1,303 @@
+"""The cost model's formulas, on hand-made profiles whose numbers can be checked by hand."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from profilers.profile_record import InputSample
+from strategies.cost import (
+    CostModel,
+    MeasuredComm,
+    affine_seconds,
+    backward_share,
+    cost_model_from_profile,
+    ddp_buckets,
+    exposed_bucketed_allreduce_s,
+    fsdp_units,
+    overlapped_exposure_s,
+)
+from strategies.errors import Unpredictable
+from strategies.space import Candidate
+from tests.strategies.profiles import (
+    ACTIVATIONS,
+    ADAM_BYTES,
+    FB_TIME,
+    GRAD_BYTES,
+    MB,
+    NUM_PARAMS,
+    OPTIMIZER_S,
+    PARAM_BYTES,
+    SEQ_LEN,
+    comm_fit,
+    facts,
+    flop_count,
+    hand_profile,
+    line,
+    time_model,
+)
+
+MiB = 2**20
+
+
+def cand(
+    micro: int = 4,
+    accum: int = 1,
+    *,
+    precision: str = "fp32",
+    ckpt: str = "none",
+    parallelism: str = "single",
+    world: int = 1,
+    workers: int = 0,
+) -> Candidate:
+    return Candidate(
+        precision=precision,
+        activation_checkpointing=ckpt,
+        parallelism=parallelism,
+        world_size=world,
+        micro_batch_size=micro,
+        grad_accum_steps=accum,
+        num_workers=workers,
+    )
+
+
+def test_single_device_memory_is_the_fitted_peak_plus_overheads() -> None:
+    profile = hand_profile(fixed_bytes=100 * MB, fragmentation=0.1)
+    model = cost_model_from_profile(profile, 0.9)
+    p = model.predict(cand(micro=4))
+    traced = PARAM_BYTES + ADAM_BYTES + 4 * ACTIVATIONS[("fp32", "none")]  # 12 + 40 MB
+    assert p.breakdown["memory"]["traced_bytes"] == traced
+    assert p.peak_memory_bytes == round(traced * 1.1) + 100 * MB
+    # Accumulation: the fitted accumulating peak holds one gradient copy more.
+    p2 = model.predict(cand(micro=4, accum=2))
+    assert p2.breakdown["memory"]["traced_bytes"] == traced + GRAD_BYTES
+
+
+def test_memory_grows_and_step_time_falls_with_the_micro_batch_at_a_fixed_global_batch(
+    model: CostModel,
+) -> None:
+    global_batch = 32
+    micros = [1, 2, 4, 8, 16, 32]
+    predictions = [model.predict(cand(micro=b, accum=global_batch // b)) for b in micros]
+    peaks = [p.peak_memory_bytes for p in predictions]
+    times = [p.step_time_s for p in predictions]
+    assert peaks == sorted(peaks) and len(set(peaks)) > 1
+    assert times == sorted(times, reverse=True)
+    # accum * (t0 + k*b) + t_opt with b*accum = 32.
+    t0, k = FB_TIME[("fp32", "none")]
+    assert times[2] == pytest.approx(8 * (t0 + 4 * k) + OPTIMIZER_S)
+    tokens = global_batch * SEQ_LEN
+    assert predictions[2].tokens_per_s == pytest.approx(tokens / times[2])
+
+
+def test_checkpointing_trades_time_for_memory(model: CostModel) -> None:
+    plain = model.predict(cand(micro=8))
+    ckpt = model.predict(cand(micro=8, ckpt="full"))
+    assert ckpt.peak_memory_bytes < plain.peak_memory_bytes
+    assert ckpt.step_time_s > plain.step_time_s
+
+
+def test_ddp_keeps_a_gradient_copy_in_its_buckets_unless_accumulation_already_does(
+    model: CostModel,
+) -> None:
+    for accum, extra in ((1, GRAD_BYTES), (2, 0)):
+        single = model.predict(cand(micro=8, accum=accum))
+        ddp = model.predict(cand(micro=8, accum=accum, parallelism="ddp", world=2))
+        m = ddp.breakdown["memory"]
+        assert m["ddp_gradient_buckets_bytes"] == extra
+        assert m["traced_bytes"] - single.breakdown["memory"]["traced_bytes"] == extra
+
+
+def test_fsdp_memory_per_rank_follows_the_sharding_formula(model: CostModel) -> None:
+    b, world = 4, 4
+    p = model.predict(cand(micro=b, parallelism="fsdp", world=world))
+    root, block = fsdp_units(facts())
+    state = PARAM_BYTES + GRAD_BYTES + ADAM_BYTES
+    activations = b * ACTIVATIONS[("fp32", "none")]  # fb(b) minus params and Adam state
+    expected = state / world + (root + 2 * block) * 4 + block * 4 + activations
+    assert p.breakdown["memory"]["traced_bytes"] == int(expected)
+    # More ranks: less state per rank, same activations.
+    wider = model.predict(cand(micro=b, parallelism="fsdp", world=8))
+    assert wider.peak_memory_bytes < p.peak_memory_bytes
+    # bf16 gathers half-size parameters.
+    bf16 = model.predict(cand(micro=b, precision="bf16", parallelism="fsdp", world=world))
+    assert bf16.breakdown["memory"]["fsdp"]["gathered_units_bytes"] == (root + 2 * block) * 2
+
+
+def test_fsdp_units_split_embeddings_into_the_root() -> None:
+    f = facts(num_layers=4)
+    root, block = fsdp_units(f)
+    assert block == (NUM_PARAMS - f.num_embedding_params) // 4
+    assert root + 4 * block == NUM_PARAMS
+    untied = dataclasses.replace(f, tied_embeddings=False)
+    assert fsdp_units(untied)[0] == root + f.vocab_size * f.hidden_size
+
+
+def test_cpu_ranks_share_the_cores_and_the_ram(model: CostModel) -> None:
+    single = model.predict(cand(micro=8, accum=2))
+    ddp = model.predict(cand(micro=8, accum=1, parallelism="ddp", world=2))
+    time = ddp.breakdown["time"]
+    assert time["forward_backward_s"] == pytest.approx(
+        2 * single.breakdown["time"]["forward_backward_s"]
+    )
+    assert any("share the host's cores" in a for a in ddp.breakdown["assumptions"])
+    assert ddp.budgeted_bytes == 2 * ddp.peak_memory_bytes
+
+
+def test_a_measured_multi_rank_time_replaces_the_sharing_assumption() -> None:
+    measured = time_model("fp32", "none", parallelism="ddp", world_size=2, scale=1.5)
+    model = cost_model_from_profile(hand_profile(extra_time=[measured]), 0.9)
+    p = model.predict(cand(micro=8, parallelism="ddp", world=2))
+    t0, k = FB_TIME[("fp32", "none")]
+    assert p.breakdown["time"]["forward_backward_s"] == pytest.approx(1.5 * (t0 + 8 * k))
+    assert p.breakdown["time"]["exposed_communication_s"] == 0.0  # inside the measurement
+    assert "measured ddp×2" in p.breakdown["time"]["compute_source"]
+    assert not any("share the host's cores" in a for a in p.breakdown["assumptions"])
+
+
+def test_gpu_ranks_do_not_share_compute() -> None:
+    model = cost_model_from_profile(hand_profile(kind="cuda"), 0.9)
+    single = model.predict(cand(micro=8))
+    ddp = model.predict(cand(micro=8, parallelism="ddp", world=2))
+    assert (
+        ddp.breakdown["time"]["forward_backward_s"]
+        == single.breakdown["time"]["forward_backward_s"]
+    )
+    assert ddp.budgeted_bytes == ddp.peak_memory_bytes
+    assert ddp.step_time_s >= single.step_time_s  # the same work plus exposed communication
+
+
+def test_ddp_buckets_follow_torch_sizes() -> None:
+    assert ddp_buckets(60 * MiB) == [1 * MiB, 25 * MiB, 25 * MiB, 9 * MiB]
+    assert ddp_buckets(512) == [512]
+    assert ddp_buckets(0) == []
+
+
+def test_bucketed_allreduce_exposes_only_what_outlasts_backward() -> None:
+    # Two equal buckets: ready at 5 s and 10 s of a 10 s backward.
+    assert exposed_bucketed_allreduce_s([1, 1], [1.0, 1.0], 10.0) == pytest.approx(1.0)
+    # Communication slower than backward: 5 -> 15, then 15 -> 25: 15 s past the end.
+    assert exposed_bucketed_allreduce_s([1, 1], [10.0, 10.0], 10.0) == pytest.approx(15.0)
+    assert overlapped_exposure_s(1.0, 3.0, 5.0, last_s=0.5) == pytest.approx(1.5)
+    assert overlapped_exposure_s(1.0, 8.0, 5.0) == pytest.approx(4.0)
+
+
+def test_ddp_exposed_communication_uses_the_alpha_beta_fit(model: CostModel) -> None:
+    p = model.predict(cand(micro=8, parallelism="ddp", world=2))
+    time = p.breakdown["time"]
+    # 4 MB of gradients: one 1 MiB bucket and one of the rest, 1 GB/s, alpha 0.1 ms.
+    sizes = ddp_buckets(GRAD_BYTES)
+    times = [1e-4 + s / 1e9 for s in sizes]
+    backward = 2 / 3 * time["forward_backward_s"]  # counted FLOPs: backward = 2 x forward
+    assert time["communication_s"] == pytest.approx(sum(times))
+    assert time["exposed_communication_s"] == pytest.approx(
+        exposed_bucketed_allreduce_s(sizes, times, backward)
+    )
+    assert p.step_time_s == pytest.approx(
+        time["forward_backward_s"] + time["optimizer_s"] + time["exposed_communication_s"]
+    )
+
+
+def test_backward_share_from_counted_flops() -> None:
+    counted = flop_count()
+    assert backward_share("none", counted) == pytest.approx(2 / 3)
+    assert backward_share("full", counted) == pytest.approx(3 / 4)
+    assert backward_share("full", None) == pytest.approx(3 / 4)
+
+
+def test_a_comm_fit_for_another_world_size_is_rescaled_by_bus_bandwidth() -> None:
+    comm = MeasuredComm(fits=(comm_fit("all_reduce", 2, gbps=1.0, alpha_s=0.0),))
+    # all_reduce factor 2(n-1)/n: 1 at n=2, 1.5 at n=4.
+    assert comm.collective_s("all_reduce", 4, 1e9) == pytest.approx(1.5)
+    assert "rescaled" in comm.describe("all_reduce", 4)
+    with pytest.raises(Unpredictable, match="advisor profile --world-size 4"):
+        comm.collective_s("all_gather", 4, 1e9)
+
+
+def test_missing_communication_makes_distributed_candidates_unpredictable() -> None:
+    model = cost_model_from_profile(hand_profile(comm_world_sizes=()), 0.9)
+    with pytest.raises(Unpredictable, match="no all_reduce measurement"):
+        model.predict(cand(micro=8, parallelism="ddp", world=2))
+
+
+def test_a_missing_checkpointing_time_is_derived_from_counted_flops() -> None:
+    model = cost_model_from_profile(hand_profile(timed_checkpointing=("none",)), 0.9)
+    plain = model.predict(cand(micro=8))
+    ckpt = model.predict(cand(micro=8, ckpt="full"))
+    ratio = (
+        ckpt.breakdown["time"]["forward_backward_s"] / plain.breakdown["time"]["forward_backward_s"]
+    )
+    assert ratio == pytest.approx(4 / 3)
+    assert "derived" in ckpt.breakdown["time"]["compute_source"]
+    without_flops = cost_model_from_profile(
+        hand_profile(timed_checkpointing=("none",), with_flops=False), 0.9
+    )
+    with pytest.raises(Unpredictable, match="no step-time fit for fp32 with full"):
+        without_flops.predict(cand(micro=8, ckpt="full"))
+
+
+def test_a_missing_memory_fit_names_the_fix() -> None:
+    model = cost_model_from_profile(hand_profile(checkpointing=("none",)), 0.9)
+    with pytest.raises(Unpredictable, match=r"no memory fit for fp32 with full.*advisor profile"):
+        model.predict(cand(ckpt="full"))
+
+
+def test_input_loading_adds_in_process_and_overlaps_with_gpu_workers() -> None:
+    inputs = [
+        InputSample(num_workers=w, micro_batch_size=8, seq_len=SEQ_LEN, batches_per_s=rate)
+        for w, rate in ((0, 100.0), (2, 400.0))
+    ]
+    gpu = cost_model_from_profile(hand_profile(kind="cuda", inputs=inputs), 0.9)
+    no_input = cost_model_from_profile(hand_profile(kind="cuda"), 0.9)
+    base = no_input.predict(cand(micro=8)).step_time_s
+    in_process = gpu.predict(cand(micro=8, workers=0))
+    assert in_process.breakdown["time"]["input_s"] == pytest.approx(1 / 100)  # 8 seqs, 100 b/s
+    assert in_process.step_time_s == pytest.approx(base + 1 / 100)
+    assert gpu.predict(cand(micro=8, workers=2)).step_time_s == pytest.approx(max(base, 1 / 400))
+    cpu = cost_model_from_profile(hand_profile(inputs=inputs), 0.9)
+    assert cpu.predict(cand(micro=8, workers=2)).step_time_s == pytest.approx(base + 1 / 400)
+
+
+def test_a_time_fit_with_negative_intercept_stays_positive_below_its_range() -> None:
+    fit = line(-0.05, 0.1, xs=(2.0, 8.0))
+    assert affine_seconds(fit, 4) == pytest.approx(0.35)
+    assert affine_seconds(fit, 1) == pytest.approx(fit.predict(2) / 2)
+
+
+def test_config_for_another_model_or_sequence_length_is_refused(model: CostModel) -> None:
+    from strategies.config import TrainConfig
+
+    ok = TrainConfig(model="gpt-tiny", seq_len=SEQ_LEN, global_batch_size=4, micro_batch_size=4)
+    assert model.predict_config(ok).tokens_per_s > 0
+    with pytest.raises(Unpredictable, match=r"seq_len=64, not 128.*--seq-len 128"):
+        model.predict_config(ok.replace(seq_len=128))
+    with pytest.raises(Unpredictable, match="model='gpt-tiny'"):
+        model.predict_config(ok.replace(model="gpt-small"))
+
+
+def test_a_traced_per_rank_memory_fit_replaces_the_analytic_sharding() -> None:
+    from profilers.memory_model import MemoryModel
+
+    if "parallelism" not in {f.name for f in dataclasses.fields(MemoryModel)}:
+        pytest.skip("profilers.memory_model.MemoryModel has no parallelism field yet")
+    from tests.strategies.profiles import memory_model
+
+    profile = hand_profile()
+    per_rank = dataclasses.replace(
+        memory_model("fp32", "none"),
+        parallelism="fsdp",
+        world_size=2,
+    )
+    per_rank = dataclasses.replace(per_rank, forward_backward=line(5 * MB, 1 * MB))
+    fits = dataclasses.replace(profile.fits, memory=(*profile.fits.memory, per_rank))
+    model = cost_model_from_profile(dataclasses.replace(profile, fits=fits), 0.9)
+    traced = model.predict(cand(micro=4, parallelism="fsdp", world=2))
+    assert traced.breakdown["memory"]["source"] == "traced fsdp×2 per-rank fit"
+    assert traced.breakdown["memory"]["traced_bytes"] == per_rank.predict(4, 1)
+    # Other layouts, and single-device lookups, are unaffected.
+    assert (
+        "source"
+        not in model.predict(cand(micro=4, parallelism="fsdp", world=4)).breakdown["memory"]
+    )
+    assert model.memory_model("fp32", "none").parallelism == "single"

@@ -1,0 +1,115 @@
+"""The Optuna search: enumerate or sample, resume after an interruption, de-duplicate."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import optuna
+import pytest
+
+import strategies.search as search
+from strategies.cost import CostModel
+from strategies.search import choose_mode, rank, run_search
+from strategies.space import SearchRequest, SearchSpace, build_space
+from tests.strategies.profiles import hand_profile
+
+
+def _space(global_batch: int = 16, **kwargs: Any) -> SearchSpace:
+    return build_space(hand_profile(), SearchRequest(global_batch_size=global_batch, **kwargs))
+
+
+def _storage(tmp_path: Path) -> str:
+    return f"sqlite:///{tmp_path / 'study.db'}"
+
+
+def _complete_keys(storage: str, name: str) -> list[str]:
+    study = optuna.load_study(study_name=name, storage=storage)
+    trials = study.get_trials(states=(optuna.trial.TrialState.COMPLETE,))
+    return [t.user_attrs[search.ATTR]["key"] for t in trials]
+
+
+def test_mode_enumerates_whenever_it_costs_no_more_trials() -> None:
+    assert choose_mode(100, None) == ("enumerate", 100)
+    assert choose_mode(search.ENUMERATE_MAX + 1, None) == ("sample", search.DEFAULT_TRIALS)
+    assert choose_mode(1000, 2000) == ("enumerate", 1000)
+
+
+def test_a_small_space_is_enumerated_exhaustively_and_says_so(
+    tmp_path: Path, model: CostModel
+) -> None:
+    space = _space(8)
+    result = run_search(space, model, storage=_storage(tmp_path), study_name="s")
+    assert result.mode == "enumerate"
+    assert {e.candidate.key for e in result.evaluations} == {c.key for c in space.candidates()}
+    assert "enumerated exhaustively" in result.summary()["notes"][0]
+    best = result.ranked()[0]
+    assert best == rank(list(result.evaluations))[0]
+    assert all(best.tokens_per_s >= e.tokens_per_s for e in result.evaluations if e.feasible)
+
+
+def test_an_interrupted_enumeration_resumes_where_it_stopped(
+    tmp_path: Path, model: CostModel, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A worker dies mid-trial (leaving a RUNNING trial and queued ones); the re-run tells
+    only what is missing, takes the dead trial over, and every candidate is told once."""
+    space = _space(16)
+    storage = _storage(tmp_path)
+    monkeypatch.setattr(search, "CHUNK", 4)
+    monkeypatch.setattr(search, "TAKEOVER_S", 0.5)
+    calls = {"n": 0}
+    real = search.evaluate
+
+    def dying(model: CostModel, candidate: object) -> object:
+        calls["n"] += 1
+        if calls["n"] == 7:
+            raise KeyboardInterrupt  # the kill, inside a trial
+        return real(model, candidate)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(search, "evaluate", dying)
+    with pytest.raises(KeyboardInterrupt):
+        run_search(space, model, storage=storage, study_name="s")
+    assert len(_complete_keys(storage, "s")) == 6
+    monkeypatch.setattr(search, "evaluate", real)
+    result = run_search(space, model, storage=storage, study_name="s")
+    assert result.trials_before == 6
+    assert result.trials_told == space.size - 6
+    keys = _complete_keys(storage, "s")
+    assert sorted(keys) == sorted(c.key for c in space.candidates())  # each exactly once
+    assert any("resumed study" in note for note in result.notes)
+    again = run_search(space, model, storage=storage, study_name="s")
+    assert again.trials_told == 0
+    assert again.ranked()[0].candidate == result.ranked()[0].candidate
+
+
+def test_a_large_space_is_sampled_and_a_rerun_continues_towards_the_budget(
+    tmp_path: Path, model: CostModel, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(search, "ENUMERATE_MAX", 4)
+    space = _space(16)
+    storage = _storage(tmp_path)
+    first = run_search(space, model, storage=storage, study_name="s", trials=6)
+    assert first.mode == "sample"
+    assert len(first.evaluations) == 6
+    assert "sampled 6 trials" in first.notes[0]
+    second = run_search(space, model, storage=storage, study_name="s", trials=9)
+    assert second.trials_before >= 6
+    assert len(second.evaluations) == 9  # continued, not restarted
+
+
+def test_infeasible_candidates_are_told_with_their_reason(tmp_path: Path) -> None:
+    from strategies.cost import cost_model_from_profile
+    from tests.strategies.profiles import GiB
+
+    tight = cost_model_from_profile(hand_profile(memory_bytes=GiB // 8), 0.9)
+    result = run_search(_space(32), tight, storage=_storage(tmp_path), study_name="s")
+    rejected = [e for e in result.evaluations if not e.feasible]
+    assert rejected and all("> budget" in e.reason for e in rejected)
+    assert result.ranked()  # and something still fits
+
+
+def test_an_unopenable_storage_is_a_clear_error(model: CostModel) -> None:
+    from strategies.errors import StrategyError
+
+    with pytest.raises(StrategyError, match="cannot open the study storage"):
+        run_search(_space(4), model, storage="nosuchdb://x", study_name="s")

@@ -1,0 +1,98 @@
+"""What-if planning: estimates for hardware that is not here, labelled as such."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from profilers.hardware import lookup_network, lookup_target
+from strategies.errors import StrategyError
+from strategies.space import Candidate, SearchRequest, build_space
+from strategies.whatif import (
+    ADAMW_BYTES_PER_PARAM,
+    CUDA_FIXED_OVERHEAD_BYTES,
+    LINK_EFFICIENCY,
+    MEMORY_BANDWIDTH_EFFICIENCY,
+    MFU,
+    LinkComm,
+    rounding_allowance,
+    whatif_cost_model,
+)
+from tests.strategies.profiles import NUM_PARAMS, SEQ_LEN, facts, hand_profile, memory_model
+
+
+def _cand(precision: str = "bf16", parallelism: str = "single", world: int = 1) -> Candidate:
+    return Candidate(
+        precision=precision,
+        activation_checkpointing="none",
+        parallelism=parallelism,
+        world_size=world,
+        micro_batch_size=8,
+        grad_accum_steps=1,
+    )
+
+
+def test_whatif_predictions_are_labelled_estimates_from_flops_and_datasheets() -> None:
+    request = SearchRequest(global_batch_size=64, world_size=8, target="h100-80gb")
+    model, label = whatif_cost_model(hand_profile(), request)
+    assert label.startswith("ESTIMATE for 8× NVIDIA H100 SXM5 80GB")
+    assert model.machine.estimate
+    p = model.predict(_cand())
+    assert p.estimate
+    assert any("estimate" in a for a in p.breakdown["assumptions"])
+    h100 = lookup_target("h100-80gb")
+    flops = 6.0 * NUM_PARAMS * 8 * SEQ_LEN  # the hand profile's counted FLOPs, 8 sequences
+    expected_fb = flops / (h100.peak_flops("bf16") * MFU["bf16"])  # type: ignore[operator]
+    expected_opt = (
+        ADAMW_BYTES_PER_PARAM
+        * NUM_PARAMS
+        / (
+            h100.memory_bandwidth_gbs * 1e9 * MEMORY_BANDWIDTH_EFFICIENCY  # type: ignore[operator]
+        )
+    )
+    assert p.breakdown["time"]["forward_backward_s"] == pytest.approx(expected_fb)
+    assert p.breakdown["time"]["optimizer_s"] == pytest.approx(expected_opt)
+    assert model.predict(_cand("fp32")).step_time_s > p.step_time_s
+    # Memory: CPU-traced fits + 512-B rounding bound + CUDA context.
+    memory = p.breakdown["memory"]
+    assert memory["rounding_allowance_bytes"] == rounding_allowance(facts())
+    assert memory["fixed_overhead_bytes"] == CUDA_FIXED_OVERHEAD_BYTES
+    assert model.budget_bytes == int(0.9 * h100.memory_bytes)
+
+
+def test_cuda_target_traces_replace_the_rounding_bound() -> None:
+    profile = hand_profile()
+    cuda_fits = tuple(
+        memory_model(p, c, target="cuda") for p in ("fp32", "bf16") for c in ("none", "full")
+    )
+    fits = dataclasses.replace(profile.fits, memory=profile.fits.memory + cuda_fits)
+    profile = dataclasses.replace(profile, fits=fits)
+    model, _ = whatif_cost_model(profile, SearchRequest(global_batch_size=8, target="a100-80gb"))
+    assert model.rounding_allowance_bytes == 0
+    assert all(m.target_device_type == "cuda" for m in model.memory_models)
+
+
+def test_links_nvlink_in_a_node_and_the_network_across_nodes() -> None:
+    h100 = lookup_target("h100-80gb")
+    network = lookup_network("ib-ndr-400")
+    comm = LinkComm(target=h100, gpus_per_node=8, network=network)
+    intra = comm.collective_s("all_reduce", 8, 1e9)
+    nvlink = h100.nvlink_gbs * 1e9 * LINK_EFFICIENCY  # type: ignore[operator]
+    assert intra == pytest.approx(10e-6 + 1e9 * 2 * 7 / 8 / nvlink)
+    inter = comm.collective_s("all_reduce", 16, 1e9)
+    per_gpu = network.bytes_per_s / 8 * LINK_EFFICIENCY
+    assert inter == pytest.approx(20e-6 + 1e9 * 2 * 15 / 16 / per_gpu)
+    assert "InfiniBand" in comm.describe("all_reduce", 16)
+
+
+def test_whatif_space_uses_the_targets_precisions_and_exact_world_size() -> None:
+    request = SearchRequest(global_batch_size=32, world_size=4, target="v100-32gb")
+    space = build_space(hand_profile(), request, target=lookup_target("v100-32gb"))
+    assert "bf16" not in space.precisions
+    assert {w for _, w in space.layouts} == {4}
+
+
+def test_an_unknown_target_lists_the_known_ones() -> None:
+    with pytest.raises(StrategyError, match=r"unknown target device 'h900'.*h100-80gb"):
+        whatif_cost_model(hand_profile(), SearchRequest(global_batch_size=8, target="h900"))
