@@ -12,12 +12,13 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 from advisor.errors import UsageProblem
-from advisor.validation import LocalValidator, Validator, route
+from advisor.validation import LauncherValidator, LocalValidator, Validator, route
 from profilers.profile_record import Profile, load_profile
 from strategies.config import ConfigError, TrainConfig
 from strategies.cost import CostModel, cost_model_from_profile
@@ -101,7 +102,21 @@ def default_validators(
             f"the profile was measured on {profile.device.kind}, not {wanted}: validate on the "
             "profiled device (--device auto) or profile this one first"
         )
-    return [LocalValidator(device=wanted, budget_bytes=model.budget_bytes, progress=progress)]
+    if wanted.startswith("cuda"):
+        import torch
+
+        max_world = torch.cuda.device_count()
+    else:
+        max_world = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else 1
+    return [
+        LocalValidator(device=wanted, budget_bytes=model.budget_bytes, progress=progress),
+        LauncherValidator(
+            device=wanted,
+            max_world_size=max_world,
+            fixed_overhead_bytes=profile.memory_overhead.fixed_bytes,
+            progress=progress,
+        ),
+    ]
 
 
 def recommend(

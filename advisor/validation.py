@@ -319,3 +319,143 @@ def _measurement(
         validator=validator,
         wall_s=float(result.get("wall_s", 0.0)),
     )
+
+
+# -- distributed candidates: short real runs through the launcher --------------------------------
+
+
+@dataclass(frozen=True, kw_only=True)
+class LauncherValidator:
+    """ddp/fsdp validation: a short ``advisor train`` of each config through torchrun.
+
+    The very code path the plan will run (launcher, process group, wrappers, real data). Step
+    time is the median ``step_time_s`` of the steps after ``warmup``; memory is the largest
+    per-rank peak of those steps: CUDA ``max_memory_allocated`` (like for like with the
+    traced peak), CPU the rank's resident peak minus the profiled per-process overhead
+    (``fixed_overhead_bytes``: interpreter and libraries), so it too compares with the trace.
+    """
+
+    device: str  # "cpu" or "cuda"
+    max_world_size: int
+    fixed_overhead_bytes: int = 0
+    warmup: int = 2
+    rounds: int = 3
+    progress: Callable[[str], None] | None = field(default=None, compare=False)
+    name: str = "torchrun"
+
+    def unsupported_reason(self, config: TrainConfig) -> str | None:
+        if config.parallelism == "single":
+            return "single-device configs are measured by the local validator"
+        if config.world_size > self.max_world_size:
+            return (
+                f"{config.parallelism}×{config.world_size} needs {config.world_size} "
+                f"{'GPUs' if self.device.startswith('cuda') else 'cores'}; this machine has "
+                f"{self.max_world_size}"
+            )
+        return None
+
+    def validate(
+        self, configs: Sequence[TrainConfig], predictions: Sequence[Prediction]
+    ) -> list[Measurement]:
+        return [self._one(c, p) for c, p in zip(configs, predictions, strict=True)]
+
+    def _one(self, config: TrainConfig, prediction: Prediction) -> Measurement:
+        import json
+        import subprocess
+        import tempfile
+        from pathlib import Path
+
+        say = self.progress or (lambda _m: None)
+        steps = self.warmup + self.rounds
+        say(
+            f"validating {config.parallelism}×{config.world_size} through torchrun "
+            f"({self.warmup} warm-up + {self.rounds} timed steps)"
+        )
+        started = time.perf_counter()
+        with tempfile.TemporaryDirectory(prefix="advisor-validate-") as tmp:
+            out = Path(tmp) / "run"
+            plan = Path(tmp) / "config.json"
+            plan.write_text(json.dumps({"config": config.to_dict()}))
+            command = [
+                sys.executable,
+                "-m",
+                "advisor",
+                "train",
+                "--plan",
+                str(plan),
+                "--out",
+                str(out),
+                "--steps",
+                str(steps),
+                "--eval-every",
+                "0",
+                "--eval-batches",
+                "1",
+                "--checkpoint-every",
+                str(10**9),
+                "--keep-checkpoints",
+                "1",
+                "--device",
+                self.device.split(":")[0],
+                "--quiet",
+            ]
+            timeout = _STARTUP_S * 2 + _SAFETY * steps * prediction.step_time_s
+            try:
+                done = subprocess.run(
+                    command,
+                    capture_output=True,
+                    text=True,
+                    timeout=timeout,
+                    env={**os.environ, "PYTHONUNBUFFERED": "1"},
+                )
+            except subprocess.TimeoutExpired:
+                return Measurement(
+                    status="timeout",
+                    reason=f"no result after {timeout:.0f} s",
+                    device=self.device,
+                    validator=self.name,
+                    wall_s=time.perf_counter() - started,
+                )
+            wall = time.perf_counter() - started
+            if done.returncode != 0:
+                lines = done.stderr.strip().splitlines()
+                reason = lines[-1].removeprefix("error: ") if lines else f"exit {done.returncode}"
+                status = "oom" if "out of memory" in reason.lower() else "error"
+                return Measurement(
+                    status=status,
+                    reason=reason[:300],
+                    device=self.device,
+                    validator=self.name,
+                    wall_s=wall,
+                )
+            records = [
+                json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()
+            ]
+        train = [r for r in records if r.get("kind") == "train" and r["step"] > self.warmup]
+        if not train:
+            return Measurement(
+                status="error",
+                reason="the run logged no timed step",
+                device=self.device,
+                validator=self.name,
+                wall_s=wall,
+            )
+        samples = tuple(float(r["step_time_s"]) for r in train)
+        median = statistics.median(samples)
+        peak = max(int(r["peak_memory_bytes"]) for r in train)
+        if self.device.startswith("cuda"):
+            kind = "cuda: max_memory_allocated, largest rank"
+        else:
+            peak = max(0, peak - self.fixed_overhead_bytes)
+            kind = "cpu: largest rank's resident peak minus the profiled process overhead"
+        return Measurement(
+            status="ok",
+            step_time_s=median,
+            tokens_per_s=config.tokens_per_step / median,
+            peak_memory_bytes=peak,
+            memory_kind=kind,
+            step_samples_s=samples,
+            device=self.device,
+            validator=self.name,
+            wall_s=wall,
+        )

@@ -40,10 +40,11 @@ Progress = Callable[[str, float], None]  # (what is running now, fraction of the
 SHARES = {
     "device": 0.05,
     "model": 0.02,
-    "memory": 0.15,
-    "memory_check": 0.10,
-    "throughput": 0.45,
-    "communication": 0.16,
+    "memory": 0.14,
+    "memory_distributed": 0.08,
+    "memory_check": 0.09,
+    "throughput": 0.40,
+    "communication": 0.15,
     "input": 0.07,
 }
 CPU_MAX_TIMED_MICRO_BATCH = 8  # CPU throughput is flat or falls beyond ~8 (DESIGN.md)
@@ -216,6 +217,38 @@ def _doublings(start: int, limit: int) -> list[int]:
     out = [start]
     while out[-1] * 2 <= limit:
         out.append(out[-1] * 2)
+    return out
+
+
+def _distributed_trace_child(
+    workload: Workload, specs: list[StepSpec], target: str, budget_s: float
+) -> list[dict[str, Any]]:
+    """Per-rank traces under a fake process group, in priority order, until the budget ends.
+
+    Returns one dict per spec: the trace, or why there is none (error, or budget spent).
+    """
+    from profilers.memory_distributed import trace_in_this_process
+
+    deadline = time.perf_counter() + budget_s
+    out: list[dict[str, Any]] = []
+    for spec in specs:
+        if time.perf_counter() > deadline:
+            out.append({"status": "skipped", "reason": "time budget spent"})
+            continue
+        started = time.perf_counter()
+        try:
+            trace = trace_in_this_process(workload, [spec], target)[0]
+            out.append(
+                {"status": "ok", "trace": trace.to_dict(), "wall_s": time.perf_counter() - started}
+            )
+        except Exception as exc:
+            out.append(
+                {
+                    "status": "error",
+                    "reason": _one_line(exc),
+                    "wall_s": time.perf_counter() - started,
+                }
+            )
     return out
 
 
@@ -464,6 +497,100 @@ class _Run:
         )
         return measured, overhead
 
+    def distributed_traces(
+        self, precisions: Sequence[str], target: str, world_sizes: Sequence[int]
+    ) -> list[MemoryTrace]:
+        """Per-rank memory of DDP and FSDP steps at each world size, traced under a fake
+        process group in one child (the group is process-global). fp32 first; the rest while
+        the budget lasts."""
+        share = self.clock.share("memory_distributed")
+        if not world_sizes or share < CHILD_START_S + 2:
+            reason = "no world size > 1" if not world_sizes else "time budget spent"
+            self.rows.append(
+                _row("memory", None, "skipped", reason=reason, name="ddp/fsdp per-rank")
+            )
+            return []
+        b1, b2 = self.options.trace_micro_batch_sizes
+        specs = []
+        for precision in sorted(precisions, key=lambda p: p != "fp32"):
+            for checkpointing in self.options.checkpointing:
+                for parallelism in ("fsdp", "ddp"):
+                    for world in world_sizes:
+                        for b, a in ((b1, 1), (b2, 1), (b1, 2)):
+                            specs.append(
+                                dataclasses.replace(
+                                    self.spec(precision, checkpointing, b, a),
+                                    parallelism=parallelism,
+                                    world_size=world,
+                                )
+                            )
+        # Priority: every group's two sizes before any accumulation variant.
+        specs.sort(key=lambda s: s.grad_accum_steps > 1)
+        self.clock.say(
+            f"memory: per-rank ddp/fsdp traces at world size {', '.join(map(str, world_sizes))}"
+        )
+        outcome = self.isolated(
+            _distributed_trace_child,
+            self.workload,
+            specs,
+            target,
+            share - CHILD_START_S,
+            timeout_s=share + 20,
+        )
+        if not outcome.ok:
+            self.rows.append(
+                _row(
+                    "memory",
+                    None,
+                    outcome.status,
+                    reason=outcome.reason,
+                    wall_s=outcome.wall_s,
+                    name="ddp/fsdp per-rank",
+                )
+            )
+            return []
+        traces = []
+        for spec, result in zip(specs, outcome.value, strict=True):
+            name = f"{spec.parallelism}x{spec.world_size} {_label(spec)}"
+            if result["status"] != "ok":
+                if result["status"] == "error":
+                    self.rows.append(
+                        _row(
+                            "memory",
+                            spec,
+                            "error",
+                            reason=result["reason"],
+                            wall_s=result.get("wall_s", 0.0),
+                            name=name,
+                        )
+                    )
+                continue
+            trace = MemoryTrace.from_dict(result["trace"])
+            traces.append(trace)
+            self.rows.append(
+                _row(
+                    "memory",
+                    spec,
+                    "ok",
+                    wall_s=result["wall_s"],
+                    name=name,
+                    value=trace.peak_bytes,
+                    unit="bytes",
+                )
+            )
+        skipped = sum(r["status"] == "skipped" for r in outcome.value)
+        if skipped:
+            self.rows.append(
+                _row(
+                    "memory",
+                    None,
+                    "skipped",
+                    name="ddp/fsdp per-rank",
+                    reason=f"{skipped} traces left out: time budget spent",
+                )
+            )
+        return traces
+
     # throughput ------------------------------------------------------------------------------
     def timed_sizes(
         self, model: MemoryModel | None, capacity: int, on_gpu: bool, slowdown: float
@@ -501,7 +628,9 @@ class _Run:
             b1, b_max = self.timed_sizes(model, capacity, on_gpu, slowdown)
             small = self.spec(p, c, b1)
             remaining = deadline - time.perf_counter()
-            per_group = max(remaining / (len(groups) - i), min(remaining, CHILD_START_S + 2))
+            # Every group gets a child's minimum while time remains; the first (fp32) always.
+            floor = CHILD_START_S + 2 if i == 0 else min(remaining, CHILD_START_S + 2)
+            per_group = max(remaining / (len(groups) - i), floor)
             if per_group < CHILD_START_S + 2:
                 self.rows.append(_row("throughput", small, "skipped", reason="time budget spent"))
                 continue
@@ -653,6 +782,8 @@ def run_profile(
     facts, flops = run.model()
     target = "cuda" if options.device.startswith("cuda") else "cpu"
     traces = run.traces(precisions, target)
+    world_sizes = _local_world_sizes(options, target)
+    traces += run.distributed_traces(precisions, target, world_sizes)
     models = _fit_groups(fit_memory_models, traces, run.rows, "memory")
     capacity = device.free_memory_bytes if target == "cuda" else device.total_memory_bytes
     measured, overhead = run.memory_checks(models, precisions, capacity)
@@ -687,6 +818,14 @@ def run_profile(
     )
 
 
+def _local_world_sizes(options: ProfileOptions, target: str) -> tuple[int, ...]:
+    if options.comm_world_sizes is not None:
+        return options.comm_world_sizes
+    from profilers.comm import available_world_sizes
+
+    return available_world_sizes(target)
+
+
 def _fit_groups(
     fit: Callable[[Any], Any], records: Sequence[Any], rows: list[ProbeRow], probe: str
 ) -> list[Any]:
@@ -696,20 +835,21 @@ def _fit_groups(
     except ValueError:
         pass
     # One bad group must not sink the others: fit group by group.
-    groups: dict[tuple[str, str], list[Any]] = {}
+    groups: dict[tuple[str, str, str, int], list[Any]] = {}
     for record in records:
-        groups.setdefault((record.spec.precision, record.spec.activation_checkpointing), []).append(
-            record
-        )
+        spec = record.spec
+        key = (spec.precision, spec.activation_checkpointing, spec.parallelism, spec.world_size)
+        groups.setdefault(key, []).append(record)
     out = []
-    for (precision, checkpointing), group in groups.items():
+    for (precision, checkpointing, parallelism, world), group in groups.items():
         try:
             out.extend(fit(group))
         except ValueError as exc:
+            layout = "" if parallelism == "single" else f"{parallelism}x{world} "
             rows.append(
                 ProbeRow(
                     probe=f"{probe}_fit",
-                    name=f"{precision}/{checkpointing}",
+                    name=f"{layout}{precision}/{checkpointing}",
                     status="error",
                     reason=_one_line(exc),
                     precision=precision,

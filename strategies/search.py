@@ -272,6 +272,7 @@ def _enumerate(
     # overlap chunk² / left) instead of the same run (the result does not depend on order).
     rng = random.SystemRandom()
     told, waited = 0, 0.0
+    total, reported = len(candidates), 0
     while candidates:
         complete, queued = set(), set()
         for t in study.get_trials(deepcopy=False):
@@ -299,7 +300,9 @@ def _enumerate(
         while study.get_trials(deepcopy=False, states=(TrialState.WAITING,)):
             enumerator.next_params = _params(spare.pop() if len(spare) > 1 else spare[0])
             told += _tell(study, study.ask(), space, model) is not None
-        say(f"told {told} trials; {len(candidates) - len(chunk)} candidates left")
+        if told * 4 // max(1, total) > reported:  # a line per quarter of the space, not per chunk
+            reported = told * 4 // max(1, total)
+            say(f"told {told} trials; {len(candidates) - len(chunk)} candidates left")
     return told
 
 

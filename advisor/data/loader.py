@@ -62,8 +62,24 @@ class WindowDataset(Dataset[dict[str, torch.Tensor]]):
         return torch.from_numpy(self._tokens[start : start + self.seq_len + 1].astype(np.int64))
 
     def __getitem__(self, index: int) -> dict[str, torch.Tensor]:
-        gen = torch.Generator().manual_seed(mix(self.seed, index, _STREAM_EXAMPLE) >> 1)
+        gen = None
+        if self.objective.kind == "mlm":  # only masking draws random numbers
+            gen = torch.Generator().manual_seed(mix(self.seed, index, _STREAM_EXAMPLE) >> 1)
         return self.objective.example(self.window(index), gen)
+
+    def __getitems__(self, indices: list[int]) -> dict[str, torch.Tensor]:
+        """A whole micro-batch at once (the DataLoader's batched fetch): for causal LM on a
+        token file, one numpy gather instead of a tensor, a dict and a collate per sample."""
+        if self.source.kind == "synthetic" or self.objective.kind != "causal_lm":
+            items = [self[i] for i in indices]
+            return {k: torch.stack([item[k] for item in items]) for k in items[0]}
+        if self._tokens is None:
+            self._tokens = self.source.tokens(self.split)
+        span = len(self._tokens) - self.seq_len
+        starts = [mix(self.seed, i, _STREAM_WINDOW) % span for i in indices]
+        rows = np.stack([self._tokens[s : s + self.seq_len + 1] for s in starts])
+        windows = torch.from_numpy(rows.astype(np.int64))
+        return {"input_ids": windows[:, :-1], "labels": windows[:, 1:]}
 
 
 class StepSampler(Sampler[int]):
@@ -111,9 +127,14 @@ def make_loader(
     return DataLoader(
         dataset,
         batch_size=micro_batch,
+        collate_fn=_already_batched,
         sampler=sampler,
         num_workers=num_workers,
         pin_memory=pin_memory,
         persistent_workers=False,
         prefetch_factor=4 if num_workers > 0 else None,
     )
+
+
+def _already_batched(batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    return batch  # WindowDataset.__getitems__ returns a collated micro-batch

@@ -26,11 +26,14 @@ class Objective:
     data_vocab_size: int = 256
     mask_token_id: int | None = None
 
-    def example(self, window: torch.Tensor, generator: torch.Generator) -> dict[str, torch.Tensor]:
+    def example(
+        self, window: torch.Tensor, generator: torch.Generator | None = None
+    ) -> dict[str, torch.Tensor]:
         """``window``: (..., seq_len + 1) token ids -> input_ids and labels of (..., seq_len)."""
         if self.kind == "causal_lm":
             return {"input_ids": window[..., :-1], "labels": window[..., 1:]}
         assert self.mask_token_id is not None, "mlm needs a mask token id"
+        assert generator is not None, "mlm masking draws from a seeded generator"
         return mask_tokens(window[..., :-1], self.mask_token_id, self.data_vocab_size, generator)
 
 

@@ -402,7 +402,7 @@ class Trainer:
                     last = step == self.total_steps
                     if last or (self.eval_every and step % self.eval_every == 0):
                         eval_loss = self.evaluate()
-                        progress.eval_loss = eval_loss
+                        progress.eval_loss, progress.eval_loss_step = eval_loss, step
                         if self.ctx.is_main:
                             self.metrics.write(
                                 {
@@ -424,7 +424,8 @@ class Trainer:
                             "--resume",
                             stop.signum,
                         )
-                    t_prev = time.perf_counter()  # exclude eval/checkpoint from the next step
+                    if self.last_checkpoint_step == step or progress.eval_loss_step == step:
+                        t_prev = time.perf_counter()  # eval/checkpoint: not the next step's time
         finally:
             progress.close()
             self.metrics.close()

@@ -142,6 +142,7 @@ class Progress:
         self.interactive = enabled and self.stream.isatty()
         self.log_every = max(1, total_steps // 20)
         self.eval_loss: float | None = None
+        self.eval_loss_step = -1
         self._bar: Any = None
         self._started = time.perf_counter()
         if self.interactive:

@@ -220,3 +220,41 @@ def test_a_rank_killed_from_outside_ends_the_job_in_bounded_time(tmp_path: Path)
     assert proc.returncode != 0
     assert time.monotonic() - started < 120
     assert "was killed by SIGKILL" in err.strip().splitlines()[-1], err
+
+
+def test_launcher_validator_measures_ddp_and_fsdp_candidates() -> None:
+    from types import SimpleNamespace
+
+    from advisor.validation import LauncherValidator, route
+    from strategies.config import TrainConfig
+
+    config = TrainConfig(
+        model="gpt-tiny",
+        model_args={"n_layer": 1, "n_embd": 32},
+        seq_len=32,
+        global_batch_size=4,
+        micro_batch_size=2,
+        parallelism="ddp",
+        world_size=2,
+    )
+    validator = LauncherValidator(device="cpu", max_world_size=2)
+    assert (
+        validator.unsupported_reason(
+            config.replace(parallelism="single", world_size=1, micro_batch_size=4)
+        )
+        is not None
+    )
+    assert "needs 4 cores" in str(
+        validator.unsupported_reason(config.replace(world_size=4, global_batch_size=8))
+    )
+    prediction = SimpleNamespace(step_time_s=0.5)
+    measured = route(
+        [config, config.replace(parallelism="fsdp")],
+        [prediction] * 2,  # type: ignore[list-item]
+        [validator],
+    )
+    for m in measured:
+        assert m.status == "ok", m.reason
+        assert m.validator == "torchrun" and len(m.step_samples_s) == 3
+        assert m.tokens_per_s == pytest.approx(4 * 32 / m.step_time_s)
+        assert m.peak_memory_bytes and m.peak_memory_bytes > 0
