@@ -57,7 +57,7 @@ class WorkerSpec:
     num_samples: int = 5
     target_sample_s: float = 0.02
     max_iters_per_sample: int = 50
-    min_sizes: int = 2
+    min_sizes: int = 5  # always up to ~1 MiB (4 KiB x 4^4): the bandwidth needs MiB messages
     fault: tuple[str, int] | None = None
 
 

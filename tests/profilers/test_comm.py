@@ -156,9 +156,10 @@ def test_prediction_is_floored_at_the_fastest_measurement() -> None:
         predict_collective_time(fit, -1)
 
 
-def test_message_sizes_double_and_split_evenly() -> None:
+def test_message_sizes_grow_and_split_evenly() -> None:
+    assert len(message_sizes(4 * KiB, 64 * MiB, 3, growth=2)) == 15
     sizes = message_sizes(4 * KiB, 64 * MiB, 3)
-    assert sizes[0] <= 4 * KiB and sizes[-1] <= 64 * MiB and len(sizes) == 15
+    assert sizes[0] <= 4 * KiB and sizes[-1] <= 64 * MiB and len(sizes) == 8
     assert all(s % (4 * 3) == 0 for s in sizes)
     assert all(b > a for a, b in itertools.pairwise(sizes))
 
@@ -200,7 +201,7 @@ def test_small_gloo_run_measures_every_collective() -> None:
     assert run.launch_overhead_s is not None and run.launch_overhead_s > 0
     for collective in COLLECTIVES:
         measured = [s for s in profile.samples if s.collective == collective]
-        assert [s.bytes for s in measured] == [4 * KiB, 8 * KiB, 16 * KiB, 32 * KiB, 64 * KiB]
+        assert [s.bytes for s in measured] == [4 * KiB, 16 * KiB, 64 * KiB]
         for sample in measured:
             assert sample.status == "ok" and len(sample.time_s) == 2
             assert sample.busbw_GBps is not None and sample.busbw_GBps > 0
