@@ -78,9 +78,11 @@ def _register() -> None:
     from advisor.cli.predict import predict
     from advisor.cli.profile import profile
     from advisor.cli.recommend import recommend
+    from advisor.cli.report import report
+    from advisor.cli.run import run
     from advisor.cli.train import train
 
-    for command in (profile, recommend, train, predict):
+    for command in (profile, recommend, train, predict, report, run):
         main.add_command(command)
 
 

@@ -1,0 +1,479 @@
+"""``advisor run``: profile → recommend → train → report into one run directory (the main job).
+
+    RUN/profile.json, probes.csv     advisor.profiling.profile
+    RUN/plan.json, trials.csv, study.db   advisor.recommend.recommend
+    RUN/train/metrics.jsonl, checkpoints/ advisor.trainer.loop.train (torchrun for ddp/fsdp)
+    RUN/report.html                  reports.write_report
+    RUN/run.json                     this job: the request, the command, each stage's status
+
+Resumable where it is cheap: with ``resume`` a stage whose output is already there and matches
+the request is skipped (the profile, the plan), training continues from its last checkpoint,
+and the report is always rendered again. The report is also written when a stage fails, so a
+partial run still explains what it has.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import time
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+from advisor.errors import UsageProblem
+
+# Defaults of a run with no arguments: gpt-tiny on the embedded corpus finishes in about ten
+# minutes on 2 CPU cores (measured: README "advisor run").
+DEFAULT_BUDGET_S = 120.0
+DEFAULT_GLOBAL_BATCH_SIZE = 8
+DEFAULT_STEPS = 300
+STAGES = ("profile", "recommend", "train", "report")
+WORKLOAD_KEYS = ("model", "model_args", "data", "tokenizer", "seq_len")
+# TrainConfig keys a run passes through unchanged to the plan (the search never turns them).
+CONFIG_OVERRIDE_KEYS = ("lr", "min_lr", "warmup_steps", "weight_decay", "grad_clip", "seed")
+
+
+@dataclass(frozen=True, kw_only=True)
+class RunRequest:
+    """Everything ``advisor run`` was asked; each field mirrors a flag of one of the steps."""
+
+    model: str = "gpt-tiny"
+    model_args: Mapping[str, Any] = field(default_factory=dict)
+    data: str = "stdlib"
+    tokenizer: str | None = None
+    seq_len: int = 128
+    global_batch_size: int = DEFAULT_GLOBAL_BATCH_SIZE
+    steps: int | None = None  # None with tokens None: DEFAULT_STEPS
+    tokens: int | None = None
+    device: str = "auto"
+    # profile
+    budget_s: float = DEFAULT_BUDGET_S
+    precisions: tuple[str, ...] | None = None
+    comm: bool = True
+    # recommend
+    memory_budget: float = 0.9
+    world_size: int | None = None
+    trials: int | None = None
+    validate_top: int = 3
+    storage: str | None = None
+    config_overrides: Mapping[str, Any] = field(default_factory=dict)
+    # train
+    eval_every: int | None = None
+    eval_batches: int = 4
+    checkpoint_every: int | None = None
+    keep_checkpoints: int = 2
+    resume: bool = False
+
+    def __post_init__(self) -> None:
+        if self.steps is not None and self.tokens is not None:
+            raise UsageProblem("give --steps or --tokens, not both")
+        unknown = sorted(set(self.config_overrides) - set(CONFIG_OVERRIDE_KEYS))
+        if unknown:
+            raise UsageProblem(
+                f"advisor run chooses {', '.join(unknown)} itself: pass only "
+                + ", ".join(f"--{k.replace('_', '-')}" for k in CONFIG_OVERRIDE_KEYS)
+            )
+
+    @property
+    def train_steps(self) -> int | None:
+        return DEFAULT_STEPS if self.steps is None and self.tokens is None else self.steps
+
+    def workload(self) -> dict[str, Any]:
+        return {
+            "model": self.model,
+            "model_args": dict(self.model_args),
+            "data": self.data,
+            "tokenizer": self.tokenizer,
+            "seq_len": self.seq_len,
+        }
+
+    def command(self, out: Path) -> list[str]:
+        """The exact ``advisor run`` command line of this request (for run.json, the report)."""
+        args = ["advisor", "run", "--model", self.model]
+        for key, value in self.model_args.items():
+            args += [
+                "--model-arg",
+                f"{key}={value if isinstance(value, str) else json.dumps(value)}",
+            ]
+        if self.data != "stdlib":
+            args += ["--data", self.data]
+        if self.tokenizer:
+            args += ["--tokenizer", self.tokenizer]
+        args += ["--seq-len", str(self.seq_len), "--global-batch-size", str(self.global_batch_size)]
+        args += (
+            ["--tokens", str(self.tokens)] if self.tokens else ["--steps", str(self.train_steps)]
+        )
+        args += ["--budget-s", f"{self.budget_s:g}"]
+        if self.memory_budget != 0.9:
+            args += ["--memory-budget", f"{self.memory_budget:g}"]
+        if self.world_size is not None:
+            args += ["--world-size", str(self.world_size)]
+        if self.validate_top != 3:
+            args += ["--validate-top", str(self.validate_top)]
+        if self.trials is not None:
+            args += ["--trials", str(self.trials)]
+        if self.device != "auto":
+            args += ["--device", self.device]
+        for precision in self.precisions or ():
+            args += ["--precision", precision]
+        if not self.comm:
+            args.append("--no-comm")
+        for key, value in self.config_overrides.items():
+            args += [f"--{key.replace('_', '-')}", str(value)]
+        for flag, value, default in (
+            ("--eval-every", self.eval_every, None),
+            ("--eval-batches", self.eval_batches, 4),
+            ("--checkpoint-every", self.checkpoint_every, None),
+            ("--keep-checkpoints", self.keep_checkpoints, 2),
+        ):
+            if value != default:
+                args += [flag, str(value)]
+        # --storage is left out: a database URL may hold a password.
+        return [*args, "--out", str(out)]
+
+
+@dataclass(frozen=True, kw_only=True)
+class StageResult:
+    name: str
+    status: str  # done | skipped | failed | not run
+    detail: str = ""
+    elapsed_s: float = 0.0
+
+
+@dataclass(frozen=True, kw_only=True)
+class RunResult:
+    out: Path
+    report: Path | None
+    stages: tuple[StageResult, ...]
+    plan: Any = None  # strategies.plan.Plan when recommend ran in this call
+    train: Any = None  # advisor.trainer.loop.TrainResult when training ran
+
+
+ProgressFn = Callable[[str, float], None]
+
+
+class RunProgress(Protocol):
+    """How a run shows its progress (the CLI draws it; the library never prints).
+
+    ``stage`` opens one stage and yields a ``(message, fraction)`` callback (``fraction`` in
+    [0, 1] where the stage knows it, e.g. the profile's time budget; -1 when it does not).
+    ``finished`` closes it with a one-line summary. ``train_progress``: whether the trainer
+    draws its own per-step progress.
+    """
+
+    train_progress: bool
+
+    def stage(
+        self, index: int, name: str, description: str
+    ) -> contextlib.AbstractContextManager[ProgressFn]: ...
+
+    def finished(self, name: str, status: str, detail: str, elapsed_s: float) -> None: ...
+
+
+class _Silent:
+    train_progress = False
+
+    @contextlib.contextmanager
+    def stage(self, index: int, name: str, description: str) -> Iterator[ProgressFn]:
+        yield lambda _message, _fraction: None
+
+    def finished(self, name: str, status: str, detail: str, elapsed_s: float) -> None:
+        pass
+
+
+def _run_files(out: Path) -> list[str]:
+    names = ("profile.json", "plan.json", "trials.csv", "train/metrics.jsonl", "train/checkpoints")
+    return [n for n in names if (out / n).exists()]
+
+
+def _check_out(out: Path, request: RunRequest) -> None:
+    if out.exists() and not out.is_dir():
+        raise UsageProblem(f"--out {out} is a file: name a directory for the run")
+    existing = _run_files(out)
+    if existing and not request.resume:
+        raise UsageProblem(
+            f"{out} already holds a run ({', '.join(existing)}): pass --resume to continue it "
+            "(finished stages are skipped), or choose another --out"
+        )
+
+
+def _read_json(path: Path) -> dict[str, Any] | None:
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def reusable_profile(out: Path, request: RunRequest) -> bool:
+    """RUN/profile.json exists and measured this request's workload (else UsageProblem)."""
+    data = _read_json(out / "profile.json")
+    if data is None:
+        return False
+    profiled = {k: data.get("workload", {}).get(k) for k in WORKLOAD_KEYS}
+    profiled["model_args"] = dict(profiled["model_args"] or {})
+    wanted = request.workload()
+    differ = [k for k in WORKLOAD_KEYS if profiled.get(k) != wanted.get(k)]
+    if differ:
+        shown = ", ".join(f"{k}={profiled.get(k)!r}" for k in differ)
+        raise UsageProblem(
+            f"{out}/profile.json profiled {shown}, not what this run asks: resume with the same "
+            "--model/--model-arg/--data/--seq-len, or choose another --out"
+        )
+    return True
+
+
+def reusable_plan(out: Path, request: RunRequest) -> bool:
+    """RUN/plan.json was made from RUN/profile.json for this request's search settings."""
+    plan = _read_json(out / "plan.json")
+    profile = _read_json(out / "profile.json")
+    if plan is None or profile is None:
+        return False
+    info = plan.get("profile") or {}
+    asked = info.get("request") or {}
+    same = (
+        info.get("created") == profile.get("created")
+        and asked.get("global_batch_size") == request.global_batch_size
+        and asked.get("memory_budget") == request.memory_budget
+        and asked.get("world_size") == request.world_size
+        and dict(asked.get("config_overrides") or {}) == dict(request.config_overrides)
+    )
+    return bool(same)
+
+
+def _profile_stage(request: RunRequest, out: Path, say: ProgressFn) -> str:
+    from advisor.profiling import ProfileRequest, profile
+
+    result = profile(
+        ProfileRequest(
+            model=request.model,
+            model_args=dict(request.model_args),
+            data=request.data,
+            tokenizer=request.tokenizer,
+            seq_len=request.seq_len,
+            device=request.device,
+            budget_s=request.budget_s,
+            precisions=request.precisions,
+            comm=request.comm,
+        ),
+        out,
+        say,
+    )
+    counts: dict[str, int] = {}
+    for row in result.probes:
+        counts[row.status] = counts.get(row.status, 0) + 1
+    shown = ", ".join(f"{n} {s}" for s, n in sorted(counts.items()))
+    return f"{result.model.name} on {result.device.name}: {len(result.probes)} probes ({shown})"
+
+
+def _recommend_stage(request: RunRequest, out: Path, say: ProgressFn) -> tuple[str, Any]:
+    from advisor.recommend import recommend
+    from strategies.errors import StrategyError
+    from strategies.space import SearchRequest
+
+    try:
+        search = SearchRequest(
+            global_batch_size=request.global_batch_size,
+            memory_budget=request.memory_budget,
+            world_size=request.world_size,
+            trials=request.trials,
+            config_overrides=dict(request.config_overrides),
+        )
+        plan = recommend(
+            out / "profile.json",
+            search,
+            validate_top_k=request.validate_top,
+            storage=request.storage,
+            out=out,
+            device=request.device,
+            progress=lambda message: say(message, -1.0),
+        )
+    except StrategyError as exc:
+        raise UsageProblem(str(exc)) from None
+    detail = f"{plan.candidate.label()}"
+    if plan.baseline and plan.baseline.measured_speedup is not None:
+        detail += f"; measured {plan.baseline.measured_speedup:.2f}× the naive fp32 loop"
+    elif plan.baseline and plan.baseline.expected_speedup:
+        detail += f"; expected {plan.baseline.expected_speedup:.2f}× the naive fp32 loop"
+    return detail, plan
+
+
+def _train_stage(request: RunRequest, out: Path, show_progress: bool) -> tuple[str, Any]:
+    from advisor.launch import under_torchrun
+    from advisor.trainer.loop import RunOptions, train
+    from strategies.config import load_plan_config
+
+    config = load_plan_config(out / "plan.json")
+    train_dir = out / "train"
+    resume = request.resume and (train_dir / "checkpoints" / "latest").exists()
+    options = RunOptions(
+        out=train_dir,
+        steps=request.train_steps,
+        tokens=request.tokens,
+        resume=resume,
+        checkpoint_every=request.checkpoint_every,
+        eval_every=request.eval_every,
+        eval_batches=request.eval_batches,
+        keep_checkpoints=request.keep_checkpoints,
+        device=request.device,
+        progress=show_progress,
+    )
+    if (config.world_size > 1 or config.parallelism != "single") and not under_torchrun():
+        _launch_training(out / "plan.json", options, config.world_size)
+        return f"{config.parallelism} × {config.world_size} ranks through torchrun", None
+    result = train(config, options)
+    if result.extra.get("already_complete"):
+        return f"already finished {result.steps} steps", result
+    text = f"{result.steps} steps, loss {result.final_loss:.3f}"
+    if result.eval_loss is not None:
+        text += f", eval {result.eval_loss:.3f}"
+    return text, result
+
+
+def _launch_training(plan: Path, options: Any, world_size: int) -> None:
+    """ddp/fsdp: ``advisor train`` once per rank under torch's launcher (as the train command)."""
+    from advisor.launch import LaunchSpec, launch
+
+    args = ["train", "--plan", str(plan), "--out", str(options.out), "--device", options.device]
+    args += ["--eval-batches", str(options.eval_batches)]
+    args += ["--keep-checkpoints", str(options.keep_checkpoints)]
+    for flag, value in (
+        ("--steps", options.steps),
+        ("--tokens", options.tokens),
+        ("--checkpoint-every", options.checkpoint_every),
+        ("--eval-every", options.eval_every),
+    ):
+        if value is not None:
+            args += [flag, str(value)]
+    if options.resume:
+        args.append("--resume")
+    if not options.progress:
+        args.append("--quiet")
+    launch(LaunchSpec(world_size=world_size), args)
+
+
+class _RunLog:
+    """RUN/run.json: the request, the command, and each stage's outcome, rewritten as it goes."""
+
+    def __init__(self, out: Path, request: RunRequest) -> None:
+        self.path = out / "run.json"
+        self.data: dict[str, Any] = {
+            "command": request.command(out),
+            "request": {k: v for k, v in asdict(request).items() if k != "resume"},
+            "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+            "steps": request.train_steps,
+            "stages": {},
+        }
+
+    def record(self, stage: StageResult) -> None:
+        self.data["stages"][stage.name] = {
+            "status": stage.status,
+            "detail": stage.detail,
+            "elapsed_s": round(stage.elapsed_s, 3),
+        }
+        tmp = self.path.with_suffix(".json.tmp")
+        tmp.write_text(json.dumps(self.data, indent=1, default=str) + "\n")
+        tmp.replace(self.path)
+
+
+def run(request: RunRequest, out: Path, progress: RunProgress | None = None) -> RunResult:
+    """Run every stage into ``out``; returns what each stage did. Raises the failing stage's
+    error after writing the (partial) report."""
+    display = progress or _Silent()
+    _check_out(out, request)
+    reuse_profile = request.resume and reusable_profile(out, request)
+    out.mkdir(parents=True, exist_ok=True)
+    log = _RunLog(out, request)
+    stages: list[StageResult] = []
+    plan: Any = None
+    trained: Any = None
+
+    def stage(index: int, name: str, description: str, body: Callable[[ProgressFn], str]) -> None:
+        started = time.perf_counter()
+        status = "failed"
+        detail = ""
+        try:
+            with display.stage(index, name, description) as say:
+                detail = body(say)
+            status = "done"
+        except BaseException as exc:
+            detail = " ".join(str(exc).split()) or type(exc).__name__
+            raise
+        finally:
+            result = StageResult(
+                name=name, status=status, detail=detail, elapsed_s=time.perf_counter() - started
+            )
+            stages.append(result)
+            log.record(result)
+            display.finished(name, status, detail, result.elapsed_s)
+
+    def skipped(name: str, detail: str) -> None:
+        result = StageResult(name=name, status="skipped", detail=detail)
+        stages.append(result)
+        log.record(result)
+        display.finished(name, "skipped", detail, 0.0)
+
+    def do_recommend(say: ProgressFn) -> str:
+        nonlocal plan
+        detail, plan = _recommend_stage(request, out, say)
+        return detail
+
+    def do_train(say: ProgressFn) -> str:
+        nonlocal trained
+        detail, trained = _train_stage(request, out, display.train_progress)
+        return detail
+
+    failure: BaseException | None = None
+    try:
+        if reuse_profile:
+            skipped("profile", f"reusing {out / 'profile.json'}")
+        else:
+            stage(
+                1,
+                "profile",
+                f"short probes of {request.model} (budget {request.budget_s:g} s)",
+                lambda say: _profile_stage(request, out, say),
+            )
+        if request.resume and reusable_plan(out, request):
+            skipped("recommend", f"reusing {out / 'plan.json'}")
+        else:
+            stage(
+                2,
+                "recommend",
+                f"search at global batch {request.global_batch_size}, validate the top "
+                f"{request.validate_top}",
+                do_recommend,
+            )
+        steps = f"{request.tokens:,} tokens" if request.tokens else f"{request.train_steps} steps"
+        stage(3, "train", f"the plan's config for {steps}", do_train)
+    except BaseException as exc:  # Ctrl-C included: the partial run still gets its report
+        failure = exc
+    report = _report(out, stage, failure)
+    if failure is not None:
+        raise failure
+    return RunResult(out=out, report=report, stages=tuple(stages), plan=plan, train=trained)
+
+
+def _report(out: Path, stage: Callable[..., None], failure: BaseException | None) -> Path | None:
+    """Render RUN/report.html from whatever the run has; after a failure, never mask it."""
+    from reports import ReportError, write_report
+
+    path: list[Path] = []
+
+    def body(say: ProgressFn) -> str:
+        path.append(write_report(out))
+        return str(path[0])
+
+    try:
+        stage(4, "report", "one self-contained HTML page", body)
+    except ReportError:
+        if failure is None:
+            raise
+        return None
+    except Exception:
+        if failure is None:
+            raise
+        return None  # the stage's own failure is the one to report
+    return path[0] if path else None

@@ -1,0 +1,488 @@
+"""Candidates (every trial of the search, the Pareto chart) and predicted vs measured.
+
+trials.csv is the source of the table (one row per candidate the search priced, with its
+rejection reason); plan.json adds what only it holds: the validation measurements and the
+predicted breakdowns.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from reports import fmt
+from reports.charts import Chart, Series, nonempty
+from reports.common import (
+    KNOBS,
+    candidate_key,
+    layout,
+    long_label,
+    mapping,
+    ok_measurement,
+    plan_candidate,
+    short_label,
+)
+from reports.fmt import GiB, MiB, num
+from reports.model import Cell, Section, Table, cell, num_cell
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class TrialRow:
+    trial: int | None
+    key: str
+    label: str
+    knobs: Mapping[str, Any]
+    predicted_peak_bytes: float | None
+    predicted_tokens_per_s: float | None
+    predicted_step_time_s: float | None
+    feasible: bool
+    rejection_reason: str
+    validation_status: str
+    measured_tokens_per_s: float | None
+    measured_peak_bytes: float | None
+    chosen: bool
+    baseline: bool
+
+    @property
+    def role(self) -> str:
+        if self.chosen:
+            return "chosen"
+        if self.baseline:
+            return "baseline"
+        if self.validation_status:
+            return "validated"
+        if self.feasible:
+            return "feasible"
+        return "infeasible" if self.predicted_peak_bytes is not None else "unpredictable"
+
+
+def trial_rows(
+    trials: Sequence[Mapping[str, Any]], plan: Mapping[str, Any] | None
+) -> tuple[TrialRow, ...]:
+    """From trials.csv; without it (an older run) from the plan's alternatives."""
+    source: list[Mapping[str, Any]] = list(trials)
+    if not source and plan:
+        chosen_key = candidate_key(plan_candidate(plan))
+        entries: list[Mapping[str, Any]] = [
+            {"candidate": plan_candidate(plan), "predicted": plan.get("predicted"), "feasible": 1}
+        ]
+        entries += [mapping(a) for a in plan.get("alternatives") or ()]
+        for e in entries:
+            c, p = mapping(e.get("candidate")), mapping(e.get("predicted"))
+            source.append(
+                {
+                    **c,
+                    "key": candidate_key(c),
+                    "trial": e.get("trial_number"),
+                    "predicted_peak_memory_bytes": p.get("peak_memory_bytes"),
+                    "predicted_tokens_per_s": p.get("tokens_per_s"),
+                    "predicted_step_time_s": p.get("step_time_s"),
+                    "feasible": bool(e.get("feasible")),
+                    "rejection_reason": e.get("reason") or "",
+                    "chosen": candidate_key(c) == chosen_key,
+                }
+            )
+    rows = []
+    for r in source:
+        knobs = {k: r.get(k) for k in KNOBS}
+        trial = num(r.get("trial"))
+        rows.append(
+            TrialRow(
+                trial=int(trial) if trial is not None else None,
+                key=str(r.get("key") or candidate_key(knobs)),
+                label=long_label(knobs),
+                knobs=knobs,
+                predicted_peak_bytes=num(r.get("predicted_peak_memory_bytes")),
+                predicted_tokens_per_s=num(r.get("predicted_tokens_per_s")),
+                predicted_step_time_s=num(r.get("predicted_step_time_s")),
+                feasible=bool(r.get("feasible")),
+                rejection_reason=str(r.get("rejection_reason") or ""),
+                validation_status=str(r.get("validation_status") or ""),
+                measured_tokens_per_s=num(r.get("measured_tokens_per_s")),
+                measured_peak_bytes=num(r.get("measured_peak_memory_bytes")),
+                chosen=bool(r.get("chosen")),
+                baseline=bool(r.get("baseline")),
+            )
+        )
+    return tuple(rows)
+
+
+def pareto_front(rows: Sequence[TrialRow]) -> list[TrialRow]:
+    """Feasible candidates no other feasible one beats on both memory (less) and throughput
+    (more), by increasing memory."""
+    feasible = [
+        r
+        for r in rows
+        if r.feasible and r.predicted_peak_bytes is not None and r.predicted_tokens_per_s
+    ]
+    feasible.sort(key=lambda r: (r.predicted_peak_bytes, -(r.predicted_tokens_per_s or 0.0)))
+    front, best = [], -1.0
+    for r in feasible:
+        if (r.predicted_tokens_per_s or 0.0) > best:
+            front.append(r)
+            best = r.predicted_tokens_per_s or 0.0
+    return front
+
+
+def pareto_chart(rows: Sequence[TrialRow], budget_bytes: float | None) -> Chart | None:
+    priced = [r for r in rows if r.predicted_peak_bytes is not None and r.predicted_tokens_per_s]
+    if not priced:
+        return None
+    top = max(r.predicted_peak_bytes or 0.0 for r in priced)
+    unit, scale = ("GiB", GiB) if top >= GiB else ("MiB", MiB)
+
+    def series(
+        label: str, role: str, members: Sequence[TrialRow], measured: bool = False
+    ) -> Series:
+        points, hover = [], []
+        for r in members:
+            y = r.measured_tokens_per_s if measured else r.predicted_tokens_per_s
+            if y is None:
+                continue
+            points.append((round((r.predicted_peak_bytes or 0.0) / scale, 4), round(y, 3)))
+            what = "measured" if measured else "predicted"
+            hover.append(f"{r.label}: {what} {fmt.rate(y)}, {fmt.size(r.predicted_peak_bytes)}")
+        return Series(label=label, role=role, points=tuple(points), hover=tuple(hover))
+
+    front = pareto_front(priced)
+    groups = [
+        series("Pareto frontier", "frontier", front),
+        series("chosen", "chosen", [r for r in priced if r.chosen]),
+        series("naive baseline", "baseline", [r for r in priced if r.baseline and not r.chosen]),
+        series(
+            "validated (predicted)",
+            "validated",
+            [r for r in priced if r.validation_status and not r.chosen and not r.baseline],
+        ),
+        series("measured", "measured", [r for r in priced if r.measured_tokens_per_s], True),
+        series(
+            "feasible",
+            "feasible",
+            [
+                r
+                for r in priced
+                if r.feasible and not (r.chosen or r.baseline or r.validation_status)
+            ],
+        ),
+        series("over the budget", "infeasible", [r for r in priced if not r.feasible]),
+    ]
+    caption = (
+        "Every candidate the cost model could price: predicted peak memory per rank against "
+        "predicted throughput at the same global batch. Measured points sit at the same "
+        "memory as their prediction. Drag to zoom, double-click to reset."
+    )
+    if budget_bytes:
+        if budget_bytes <= 5 * top:
+            groups.append(
+                Series(
+                    label="budget",
+                    role="budget",
+                    kind="vline",
+                    points=((round(budget_bytes / scale, 4), None),),
+                    hover=(fmt.size(budget_bytes),),
+                )
+            )
+        else:
+            caption += f" The budget ({fmt.size(budget_bytes)}) is off the chart to the right."
+    return Chart(
+        id="pareto",
+        title="Candidates: predicted memory vs throughput",
+        kind="scatter",
+        x_label=f"predicted peak memory per rank ({unit})",
+        y_label="tokens/s",
+        series=tuple(s for s in groups if s.points),
+        caption=caption,
+    )
+
+
+def _fits_cell(r: TrialRow) -> Cell:
+    if r.feasible:
+        return cell("yes", cls="good")
+    if r.predicted_peak_bytes is None:
+        return cell("unknown", cls="muted", hint="the cost model could not price it")
+    return cell("no", cls="bad")
+
+
+def trials_table(rows: Sequence[TrialRow]) -> Table:
+    out, classes = [], []
+    order = sorted(
+        rows,
+        key=lambda r: (not r.chosen, not r.feasible, -(r.predicted_tokens_per_s or 0.0)),
+    )
+    for r in order:
+        k = r.knobs
+        status = r.validation_status.replace("_", " ")
+        out.append(
+            (
+                num_cell(fmt.plain(r.trial), r.trial),
+                cell(str(k.get("precision"))),
+                cell(str(k.get("activation_checkpointing"))),
+                cell(layout(k)),
+                num_cell(
+                    f"{k.get('micro_batch_size')}×{k.get('grad_accum_steps')}",
+                    num(k.get("micro_batch_size")),
+                ),
+                num_cell(fmt.plain(k.get("num_workers")), num(k.get("num_workers"))),
+                num_cell(fmt.size(r.predicted_peak_bytes), r.predicted_peak_bytes),
+                num_cell(fmt.rate(r.predicted_tokens_per_s), r.predicted_tokens_per_s),
+                _fits_cell(r),
+                cell(r.rejection_reason or "", cls="reason"),
+                cell(status, cls="bad" if status not in ("", "ok") else ""),
+                num_cell(fmt.rate(r.measured_tokens_per_s), r.measured_tokens_per_s),
+            )
+        )
+        classes.append(r.role)
+    return Table(
+        id="trials",
+        columns=(
+            "trial",
+            "precision",
+            "checkpointing",
+            "layout",
+            "micro×accum",
+            "workers",
+            "pred. memory",
+            "pred. tok/s",
+            "fits",
+            "rejection reason",
+            "validation",
+            "meas. tok/s",
+        ),
+        rows=tuple(out),
+        row_classes=tuple(classes),
+        sortable=True,
+        caption="Click a column to sort. The chosen config is highlighted.",
+    )
+
+
+def candidates_section(
+    trials: Sequence[Mapping[str, Any]], plan: Mapping[str, Any] | None
+) -> tuple[Section, tuple[TrialRow, ...]]:
+    rows = trial_rows(trials, plan)
+    if not rows:
+        return (
+            Section(
+                id="candidates",
+                title="Candidates",
+                note="No search yet: run 'advisor recommend --profile RUN/profile.json "
+                "--global-batch-size N --out RUN' (it writes trials.csv).",
+            ),
+            (),
+        )
+    budget = num(mapping(mapping(plan).get("predicted")).get("budget_bytes")) if plan else None
+    chart = pareto_chart(rows, budget)
+    search = mapping(mapping(plan).get("search")) if plan else {}
+    num_feasible = sum(r.feasible for r in rows)
+    lead = [
+        f"{len(rows)} candidates at global batch "
+        f"{mapping(mapping(plan).get('config')).get('global_batch_size', '?') if plan else '?'}"
+        f": {num_feasible} fit the budget, "
+        f"{sum(r.predicted_peak_bytes is not None and not r.feasible for r in rows)} are over "
+        f"it, {sum(r.predicted_peak_bytes is None for r in rows)} could not be predicted."
+    ]
+    if search.get("mode"):
+        lead.append(
+            f"Search: {search.get('mode')} of a space of {search.get('space_size')} in "
+            f"{fmt.seconds(search.get('wall_s'))} (Optuna study {search.get('study_name', '')})."
+        )
+    return (
+        Section(
+            id="candidates",
+            title="Candidates",
+            lead=tuple(lead),
+            charts=nonempty([chart]),
+            tables=(trials_table(rows),),
+        ),
+        rows,
+    )
+
+
+# -- predicted vs measured ------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class ValidationRow:
+    key: str
+    label: str
+    role: str  # chosen | baseline | validated | training
+    status: str
+    reason: str
+    predicted_tokens_per_s: float | None
+    measured_tokens_per_s: float | None
+    predicted_step_time_s: float | None
+    measured_step_time_s: float | None
+    predicted_memory_bytes: float | None  # comparable with measured_memory_bytes
+    measured_memory_bytes: float | None
+    memory_kind: str
+
+    @property
+    def time_error(self) -> float | None:
+        """predicted / measured − 1 of the throughput (+0.10: predicted 10% too fast)."""
+        if self.predicted_tokens_per_s and self.measured_tokens_per_s:
+            return self.predicted_tokens_per_s / self.measured_tokens_per_s - 1
+        return None
+
+    @property
+    def memory_error(self) -> float | None:
+        if self.predicted_memory_bytes and self.measured_memory_bytes:
+            return self.predicted_memory_bytes / self.measured_memory_bytes - 1
+        return None
+
+
+def _validation_row(
+    c: Mapping[str, Any], p: Mapping[str, Any], m: Mapping[str, Any], role: str
+) -> ValidationRow:
+    memory = mapping(mapping(p.get("breakdown")).get("memory"))
+    # Like for like (strategies.plan.Validation.memory_error): the traced peak against the
+    # allocator's measured peak, overheads that the allocator does not see excluded from both.
+    return ValidationRow(
+        key=candidate_key(c),
+        label=short_label(c),
+        role=role,
+        status=str(m.get("status") or ""),
+        reason=str(m.get("reason") or ""),
+        predicted_tokens_per_s=num(p.get("tokens_per_s")),
+        measured_tokens_per_s=num(m.get("tokens_per_s")) if ok_measurement(m) else None,
+        predicted_step_time_s=num(p.get("step_time_s")),
+        measured_step_time_s=num(m.get("step_time_s")) if ok_measurement(m) else None,
+        predicted_memory_bytes=num(memory.get("traced_bytes")) or num(p.get("peak_memory_bytes")),
+        measured_memory_bytes=num(m.get("peak_memory_bytes")) if ok_measurement(m) else None,
+        memory_kind=str(m.get("memory_kind") or ""),
+    )
+
+
+def validation_rows(
+    plan: Mapping[str, Any] | None, training: ValidationRow | None
+) -> tuple[ValidationRow, ...]:
+    """Each validated config, the baseline when measured, and the training run of the plan."""
+    if not plan:
+        return ()
+    chosen = candidate_key(plan_candidate(plan))
+    baseline_key = candidate_key(mapping(mapping(plan.get("baseline")).get("config")))
+    rows, seen = [], set()
+    for v in plan.get("validated") or ():
+        v = mapping(v)
+        c = mapping(v.get("candidate"))
+        key = candidate_key(c)
+        role = "chosen" if key == chosen else "baseline" if key == baseline_key else "validated"
+        rows.append(
+            _validation_row(c, mapping(v.get("predicted")), mapping(v.get("measured")), role)
+        )
+        seen.add(key)
+    baseline = mapping(plan.get("baseline"))
+    if baseline.get("measured") and baseline_key not in seen and baseline.get("predicted"):
+        rows.append(
+            _validation_row(
+                mapping(baseline.get("config")),
+                mapping(baseline["predicted"]),
+                mapping(baseline["measured"]),
+                "baseline",
+            )
+        )
+    if training:
+        rows.append(training)
+    order = {"chosen": 0, "training": 1, "baseline": 3}
+    return tuple(sorted(rows, key=lambda r: order.get(r.role, 2)))
+
+
+def validation_section(rows: Sequence[ValidationRow], plan: Mapping[str, Any] | None) -> Section:
+    if not rows:
+        if plan and plan.get("estimate"):
+            note = "A what-if plan (--target) is never validated: its numbers are estimates."
+        elif plan:
+            note = "No config was validated (--validate-top 0, or none could run here)."
+        else:
+            note = "No plan yet: validation runs the best predicted configs for a few real steps."
+        return Section(id="validation", title="Predicted vs measured", note=note)
+    labels = tuple(f"{r.label} ({r.role})" for r in rows)
+    throughput = Chart(
+        id="validation-throughput",
+        title="Throughput: predicted vs measured",
+        kind="bar",
+        x_label="config",
+        y_label="tokens/s",
+        categories=labels,
+        series=(
+            Series(
+                label="predicted",
+                role="predicted",
+                values=tuple(r.predicted_tokens_per_s for r in rows),
+                hover=tuple(fmt.rate(r.predicted_tokens_per_s) for r in rows),
+            ),
+            Series(
+                label="measured",
+                role="measured",
+                values=tuple(r.measured_tokens_per_s for r in rows),
+                hover=tuple(
+                    f"{fmt.rate(r.measured_tokens_per_s)} ({fmt.percent(r.time_error, True)} off)"
+                    for r in rows
+                ),
+            ),
+        ),
+        y_min=0,
+        zoom=False,
+        caption="Validation: a few interleaved real steps per config, medians. Training: the "
+        "median of the run's steps after warm-up.",
+    )
+    table_rows = []
+    for r in rows:
+        bad = r.status not in ("ok", "")
+        table_rows.append(
+            (
+                cell(r.label, hint=r.key),
+                cell(r.role),
+                cell(
+                    r.status.replace("_", " ") + (f": {r.reason}" if r.reason else ""),
+                    cls="bad" if bad else "",
+                ),
+                num_cell(fmt.rate(r.predicted_tokens_per_s), r.predicted_tokens_per_s),
+                num_cell(fmt.rate(r.measured_tokens_per_s), r.measured_tokens_per_s),
+                num_cell(fmt.percent(r.time_error, True), r.time_error),
+                num_cell(fmt.seconds(r.predicted_step_time_s), r.predicted_step_time_s),
+                num_cell(fmt.seconds(r.measured_step_time_s), r.measured_step_time_s),
+                num_cell(fmt.size(r.predicted_memory_bytes), r.predicted_memory_bytes),
+                num_cell(
+                    fmt.size(r.measured_memory_bytes), r.measured_memory_bytes, hint=r.memory_kind
+                ),
+                num_cell(fmt.percent(r.memory_error, True), r.memory_error),
+            )
+        )
+    kinds = sorted({r.memory_kind for r in rows if r.memory_kind})
+    errors = [abs(e) for r in rows if (e := r.time_error) is not None]
+    lead = []
+    if errors:
+        lead.append(
+            f"Throughput predictions were off by {fmt.percent(min(errors))} to "
+            f"{fmt.percent(max(errors))} (positive: predicted faster than measured)."
+        )
+    return Section(
+        id="validation",
+        title="Predicted vs measured",
+        lead=tuple(lead),
+        charts=nonempty([throughput]),
+        tables=(
+            Table(
+                columns=(
+                    "config",
+                    "role",
+                    "status",
+                    "pred. tok/s",
+                    "meas. tok/s",
+                    "error",
+                    "pred. step",
+                    "meas. step",
+                    "pred. memory",
+                    "meas. memory",
+                    "error",
+                ),
+                rows=tuple(table_rows),
+                row_classes=tuple(r.role for r in rows),
+                caption="Memory compared like for like: "
+                + "; ".join(kinds)
+                + (". " if kinds else "")
+                + "Predicted memory here is the traced peak, or for the training run what its "
+                "measurement includes.",
+            ),
+        ),
+    )

@@ -1,0 +1,102 @@
+"""Number formatting for the page: one place, so every table reads the same way."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+KiB, MiB, GiB = 2**10, 2**20, 2**30
+DASH = "—"
+
+
+def num(value: Any) -> float | None:
+    """A finite float, or None (missing, null, NaN, a non-number)."""
+    if value is None or isinstance(value, bool):
+        return None
+    try:
+        x = float(value)
+    except (TypeError, ValueError):
+        return None
+    return x if math.isfinite(x) else None
+
+
+def size(num_bytes: Any) -> str:
+    """Binary units: 1.50 GiB, 412.3 MiB, 12.0 KiB, 512 B."""
+    x = num(num_bytes)
+    if x is None:
+        return DASH
+    for unit, scale in (("GiB", GiB), ("MiB", MiB), ("KiB", KiB)):
+        if abs(x) >= scale:
+            value = x / scale
+            return f"{value:.2f} {unit}" if abs(value) < 100 else f"{value:.1f} {unit}"
+    return f"{x:.0f} B"
+
+
+def rate(tokens_per_s: Any) -> str:
+    x = num(tokens_per_s)
+    if x is None:
+        return DASH
+    if x >= 1e6:
+        return f"{x / 1e6:.2f}M tok/s"
+    if x >= 1e4:
+        return f"{x / 1e3:.1f}k tok/s"
+    return f"{x:,.0f} tok/s"
+
+
+def seconds(value: Any) -> str:
+    x = num(value)
+    if x is None:
+        return DASH
+    if x >= 120:
+        return f"{x / 60:.1f} min"
+    if x >= 1:
+        return f"{x:.2f} s"
+    if x >= 1e-3:
+        return f"{x * 1e3:.1f} ms"
+    return f"{x * 1e6:.0f} µs"
+
+
+def flops(value: Any) -> str:
+    """FLOP/s in the unit that reads best (TFLOP/s on GPUs, GFLOP/s on CPUs)."""
+    x = num(value)
+    if x is None:
+        return DASH
+    if x >= 1e12:
+        return f"{x / 1e12:.1f} TFLOP/s"
+    return f"{x / 1e9:.1f} GFLOP/s"
+
+
+def count(value: Any) -> str:
+    x = num(value)
+    if x is None:
+        return DASH
+    if abs(x) >= 1e9:
+        return f"{x / 1e9:.2f}B"
+    if abs(x) >= 1e6:
+        return f"{x / 1e6:.2f}M"
+    if abs(x) >= 1e4:
+        return f"{x / 1e3:.1f}k"
+    return f"{x:,.0f}"
+
+
+def ratio(value: Any) -> str:
+    x = num(value)
+    return DASH if x is None else f"{x:.2f}×"
+
+
+def percent(value: Any, signed: bool = False) -> str:
+    x = num(value)
+    if x is None:
+        return DASH
+    return f"{x * 100:+.1f}%" if signed else f"{x * 100:.1f}%"
+
+
+def plain(value: Any) -> str:
+    """Anything else, as the user would type it (None → dash, floats short)."""
+    if value is None or value == "":
+        return DASH
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    if isinstance(value, float):
+        return f"{value:g}"
+    return str(value)

@@ -1,0 +1,155 @@
+"""Read a run directory's files as plain data, tolerating what is missing or damaged.
+
+The report is built from the files alone (DESIGN.md's layout), never from live objects, so that
+``advisor report RUN`` re-renders any run, also a partial one (profile only, no training yet) or
+one written by another version. Every reader returns plain dicts and lists; a file that exists
+but cannot be read becomes a ``problem`` shown on the page instead of an exception.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+
+class ReportError(ValueError):
+    """The run directory cannot be reported on; the message names the fix."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class RunFiles:
+    """Everything a report reads. ``None``/empty where the file is absent."""
+
+    root: Path
+    profile: Mapping[str, Any] | None = None
+    probes: tuple[Mapping[str, Any], ...] = ()
+    plan: Mapping[str, Any] | None = None
+    trials: tuple[Mapping[str, Any], ...] = ()
+    metrics: tuple[Mapping[str, Any], ...] = ()
+    train_config: Mapping[str, Any] | None = None
+    run_info: Mapping[str, Any] | None = None  # run.json, written by ``advisor run``
+    train_dir: Path | None = None
+    has_study: bool = False
+    problems: tuple[str, ...] = field(default_factory=tuple)
+
+    @property
+    def train_records(self) -> list[Mapping[str, Any]]:
+        return [r for r in self.metrics if r.get("kind", "train") == "train" and "loss" in r]
+
+    @property
+    def eval_records(self) -> list[Mapping[str, Any]]:
+        return [r for r in self.metrics if "eval_loss" in r]
+
+    @property
+    def empty(self) -> bool:
+        return not (self.profile or self.plan or self.trials or self.metrics or self.train_config)
+
+
+def _read_json(path: Path, problems: list[str]) -> dict[str, Any] | None:
+    if not path.is_file():
+        return None
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        problems.append(f"{path.name} could not be read ({type(exc).__name__}: {exc})")
+        return None
+    if not isinstance(data, dict):
+        problems.append(f"{path.name} is not a JSON object")
+        return None
+    return data
+
+
+def _cell(value: str) -> Any:
+    """A CSV cell as the value it was written from: '' → None, True/False, int, float, str."""
+    if value == "":
+        return None
+    if value in ("True", "False"):
+        return value == "True"
+    try:
+        return int(value)
+    except ValueError:
+        pass
+    try:
+        number = float(value)
+    except ValueError:
+        return value
+    return number if math.isfinite(number) else None
+
+
+def _read_csv(path: Path, problems: list[str]) -> tuple[dict[str, Any], ...]:
+    if not path.is_file():
+        return ()
+    try:
+        with open(path, newline="") as f:
+            return tuple(
+                {k: _cell(v or "") for k, v in row.items() if k} for row in csv.DictReader(f)
+            )
+    except (OSError, UnicodeDecodeError, csv.Error) as exc:
+        problems.append(f"{path.name} could not be read ({type(exc).__name__}: {exc})")
+        return ()
+
+
+def _read_jsonl(path: Path, problems: list[str]) -> tuple[dict[str, Any], ...]:
+    if not path.is_file():
+        return ()
+    out: list[dict[str, Any]] = []
+    skipped = 0
+    try:
+        text = path.read_text()
+    except (OSError, UnicodeDecodeError) as exc:
+        problems.append(f"{path.name} could not be read ({type(exc).__name__}: {exc})")
+        return ()
+    for line in text.splitlines():
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError:
+            skipped += 1  # a line cut by a kill
+            continue
+        if isinstance(record, dict):
+            out.append(record)
+    if skipped:
+        problems.append(f"{path.name}: {skipped} unreadable line(s) skipped")
+    return tuple(out)
+
+
+def find_train_dir(root: Path) -> Path | None:
+    """RUN/train (the layout of ``advisor run``), or RUN itself when it is a training run."""
+    for candidate in (root / "train", root):
+        if (candidate / "metrics.jsonl").is_file() or (candidate / "train_config.json").is_file():
+            return candidate
+    return None
+
+
+def load_run(root: str | Path) -> RunFiles:
+    """Read every run file under ``root``; ReportError when there is no run there at all."""
+    root = Path(root)
+    if not root.exists():
+        raise ReportError(f"run directory {root} does not exist: pass the --out of 'advisor run'")
+    if not root.is_dir():
+        raise ReportError(f"{root} is not a directory: pass the run directory, not a file in it")
+    problems: list[str] = []
+    train_dir = find_train_dir(root)
+    run = RunFiles(
+        root=root,
+        profile=_read_json(root / "profile.json", problems),
+        probes=_read_csv(root / "probes.csv", problems),
+        plan=_read_json(root / "plan.json", problems),
+        trials=_read_csv(root / "trials.csv", problems),
+        metrics=_read_jsonl(train_dir / "metrics.jsonl", problems) if train_dir else (),
+        train_config=_read_json(train_dir / "train_config.json", problems) if train_dir else None,
+        run_info=_read_json(root / "run.json", problems),
+        train_dir=train_dir,
+        has_study=(root / "study.db").is_file(),
+        problems=tuple(problems),
+    )
+    if run.empty and not problems:
+        raise ReportError(
+            f"{root} holds no run files (profile.json, plan.json, train/metrics.jsonl): run "
+            f"'advisor run --out {root}' (or 'advisor profile --out {root}') first"
+        )
+    return run

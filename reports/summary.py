@@ -1,0 +1,273 @@
+"""Summary: what to use and why, in a few sentences and one comparison table."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from reports import fmt
+from reports.common import candidate_key, mapping, ok_measurement, plan_candidate
+from reports.fmt import num
+from reports.model import Fact, Section, Table, cell, num_cell
+from reports.training import MEMORY_KINDS, TrainingStats
+
+KNOB_PREFIXES = (
+    "precision ",
+    "activation checkpointing ",
+    "parallelism ",
+    "micro-batch/accumulation ",
+    "loader workers ",
+)
+NUM_TOP_REASONS = 6
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Summary:
+    headline: tuple[str, ...]
+    config: Mapping[str, Any]
+    expected_speedup: float | None
+    measured_speedup: float | None
+    training_speedup: float | None  # training's median tokens/s over the baseline's measured
+    predicted_tokens_per_s: float | None
+    measured_tokens_per_s: float | None
+    training_tokens_per_s: float | None
+    reasons: tuple[str, ...]  # the top ones, plain sentences
+    notes: tuple[str, ...]  # everything else the plan says
+    estimate_label: str = ""
+
+
+def split_reasons(reasons: Sequence[str]) -> tuple[list[str], list[str]]:
+    """(why this config won, search notes): the plan's reasons in the order a reader wants."""
+    chosen, knobs, others, notes = [], [], [], []
+    for r in reasons:
+        text = str(r)
+        if text.startswith("chosen:") or text.startswith("the top predicted candidate"):
+            chosen.append(text)
+        elif text.startswith(KNOB_PREFIXES):
+            knobs.append(text)
+        elif text.startswith("baseline") or ": not validated (" in text:
+            others.append(text)
+        else:
+            notes.append(text)
+    top = chosen + knobs + others
+    return top[:NUM_TOP_REASONS], top[NUM_TOP_REASONS:] + notes
+
+
+def plain_label(c: Mapping[str, Any]) -> str:
+    """``bf16 with full activation checkpointing on one device, micro-batch 8 × 1
+    accumulation``: the config in words."""
+    text = str(c.get("precision", "?"))
+    if c.get("activation_checkpointing") not in (None, "none"):
+        text += f" with {c['activation_checkpointing']} activation checkpointing"
+    if c.get("parallelism") in (None, "single"):
+        text += " on one device"
+    else:
+        text += f", {str(c['parallelism']).upper()} over {c.get('world_size', '?')} ranks"
+    text += (
+        f", micro-batch {c.get('micro_batch_size', '?')} × {c.get('grad_accum_steps', '?')} "
+        "accumulation"
+    )
+    if c.get("num_workers"):
+        text += f", {c['num_workers']} loader workers"
+    return text
+
+
+def _headline(
+    plan: Mapping[str, Any],
+    baseline_measured: float | None,
+    stats: TrainingStats | None,
+    summary: dict[str, Any],
+) -> list[str]:
+    config = mapping(plan.get("config"))
+    out = [
+        f"Use {plain_label(config)} for {config.get('model', '?')} at a global batch of "
+        f"{config.get('global_batch_size', '?')} sequences of {config.get('seq_len', '?')} tokens."
+    ]
+    measured, expected = summary["measured_speedup"], summary["expected_speedup"]
+    if summary["measured_tokens_per_s"] is not None:
+        text = f"It measured {fmt.rate(summary['measured_tokens_per_s'])} in validation"
+        if measured is not None:
+            text += f", {fmt.ratio(measured)} the naive fp32 loop ({fmt.rate(baseline_measured)})"
+        if expected is not None:
+            text += f"; the cost model expected {fmt.ratio(expected)}"
+        out.append(text + ".")
+    elif summary["predicted_tokens_per_s"] is not None:
+        text = f"It is predicted to run at {fmt.rate(summary['predicted_tokens_per_s'])}"
+        if expected is not None:
+            text += f", {fmt.ratio(expected)} the naive fp32 loop"
+        out.append(text + " (not validated by a real run).")
+    baseline = mapping(mapping(plan.get("baseline")).get("config"))
+    if baseline and candidate_key(baseline) == candidate_key(plan_candidate(plan)):
+        out.append(
+            "That is the naive fp32 loop itself: none of the validated alternatives measured "
+            "faster on this device."
+        )
+    elif expected is not None and measured is not None and (expected < 1) != (measured < 1):
+        out.append(
+            "The prediction and the measurement disagree on whether it beats the naive loop: "
+            "the measurement decided (see Predicted vs measured)."
+        )
+    if stats is not None:
+        text = f"Training ran {stats.steps}"
+        if stats.total_steps:
+            text += f" of {stats.total_steps}"
+        text += f" steps at a median {fmt.rate(stats.median_tokens_per_s)}"
+        if stats.first_loss is not None and stats.last_loss is not None:
+            text += f"; loss {stats.first_loss:.2f} → {stats.last_loss:.2f}"
+        if stats.last_eval_loss is not None:
+            text += f" (eval {stats.last_eval_loss:.2f})"
+        out.append(text + ".")
+    return out
+
+
+def build_summary(plan: Mapping[str, Any] | None, stats: TrainingStats | None) -> Summary | None:
+    if not plan:
+        return None
+    baseline = mapping(plan.get("baseline"))
+    baseline_measured = num(mapping(ok_measurement(baseline.get("measured"))).get("tokens_per_s"))
+    measured = ok_measurement(plan.get("measured"))
+    training_tps = stats.median_tokens_per_s if stats else None
+    values: dict[str, Any] = {
+        "expected_speedup": num(baseline.get("expected_speedup")),
+        "measured_speedup": num(baseline.get("measured_speedup")),
+        "training_speedup": training_tps / baseline_measured
+        if training_tps and baseline_measured
+        else None,
+        "predicted_tokens_per_s": num(mapping(plan.get("predicted")).get("tokens_per_s")),
+        "measured_tokens_per_s": num(measured.get("tokens_per_s")) if measured else None,
+        "training_tokens_per_s": training_tps,
+    }
+    top, notes = split_reasons(plan.get("reasons") or ())
+    return Summary(
+        headline=tuple(_headline(plan, baseline_measured, stats, values)),
+        config=dict(mapping(plan.get("config"))),
+        reasons=tuple(top),
+        notes=tuple(notes),
+        estimate_label=str(plan.get("label") or "") if plan.get("estimate") else "",
+        **values,
+    )
+
+
+def _comparison(plan: Mapping[str, Any], stats: TrainingStats | None) -> Table:
+    p = mapping(plan.get("predicted"))
+    m = mapping(p.get("breakdown")).get("memory")
+    traced = num(mapping(m).get("traced_bytes"))
+    rows = [
+        (
+            cell("predicted (cost model)"),
+            num_cell(fmt.rate(p.get("tokens_per_s")), num(p.get("tokens_per_s"))),
+            num_cell(fmt.seconds(p.get("step_time_s")), num(p.get("step_time_s"))),
+            num_cell(fmt.size(p.get("peak_memory_bytes")), num(p.get("peak_memory_bytes"))),
+            cell(
+                f"per rank with overhead; traced tensors {fmt.size(traced)}"
+                if traced
+                else "per rank",
+                cls="muted",
+            ),
+        )
+    ]
+    measured = mapping(plan.get("measured"))
+    if measured:
+        ok = ok_measurement(measured) is not None
+        samples = len(measured.get("step_samples_s") or ())
+        rows.append(
+            (
+                cell(f"measured (validation, {samples} steps)" if ok else "validation"),
+                num_cell(fmt.rate(measured.get("tokens_per_s")), num(measured.get("tokens_per_s"))),
+                num_cell(
+                    fmt.seconds(measured.get("step_time_s")), num(measured.get("step_time_s"))
+                ),
+                num_cell(
+                    fmt.size(measured.get("peak_memory_bytes")),
+                    num(measured.get("peak_memory_bytes")),
+                ),
+                cell(
+                    str(measured.get("memory_kind") or "")
+                    if ok
+                    else f"{measured.get('status')}: {measured.get('reason')}",
+                    cls="muted" if ok else "bad",
+                ),
+            )
+        )
+    if stats is not None:
+        rows.append(
+            (
+                cell(f"measured (training, {stats.steps} steps)"),
+                num_cell(fmt.rate(stats.median_tokens_per_s), stats.median_tokens_per_s),
+                num_cell(fmt.seconds(stats.median_step_time_s), stats.median_step_time_s),
+                num_cell(fmt.size(stats.peak_memory_bytes), stats.peak_memory_bytes),
+                cell(MEMORY_KINDS.get(stats.memory_kind, stats.memory_kind), cls="muted"),
+            )
+        )
+    return Table(
+        columns=("", "tokens/s", "step time", "peak memory", "memory measured as"), rows=tuple(rows)
+    )
+
+
+def summary_section(
+    summary: Summary | None,
+    plan: Mapping[str, Any] | None,
+    stats: TrainingStats | None,
+    has_profile: bool,
+) -> Section:
+    if summary is None or not plan:
+        note = (
+            "Profiled, but no recommendation yet: run 'advisor recommend --profile "
+            "RUN/profile.json --global-batch-size N --out RUN' (or 'advisor run --out RUN "
+            "--resume')."
+            if has_profile
+            else "No recommendation yet."
+        )
+        return Section(id="summary", title="Summary", note=note)
+    config = summary.config
+    speedups = []
+    if summary.expected_speedup is not None:
+        speedups.append(f"expected {fmt.ratio(summary.expected_speedup)}")
+    if summary.measured_speedup is not None:
+        speedups.append(f"measured {fmt.ratio(summary.measured_speedup)} in validation")
+    if summary.training_speedup is not None:
+        speedups.append(f"{fmt.ratio(summary.training_speedup)} in training")
+    facts = [
+        Fact(
+            label="speed-up over the naive fp32 loop",
+            value=", ".join(speedups) or fmt.DASH,
+            hint="the baseline: fp32, no checkpointing, one device, the whole global batch in "
+            "one micro-batch if it fits; in training: the run's median against the baseline's "
+            "validation",
+        ),
+        Fact(label="precision", value=str(config.get("precision"))),
+        Fact(label="activation checkpointing", value=str(config.get("activation_checkpointing"))),
+        Fact(
+            label="parallelism",
+            value=str(config.get("parallelism"))
+            + (
+                f" × {config.get('world_size')} ranks"
+                if config.get("parallelism") != "single"
+                else ""
+            ),
+        ),
+        Fact(
+            label="micro-batch × accumulation",
+            value=f"{config.get('micro_batch_size')} × {config.get('grad_accum_steps')}"
+            f" (global batch {config.get('global_batch_size')})",
+        ),
+        Fact(label="loader workers", value=str(config.get("num_workers", 0))),
+        Fact(
+            label="optimizer",
+            value=f"AdamW lr {fmt.plain(config.get('lr'))} → {fmt.plain(config.get('min_lr'))}, "
+            f"warm-up {config.get('warmup_steps')}, "
+            f"weight decay {fmt.plain(config.get('weight_decay'))}, "
+            f"clip {fmt.plain(config.get('grad_clip'))}",
+        ),
+    ]
+    return Section(
+        id="summary",
+        title="Summary",
+        lead=summary.headline,
+        facts=tuple(facts),
+        tables=(_comparison(plan, stats),),
+        bullets=summary.reasons,
+        details_title="Everything the search noted" if summary.notes else "",
+        details=summary.notes,
+    )

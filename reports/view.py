@@ -1,0 +1,167 @@
+"""The view model of a report: everything the page shows, computed from the run files.
+
+Compute, then render (as Optuna's ``_get_timeline_info`` / ``_get_timeline_plot``):
+:func:`build_view` returns a :class:`ReportView` of plain records, :mod:`reports.render` turns it
+into HTML, and tests assert on the records, not on markup or pixels.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import shlex
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from reports.candidates import (
+    TrialRow,
+    ValidationRow,
+    candidates_section,
+    validation_rows,
+    validation_section,
+)
+from reports.charts import Chart
+from reports.comm import comm_section
+from reports.common import mapping
+from reports.facts import facts_section
+from reports.memory import MemoryBar, memory_section
+from reports.model import Section
+from reports.reproduce import Commands, reproduce_section
+from reports.runfiles import RunFiles, load_run
+from reports.summary import Summary, build_summary, summary_section
+from reports.training import (
+    TrainingStats,
+    training_section,
+    training_stats,
+    training_validation,
+)
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Stage:
+    name: str
+    done: bool
+    detail: str
+
+
+@dataclass(frozen=True, kw_only=True)
+class ReportView:
+    title: str
+    subtitle: str
+    run_dir: str
+    generated: str
+    stages: tuple[Stage, ...]
+    problems: tuple[str, ...]
+    sections: tuple[Section, ...]
+    summary: Summary | None
+    memory_bars: tuple[MemoryBar, ...]
+    trials: tuple[TrialRow, ...]
+    validations: tuple[ValidationRow, ...]
+    training: TrainingStats | None
+    commands: Commands
+    estimate_label: str = ""
+
+    @property
+    def charts(self) -> tuple[Chart, ...]:
+        return tuple(c for s in self.sections for c in s.charts)
+
+    def section(self, section_id: str) -> Section:
+        return next(s for s in self.sections if s.id == section_id)
+
+    def chart_data(self) -> dict[str, Any]:
+        """What the page's script reads: every chart spec by id."""
+        return {"charts": [c.to_dict() for c in self.charts]}
+
+
+def _stages(run: RunFiles, stats: TrainingStats | None) -> tuple[Stage, ...]:
+    plan = mapping(run.plan)
+    search = mapping(plan.get("search"))
+    training = "not started"
+    if stats is not None:
+        training = (
+            f"{stats.steps}" + (f"/{stats.total_steps}" if stats.total_steps else "") + " steps"
+        )
+    return (
+        Stage(
+            name="profile",
+            done=run.profile is not None,
+            detail=f"{len(run.probes)} probes" if run.profile is not None else "missing",
+        ),
+        Stage(
+            name="recommend",
+            done=run.plan is not None,
+            detail=f"{search.get('num_evaluated', len(run.trials))} candidates"
+            if run.plan
+            else "missing",
+        ),
+        Stage(name="train", done=stats is not None and stats.complete, detail=training),
+    )
+
+
+def build_view(run: RunFiles | str | Path, *, now: datetime.datetime | None = None) -> ReportView:
+    """The view model of the run in ``run`` (a RunFiles, or its directory)."""
+    if not isinstance(run, RunFiles):
+        run = load_run(run)
+    profile, plan = run.profile, run.plan
+    stats = training_stats(run)
+    config = mapping(mapping(run.train_config).get("config"))
+    training_row = training_validation(stats, plan, config)
+    summary = build_summary(plan, stats)
+    measured_peak = None
+    if stats is not None and stats.peak_memory_bytes and training_row is not None:
+        what = "process RSS" if stats.memory_kind.startswith("cpu") else "tensor memory"
+        measured_peak = (f"training peak ({what})", stats.peak_memory_bytes)
+    memory, bars = memory_section(profile, plan, measured_peak)
+    candidates, trials = candidates_section(run.trials, plan)
+    validations = validation_rows(plan, training_row)
+    reproduce, commands = reproduce_section(run)
+    sections: tuple[Section, ...] = (
+        summary_section(summary, plan, stats, profile is not None),
+        facts_section(profile, run.probes),
+        memory,
+        candidates,
+        validation_section(validations, plan),
+        comm_section(profile, run.probes),
+        training_section(run, plan, stats),
+        reproduce,
+    )
+    # Notes name the commands that fill a section; RUN stands for this run's directory.
+    sections = tuple(
+        dataclasses.replace(s, note=s.note.replace("RUN", shlex.quote(str(run.root))))
+        for s in sections
+    )
+    workload = (
+        mapping(mapping(profile).get("workload")) or config or mapping(mapping(plan).get("config"))
+    )
+    model = str(workload.get("model") or "a model")
+    device = mapping(mapping(profile).get("device")).get("name") or mapping(run.train_config).get(
+        "device"
+    )
+    moment = now or datetime.datetime.now(datetime.timezone.utc)
+    return ReportView(
+        title=f"{model}" + (f" on {device}" if device else ""),
+        subtitle="transformer-advisor report",
+        run_dir=str(run.root),
+        generated=moment.strftime("%Y-%m-%d %H:%M UTC"),
+        stages=_stages(run, stats),
+        problems=run.problems,
+        sections=sections,
+        summary=summary,
+        memory_bars=bars,
+        trials=trials,
+        validations=validations,
+        training=stats,
+        commands=commands,
+        estimate_label=summary.estimate_label if summary else "",
+    )
+
+
+def section_ids(view: ReportView) -> list[str]:
+    return [s.id for s in view.sections]
+
+
+def notes(view: ReportView) -> Mapping[str, str]:
+    """Section id → its note (what is missing), for sections that have one."""
+    return {s.id: s.note for s in view.sections if s.note}

@@ -1,0 +1,175 @@
+"""``advisor run`` and ``advisor report``: the run directory's layout, resume, exit codes."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner, Result
+
+from advisor.cli import main
+from tests.reports.runs import REAL_RUN_ARGS, real_run
+
+
+def invoke(*args: str) -> Result:
+    return CliRunner().invoke(main, list(args))
+
+
+@pytest.fixture(scope="module")
+def run_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out, result = real_run(tmp_path_factory.getbasetemp())
+    assert result.exit_code == 0, result.output + str(result.exception)
+    return out
+
+
+def test_run_lays_out_the_run_directory(run_dir: Path) -> None:
+    for name in (
+        "profile.json",
+        "probes.csv",
+        "plan.json",
+        "trials.csv",
+        "study.db",
+        "train/metrics.jsonl",
+        "train/train_config.json",
+        "train/checkpoints/latest",
+        "report.html",
+        "run.json",
+    ):
+        assert (run_dir / name).exists(), name
+    info = json.loads((run_dir / "run.json").read_text())
+    assert {k: v["status"] for k, v in info["stages"].items()} == {
+        "profile": "done",
+        "recommend": "done",
+        "train": "done",
+        "report": "done",
+    }
+    assert info["command"] == [
+        *("advisor", "run", "--model", "gpt-tiny", "--model-arg", "n_layer=1", "--seq-len", "128"),
+        *("--global-batch-size", "4", "--steps", "6", "--budget-s", "30", "--validate-top", "1"),
+        *("--no-comm", "--eval-every", "3", "--out", str(run_dir)),
+    ]
+    plan = json.loads((run_dir / "plan.json").read_text())
+    train = json.loads((run_dir / "train" / "train_config.json").read_text())
+    assert train["config"] == plan["config"] and train["total_steps"] == 6
+    metrics = (run_dir / "train" / "metrics.jsonl").read_text().splitlines()
+    assert sum('"kind": "train"' in line for line in metrics) == 6
+    html = (run_dir / "report.html").read_text()
+    assert "Use " in html and "No training yet" not in html
+
+
+def test_run_prints_the_recommendation_and_the_report(run_dir: Path) -> None:
+    _, result = real_run(run_dir.parent)
+    lines = result.stdout.splitlines()
+    assert lines[0].startswith("recommended: ")
+    assert lines[1].startswith("trained: 6 steps, loss ")
+    assert lines[-1] == f"report: {run_dir / 'report.html'}"
+
+
+def test_resume_skips_what_is_done(run_dir: Path, tmp_path: Path) -> None:
+    copy = tmp_path / "run"
+    shutil.copytree(run_dir, copy)
+    result = invoke("run", *REAL_RUN_ARGS, "--out", str(copy), "--resume")
+    assert result.exit_code == 0, result.output
+    info = json.loads((copy / "run.json").read_text())
+    stages = {k: (v["status"], v["detail"]) for k, v in info["stages"].items()}
+    assert stages["profile"] == ("skipped", f"reusing {copy / 'profile.json'}")
+    assert stages["recommend"] == ("skipped", f"reusing {copy / 'plan.json'}")
+    assert stages["train"] == ("done", "already finished 6 steps")
+    assert stages["report"][0] == "done"
+
+
+def test_an_existing_run_is_not_overwritten(run_dir: Path) -> None:
+    result = invoke("run", "--out", str(run_dir))
+    assert result.exit_code == 2
+    assert result.stderr == (
+        f"error: {run_dir} already holds a run (profile.json, plan.json, trials.csv, "
+        "train/metrics.jsonl, train/checkpoints): pass --resume to continue it (finished stages "
+        "are skipped), or choose another --out\n"
+    )
+
+
+def test_resume_with_another_model_is_refused(run_dir: Path, tmp_path: Path) -> None:
+    copy = tmp_path / "run"
+    shutil.copytree(run_dir, copy)
+    result = invoke("run", "--model-arg", "n_layer=2", "--out", str(copy), "--resume")
+    assert result.exit_code == 2
+    assert result.stderr == (
+        f"error: {copy}/profile.json profiled model_args={{'n_layer': 1}}, not what this run "
+        "asks: resume with the same --model/--model-arg/--data/--seq-len, or choose another --out\n"
+    )
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--steps", "3", "--tokens", "100"], "error: give --steps or --tokens, not both"),
+        (["--resume"], "error: --resume needs --out naming the run to continue"),
+        (["--lr", "0"], "error: Invalid value for '--lr': 0.0 is not in the range x>0."),
+    ],
+)
+def test_bad_usage(args: list[str], message: str, tmp_path: Path) -> None:
+    out = [] if "--resume" in args else ["--out", str(tmp_path / "r")]
+    result = invoke("run", *args, *out)
+    assert result.exit_code == 2
+    assert result.stderr.startswith(message)
+    assert not (tmp_path / "r").exists()
+
+
+def test_bad_model_spec_fails_in_one_line_before_any_probe(tmp_path: Path) -> None:
+    out = tmp_path / "r"
+    result = invoke("run", "--model", "no-such-model", "--quiet", "--out", str(out))
+    assert result.exit_code == 2
+    assert result.stderr.count("\n") == 1 and result.stderr.startswith("error: ")
+    assert "no-such-model" in result.stderr
+    assert not (out / "profile.json").exists() and not (out / "report.html").exists()
+
+
+def test_report_rerenders_a_profile_only_run(run_dir: Path, tmp_path: Path) -> None:
+    partial = tmp_path / "partial"
+    partial.mkdir()
+    for name in ("profile.json", "probes.csv"):
+        shutil.copy(run_dir / name, partial / name)
+    result = invoke("report", str(partial))
+    assert result.exit_code == 0, result.output
+    assert result.stdout.startswith(f"wrote {partial / 'report.html'} (")
+    html = (partial / "report.html").read_text()
+    assert "no recommendation yet" in html and "No training yet." in html
+
+
+def test_report_of_a_run_without_training(run_dir: Path, tmp_path: Path) -> None:
+    partial = tmp_path / "partial"
+    shutil.copytree(run_dir, partial, ignore=shutil.ignore_patterns("train", "report.html"))
+    result = invoke("report", str(partial), "--out", str(tmp_path / "page.html"))
+    assert result.exit_code == 0, result.output
+    assert (
+        f"No training yet: run &#39;advisor train --plan {partial}/plan.json"
+        in (tmp_path / "page.html").read_text()
+    )
+
+
+def test_report_without_a_run(tmp_path: Path) -> None:
+    result = invoke("report", str(tmp_path / "nope"))
+    assert result.exit_code == 2
+    assert result.stderr == (
+        f"error: run directory {tmp_path / 'nope'} does not exist: pass the --out of "
+        "'advisor run'\n"
+    )
+    result = invoke("report", str(tmp_path))
+    assert result.exit_code == 2
+    assert "holds no run files" in result.stderr
+
+
+def test_help_does_not_import_torch() -> None:
+    code = (
+        "import sys; from advisor.cli import main\n"
+        "for args in (['run', '--help'], ['report', '--help']):\n"
+        "    try: main(args)\n"
+        "    except SystemExit: pass\n"
+        "assert 'torch' not in sys.modules, 'torch imported'\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
