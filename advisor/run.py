@@ -148,7 +148,7 @@ class RunResult:
     report: Path | None
     stages: tuple[StageResult, ...]
     plan: Any = None  # strategies.plan.Plan when recommend ran in this call
-    train: Any = None  # advisor.trainer.loop.TrainResult when training ran
+    train: Any = None  # the metrics.jsonl records when training ran
 
 
 ProgressFn = Callable[[str, float], None]
@@ -301,11 +301,16 @@ def _recommend_stage(request: RunRequest, out: Path, say: ProgressFn) -> tuple[s
 
 
 def _train_stage(request: RunRequest, out: Path, show_progress: bool) -> tuple[str, Any]:
-    from advisor.launch import under_torchrun
-    from advisor.trainer.loop import RunOptions, train
-    from strategies.config import load_plan_config
+    """``advisor train --plan RUN/plan.json`` in a child process, as a user would run it.
 
-    config = load_plan_config(out / "plan.json")
+    A child, not a call: the trainer's memory is then what the plan predicted (this process
+    holds optuna, pandas and the search), and ddp/fsdp plans go through torchrun the same way.
+    Its stderr (progress, errors) is passed through; its last line names a failure.
+    """
+    from advisor.errors import AdvisorError
+    from advisor.trainer.loop import RunOptions
+    from advisor.trainer.metrics import read_metrics
+
     train_dir = out / "train"
     resume = request.resume and (train_dir / "checkpoints" / "latest").exists()
     options = RunOptions(
@@ -320,38 +325,41 @@ def _train_stage(request: RunRequest, out: Path, show_progress: bool) -> tuple[s
         device=request.device,
         progress=show_progress,
     )
-    if (config.world_size > 1 or config.parallelism != "single") and not under_torchrun():
-        _launch_training(out / "plan.json", options, config.world_size)
-        return f"{config.parallelism} × {config.world_size} ranks through torchrun", None
-    result = train(config, options)
-    if result.extra.get("already_complete"):
-        return f"already finished {result.steps} steps", result
-    text = f"{result.steps} steps, loss {result.final_loss:.3f}"
-    if result.eval_loss is not None:
-        text += f", eval {result.eval_loss:.3f}"
-    return text, result
+    code, last = _run_advisor(options.train_args(out / "plan.json"))
+    if code != 0:
+        raise AdvisorError(f"training failed (exit {code}): {last.removeprefix('error: ')}")
+    records = (
+        read_metrics(train_dir / "metrics.jsonl") if (train_dir / "metrics.jsonl").exists() else []
+    )
+    train = [r for r in records if r.get("kind") == "train"]
+    evals = [r for r in records if "eval_loss" in r]
+    if not train:
+        return "no training step logged", None
+    text = f"{train[-1]['step']} steps, loss {train[-1]['loss']:.3f}"
+    if evals:
+        text += f", eval {evals[-1]['eval_loss']:.3f}"
+    return text, records
 
 
-def _launch_training(plan: Path, options: Any, world_size: int) -> None:
-    """ddp/fsdp: ``advisor train`` once per rank under torch's launcher (as the train command)."""
-    from advisor.launch import LaunchSpec, launch
+def _run_advisor(args: list[str]) -> tuple[int, str]:
+    """Run ``python -m advisor ARGS``; stream its stderr through; return (exit code, last line)."""
+    import subprocess
+    import sys
 
-    args = ["train", "--plan", str(plan), "--out", str(options.out), "--device", options.device]
-    args += ["--eval-batches", str(options.eval_batches)]
-    args += ["--keep-checkpoints", str(options.keep_checkpoints)]
-    for flag, value in (
-        ("--steps", options.steps),
-        ("--tokens", options.tokens),
-        ("--checkpoint-every", options.checkpoint_every),
-        ("--eval-every", options.eval_every),
-    ):
-        if value is not None:
-            args += [flag, str(value)]
-    if options.resume:
-        args.append("--resume")
-    if not options.progress:
-        args.append("--quiet")
-    launch(LaunchSpec(world_size=world_size), args)
+    last = ""
+    with subprocess.Popen(
+        [sys.executable, "-m", "advisor", *args],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        bufsize=1,
+    ) as child:
+        assert child.stderr is not None
+        for line in child.stderr:
+            sys.stderr.write(line)
+            if line.strip():
+                last = line.strip()
+    return child.returncode, last
 
 
 class _RunLog:

@@ -32,7 +32,8 @@ PROBE_STATUSES = ("ok", "oom", "timeout", "error", "skipped", "unsupported")
 class ProbeRow:
     """One probe run: a row of probes.csv (tidy: one observation per row)."""
 
-    # device | model | flops | memory | memory_check | throughput | communication | input
+    # device | model | flops | memory | memory_distributed | memory_check | throughput |
+    # communication | input
     probe: str
     name: str  # e.g. "fp32/none/b=4"
     status: str  # one of PROBE_STATUSES

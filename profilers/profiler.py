@@ -37,14 +37,16 @@ from profilers.workload import CHECKPOINTING, PRECISIONS, DataWorkload, StepSpec
 Progress = Callable[[str, float], None]  # (what is running now, fraction of the budget spent)
 
 # Shares of the budget per phase; what a phase leaves unused flows to the next ones.
+# In the order the phases run: what matters most for the search comes first.
 SHARES = {
     "device": 0.05,
     "model": 0.02,
-    "memory": 0.14,
-    "memory_distributed": 0.08,
-    "memory_check": 0.09,
+    "memory": 0.10,
     "throughput": 0.40,
+    "memory_accumulation": 0.04,
+    "memory_check": 0.09,
     "communication": 0.15,
+    "memory_distributed": 0.08,
     "input": 0.07,
 }
 CPU_MAX_TIMED_MICRO_BATCH = 8  # CPU throughput is flat or falls beyond ~8 (DESIGN.md)
@@ -170,6 +172,11 @@ def _memory_check_child(
 
     if device.startswith("cuda"):
         return measure_cuda_step_memory(workload, spec, device).to_dict(), None
+    if isinstance(workload, DataWorkload):
+        # Load a few real batches first, as training does: the loader's modules and the
+        # token file's pages are part of the resident memory a training process carries.
+        for _ in workload.data_batches(spec, 0, 4):
+            pass
     with _quiet_fds():
         measured = measure_cpu_step_memory(workload, spec)
     rss = None
@@ -361,23 +368,28 @@ class _Run:
         return facts, flops
 
     # memory ----------------------------------------------------------------------------------
-    def traces(self, precisions: Sequence[str], target: str) -> list[MemoryTrace]:
+    def traces(
+        self, precisions: Sequence[str], target: str, *, accumulation: bool
+    ) -> list[MemoryTrace]:
+        """Fake-traced steps of every precision x checkpointing: the two micro-batch sizes a
+        fit needs (always, whatever the budget), or, in a later phase, the accumulation
+        variants (while the budget lasts)."""
         from profilers.memory import trace_step_memory
 
-        share = self.clock.share("memory")
+        share = self.clock.share("memory_accumulation" if accumulation else "memory")
         deadline = time.perf_counter() + share
         b1, b2 = self.options.trace_micro_batch_sizes
+        sizes = ((b1, 2),) if accumulation else ((b1, 1), (b2, 1))
         plan = [
             (p, c, b, a)
-            for p in precisions
+            for p in sorted(precisions, key=lambda p: p != "fp32")
             for c in self.options.checkpointing
-            for b, a in ((b1, 1), (b2, 1), (b1, 2))
+            for b, a in sizes
         ]
         traces = []
         for i, (p, c, b, a) in enumerate(plan):
             spec = self.spec(p, c, b, a)
-            # Past the budget, still trace what a fit needs (two sizes); skip accumulation.
-            if a > 1 and time.perf_counter() > deadline:
+            if accumulation and time.perf_counter() > deadline:
                 self.rows.append(_row("memory", spec, "skipped", reason="time budget spent"))
                 continue
             self.clock.say(f"memory: tracing {_label(spec)} ({i + 1}/{len(plan)})")
@@ -507,7 +519,7 @@ class _Run:
         if not world_sizes or share < CHILD_START_S + 2:
             reason = "no world size > 1" if not world_sizes else "time budget spent"
             self.rows.append(
-                _row("memory", None, "skipped", reason=reason, name="ddp/fsdp per-rank")
+                _row("memory_distributed", None, "skipped", reason=reason, name="ddp/fsdp per-rank")
             )
             return []
         b1, b2 = self.options.trace_micro_batch_sizes
@@ -540,7 +552,7 @@ class _Run:
         if not outcome.ok:
             self.rows.append(
                 _row(
-                    "memory",
+                    "memory_distributed",
                     None,
                     outcome.status,
                     reason=outcome.reason,
@@ -556,7 +568,7 @@ class _Run:
                 if result["status"] == "error":
                     self.rows.append(
                         _row(
-                            "memory",
+                            "memory_distributed",
                             spec,
                             "error",
                             reason=result["reason"],
@@ -569,7 +581,7 @@ class _Run:
             traces.append(trace)
             self.rows.append(
                 _row(
-                    "memory",
+                    "memory_distributed",
                     spec,
                     "ok",
                     wall_s=result["wall_s"],
@@ -582,7 +594,7 @@ class _Run:
         if skipped:
             self.rows.append(
                 _row(
-                    "memory",
+                    "memory_distributed",
                     None,
                     "skipped",
                     name="ddp/fsdp per-rank",
@@ -781,15 +793,19 @@ def run_profile(
     precisions = run.precisions(device)
     facts, flops = run.model()
     target = "cuda" if options.device.startswith("cuda") else "cpu"
-    traces = run.traces(precisions, target)
+    capacity = device.free_memory_bytes if target == "cuda" else device.total_memory_bytes
+    # Memory at two sizes, then step times (the search's core), then the refinements.
+    traces = run.traces(precisions, target, accumulation=False)
+    models = _fit_groups(fit_memory_models, traces, [], "memory")
+    timings = run.throughput(precisions, models, capacity, device)
+    time_models = _fit_groups(fit_step_times, timings, run.rows, "throughput")
+    traces += run.traces(precisions, target, accumulation=True)
+    models = _fit_groups(fit_memory_models, traces, [], "memory")
+    measured, overhead = run.memory_checks(models, precisions, capacity)
+    comm = run.communication()
     world_sizes = _local_world_sizes(options, target)
     traces += run.distributed_traces(precisions, target, world_sizes)
     models = _fit_groups(fit_memory_models, traces, run.rows, "memory")
-    capacity = device.free_memory_bytes if target == "cuda" else device.total_memory_bytes
-    measured, overhead = run.memory_checks(models, precisions, capacity)
-    timings = run.throughput(precisions, models, capacity, device)
-    time_models = _fit_groups(fit_step_times, timings, run.rows, "throughput")
-    comm = run.communication()
     micro = max((t.spec.micro_batch_size for t in timings), default=4)
     inputs = run.input(micro)
     run.clock.say("done")

@@ -169,17 +169,21 @@ class CommSource(Protocol):
 
 
 def affine_seconds(fit: AffineFit, micro_batch_size: int) -> float:
-    """t0 + k·b from a time fit, kept positive below the fitted range.
+    """t0 + k·b from a time fit, kept physical outside the fitted range.
 
-    A least-squares line through noisy samples may have a negative intercept; below the
-    smallest fitted size it would then predict near-zero or negative time, so there the time
-    scales in proportion to b from the smallest fitted point (no fixed cost is invented).
+    A least-squares line through noisy samples may have a negative intercept or, on a busy
+    host, a negative slope. Below the smallest fitted size a negative intercept would predict
+    near-zero time; above the largest, a non-positive slope would predict that more work takes
+    less time. There the time scales in proportion to b from the nearest fitted point's
+    prediction (no fixed cost is invented, and no free work either).
     """
     value = fit.predict(micro_batch_size)
     if fit.xs:
-        smallest = min(fit.xs)
+        smallest, largest = min(fit.xs), max(fit.xs)
         if micro_batch_size < smallest and (fit.intercept < 0 or value <= 0):
             value = fit.predict(smallest) * micro_batch_size / smallest
+        elif micro_batch_size > largest and fit.slope <= 0:
+            value = max(fit.predict(largest), 1e-9) * micro_batch_size / largest
     return max(value, 1e-9)
 
 

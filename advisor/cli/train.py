@@ -182,31 +182,7 @@ def launch_ranks(config: Any, options: Any, params: dict[str, Any]) -> None:
     options.out.mkdir(parents=True, exist_ok=True)
     plan = options.out / "launch_config.json"
     plan.write_text(json.dumps({"config": config.to_dict()}, indent=2) + "\n")
-    args = [
-        "train",
-        "--plan",
-        str(plan),
-        "--out",
-        str(options.out),
-        "--device",
-        options.device,
-        "--eval-batches",
-        str(options.eval_batches),
-        "--keep-checkpoints",
-        str(options.keep_checkpoints),
-    ]
-    for flag, value in (
-        ("--steps", options.steps),
-        ("--tokens", options.tokens),
-        ("--checkpoint-every", options.checkpoint_every),
-        ("--eval-every", options.eval_every),
-    ):
-        if value is not None:
-            args += [flag, str(value)]
-    if options.resume:
-        args.append("--resume")
-    if not options.progress:
-        args.append("--quiet")
+    args = options.train_args(plan)
     if spec.nnodes > 1:
         click.echo("run on every node (with --out on a shared filesystem):", err=True)
         for command in node_commands(spec, args):

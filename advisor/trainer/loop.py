@@ -60,6 +60,36 @@ class RunOptions:
     device: str = "auto"
     progress: bool = True
 
+    def train_args(self, plan: Path) -> list[str]:
+        """``advisor train`` arguments that run ``plan`` with these options (for a launcher or
+        a child process)."""
+        args = [
+            "train",
+            "--plan",
+            str(plan),
+            "--out",
+            str(self.out),
+            "--device",
+            self.device,
+            "--eval-batches",
+            str(self.eval_batches),
+            "--keep-checkpoints",
+            str(self.keep_checkpoints),
+        ]
+        for flag, value in (
+            ("--steps", self.steps),
+            ("--tokens", self.tokens),
+            ("--checkpoint-every", self.checkpoint_every),
+            ("--eval-every", self.eval_every),
+        ):
+            if value is not None:
+                args += [flag, str(value)]
+        if self.resume:
+            args.append("--resume")
+        if not self.progress:
+            args.append("--quiet")
+        return args
+
 
 @dataclass
 class TrainResult:

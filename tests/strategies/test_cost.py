@@ -301,3 +301,13 @@ def test_a_traced_per_rank_memory_fit_replaces_the_analytic_sharding() -> None:
         not in model.predict(cand(micro=4, parallelism="fsdp", world=4)).breakdown["memory"]
     )
     assert model.memory_model("fp32", "none").parallelism == "single"
+
+
+def test_a_negative_slope_never_makes_larger_batches_free() -> None:
+    from profilers.fit import fit_affine
+    from strategies.cost import affine_seconds
+
+    noisy = fit_affine([2.0, 4.0], [0.0545, 0.0232])  # a busy host timed b=2 slower than b=4
+    at_4 = affine_seconds(noisy, 4)
+    assert affine_seconds(noisy, 8) == pytest.approx(at_4 * 2)
+    assert affine_seconds(noisy, 16) > affine_seconds(noisy, 8) > at_4
