@@ -812,7 +812,7 @@ def run_profile(
     return Profile(
         created=dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
         tool=_versions(options.tool),
-        workload={**getattr(workload, "describe", lambda: {})(), "seq_len": options.seq_len},
+        workload={**_describe(workload), "seq_len": options.seq_len},
         device=device,
         model=facts,
         flops=flops,
@@ -832,6 +832,12 @@ def run_profile(
         budget_s=options.budget_s,
         elapsed_s=run.clock.elapsed(),
     )
+
+
+def _describe(workload: Workload) -> dict[str, Any]:
+    """What the workload says about itself (AdvisorWorkload: model, args, data), if anything."""
+    describe = getattr(workload, "describe", None)
+    return dict(describe()) if callable(describe) else {}
 
 
 def _local_world_sizes(options: ProfileOptions, target: str) -> tuple[int, ...]:

@@ -125,7 +125,7 @@ class StepTimer:
 
         step = self.workload.build_step(self.spec, self.device_name)
         generator = torch.Generator().manual_seed(self.seed)
-        self._step, self._batches = step, step.synthetic_batches(generator)
+        self._step, self._batches = step, list(step.synthetic_batches(generator))
         return self
 
     def __exit__(
@@ -410,4 +410,3 @@ def profile_step_time(
     ]
     timings = measure_interleaved(workload, specs, device, rounds=rounds, warmup=warmup, seed=seed)
     return timings, fit_step_time(timings)
-

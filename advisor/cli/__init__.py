@@ -33,7 +33,7 @@ def _report_to_launcher(exc: BaseException) -> None:
 class AdvisorGroup(click.Group):
     """Every failure is one line on stderr: exit 2 for bad usage, 1 for a failed job."""
 
-    def main(self, *args: Any, **kwargs: Any) -> Any:  # type: ignore[override]
+    def main(self, *args: Any, **kwargs: Any) -> Any:
         from advisor.errors import AdvisorError
 
         kwargs["standalone_mode"] = False

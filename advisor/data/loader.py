@@ -127,7 +127,7 @@ def make_loader(
     return DataLoader(
         dataset,
         batch_size=micro_batch,
-        collate_fn=_already_batched,
+        collate_fn=_already_batched,  # type: ignore[arg-type]  # batched by __getitems__
         sampler=sampler,
         num_workers=num_workers,
         pin_memory=pin_memory,

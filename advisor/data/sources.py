@@ -76,7 +76,7 @@ def _atomic_write(path: Path, data: bytes) -> None:
 
 def stdlib_files() -> list[Path]:
     root = Path(sysconfig.get_paths()["stdlib"])
-    files = []
+    files: list[Path] = []
     for dirpath, dirnames, filenames in os.walk(root):
         dirnames[:] = sorted(d for d in dirnames if d not in ("site-packages", "__pycache__"))
         files.extend(Path(dirpath) / f for f in sorted(filenames) if f.endswith(".py"))

@@ -57,8 +57,8 @@ def tokenize_source(source: TokenSource, tokenizer_path: str) -> TokenSource:
     fingerprint = "|".join(
         f"{p}:{Path(p).stat().st_size}:{Path(p).stat().st_mtime_ns}" for p in source.paths
     )
-    key = hashlib.sha1(f"{fingerprint}|{_tokenizer_fingerprint(tokenizer_path)}".encode())
-    key = key.hexdigest()[:16]
+    digest = hashlib.sha1(f"{fingerprint}|{_tokenizer_fingerprint(tokenizer_path)}".encode())
+    key = digest.hexdigest()[:16]
     train_path = cache_dir() / f"tok-{key}.train.{dtype}"
     val_path = cache_dir() / f"tok-{key}.val.{dtype}"
     if not (train_path.exists() and val_path.exists()):

@@ -126,7 +126,8 @@ class Llama(nn.Module):
     @torch.no_grad()
     def init_weights(self) -> None:
         cfg = self.config
-        self.rope.copy_(rope_tables(cfg.n_embd // cfg.n_head, cfg.max_seq_len, cfg.rope_theta))
+        rope = self.get_buffer("rope")
+        rope.copy_(rope_tables(cfg.n_embd // cfg.n_head, cfg.max_seq_len, cfg.rope_theta))
         for name, p in self.named_parameters():
             if p.dim() >= 2:
                 out_proj = name.endswith(("wo.weight", "w2.weight"))

@@ -24,7 +24,7 @@ _NAME = re.compile(r"^step_(\d{8})$")
 
 def rng_state() -> dict[str, Any]:
     version, state, gauss = random.getstate()
-    np_state = np.random.get_state()
+    np_state: Any = np.random.get_state()
     return {
         "torch": torch.get_rng_state(),
         "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],

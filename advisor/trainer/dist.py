@@ -57,11 +57,11 @@ def init_distributed(
 
     if not dist.is_initialized():
         backend = "nccl" if device_type == "cuda" else "gloo"
-        kwargs = {}
+        device_id = None
         if device_type == "cuda":
             torch.cuda.set_device(ctx.local_rank)
-            kwargs["device_id"] = torch.device("cuda", ctx.local_rank)
-        dist.init_process_group(backend, timeout=timedelta(seconds=timeout_s), **kwargs)
+            device_id = torch.device("cuda", ctx.local_rank)  # eager NCCL init on our GPU
+        dist.init_process_group(backend, timeout=timedelta(seconds=timeout_s), device_id=device_id)
     return ctx
 
 

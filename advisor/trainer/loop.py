@@ -201,6 +201,8 @@ class Trainer:
         check_shapes(config, self.facts, self.source)
         self.out = options.out
         self.checkpoints = CheckpointDir(self.out / "checkpoints", options.keep_checkpoints)
+        self.last_checkpoint: Path | None = None
+        self.last_checkpoint_step = -1
         self.metrics = MetricsLog(self.out / "metrics.jsonl")
         self.checkpoint_every = options.checkpoint_every or max(1, self.total_steps // 4)
         self.eval_every = (
@@ -347,8 +349,6 @@ class Trainer:
         resume_from = self._check_out_dir()
         self._build()
         self.tokens, self.skipped, self.elapsed_before = 0, 0, 0.0
-        self.last_checkpoint: Path | None = None
-        self.last_checkpoint_step = -1
         start = self._restore(resume_from) if resume_from is not None else 0
         if self.ctx.is_main:
             self.out.mkdir(parents=True, exist_ok=True)

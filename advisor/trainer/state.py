@@ -45,13 +45,13 @@ def load_model_state(step: AdvisorStep, directory: Path, device: torch.device) -
         from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
         model_state, optim_state = get_state_dict(step.model, step.optimizer)
-        state = {"model": model_state, "optimizer": optim_state}
-        dcp.load(state, checkpoint_id=str(directory))
+        # dcp.load fills these dicts in place.
+        dcp.load({"model": model_state, "optimizer": optim_state}, checkpoint_id=str(directory))
         set_state_dict(
             step.model,
             step.optimizer,
-            model_state_dict=state["model"],
-            optim_state_dict=state["optimizer"],
+            model_state_dict=model_state,
+            optim_state_dict=optim_state,
         )
         return
     path = directory / "state.pt"

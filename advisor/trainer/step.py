@@ -128,7 +128,7 @@ class AdvisorStep:
     ) -> None:
         self.adapter, self.spec, self.device = adapter, spec, device
         self.model = prepare_module(adapter, spec, device, options or ParallelOptions())
-        self.optimizer = build_optimizer(self.model, spec, device)
+        self.optimizer: torch.optim.Optimizer = build_optimizer(self.model, spec, device)
         self.scaler = make_grad_scaler(spec, device)
         self.autocast_dtype = AUTOCAST_DTYPES.get(spec.precision)
 
@@ -143,7 +143,7 @@ class AdvisorStep:
         gen = generator if generator is not None else torch.Generator().manual_seed(0)
         objective = self.adapter.make_objective(min(self.adapter.vocab_size, 256))
         shape = (self.spec.micro_batch_size, self.spec.seq_len + 1)
-        batches = []
+        batches: list[Batch] = []
         for _ in range(self.spec.grad_accum_steps):
             # Real tokens even under FakeTensorMode: MLM masking is data-dependent.
             with unset_fake_temporarily():
@@ -172,7 +172,7 @@ class AdvisorStep:
         # DDP: all-reduce only on the last micro-batch of an accumulation.
         no_sync = getattr(self.model, "no_sync", None)
         if not sync and self.spec.parallelism == "ddp" and no_sync is not None:
-            return no_sync()  # type: ignore[no-any-return]
+            return no_sync()
         return contextlib.nullcontext()
 
     def optimizer_step(self) -> StepStats:
