@@ -13,7 +13,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from profilers.fit import AffineFit, fit_affine
+from profilers.fit import AffineFit, fit_hinged
 from profilers.memory_records import MemoryTrace
 
 ACCUMULATION_SOURCES: tuple[str, ...] = ("fit", "offset", "gradient_bytes")
@@ -155,11 +155,9 @@ def fit_memory(traces: Sequence[MemoryTrace]) -> MemoryModel:
             ys = tuple(float(t.forward_backward_peak_bytes) for t in accumulating)
         else:
             source, extra, xs, ys = "gradient_bytes", reference.gradient_bytes, (), ()
+        moved = forward_backward.shifted(extra)
         accumulating_fit = AffineFit(
-            intercept=forward_backward.intercept + extra,
-            slope=forward_backward.slope,
-            xs=xs,
-            ys=ys,
+            intercept=moved.intercept, slope=moved.slope, xs=xs, ys=ys, floor=moved.floor
         )
     first = traces[0]
     return MemoryModel(
@@ -181,7 +179,7 @@ def fit_memory(traces: Sequence[MemoryTrace]) -> MemoryModel:
 
 
 def _fit(traces: Sequence[MemoryTrace], attribute: str) -> AffineFit:
-    return fit_affine(
+    return fit_hinged(
         [float(t.spec.micro_batch_size) for t in traces],
         [float(getattr(t, attribute)) for t in traces],
     )

@@ -61,7 +61,8 @@ class ProfileOptions:
     budget_s: float = 120.0
     precisions: tuple[str, ...] | None = None  # None: every precision the device can run
     checkpointing: tuple[str, ...] = CHECKPOINTING
-    trace_micro_batch_sizes: tuple[int, int] = (1, 4)
+    # Three sizes: the fit is hinged at the smallest (see profilers.fit.fit_hinged).
+    trace_micro_batch_sizes: tuple[int, ...] = (1, 4, 8)
     time_micro_batch_sizes: tuple[int, int] | None = None  # None: chosen from memory and budget
     comm: bool = True
     comm_world_sizes: tuple[int, ...] | None = None  # None: what is available locally
@@ -74,7 +75,7 @@ class _Clock:
     def __init__(self, budget_s: float, progress: Progress | None) -> None:
         self.budget_s, self.progress = budget_s, progress
         self.start = time.perf_counter()
-        self.spent_shares = 0.0
+        self.started: set[str] = set()
 
     def elapsed(self) -> float:
         return time.perf_counter() - self.start
@@ -83,10 +84,12 @@ class _Clock:
         return max(0.0, self.budget_s - self.elapsed())
 
     def share(self, phase: str) -> float:
-        """Seconds this phase may use: its share, plus what earlier phases left unused."""
-        self.spent_shares += SHARES[phase]
-        planned_end = self.budget_s * self.spent_shares
-        return max(0.0, min(self.remaining(), planned_end - self.elapsed()))
+        """Seconds this phase may use: its weight's part of what is left, among the phases
+        not started yet. Time an earlier phase left unused flows to the later ones, and one
+        that overran shrinks them all a little rather than starving the last."""
+        waiting = sum(w for p, w in SHARES.items() if p not in self.started)
+        self.started.add(phase)
+        return self.remaining() * SHARES[phase] / waiting if waiting > 0 else 0.0
 
     def say(self, message: str) -> None:
         if self.progress is not None:
@@ -378,13 +381,14 @@ class _Run:
 
         share = self.clock.share("memory_accumulation" if accumulation else "memory")
         deadline = time.perf_counter() + share
-        b1, b2 = self.options.trace_micro_batch_sizes
-        sizes = ((b1, 2),) if accumulation else ((b1, 1), (b2, 1))
+        sizes = self.options.trace_micro_batch_sizes
+        b1 = sizes[0]
+        plan_sizes = ((b1, 2),) if accumulation else tuple((b, 1) for b in sizes)
         plan = [
             (p, c, b, a)
             for p in sorted(precisions, key=lambda p: p != "fp32")
             for c in self.options.checkpointing
-            for b, a in sizes
+            for b, a in plan_sizes
         ]
         traces = []
         for i, (p, c, b, a) in enumerate(plan):
@@ -522,13 +526,13 @@ class _Run:
                 _row("memory_distributed", None, "skipped", reason=reason, name="ddp/fsdp per-rank")
             )
             return []
-        b1, b2 = self.options.trace_micro_batch_sizes
+        sizes = self.options.trace_micro_batch_sizes
         specs = []
         for precision in sorted(precisions, key=lambda p: p != "fp32"):
             for checkpointing in self.options.checkpointing:
                 for parallelism in ("fsdp", "ddp"):
                     for world in world_sizes:
-                        for b, a in ((b1, 1), (b2, 1), (b1, 2)):
+                        for b, a in (*((b, 1) for b in sizes), (sizes[0], 2)):
                             specs.append(
                                 dataclasses.replace(
                                     self.spec(precision, checkpointing, b, a),

@@ -1,0 +1,195 @@
+"""``advisor profile`` end to end: a complete profile for each kind of model spec, the
+communication probe at world size 2 on CPU, and bad input as one line and exit 2.
+
+The happy paths run the real command (``python -m advisor profile``) in a subprocess, each for
+its budget (the probes fill it), so they are few and small: fp32 only, seq_len 32.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from click.testing import CliRunner, Result
+
+from advisor.cli import main
+from profilers.comm_records import COLLECTIVES
+from profilers.profile_record import PROBE_STATUSES, Profile, load_profile
+
+DATA = Path(__file__).resolve().parents[1] / "data"
+DESIGN_KEYS = ("device", "model", "memory", "throughput", "communication", "input", "fits")
+PROBES = ("device", "model", "flops", "memory", "memory_check", "throughput", "communication")
+
+
+def advisor_profile(out: Path, *args: str) -> str:
+    """Run ``advisor profile`` in a fresh interpreter; its one-line summary on stdout."""
+    proc = subprocess.run(
+        [sys.executable, "-m", "advisor", "profile", "--out", str(out), "--quiet", *args],
+        capture_output=True,
+        text=True,
+        timeout=400,
+    )
+    assert proc.returncode == 0, proc.stderr
+    return proc.stdout
+
+
+def assert_complete(out: Path, stdout: str, *, name: str, seq_len: int) -> Profile:
+    """What every profile must hold, whatever the model: the DESIGN.md keys, memory fits for
+    each checkpointing mode, a step-time fit, and a status for every probe in probes.csv."""
+    summary = (
+        rf"profiled {re.escape(name)} on .+ in \d+s \(\d+ \w+(, \d+ \w+)*\); "
+        rf"wrote {re.escape(str(out / 'profile.json'))} and {re.escape(str(out / 'probes.csv'))}\n"
+    )
+    assert re.fullmatch(summary, stdout), stdout
+    data = json.loads((out / "profile.json").read_text())
+    assert set(DESIGN_KEYS) <= set(data)
+    profile = load_profile(out)
+    assert profile.model.name == name and profile.seq_len == seq_len
+    assert profile.tool["advisor"] and profile.tool["torch"] == torch.__version__
+    assert {(m.precision, m.activation_checkpointing) for m in profile.fits.memory} == {
+        ("fp32", "none"),
+        ("fp32", "full"),
+    }
+    assert profile.fits.time_model("fp32", "none") is not None
+    assert profile.memory_measured  # the real memory check ran
+    with open(out / "probes.csv", newline="") as f:
+        table = list(csv.DictReader(f))
+    assert len(table) == len(profile.probes)
+    assert set(PROBES) <= {line["probe"] for line in table}
+    assert all(line["status"] in PROBE_STATUSES for line in table)
+    return profile
+
+
+@pytest.mark.slow
+def test_gpt_tiny_with_communication_at_world_size_2(tmp_path: Path) -> None:
+    # The comm phase runs after every other single-device probe, so it needs the budget to
+    # reach it: the earlier phases overrun their shares on a loaded 2-vCPU host.
+    out = tmp_path / "gpt"
+    stdout = advisor_profile(
+        out, "--model", "gpt-tiny", "--precision", "fp32", "--seq-len", "32", "--budget-s", "75"
+    )
+    profile = assert_complete(out, stdout, name="gpt-tiny", seq_len=32)
+    assert profile.workload["model"] == "gpt-tiny" and profile.workload["data"] == "stdlib"
+
+    (run,) = profile.communication_runs
+    assert (run.backend, run.world_size, run.status) == ("gloo", 2, "ok")
+    measured = {(s.collective, s.world_size) for s in profile.communication if s.status == "ok"}
+    assert measured == {(c, 2) for c in COLLECTIVES}
+    for collective in COLLECTIVES:
+        fit = profile.fits.comm_fit(collective, 2)
+        assert fit is not None, collective
+    (row,) = [r for r in profile.probes if r.probe == "communication"]
+    assert (row.name, row.status) == ("gloo world=2", "ok")
+    # The input probe reads the real data (stdlib) when the budget reaches it.
+    assert all(s.tokens_per_s > 0 for s in profile.input if s.status == "ok")
+
+
+MODELS = {
+    "bert-tiny": ("bert-tiny",),
+    "hf-gpt2": (
+        "hf:gpt2",
+        "--model-arg",
+        "n_layer=1",
+        "--model-arg",
+        "n_embd=64",
+        "--model-arg",
+        "n_head=2",
+    ),
+    "user-factory": (
+        f"{DATA / 'user_model.py'}:tiny_lm",
+        "--model-arg",
+        "vocab_size=256",  # the default data is bytes
+    ),
+}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("case", MODELS)
+def test_every_kind_of_model_spec_gets_a_complete_profile(tmp_path: Path, case: str) -> None:
+    spec, *model_args = MODELS[case]
+    out = tmp_path / case
+    stdout = advisor_profile(
+        out,
+        "--model",
+        spec,
+        *model_args,
+        "--precision",
+        "fp32",
+        "--seq-len",
+        "32",
+        "--budget-s",
+        "30",
+        "--no-comm",
+    )
+    profile = assert_complete(out, stdout, name=spec, seq_len=32)
+    assert profile.workload["model"] == spec
+    assert not profile.communication
+    if case == "bert-tiny":
+        assert profile.model.objective == "mlm"
+    elif case == "hf-gpt2":
+        assert (profile.model.num_layers, profile.model.hidden_size) == (1, 64)
+        assert profile.workload["model_args"] == {"n_layer": 1, "n_embd": 64, "n_head": 2}
+    else:
+        assert profile.model.vocab_size == 256 and profile.model.objective == "causal_lm"
+
+
+# -- bad input: one line, exit 2, nothing written ------------------------------------------------
+
+
+def run(out: Path, *args: str) -> Result:
+    return CliRunner().invoke(main, ["profile", "--out", str(out), "--quiet", *args])
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (
+            ("--model", "nope"),
+            "error: unknown model spec 'nope': use a preset (gpt-tiny, gpt-small, gpt-medium, "
+            "gpt-large, gpt-xl, bert-tiny, bert-base, llama-tiny, llama-1b), hf:NAME_OR_PATH, "
+            "FILE.py:factory or package.module:factory\n",
+        ),
+        (
+            ("--data", "/nonexistent/corpus.txt"),
+            "error: data '/nonexistent/corpus.txt' does not exist: pass stdlib, synthetic, a text "
+            "file, a .bin of uint16 token ids, or a directory with train.bin and val.bin\n",
+        ),
+        (
+            ("--seq-len", "4096"),
+            "error: --seq-len 4096 exceeds gpt-tiny's maximum sequence length 512: lower "
+            "--seq-len or raise the model's maximum with --model-arg\n",
+        ),
+        (
+            ("--budget-s", "0"),
+            "error: Invalid value for '--budget-s': 0.0 is not in the range x>0. "
+            "(see 'main profile --help')\n",
+        ),
+        (
+            ("--model", "hf:gpt2", "--model-arg", "n_layerz=1"),
+            "error: --model-arg n_layerz is not a field of GPT2Config: check the config's "
+            "attribute names\n",
+        ),
+    ],
+    ids=["unknown-model", "missing-data", "seq-len-above-max", "zero-budget", "bad-model-arg"],
+)
+def test_bad_input_is_one_line_and_exit_2(
+    tmp_path: Path, args: tuple[str, ...], message: str
+) -> None:
+    result = run(tmp_path / "out", *args)
+    assert result.exit_code == 2, result.output
+    assert result.stderr == message
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without CUDA")
+def test_cuda_without_cuda_is_exit_2(tmp_path: Path) -> None:
+    result = run(tmp_path / "out", "--device", "cuda")
+    assert result.exit_code == 2
+    assert result.stderr == "error: --device cuda but no CUDA device is visible: use --device cpu\n"
+    assert not (tmp_path / "out").exists()

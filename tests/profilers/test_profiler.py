@@ -1,0 +1,258 @@
+"""run_profile end to end on the toy workload: the profile's shape, its fits, probes.csv, the
+files' round trip, and a workload whose real steps crash or hang for some precisions.
+
+Each profile costs its budget in wall time (the probes fill their shares), so the module runs
+two: one healthy, one faulty, each shared by several tests. No wall-clock assertions beyond a
+generous "roughly within budget".
+"""
+
+from __future__ import annotations
+
+import csv
+import dataclasses
+import itertools
+import json
+from pathlib import Path
+
+import pytest
+
+from profilers.memory_model import MemoryModel
+from profilers.memory_records import CpuStepMemory
+from profilers.profile_record import PROBE_STATUSES, ProbeRow, Profile, load_profile
+from profilers.profiler import ProfileOptions, run_profile
+from profilers.workload import CHECKPOINTING, PRECISIONS
+from tests.profilers.faulty_workload import CRASH_MESSAGE, FaultyWorkload
+from tests.profilers.toy_workload import ToyWorkload
+
+slow = pytest.mark.slow  # a test on a profile below waits for its budget (40-60 s) once
+
+SEQ_LEN = 32
+BUDGET_S = 40.0
+DESIGN_KEYS = ("device", "model", "memory", "throughput", "communication", "input", "fits")
+PROBES = ("device", "model", "flops", "memory", "memory_check", "throughput", "communication")
+
+
+def within_budget(profile: Profile) -> bool:
+    """Roughly: the probes may overrun by a child's timeout, never by much more."""
+    assert profile.budget_s is not None
+    return profile.elapsed_s <= profile.budget_s * 1.5 + 20
+
+
+@pytest.fixture(scope="module")
+def progress_calls() -> list[tuple[str, float]]:
+    return []
+
+
+@pytest.fixture(scope="module")
+def toy_profile(progress_calls: list[tuple[str, float]]) -> Profile:
+    options = ProfileOptions(seq_len=SEQ_LEN, budget_s=BUDGET_S, comm=False)
+    return run_profile(
+        ToyWorkload(), options, lambda message, spent: progress_calls.append((message, spent))
+    )
+
+
+@pytest.fixture(scope="module")
+def faulty_profile() -> Profile:
+    # bf16 steps raise, fp16 steps hang; fp32 works. One checkpointing mode keeps it short.
+    options = ProfileOptions(
+        seq_len=SEQ_LEN, budget_s=60.0, comm=False, checkpointing=("none",), input_workers=(0,)
+    )
+    return run_profile(FaultyWorkload(), options)
+
+
+def rows(profile: Profile, probe: str, precision: str | None = None) -> list[ProbeRow]:
+    return [
+        r
+        for r in profile.probes
+        if r.probe == probe and (precision is None or r.precision == precision)
+    ]
+
+
+# -- the healthy profile -------------------------------------------------------------------------
+
+
+@slow
+def test_profile_has_every_design_key_and_is_json(toy_profile: Profile) -> None:
+    data = json.loads(json.dumps(toy_profile.to_dict()))  # JSON-ready all the way down
+    assert set(DESIGN_KEYS) <= set(data)
+    assert set(data["fits"]) == {"memory", "time", "communication"}
+    assert data["model"]["name"] == "toy" and data["model"]["num_params"] > 0
+    assert data["model"]["flops"]["flops_per_token"]["none"] > 0
+    assert data["device"]["kind"] == "cpu"
+    assert data["workload"]["seq_len"] == SEQ_LEN
+    assert data["tool"]["torch"] and data["tool"]["python"]
+    assert data["communication"] == [] and data["fits"]["communication"] == []  # comm=False
+    assert within_budget(toy_profile)
+
+
+@slow
+def test_memory_fits_cover_every_precision_and_checkpointing(toy_profile: Profile) -> None:
+    groups = {(m.precision, m.activation_checkpointing) for m in toy_profile.fits.memory}
+    assert groups == set(itertools.product(PRECISIONS, CHECKPOINTING))
+    for model in toy_profile.fits.memory:
+        traced = [
+            t
+            for t in toy_profile.memory
+            if (t.spec.precision, t.spec.activation_checkpointing)
+            == (model.precision, model.activation_checkpointing)
+            and t.spec.grad_accum_steps == 1
+        ]
+        assert len({t.spec.micro_batch_size for t in traced}) >= 2
+        for trace in traced:  # a two-point fit per phase goes through its traces
+            assert model.predict(trace.spec.micro_batch_size) == pytest.approx(
+                trace.peak_bytes, rel=1e-9
+            )
+        sizes = [model.predict(b) for b in (1, 2, 4, 8, 16)]
+        assert sizes == sorted(sizes)  # more sequences never need less memory
+        assert model.predict(4, grad_accum_steps=2) >= model.predict(4)
+        assert model.parameter_bytes > 0 and model.optimizer_state_bytes > 0
+
+
+@slow
+def test_traced_memory_matches_the_real_step(toy_profile: Profile) -> None:
+    """The memory check measured the fp32 step for real: the trace must agree (DESIGN: <0.01%)."""
+    assert toy_profile.memory_measured, "the first memory check always runs"
+    for measured in toy_profile.memory_measured:
+        spec = measured.spec
+        model = toy_profile.fits.memory_model(spec.precision, spec.activation_checkpointing)
+        assert isinstance(model, MemoryModel)
+        assert isinstance(measured, CpuStepMemory)
+        assert model.predict(spec.micro_batch_size) == pytest.approx(measured.peak_bytes, rel=0.02)
+    assert 0 <= toy_profile.memory_overhead.trace_error_fraction < 0.02
+    assert toy_profile.memory_overhead.fixed_bytes > 0  # process RSS beyond the allocator's peak
+
+
+@slow
+def test_time_fit_for_fp32(toy_profile: Profile) -> None:
+    model = toy_profile.fits.time_model("fp32", "none")
+    assert model is not None, "fp32 without checkpointing is always timed first"
+    assert len(set(model.forward_backward.xs)) >= 2
+    assert model.optimizer_s > 0 and model.seq_len == SEQ_LEN and model.device == "cpu"
+    for b in set(model.forward_backward.xs):  # at the measured sizes the fit is a mean: positive
+        assert model.predict(int(b)) > 0
+    timed = [t for t in toy_profile.throughput if t.spec.precision == "fp32"]
+    assert all(t.forward_backward_s and t.num_warmup >= 1 for t in timed)
+    # Every time fit comes from timings in the profile, one per (precision, checkpointing).
+    fitted = {(t.precision, t.activation_checkpointing) for t in toy_profile.fits.time}
+    timed_groups = {
+        (t.spec.precision, t.spec.activation_checkpointing) for t in toy_profile.throughput
+    }
+    assert fitted == timed_groups
+
+
+@slow
+def test_probe_rows_record_every_probe_with_a_status(toy_profile: Profile) -> None:
+    probes = {r.probe for r in toy_profile.probes}
+    assert set(PROBES) <= probes
+    for row in toy_profile.probes:
+        assert row.status in PROBE_STATUSES, row
+        if row.status != "ok":
+            assert row.reason, row  # every skip, failure or refusal says why
+    for precision, checkpointing in itertools.product(PRECISIONS, CHECKPOINTING):
+        traced = [
+            r
+            for r in rows(toy_profile, "memory", precision)
+            if r.activation_checkpointing == checkpointing and r.grad_accum_steps == 1
+        ]
+        assert [r.status for r in traced] == ["ok", "ok"]
+        assert all(r.value and r.unit == "bytes" for r in traced)
+        # Each throughput group has a row: timed, skipped for the budget, or failed.
+        assert [
+            r
+            for r in rows(toy_profile, "throughput", precision)
+            if r.activation_checkpointing == checkpointing
+        ]
+    (comm,) = rows(toy_profile, "communication")
+    assert (comm.status, comm.reason) == ("skipped", "disabled")
+    (inputs,) = rows(toy_profile, "input")  # the toy has no data loader
+    assert inputs.status == "skipped"
+
+
+@slow
+def test_progress_reports_each_phase_and_finishes(
+    toy_profile: Profile, progress_calls: list[tuple[str, float]]
+) -> None:
+    messages = [m for m, _ in progress_calls]
+    for phase in ("device", "model", "memory", "throughput"):
+        assert any(m.startswith(f"{phase}:") for m in messages), phase
+    assert messages[-1] == "done"
+    spent = [f for _, f in progress_calls]
+    assert spent == sorted(spent) and all(0 <= f <= 1 for f in spent)
+
+
+@slow
+def test_save_then_load_round_trips(toy_profile: Profile, tmp_path: Path) -> None:
+    json_path, csv_path = toy_profile.save(tmp_path / "run")
+    assert (json_path.name, csv_path.name) == ("profile.json", "probes.csv")
+    loaded = load_profile(tmp_path / "run")  # the directory or the file itself
+    assert loaded.to_dict() == json.loads(json_path.read_text())
+    assert load_profile(json_path).to_dict() == loaded.to_dict()
+    assert loaded.fits.memory_model("bf16", "full") == toy_profile.fits.memory_model("bf16", "full")
+    assert loaded.fits.time == toy_profile.fits.time
+    assert loaded.probes == toy_profile.probes
+
+    with open(csv_path, newline="") as f:
+        reader = csv.DictReader(f)
+        table = list(reader)
+    assert reader.fieldnames == [f.name for f in dataclasses.fields(ProbeRow)]
+    assert len(table) == len(toy_profile.probes)
+    for line, row in zip(table, toy_profile.probes, strict=True):
+        assert (line["probe"], line["name"], line["status"]) == (row.probe, row.name, row.status)
+        assert line["reason"] == row.reason
+    assert not list(tmp_path.glob("run/*.tmp"))  # written atomically
+
+
+@slow
+def test_unreadable_profiles_are_clear_value_errors(toy_profile: Profile, tmp_path: Path) -> None:
+    data = toy_profile.to_dict()
+    path = tmp_path / "profile.json"
+
+    path.write_text(json.dumps({**data, "schema_version": 999}))
+    with pytest.raises(ValueError, match=r"schema version 999 is not 1: re-run 'advisor profile'"):
+        load_profile(path)
+
+    path.write_text(json.dumps({k: v for k, v in data.items() if k != "device"}))
+    with pytest.raises(ValueError, match=r"incomplete \(missing 'device'\)"):
+        load_profile(path)
+
+    path.write_text("{not json")
+    with pytest.raises(ValueError, match="is not valid JSON"):
+        load_profile(path)
+
+    with pytest.raises(ValueError, match="does not exist: run 'advisor profile' first"):
+        load_profile(tmp_path / "nowhere")
+
+
+def test_a_non_positive_budget_is_refused() -> None:
+    with pytest.raises(ValueError, match="budget_s must be positive"):
+        run_profile(ToyWorkload(), ProfileOptions(seq_len=SEQ_LEN, budget_s=0, comm=False))
+
+
+# -- a workload that crashes and hangs -----------------------------------------------------------
+
+
+@slow
+def test_crashing_and_hanging_groups_are_recorded_and_the_rest_completes(
+    faulty_profile: Profile,
+) -> None:
+    # Tracing runs no real step: every group still has its memory fit.
+    assert {m.precision for m in faulty_profile.fits.memory} == set(PRECISIONS)
+
+    fp32 = rows(faulty_profile, "throughput", "fp32")
+    assert len(fp32) == 2 and {r.status for r in fp32} == {"ok"}  # two sizes timed
+    assert faulty_profile.fits.time_model("fp32", "none") is not None
+
+    (crashed,) = rows(faulty_profile, "throughput", "bf16")
+    assert crashed.status == "error"
+    assert crashed.reason == f"RuntimeError: {CRASH_MESSAGE} (bf16)"
+    (hung,) = rows(faulty_profile, "throughput", "fp16")
+    assert hung.status == "timeout"
+    assert hung.reason.startswith("no result after")
+    assert {t.precision for t in faulty_profile.fits.time} == {"fp32"}
+
+    # Real memory checks of the broken groups fail the same way, or were skipped for the budget.
+    for precision, failed in (("bf16", "error"), ("fp16", "timeout")):
+        for row in rows(faulty_profile, "memory_check", precision):
+            assert row.status in (failed, "skipped"), row
+    assert within_budget(faulty_profile)
+    json.dumps(faulty_profile.to_dict())  # failures serialise like successes
