@@ -19,16 +19,20 @@ own so one crash (an OOM the model did not predict) doesn't cost the others thei
 
 from __future__ import annotations
 
-import contextlib
 import os
 import statistics
 import sys
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol, cast
 
-from profilers.isolate import Isolation, describe_exception, run_isolated
+from profilers.isolate import (
+    Isolation,
+    describe_exception,
+    quiet_native_output,
+    run_isolated,
+)
 from profilers.workload import StepSpec
 from strategies.config import TrainConfig
 from strategies.cost import Prediction
@@ -234,7 +238,7 @@ def measure_configs(
                 kind = "cuda: peak reserved + context + workspaces"
                 allocated = cuda.peak_allocated_bytes
             else:
-                with _stderr_silenced():  # kineto prints "USDT: profiler_start/stop" lines
+                with quiet_native_output():  # kineto prints "USDT: profiler_start/stop"
                     cpu = measure_cpu_step_memory(w, spec)
                 peak = allocated = cpu.peak_bytes
                 kind = "cpu: allocator peak (torch.profiler), process overhead excluded"
@@ -277,20 +281,6 @@ def measure_configs(
     for i, samples in timed.items():
         out[i]["samples"] = list(samples)
     return out
-
-
-@contextlib.contextmanager
-def _stderr_silenced() -> Iterator[None]:
-    """File descriptor 2 to /dev/null for a while (C++ writes there, not to sys.stderr)."""
-    sys.stderr.flush()
-    saved = os.dup(2)
-    try:
-        with open(os.devnull, "w") as null:
-            os.dup2(null.fileno(), 2)
-        yield
-    finally:
-        os.dup2(saved, 2)
-        os.close(saved)
 
 
 def _measurement(

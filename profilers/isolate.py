@@ -40,7 +40,7 @@ import signal
 import sys
 import time
 import traceback as traceback_module
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection, wait
 from typing import TYPE_CHECKING, Any
@@ -402,3 +402,25 @@ def _child_main(
 def _failure(status: str, reason: str, run_s: float | None, exc: BaseException) -> bytes:
     text = "".join(traceback_module.format_exception(type(exc), exc, exc.__traceback__))
     return pickle.dumps(("raised", status, reason, run_s, text[-4000:]))
+
+
+@contextlib.contextmanager
+def quiet_native_output() -> Iterator[None]:
+    """Send this process's stdout and stderr file descriptors to /dev/null for a while.
+
+    For C++ chatter no Python setting turns off: torch's profiler (kineto) prints
+    "USDT: profiler_start/stop" lines on every memory measurement.
+    """
+    sys.stdout.flush()
+    sys.stderr.flush()
+    saved = [os.dup(1), os.dup(2)]
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(devnull, 1)
+        os.dup2(devnull, 2)
+        yield
+    finally:
+        os.dup2(saved[0], 1)
+        os.dup2(saved[1], 2)
+        for fd in (*saved, devnull):
+            os.close(fd)

@@ -227,21 +227,16 @@ def _trace(workload: Workload, spec: StepSpec, *, cuda_rounding: bool) -> Memory
         optimizer_state_bytes = _storage_bytes(
             (v for state in step.optimizer.state.values() for v in state.values()), round_bytes
         )
-    optimizer_step = single._split_optimizer_temporaries(optimizer_step, optimizer_state_bytes)
-    fb_total, opt_total = forward_backward.total, optimizer_step.total
-    return MemoryTrace(
-        spec=spec,
-        target_device_type="cuda" if cuda_rounding else "cpu",
-        peak_bytes=max(fb_total, opt_total),
-        forward_backward_peak_bytes=fb_total,
-        optimizer_step_peak_bytes=opt_total,
-        forward_backward_breakdown=forward_backward,
-        optimizer_step_breakdown=optimizer_step,
+    return single.assemble_trace(
+        spec,
+        cuda_rounding=cuda_rounding,
+        forward_backward=forward_backward,
+        optimizer_step=optimizer_step,
         parameter_bytes=parameter_bytes,
         gradient_bytes=gradient_bytes,
         optimizer_state_bytes=optimizer_state_bytes,
         resident_bytes=resident,
-        trace_seconds=time.perf_counter() - started,
+        started=started,
     )
 
 

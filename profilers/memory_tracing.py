@@ -114,6 +114,32 @@ def trace(workload: Workload, spec: StepSpec, *, cuda_rounding: bool) -> MemoryT
         optimizer_state_bytes = _storage_bytes(
             (v for state in step.optimizer.state.values() for v in state.values()), round_bytes
         )
+    return assemble_trace(
+        spec,
+        cuda_rounding=cuda_rounding,
+        forward_backward=forward_backward,
+        optimizer_step=optimizer_step,
+        parameter_bytes=parameter_bytes,
+        gradient_bytes=gradient_bytes,
+        optimizer_state_bytes=optimizer_state_bytes,
+        resident_bytes=resident,
+        started=started,
+    )
+
+
+def assemble_trace(
+    spec: StepSpec,
+    *,
+    cuda_rounding: bool,
+    forward_backward: MemoryBreakdown,
+    optimizer_step: MemoryBreakdown,
+    parameter_bytes: int,
+    gradient_bytes: int,
+    optimizer_state_bytes: int,
+    resident_bytes: int,
+    started: float,
+) -> MemoryTrace:
+    """The MemoryTrace of two measured phases (shared with the per-rank distributed tracer)."""
     optimizer_step = _split_optimizer_temporaries(optimizer_step, optimizer_state_bytes)
     fb_total, opt_total = forward_backward.total, optimizer_step.total
     return MemoryTrace(
@@ -127,7 +153,7 @@ def trace(workload: Workload, spec: StepSpec, *, cuda_rounding: bool) -> MemoryT
         parameter_bytes=parameter_bytes,
         gradient_bytes=gradient_bytes,
         optimizer_state_bytes=optimizer_state_bytes,
-        resident_bytes=resident,
+        resident_bytes=resident_bytes,
         trace_seconds=time.perf_counter() - started,
     )
 

@@ -10,18 +10,16 @@ an OOM, crash or hang becomes a row with its status and reason, and profiling go
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import datetime as dt
 import importlib.metadata
-import os
 import platform
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from profilers.isolate import Isolation, Outcome, run_isolated
+from profilers.isolate import Isolation, Outcome, quiet_native_output, run_isolated
 from profilers.memory_model import MemoryModel
 from profilers.memory_records import CpuStepMemory, CudaStepMemory, MemoryTrace
 from profilers.profile_record import (
@@ -150,23 +148,6 @@ def _one_line(exc: BaseException) -> str:
 # -- child-process entry points (top level: they are pickled by reference) --------------------
 
 
-@contextlib.contextmanager
-def _quiet_fds() -> Iterator[None]:
-    """Silence the child's stdout/stderr at the fd level: torch's profiler (kineto) prints
-    'profiler_start/stop' lines from C++ that no Python setting turns off."""
-    saved = [os.dup(1), os.dup(2)]
-    devnull = os.open(os.devnull, os.O_WRONLY)
-    try:
-        os.dup2(devnull, 1)
-        os.dup2(devnull, 2)
-        yield
-    finally:
-        os.dup2(saved[0], 1)
-        os.dup2(saved[1], 2)
-        for fd in (*saved, devnull):
-            os.close(fd)
-
-
 def _memory_check_child(
     workload: Workload, spec: StepSpec, device: str
 ) -> tuple[dict[str, Any], int | None]:
@@ -180,7 +161,7 @@ def _memory_check_child(
         # token file's pages are part of the resident memory a training process carries.
         for _ in workload.data_batches(spec, 0, 4):
             pass
-    with _quiet_fds():
+    with quiet_native_output():
         measured = measure_cpu_step_memory(workload, spec)
     rss = None
     try:

@@ -219,4 +219,3 @@ def test_fit_refuses_mixed_groups_and_fit_step_times_splits_them() -> None:
 def test_fit_needs_two_micro_batch_sizes() -> None:
     with pytest.raises(ValueError, match="two or more distinct"):
         fit_step_time([_timing(2, [1.0, 1.1], [0.1, 0.1])])
-
