@@ -131,9 +131,15 @@ def _children(pid: int) -> list[int]:
 def test_sigkill_of_the_launcher_then_resume_reproduces_the_losses(
     tmp_path: Path, parallelism: str
 ) -> None:
+    # A tiny GPT that sleeps in forward, so the kill lands mid-run on any host.
+    slow = str(Path(__file__).parent.parent / "data" / "slow_model.py") + ":factory"
     args = [
         "train",
         *BASE,
+        "--model",
+        slow,
+        "--keep-checkpoints",
+        "100",
         "--parallelism",
         parallelism,
         "--world-size",

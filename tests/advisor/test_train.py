@@ -16,13 +16,14 @@ from advisor.errors import TrainingDiverged, UsageProblem
 from advisor.trainer.loop import RunOptions, train
 from strategies.config import TrainConfig
 
+# A tiny GPT that sleeps in forward: signals must land in the middle of the run whatever the
+# host's speed (a quiet machine trains the plain tiny model to the end in under a second).
+SLOW = str(Path(__file__).parent.parent / "data" / "slow_model.py") + ":factory"
 TINY = [
     "--model",
-    "gpt-tiny",
-    "--model-arg",
-    "n_layer=1",
-    "--model-arg",
-    "n_embd=32",
+    SLOW,
+    "--keep-checkpoints",
+    "100",
     "--seq-len",
     "32",
     "--micro-batch-size",

@@ -154,7 +154,7 @@ def test_probe_rows_record_every_probe_with_a_status(toy_profile: Profile) -> No
             for r in rows(toy_profile, "memory", precision)
             if r.activation_checkpointing == checkpointing and r.grad_accum_steps == 1
         ]
-        assert [r.status for r in traced] == ["ok", "ok"]
+        assert [r.status for r in traced] == ["ok", "ok", "ok"]  # three sizes: a hinged fit
         assert all(r.value and r.unit == "bytes" for r in traced)
         # Each throughput group has a row: timed, skipped for the budget, or failed.
         assert [
