@@ -15,6 +15,7 @@ import signal
 import sys
 import time
 from dataclasses import dataclass
+from typing import Any
 
 from advisor.errors import AdvisorError, UsageProblem
 
@@ -109,7 +110,16 @@ def _describe_failure(exc: object, elapsed_s: float) -> str:
     failures = getattr(exc, "failures", {}) or {}
     if not failures:
         return f"the distributed job failed after {elapsed_s:.0f}s"
-    rank, failure = min(failures.items(), key=lambda kv: kv[1].timestamp)
+
+    # The root cause, not its echoes: the agent stops the surviving ranks with SIGTERM, and a
+    # rank whose peer vanished fails with "connection reset"; timestamps are whole seconds.
+    def echo(failure: Any) -> bool:
+        text = failure.message if isinstance(failure.message, str) else ""
+        return failure.exitcode == -signal.SIGTERM or any(
+            m in text.lower() for m in ("connection reset", "connection closed", "broken pipe")
+        )
+
+    rank, failure = min(failures.items(), key=lambda kv: (echo(kv[1]), kv[1].timestamp, kv[0]))
     code = failure.exitcode
     how = f"was killed by {signal.Signals(-code).name}" if code < 0 else f"exited with code {code}"
     message = failure.message if isinstance(failure.message, str) else ""
