@@ -1,0 +1,151 @@
+"""``advisor train`` on bad input: exit 2 and one line that names the problem and the fix."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+from click.testing import CliRunner, Result
+
+from advisor.cli import main
+
+
+def train(*args: str, tmp_path: Path | None = None) -> Result:
+    extra = ["--out", str(tmp_path / "run")] if tmp_path is not None else []
+    return CliRunner().invoke(
+        main, ["train", "--steps", "1", "--quiet", *extra, *args], prog_name="advisor"
+    )
+
+
+def one_line_error(result: Result) -> str:
+    assert result.exit_code == 2, (result.exit_code, result.output, result.exception)
+    assert "Traceback" not in result.stderr
+    lines = result.stderr.splitlines()
+    assert len(lines) == 1, result.stderr
+    assert lines[0].startswith("error: ")
+    return lines[0]
+
+
+def test_unknown_model_spec(tmp_path: Path) -> None:
+    line = one_line_error(train("--model", "gpt-nano", tmp_path=tmp_path))
+    assert line.startswith("error: unknown model spec 'gpt-nano': use a preset (gpt-tiny, ")
+    assert line.endswith("hf:NAME_OR_PATH, FILE.py:factory or package.module:factory")
+
+
+def test_missing_model_file(tmp_path: Path) -> None:
+    missing = tmp_path / "nope.py"
+    line = one_line_error(train("--model", f"{missing}:factory", tmp_path=tmp_path))
+    assert line == f"error: model file {missing} does not exist: check the path in --model"
+
+
+def test_missing_data_file(tmp_path: Path) -> None:
+    line = one_line_error(train("--data", str(tmp_path / "corpus.txt"), tmp_path=tmp_path))
+    assert line.startswith(f"error: data '{tmp_path / 'corpus.txt'}' does not exist: pass ")
+
+
+def test_factory_that_does_not_return_a_module(tmp_path: Path) -> None:
+    factory = tmp_path / "bad.py"
+    factory.write_text("def factory():\n    return 42\n")
+    line = one_line_error(train("--model", f"{factory}:factory", tmp_path=tmp_path))
+    assert line == (
+        f"error: {factory}:factory returned int, not a torch.nn.Module: return the model"
+    )
+
+
+@pytest.mark.parametrize(
+    ("flag", "value"),
+    [
+        ("--micro-batch-size", "0"),
+        ("--grad-accum-steps", "-1"),
+        ("--seq-len", "0"),
+        ("--steps", "0"),
+        ("--world-size", "0"),
+    ],
+)
+def test_zero_or_negative_sizes(tmp_path: Path, flag: str, value: str) -> None:
+    line = one_line_error(train(flag, value, tmp_path=tmp_path))
+    assert line == (
+        f"error: Invalid value for '{flag}': {value} is not in the range x>=1. "
+        "(see 'advisor train --help')"
+    )
+
+
+def test_unknown_precision(tmp_path: Path) -> None:
+    line = one_line_error(train("--precision", "fp8", tmp_path=tmp_path))
+    assert line == (
+        "error: Invalid value for '--precision': 'fp8' is not one of 'fp32', 'bf16', 'fp16'. "
+        "(see 'advisor train --help')"
+    )
+
+
+def test_broken_plan_json(tmp_path: Path) -> None:
+    plan = tmp_path / "plan.json"
+    plan.write_text('{"config": {"model": "gpt-tiny",')
+    line = one_line_error(train("--plan", str(plan), tmp_path=tmp_path))
+    assert line.startswith(f"error: plan file {plan} is not valid JSON (")
+    assert line.endswith("): regenerate it with 'advisor recommend'")
+
+
+def test_plan_with_an_unknown_key(tmp_path: Path) -> None:
+    plan = tmp_path / "plan.json"
+    plan.write_text('{"config": {"model": "gpt-tiny", "microbatch": 4}}')
+    line = one_line_error(train("--plan", str(plan), tmp_path=tmp_path))
+    assert line.startswith("error: unknown TrainConfig key(s) microbatch; known keys: ")
+
+
+def test_precision_the_device_cannot_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import profilers.device
+
+    reason = "bf16 needs an NVIDIA GPU of compute capability 8.0 or newer: use --precision fp16"
+    monkeypatch.setattr(
+        profilers.device,
+        "supported_precisions",
+        lambda device: {"fp32": None, "bf16": reason, "fp16": None},
+    )
+    line = one_line_error(train("--precision", "bf16", "--device", "cpu", tmp_path=tmp_path))
+    assert line == f"error: bf16 cannot run on cpu: {reason}"
+
+
+def test_global_batch_that_the_split_cannot_make(tmp_path: Path) -> None:
+    line = one_line_error(
+        train("--global-batch-size", "7", "--micro-batch-size", "2", tmp_path=tmp_path)
+    )
+    assert line == (
+        "error: global batch size 7 is not a multiple of micro_batch_size 2 x world_size 1: "
+        "pick a micro-batch size that divides it"
+    )
+
+
+def test_sequence_longer_than_the_model_allows(tmp_path: Path) -> None:
+    line = one_line_error(train("--seq-len", "4096", tmp_path=tmp_path))
+    assert line == (
+        "error: --seq-len 4096 exceeds gpt-tiny's maximum sequence length 512: lower --seq-len "
+        "or raise the model's maximum with --model-arg"
+    )
+
+
+def test_data_vocabulary_larger_than_the_model(tmp_path: Path) -> None:
+    ids = tmp_path / "ids.bin"
+    np.tile(np.arange(1000, dtype=np.uint16), 10).tofile(ids)  # 10k ids: a val split fits
+    line = one_line_error(train("--data", str(ids), tmp_path=tmp_path))
+    assert line == (
+        f"error: data '{ids}' has token ids up to 999 but gpt-tiny has a vocabulary of 256: use "
+        "--model-arg vocab_size=1000 (or a matching tokenizer)"
+    )
+
+
+def test_resume_needs_out() -> None:
+    line = one_line_error(train("--resume"))
+    assert (
+        line
+        == "error: --resume needs --out naming the run to continue (see 'advisor train --help')"
+    )
+
+
+def test_parallel_layout_without_ranks(tmp_path: Path) -> None:
+    line = one_line_error(train("--world-size", "2", tmp_path=tmp_path))
+    assert line == (
+        "error: parallelism 'single' runs on one device but world_size is 2: use --parallelism "
+        "ddp or fsdp, or --world-size 1"
+    )
