@@ -140,3 +140,15 @@ def measure_cuda(
         context_bytes=outside_before,
         workspace_bytes=max(0, outside_after - outside_before),
     )
+
+
+def resident_peak_bytes() -> int | None:
+    """This process's resident-set high-water mark (Linux ``VmHWM``), or None where unknown."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        return None
+    return None

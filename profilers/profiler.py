@@ -153,6 +153,7 @@ def _memory_check_child(
 ) -> tuple[dict[str, Any], int | None]:
     """Real memory of one step, plus (CPU) the process's resident peak beside the allocator's."""
     from profilers.memory import measure_cpu_step_memory, measure_cuda_step_memory
+    from profilers.memory_truth import resident_peak_bytes
 
     if device.startswith("cuda"):
         return measure_cuda_step_memory(workload, spec, device).to_dict(), None
@@ -163,15 +164,7 @@ def _memory_check_child(
             pass
     with quiet_native_output():
         measured = measure_cpu_step_memory(workload, spec)
-    rss = None
-    try:
-        with open("/proc/self/status") as f:
-            for line in f:
-                if line.startswith("VmHWM:"):
-                    rss = int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return measured.to_dict(), rss
+    return measured.to_dict(), resident_peak_bytes()
 
 
 def _timing_child(

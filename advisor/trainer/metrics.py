@@ -93,14 +93,9 @@ class PeakMemory:
 
     @staticmethod
     def _vm_hwm() -> int | None:
-        try:
-            with open("/proc/self/status") as f:
-                for line in f:
-                    if line.startswith("VmHWM:"):
-                        return int(line.split()[1]) * 1024
-        except OSError:
-            return None
-        return None
+        from profilers.memory_truth import resident_peak_bytes
+
+        return resident_peak_bytes()
 
     def reset(self) -> None:
         if self.device.type == "cuda":
