@@ -599,6 +599,18 @@ class CostModel:
         comm_detail: dict[str, Any] = {}
         if c.parallelism != "single" and not compute.parallel_measured:
             communication, exposed, comm_detail = self._communication(c, fb)
+            if self.machine.shared_host:
+                # CPU ranks: gloo's copies, reductions and loopback TCP run on the cores the
+                # ranks compute on (one thread per rank, every core busy), so a collective
+                # cannot hide behind compute as it does on a GPU's separate stream. Measured
+                # here (benchmarks/results/regret.md, gpt-tiny fp32 b=4): FSDP×2 steps took
+                # 0.09 s longer than DDP×2, more than FSDP's whole 0.045 s of collectives.
+                exposed = communication
+                comm_detail["overlap"] = "none: CPU ranks communicate on their compute cores"
+                assumptions.append(
+                    "CPU host: collectives run on the cores the ranks compute on, so none of "
+                    "their time overlaps compute"
+                )
         elif compute.parallel_measured:
             comm_detail = {"note": "inside the measured multi-rank step time"}
         compute_s = accum * fb + optimizer + exposed

@@ -183,7 +183,8 @@ def test_bucketed_allreduce_exposes_only_what_outlasts_backward() -> None:
     assert overlapped_exposure_s(1.0, 8.0, 5.0) == pytest.approx(4.0)
 
 
-def test_ddp_exposed_communication_uses_the_alpha_beta_fit(model: CostModel) -> None:
+def test_ddp_exposed_communication_uses_the_alpha_beta_fit() -> None:
+    model = cost_model_from_profile(hand_profile(kind="cuda"), 0.9)
     p = model.predict(cand(micro=8, parallelism="ddp", world=2))
     time = p.breakdown["time"]
     # 4 MB of gradients: one 1 MiB bucket and one of the rest, 1 GB/s, alpha 0.1 ms.
@@ -311,3 +312,23 @@ def test_a_negative_slope_never_makes_larger_batches_free() -> None:
     at_4 = affine_seconds(noisy, 4)
     assert affine_seconds(noisy, 8) == pytest.approx(at_4 * 2)
     assert affine_seconds(noisy, 16) > affine_seconds(noisy, 8) > at_4
+
+
+@pytest.mark.parametrize("parallelism", ["ddp", "fsdp"])
+def test_cpu_ranks_expose_all_their_communication(parallelism: str) -> None:
+    """On a CPU host the collectives run on the compute cores: nothing overlaps, while the
+    same profile on a GPU hides part of it behind backward."""
+    cpu = cost_model_from_profile(hand_profile(kind="cpu"), 0.9)
+    gpu = cost_model_from_profile(hand_profile(kind="cuda"), 0.9)
+    c = cand(micro=8, parallelism=parallelism, world=2)
+    on_cpu, on_gpu = cpu.predict(c).breakdown["time"], gpu.predict(c).breakdown["time"]
+    assert on_cpu["communication_s"] == pytest.approx(on_gpu["communication_s"])
+    assert on_cpu["exposed_communication_s"] == pytest.approx(on_cpu["communication_s"])
+    assert on_gpu["exposed_communication_s"] < on_gpu["communication_s"]
+    assert "overlap" in on_cpu["communication"]
+    assert cpu.predict(c).step_time_s == pytest.approx(
+        on_cpu["micro_batches"] * on_cpu["forward_backward_s"]
+        + on_cpu["optimizer_s"]
+        + on_cpu["communication_s"]
+        + on_cpu["input_s"]
+    )
