@@ -114,6 +114,7 @@ def default_validators(
             device=wanted,
             max_world_size=max_world,
             fixed_overhead_bytes=profile.memory_overhead.fixed_bytes,
+            parallel_overhead_bytes=dict(profile.memory_overhead.parallel_bytes),
             progress=progress,
         ),
     ]

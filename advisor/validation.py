@@ -322,12 +322,14 @@ class LauncherValidator:
     time is the median ``step_time_s`` of the steps after ``warmup``; memory is the largest
     per-rank peak of those steps: CUDA ``max_memory_allocated`` (like for like with the
     traced peak), CPU the rank's resident peak minus the profiled per-process overhead
-    (``fixed_overhead_bytes``: interpreter and libraries), so it too compares with the trace.
+    (``fixed_overhead_bytes``: interpreter and libraries; ``parallel_overhead_bytes``: a rank's
+    process group and wrapper modules, per parallelism), so it too compares with the trace.
     """
 
     device: str  # "cpu" or "cuda"
     max_world_size: int
     fixed_overhead_bytes: int = 0
+    parallel_overhead_bytes: Mapping[str, int] = field(default_factory=dict)
     warmup: int = 2
     rounds: int = 3
     progress: Callable[[str], None] | None = field(default=None, compare=False)
@@ -421,6 +423,12 @@ class LauncherValidator:
             records = [
                 json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()
             ]
+        return self.measurement(config, records, wall)
+
+    def measurement(
+        self, config: TrainConfig, records: Sequence[Mapping[str, Any]], wall: float
+    ) -> Measurement:
+        """The measurement of one run from its metrics.jsonl records."""
         train = [r for r in records if r.get("kind") == "train" and r["step"] > self.warmup]
         if not train:
             return Measurement(
@@ -436,8 +444,10 @@ class LauncherValidator:
         if self.device.startswith("cuda"):
             kind = "cuda: max_memory_allocated, largest rank"
         else:
-            peak = max(0, peak - self.fixed_overhead_bytes)
-            kind = "cpu: largest rank's resident peak minus the profiled process overhead"
+            overhead = self.fixed_overhead_bytes
+            overhead += self.parallel_overhead_bytes.get(config.parallelism, 0)
+            peak = max(0, peak - overhead)
+            kind = "cpu: largest rank's resident peak minus the profiled process overheads"
         return Measurement(
             status="ok",
             step_time_s=median,

@@ -615,6 +615,7 @@ def grid_rows(
     from strategies.plan import Measurement, Validation
 
     fixed = profile.memory_overhead.fixed_bytes if profile is not None else 0
+    rank_extra = dict(profile.memory_overhead.parallel_bytes) if profile is not None else {}
 
     # (layout, precision, checkpointing, micro-batch) the throughput probe timed: the fit passes
     # through those points; every other config is an interpolation or an extrapolation of it.
@@ -655,13 +656,14 @@ def grid_rows(
             "advised": c.key == advised,
         }
         # Like for like with the traced peak (Validation.memory_error): the allocator's peak on
-        # one device; a rank's resident peak minus the profiled per-process overhead, as
-        # LauncherValidator reports it. In the budget's terms (Prediction.budgeted_bytes): the
-        # process overhead included, every rank of a CPU host counted.
+        # one device; a rank's resident peak minus the profiled per-process and per-rank
+        # overheads, as LauncherValidator reports it. In the budget's terms
+        # (Prediction.budgeted_bytes): the overheads included, every rank of a CPU host counted.
         peak = row["raw_peak_memory_bytes"]
         if peak is not None:
             single = c.parallelism == "single"
-            row["peak_memory_bytes"] = peak if single else max(0, peak - fixed)
+            overhead = fixed + rank_extra.get(c.parallelism, 0)
+            row["peak_memory_bytes"] = peak if single else max(0, peak - overhead)
             row["budgeted_bytes"] = (peak + fixed) if single else peak * c.world_size
         else:
             row["peak_memory_bytes"] = row["budgeted_bytes"] = None

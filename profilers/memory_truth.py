@@ -142,13 +142,58 @@ def measure_cuda(
     )
 
 
-def resident_peak_bytes() -> int | None:
-    """This process's resident-set high-water mark (Linux ``VmHWM``), or None where unknown."""
+def _status_bytes(field: str) -> int | None:
     try:
         with open("/proc/self/status") as f:
             for line in f:
-                if line.startswith("VmHWM:"):
+                if line.startswith(field + ":"):
                     return int(line.split()[1]) * 1024
     except OSError:
         return None
     return None
+
+
+def resident_peak_bytes() -> int | None:
+    """This process's resident-set high-water mark (Linux ``VmHWM``), or None where unknown."""
+    return _status_bytes("VmHWM")
+
+
+def resident_bytes() -> int | None:
+    """This process's resident set now (Linux ``VmRSS``), or None where unknown."""
+    return _status_bytes("VmRSS")
+
+
+def parallel_resident_bytes() -> dict[str, int]:
+    """Resident memory a ddp/fsdp rank carries beyond a single-device process, per parallelism.
+
+    A torchrun rank also holds a gloo process group and the modules its wrapper imports
+    (``torch.distributed.fsdp`` and the DTensor stack it pulls in: ~45 MiB with torch 2.13 on
+    CPU, more than gpt-tiny's sharded training state). The profile's per-process overhead is
+    measured without them, so this measures them here, by difference of ``VmRSS``: a one-rank
+    gloo group on an in-memory store plus DDP (``ddp``), then the FSDP2 imports too (``fsdp``).
+    Modules already imported count zero: they are in the per-process overhead already. Not
+    counted: the first distributed checkpoint imports DCP, which brings the FSDP stack into a
+    DDP rank too (its resident set grows by about the ``fsdp`` - ``ddp`` difference from then
+    on). Empty where the resident set or gloo is unavailable.
+    """
+    import torch.distributed as dist
+
+    before = resident_bytes()
+    if before is None or not dist.is_available() or not dist.is_gloo_available():
+        return {}
+    own_group = not dist.is_initialized()
+    if own_group:
+        dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        from torch.nn.parallel import DistributedDataParallel  # noqa: F401
+
+        ddp = resident_bytes()
+        from torch.distributed.fsdp import fully_shard  # noqa: F401
+
+        fsdp = resident_bytes()
+    finally:
+        if own_group:
+            dist.destroy_process_group()
+    if ddp is None or fsdp is None:
+        return {}
+    return {"ddp": max(0, ddp - before), "fsdp": max(0, fsdp - before)}

@@ -88,11 +88,15 @@ class MemoryOverhead:
     resident memory beyond tensors: interpreter, libraries). ``fragmentation_fraction``: reserved
     over allocated minus one at the peak (CUDA caching allocator); 0 on CPU.
     ``trace_error_fraction``: largest |measured - traced| / measured over the real checks.
+    ``parallel_bytes``: per parallelism (``ddp``, ``fsdp``), what one rank's process holds
+    beyond ``fixed_bytes`` (process group, the wrapper's modules); measured on CPU, where the
+    ranks' processes share the budgeted RAM, empty on a GPU.
     """
 
     fixed_bytes: int = 0
     fragmentation_fraction: float = 0.0
     trace_error_fraction: float = 0.0
+    parallel_bytes: dict[str, int] = dataclasses.field(default_factory=dict)
     method: str = ""
 
     def to_dict(self) -> dict[str, Any]:

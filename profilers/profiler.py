@@ -149,14 +149,16 @@ def _one_line(exc: BaseException) -> str:
 
 
 def _memory_check_child(
-    workload: Workload, spec: StepSpec, device: str
-) -> tuple[dict[str, Any], int | None]:
-    """Real memory of one step, plus (CPU) the process's resident peak beside the allocator's."""
+    workload: Workload, spec: StepSpec, device: str, parallel: bool = False
+) -> tuple[dict[str, Any], int | None, dict[str, int]]:
+    """Real memory of one step, plus (CPU) the process's resident peak beside the allocator's
+    and, with ``parallel``, what a ddp/fsdp rank's process group and imports add to it."""
     from profilers.memory import measure_cpu_step_memory, measure_cuda_step_memory
-    from profilers.memory_truth import resident_peak_bytes
+    from profilers.memory_truth import parallel_resident_bytes, resident_peak_bytes
 
     if device.startswith("cuda"):
-        return measure_cuda_step_memory(workload, spec, device).to_dict(), None
+        # A GPU rank's host memory is not what the budget holds: nothing to add per rank.
+        return measure_cuda_step_memory(workload, spec, device).to_dict(), None, {}
     if isinstance(workload, DataWorkload):
         # Load a few real batches first, as training does: the loader's modules and the
         # token file's pages are part of the resident memory a training process carries.
@@ -164,7 +166,8 @@ def _memory_check_child(
             pass
     with quiet_native_output():
         measured = measure_cpu_step_memory(workload, spec)
-    return measured.to_dict(), resident_peak_bytes()
+    peak = resident_peak_bytes()  # before the distributed imports below grow the process
+    return measured.to_dict(), peak, parallel_resident_bytes() if parallel else {}
 
 
 def _timing_child(
@@ -411,6 +414,7 @@ class _Run:
         errors: list[float] = []
         fixed: list[int] = []
         fragmentation: list[float] = []
+        parallel: dict[str, int] = {}
         for p, c in candidates:
             spec = self.spec(p, c, b)
             model = next(
@@ -432,6 +436,7 @@ class _Run:
                 self.workload,
                 spec,
                 self.options.device,
+                not parallel,  # once: the first check that succeeds measures it
                 timeout_s=max(30.0, deadline - time.perf_counter()),
             )
             if not outcome.ok:
@@ -445,7 +450,8 @@ class _Run:
                     )
                 )
                 continue
-            data, rss = outcome.value
+            data, rss, rank_extra = outcome.value
+            parallel = parallel or rank_extra
             record: CpuStepMemory | CudaStepMemory
             if data.get("device_name") is not None:
                 record = CudaStepMemory.from_dict(data)
@@ -477,10 +483,12 @@ class _Run:
             "CUDA: context + workspaces from mem_get_info, fragmentation from "
             "max_memory_reserved / max_memory_allocated"
             if self.options.device.startswith("cuda")
-            else "CPU: process resident peak (VmHWM) minus the allocator's peak"
+            else "CPU: process resident peak (VmHWM) minus the allocator's peak; ddp/fsdp "
+            "ranks: plus the resident growth of a gloo group and the wrapper's imports"
         )
         overhead = MemoryOverhead(
             fixed_bytes=max(fixed) if fixed else 0,
+            parallel_bytes=parallel,
             fragmentation_fraction=max(fragmentation) if fragmentation else 0.0,
             trace_error_fraction=max(errors) if errors else 0.0,
             method=method,

@@ -61,14 +61,17 @@ class Machine:
 
     ``memory_bytes``: one device's memory (GPU), or the RAM available to the job on a CPU host.
     ``fixed_overhead_bytes``: per process, outside what the fake trace counts (CUDA context and
-    workspaces; on CPU the interpreter and libraries). ``shared_host``: the ranks of a
-    multi-rank candidate are processes on this one host sharing its cores and its RAM (CPU).
+    workspaces; on CPU the interpreter and libraries). ``parallel_overhead_bytes``: what a
+    ddp/fsdp rank holds on top of that (CPU: its process group and the wrapper's modules),
+    per parallelism. ``shared_host``: the ranks of a multi-rank candidate are processes on
+    this one host sharing its cores and its RAM (CPU).
     """
 
     kind: str
     name: str
     memory_bytes: int
     fixed_overhead_bytes: int = 0
+    parallel_overhead_bytes: Mapping[str, int] = field(default_factory=dict)
     fragmentation_fraction: float = 0.0
     shared_host: bool = False
     estimate: bool = False
@@ -79,6 +82,7 @@ class Machine:
             "name": self.name,
             "memory_bytes": self.memory_bytes,
             "fixed_overhead_bytes": self.fixed_overhead_bytes,
+            "parallel_overhead_bytes": dict(self.parallel_overhead_bytes),
             "fragmentation_fraction": self.fragmentation_fraction,
             "shared_host": self.shared_host,
             "estimate": self.estimate,
@@ -511,7 +515,13 @@ class CostModel:
             traced = self._fsdp_memory(model, c, forward_backward, optimizer, out)
         traced += self.rounding_allowance_bytes
         fragmentation = traced * self.machine.fragmentation_fraction
+        rank_extra = (
+            self.machine.parallel_overhead_bytes.get(c.parallelism, 0)
+            if c.parallelism != "single"
+            else 0
+        )
         per_rank = math.ceil(traced + fragmentation) + self.machine.fixed_overhead_bytes
+        per_rank += rank_extra
         ranks_sharing = world if self.machine.shared_host else 1
         if ranks_sharing > 1:
             out["assumptions"].append(
@@ -524,6 +534,7 @@ class CostModel:
             rounding_allowance_bytes=self.rounding_allowance_bytes,
             fragmentation_bytes=int(fragmentation),
             fixed_overhead_bytes=self.machine.fixed_overhead_bytes,
+            parallel_overhead_bytes=rank_extra,
             per_rank_bytes=per_rank,
             ranks_sharing_memory=ranks_sharing,
             budgeted_bytes=per_rank * ranks_sharing,
@@ -713,6 +724,7 @@ def machine_from_profile(profile: Profile) -> Machine:
         name=device.name,
         memory_bytes=device.free_memory_bytes if cpu else device.total_memory_bytes,
         fixed_overhead_bytes=profile.memory_overhead.fixed_bytes,
+        parallel_overhead_bytes=dict(profile.memory_overhead.parallel_bytes),
         fragmentation_fraction=profile.memory_overhead.fragmentation_fraction,
         shared_host=cpu,
     )

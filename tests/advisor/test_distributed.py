@@ -264,3 +264,36 @@ def test_launcher_validator_measures_ddp_and_fsdp_candidates() -> None:
         assert m.validator == "torchrun" and len(m.step_samples_s) == 3
         assert m.tokens_per_s == pytest.approx(4 * 32 / m.step_time_s)
         assert m.peak_memory_bytes and m.peak_memory_bytes > 0
+
+
+def test_launcher_validator_takes_the_profiled_overheads_off_a_cpu_rank_peak() -> None:
+    from advisor.validation import LauncherValidator
+    from strategies.config import TrainConfig
+
+    config = TrainConfig(
+        model="gpt-tiny",
+        seq_len=32,
+        global_batch_size=4,
+        micro_batch_size=2,
+        parallelism="ddp",
+        world_size=2,
+    )
+    records = [
+        {"kind": "train", "step": s, "step_time_s": t, "peak_memory_bytes": peak}
+        for s, t, peak in [(1, 9.0, 900), (2, 0.2, 500), (3, 0.4, 700), (4, 0.3, 600)]
+    ] + [{"kind": "eval", "step": 4, "loss": 1.0}]
+    validator = LauncherValidator(
+        device="cpu",
+        max_world_size=2,
+        fixed_overhead_bytes=300,
+        parallel_overhead_bytes={"ddp": 10, "fsdp": 100},
+        warmup=1,
+    )
+    ddp = validator.measurement(config.replace(parallelism="ddp"), records, 1.0)
+    fsdp = validator.measurement(config.replace(parallelism="fsdp"), records, 1.0)
+    # The warm-up step (900 B, 9 s) is left out; the largest later rank peak minus overheads.
+    assert ddp.step_samples_s == (0.2, 0.4, 0.3) and ddp.step_time_s == pytest.approx(0.3)
+    assert ddp.peak_memory_bytes == 700 - 300 - 10
+    assert fsdp.peak_memory_bytes == 700 - 300 - 100
+    gpu = LauncherValidator(device="cuda", max_world_size=2, fixed_overhead_bytes=300, warmup=1)
+    assert gpu.measurement(config.replace(parallelism="ddp"), records, 1.0).peak_memory_bytes == 700

@@ -274,3 +274,27 @@ def test_cuda_truth_against_a_cuda_target_trace(precision: str) -> None:
     assert measured.fragmentation_bytes >= 0
     # The trace uses CPU autocast and CPU attention kernels: close, not exact, on CUDA.
     assert abs(_relative_error(traced.peak_bytes, measured.peak_allocated_bytes)) <= 0.15
+
+
+def test_parallel_resident_bytes_measures_what_a_rank_imports_in_a_fresh_process() -> None:
+    """A fresh interpreter (nothing distributed imported yet): FSDP2's modules are resident
+    memory a DDP rank does not carry, and the one-rank gloo group is gone afterwards."""
+    import json
+    import subprocess
+    import sys
+
+    code = (
+        "import json, torch, torch.distributed as dist\n"
+        "from profilers.memory_truth import parallel_resident_bytes\n"
+        "extra = parallel_resident_bytes()\n"
+        "print(json.dumps({'extra': extra, 'left': dist.is_initialized()}))\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True
+    )
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    extra = result["extra"]
+    assert set(extra) == {"ddp", "fsdp"}
+    assert 0 <= extra["ddp"] < extra["fsdp"]
+    assert extra["fsdp"] > 2**20  # the FSDP2/DTensor stack is tens of MiB
+    assert result["left"] is False

@@ -120,6 +120,8 @@ def test_traced_memory_matches_the_real_step(toy_profile: Profile) -> None:
         assert model.predict(spec.micro_batch_size) == pytest.approx(measured.peak_bytes, rel=0.02)
     assert 0 <= toy_profile.memory_overhead.trace_error_fraction < 0.02
     assert toy_profile.memory_overhead.fixed_bytes > 0  # process RSS beyond the allocator's peak
+    extra = toy_profile.memory_overhead.parallel_bytes  # measured once, in the first check
+    assert set(extra) == {"ddp", "fsdp"} and 0 <= extra["ddp"] <= extra["fsdp"]
 
 
 @slow

@@ -3,7 +3,7 @@ be checked by hand. Nothing here runs a probe."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 from profilers.comm_records import CommFit
 from profilers.device import CpuInfo, DeviceInfo, GpuInfo, PrecisionCheck
@@ -174,6 +174,7 @@ def hand_profile(
     comm_world_sizes: Sequence[int] = (2,),
     extra_time: Sequence[TimeModel] = (),
     fixed_bytes: int = 0,
+    parallel_bytes: Mapping[str, int] | None = None,
     fragmentation: float = 0.0,
     inputs: Sequence[InputSample] = (),
     with_flops: bool = True,
@@ -198,7 +199,9 @@ def hand_profile(
         model=facts(),
         flops=flop_count() if with_flops else None,
         memory_overhead=MemoryOverhead(
-            fixed_bytes=fixed_bytes, fragmentation_fraction=fragmentation
+            fixed_bytes=fixed_bytes,
+            fragmentation_fraction=fragmentation,
+            parallel_bytes=dict(parallel_bytes or {}),
         ),
         input=tuple(inputs),
         fits=Fits(memory=memory, time=time + tuple(extra_time), communication=comm),

@@ -332,3 +332,21 @@ def test_cpu_ranks_expose_all_their_communication(parallelism: str) -> None:
         + on_cpu["communication_s"]
         + on_cpu["input_s"]
     )
+
+
+def test_a_cpu_rank_carries_its_parallel_overhead_on_top_of_the_process_overhead() -> None:
+    profile = hand_profile(fixed_bytes=100 * MB, parallel_bytes={"ddp": 1 * MB, "fsdp": 40 * MB})
+    model = cost_model_from_profile(profile, 0.9)
+    single = model.predict(cand(micro=4)).breakdown["memory"]
+    assert single["parallel_overhead_bytes"] == 0
+    assert single["per_rank_bytes"] == single["traced_bytes"] + 100 * MB
+    for parallelism, extra in (("ddp", 1 * MB), ("fsdp", 40 * MB)):
+        p = model.predict(cand(micro=2, parallelism=parallelism, world=2))
+        memory = p.breakdown["memory"]
+        assert memory["parallel_overhead_bytes"] == extra
+        assert memory["per_rank_bytes"] == memory["traced_bytes"] + 100 * MB + extra
+        assert p.budgeted_bytes == 2 * memory["per_rank_bytes"]  # both ranks share the RAM
+    # A profile from before this field (or a GPU one) adds nothing.
+    plain = cost_model_from_profile(hand_profile(fixed_bytes=100 * MB), 0.9)
+    memory = plain.predict(cand(micro=2, parallelism="fsdp", world=2)).breakdown["memory"]
+    assert memory["per_rank_bytes"] == memory["traced_bytes"] + 100 * MB
