@@ -258,3 +258,29 @@ def test_crashing_and_hanging_groups_are_recorded_and_the_rest_completes(
             assert row.status in (failed, "skipped"), row
     assert within_budget(faulty_profile)
     json.dumps(faulty_profile.to_dict())  # failures serialise like successes
+
+
+def test_a_group_cut_short_by_the_budget_is_a_skipped_fit_and_a_broken_one_an_error() -> None:
+    from types import SimpleNamespace
+
+    from profilers.profiler import _fit_groups
+    from profilers.workload import StepSpec
+
+    def record(precision: str, b: int) -> SimpleNamespace:
+        spec = StepSpec(precision=precision, micro_batch_size=b, seq_len=8)
+        return SimpleNamespace(spec=spec, ok=precision != "fp16")
+
+    def fit(records: list[SimpleNamespace]) -> list[str]:
+        if len({r.spec.micro_batch_size for r in records}) < 2 or not all(r.ok for r in records):
+            raise ValueError("cannot fit this")
+        return [records[0].spec.precision]
+
+    rows: list = []
+    records = [record("fp32", 1), record("fp32", 4), record("bf16", 1)]
+    records += [record("fp16", 1), record("fp16", 4)]
+    assert _fit_groups(fit, records, rows, "memory") == ["fp32"]
+    by_name = {r.name: r for r in rows}
+    assert by_name["bf16/none"].status == "skipped"
+    assert "only micro-batch size 1 was measured" in by_name["bf16/none"].reason
+    assert by_name["fp16/none"].status == "error"
+    assert by_name["fp16/none"].reason == "ValueError: cannot fit this"
