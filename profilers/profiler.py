@@ -149,16 +149,21 @@ def _one_line(exc: BaseException) -> str:
 
 
 def _memory_check_child(
-    workload: Workload, spec: StepSpec, device: str, parallel: bool = False
+    workload: Workload, spec: StepSpec, device: str
 ) -> tuple[dict[str, Any], int | None, dict[str, int]]:
     """Real memory of one step, plus (CPU) the process's resident peak beside the allocator's
-    and, with ``parallel``, what a ddp/fsdp rank's process group and imports add to it."""
+    and what a ddp/fsdp rank's process group and wrapper modules add to a process."""
     from profilers.memory import measure_cpu_step_memory, measure_cuda_step_memory
     from profilers.memory_truth import parallel_resident_bytes, resident_peak_bytes
 
     if device.startswith("cuda"):
         # A GPU rank's host memory is not what the budget holds: nothing to add per rank.
         return measure_cuda_step_memory(workload, spec, device).to_dict(), None, {}
+    # torch.profiler, which measures the step below, imports the FSDP2/DTensor stack (~45 MiB
+    # resident with torch 2.13) that a single-device trainer never loads. Load it first (with
+    # a gloo group), measuring what it adds: the caller takes that off this process's
+    # overhead, so the overhead is a single-device trainer's and each rank adds its own.
+    extra = parallel_resident_bytes()
     if isinstance(workload, DataWorkload):
         # Load a few real batches first, as training does: the loader's modules and the
         # token file's pages are part of the resident memory a training process carries.
@@ -166,8 +171,7 @@ def _memory_check_child(
             pass
     with quiet_native_output():
         measured = measure_cpu_step_memory(workload, spec)
-    peak = resident_peak_bytes()  # before the distributed imports below grow the process
-    return measured.to_dict(), peak, parallel_resident_bytes() if parallel else {}
+    return measured.to_dict(), resident_peak_bytes(), extra
 
 
 def _timing_child(
@@ -436,7 +440,6 @@ class _Run:
                 self.workload,
                 spec,
                 self.options.device,
-                not parallel,  # once: the first check that succeeds measures it
                 timeout_s=max(30.0, deadline - time.perf_counter()),
             )
             if not outcome.ok:
@@ -463,7 +466,8 @@ class _Run:
                 record = CpuStepMemory.from_dict(data)
                 truth = record.peak_bytes
                 if rss is not None:
-                    fixed.append(max(0, rss - truth))
+                    # Less the FSDP stack and gloo group the child loaded on purpose.
+                    fixed.append(max(0, rss - truth - rank_extra.get("fsdp", 0)))
             measured.append(record)
             predicted = model.predict(b)
             if truth:
