@@ -173,9 +173,10 @@ def parallel_resident_bytes() -> dict[str, int]:
     gloo group on an in-memory store plus DDP (``ddp``), then the FSDP2 imports too (``fsdp``).
     Modules already imported count zero, so call it before anything loads them: running
     ``torch.profiler`` does (``measure_cpu``), and a process that ran it carries the FSDP stack
-    in its resident set whatever it trains. Not counted: the first distributed checkpoint imports DCP, which brings the FSDP stack into a
-    DDP rank too (its resident set grows by about the ``fsdp`` - ``ddp`` difference from then
-    on). Empty where the resident set or gloo is unavailable.
+    in its resident set whatever it trains. Not counted: the first distributed checkpoint
+    imports DCP, which brings the FSDP stack into a DDP rank too (its resident set grows by
+    about the ``fsdp`` - ``ddp`` difference from then on). Empty where the resident set or
+    gloo is unavailable.
     """
     import torch.distributed as dist
 
