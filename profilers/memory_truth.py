@@ -166,18 +166,17 @@ def resident_bytes() -> int | None:
 def parallel_resident_bytes() -> dict[str, int]:
     """Resident memory a ddp/fsdp rank carries beyond a single-device process, per parallelism.
 
-    A torchrun rank also holds a gloo process group and the modules its wrapper imports
-    (``torch.distributed.fsdp`` and the DTensor stack it pulls in: ~45 MiB with torch 2.13 on
-    CPU, more than gpt-tiny's sharded training state). The profile's per-process overhead is
-    measured without them, so this measures them here, by difference of ``VmRSS``: a one-rank
-    gloo group on an in-memory store plus DDP (``ddp``), then the FSDP2 imports too (``fsdp``).
-    Modules already imported count zero, so call it before anything loads them: running
-    ``torch.profiler`` does (``measure_cpu``), and a process that ran it carries the FSDP stack
-    in its resident set whatever it trains. Not counted: the first distributed checkpoint
-    imports DCP, which brings the FSDP stack into a DDP rank too (its resident set grows by
-    about the ``fsdp`` - ``ddp`` difference from then on). Empty where the resident set or
-    gloo is unavailable.
+    A torchrun rank also holds a gloo process group and whatever its wrapper loads: building a
+    ``DistributedDataParallel`` pulls in the DTensor and FSDP stacks (~80 MiB resident with
+    torch 2.13 on CPU, more than gpt-tiny's whole training state); ``fully_shard`` a little
+    more. The profile's per-process overhead is measured without them, so this measures them
+    here, by difference of ``VmRSS``: a one-rank gloo group on an in-memory store and a DDP
+    around a one-weight module (``ddp``), then ``fully_shard`` of another on a one-rank mesh
+    with a forward and backward (``fsdp``, cumulative). Modules already loaded count zero, so
+    call it before anything loads them: running ``torch.profiler`` does (``measure_cpu``).
+    Empty where the resident set or gloo is unavailable.
     """
+    import torch
     import torch.distributed as dist
 
     before = resident_bytes()
@@ -187,11 +186,16 @@ def parallel_resident_bytes() -> dict[str, int]:
     if own_group:
         dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
     try:
-        from torch.nn.parallel import DistributedDataParallel  # noqa: F401
+        from torch.nn.parallel import DistributedDataParallel
 
+        DistributedDataParallel(torch.nn.Linear(1, 1))
         ddp = resident_bytes()
-        from torch.distributed.fsdp import fully_shard  # noqa: F401
+        from torch.distributed.device_mesh import init_device_mesh
+        from torch.distributed.fsdp import fully_shard
 
+        module = torch.nn.Linear(1, 1)
+        fully_shard(module, mesh=init_device_mesh("cpu", (1,)))
+        module(torch.ones(1, 1)).sum().backward()
         fsdp = resident_bytes()
     finally:
         if own_group:

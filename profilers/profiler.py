@@ -159,10 +159,11 @@ def _memory_check_child(
     if device.startswith("cuda"):
         # A GPU rank's host memory is not what the budget holds: nothing to add per rank.
         return measure_cuda_step_memory(workload, spec, device).to_dict(), None, {}
-    # torch.profiler, which measures the step below, imports the FSDP2/DTensor stack (~45 MiB
-    # resident with torch 2.13) that a single-device trainer never loads. Load it first (with
-    # a gloo group), measuring what it adds: the caller takes that off this process's
-    # overhead, so the overhead is a single-device trainer's and each rank adds its own.
+    # torch.profiler, which measures the step below, imports the DTensor/FSDP stacks (tens of
+    # MiB resident) that a single-device trainer never loads, and a DDP/FSDP rank does. Load
+    # them first (with a gloo group and the wrappers), measuring what they add: the caller
+    # takes that off this process's overhead, so the overhead is a single-device trainer's
+    # and each rank adds its own.
     extra = parallel_resident_bytes()
     if isinstance(workload, DataWorkload):
         # Load a few real batches first, as training does: the loader's modules and the
