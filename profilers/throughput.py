@@ -40,6 +40,9 @@ class StepTiming:
     forward_backward_s: tuple[float, ...]
     optimizer_s: tuple[float, ...]
     clock: str = "perf_counter"  # or "cuda_events"
+    # Intra-op threads the steps ran with (0: not recorded). A group's fit is made of its
+    # timings at the most threads; fewer (CPU: a rank's share of the cores) give its split ratio.
+    threads: int = 0
 
     def __post_init__(self) -> None:
         if len(self.forward_backward_s) != len(self.optimizer_s):
@@ -78,6 +81,7 @@ class StepTiming:
             "device": self.device,
             "num_warmup": self.num_warmup,
             "clock": self.clock,
+            "threads": self.threads,
             "forward_backward_s": list(self.forward_backward_s),
             "optimizer_s": list(self.optimizer_s),
             # Derived, for readers of profile.json; from_dict ignores them.
@@ -97,6 +101,7 @@ class StepTiming:
             forward_backward_s=tuple(float(x) for x in data["forward_backward_s"]),
             optimizer_s=tuple(float(x) for x in data["optimizer_s"]),
             clock=str(data.get("clock", "perf_counter")),
+            threads=int(data.get("threads", 0)),
         )
 
 
@@ -158,6 +163,8 @@ class StepTimer:
         return fb_s, opt_s
 
     def timing(self) -> StepTiming:
+        import torch
+
         return StepTiming(
             spec=self.spec,
             device=self.device_name,
@@ -165,6 +172,7 @@ class StepTimer:
             forward_backward_s=tuple(self._fb),
             optimizer_s=tuple(self._opt),
             clock=self.clock,
+            threads=torch.get_num_threads() if self._device_type == "cpu" else 0,
         )
 
     def _run_step(self) -> tuple[float, float]:
@@ -297,6 +305,11 @@ class TimeModel:
     device: str
     forward_backward: AffineFit  # seconds per micro-batch vs micro-batch size
     optimizer_s: float
+    # CPU: a step with ``split_threads`` intra-op threads (a rank's share when the cores are
+    # split between ranks) over the same step with the default ``threads``; None = not measured.
+    threads: int = 0
+    split_threads: int = 0
+    split_ratio: float | None = None
 
     def forward_backward_s(self, micro_batch_size: int) -> float:
         return self.forward_backward.predict(micro_batch_size)
@@ -321,6 +334,9 @@ class TimeModel:
             "device": self.device,
             "forward_backward": self.forward_backward.to_dict(),
             "optimizer_s": self.optimizer_s,
+            "threads": self.threads,
+            "split_threads": self.split_threads,
+            "split_ratio": self.split_ratio,
         }
 
     @classmethod
@@ -334,6 +350,9 @@ class TimeModel:
             device=str(data["device"]),
             forward_backward=AffineFit.from_dict(data["forward_backward"]),
             optimizer_s=float(data["optimizer_s"]),
+            threads=int(data.get("threads", 0)),
+            split_threads=int(data.get("split_threads", 0)),
+            split_ratio=(None if data.get("split_ratio") is None else float(data["split_ratio"])),
         )
 
 
@@ -364,6 +383,9 @@ def fit_step_time(timings: Sequence[StepTiming]) -> TimeModel:
             "fit_step_time fits one (precision, checkpointing, seq_len, parallelism, device) "
             f"group at a time, got {len(keys)}: use fit_step_times to fit them all"
         )
+    most = max(t.threads for t in timings)
+    split = [t for t in timings if t.threads < most]
+    timings = [t for t in timings if t.threads == most]
     xs: list[float] = []
     ys: list[float] = []
     optimizer: list[float] = []
@@ -381,7 +403,20 @@ def fit_step_time(timings: Sequence[StepTiming]) -> TimeModel:
         device=device,
         forward_backward=fit_affine(xs, ys),
         optimizer_s=statistics.median(optimizer),
+        threads=most,
+        **_split(split, timings),
     )
+
+
+def _split(split: Sequence[StepTiming], full: Sequence[StepTiming]) -> dict[str, Any]:
+    """Median step time with fewer threads over the median at full threads, same micro-batch
+    (the fewest-thread timing that has a full-thread partner)."""
+    for t in sorted(split, key=lambda t: t.threads):
+        same = [u for u in full if u.spec.micro_batch_size == t.spec.micro_batch_size]
+        if same:
+            full_s = statistics.median(x for u in same for x in u.step_s)
+            return {"split_threads": t.threads, "split_ratio": t.median_step_s / full_s}
+    return {}
 
 
 def fit_step_times(timings: Sequence[StepTiming]) -> list[TimeModel]:

@@ -25,6 +25,7 @@ from profilers.fit import AffineFit
 from profilers.flops import FlopCount
 from profilers.memory_model import MemoryModel
 from profilers.profile_record import Fits, Profile
+from profilers.throughput import TimeModel
 from profilers.workload import ModelFacts
 from strategies.config import TrainConfig
 from strategies.errors import Unpredictable
@@ -152,6 +153,8 @@ class ComputeTime:
     optimizer_s: float  # one optimizer step over the whole (unsharded) model
     source: str
     parallel_measured: bool = False
+    # CPU: (threads of the measured times, fewer threads, time with fewer / time with all).
+    split: tuple[int, int, float] | None = None
 
 
 class TimeSource(Protocol):
@@ -225,6 +228,7 @@ class MeasuredTime:
                 forward_backward_s=affine_seconds(model.forward_backward, c.micro_batch_size),
                 optimizer_s=model.optimizer_s,
                 source="measured single-device fit",
+                split=_split(model),
             )
         base = self.fits.time_model(c.precision, "none")
         counted = self.flops.flops_per_token if self.flops else {}
@@ -234,6 +238,7 @@ class MeasuredTime:
             return ComputeTime(
                 forward_backward_s=ratio * plain,
                 optimizer_s=base.optimizer_s,
+                split=_split(base),
                 source=(
                     f"derived: the {c.precision}/none fit × {ratio:.3f}, the counted FLOPs ratio "
                     f"of {c.activation_checkpointing} checkpointing (recompute)"
@@ -244,6 +249,12 @@ class MeasuredTime:
             f"{c.activation_checkpointing} checkpointing: re-run 'advisor profile' so it times "
             "this precision"
         )
+
+
+def _split(model: TimeModel) -> tuple[int, int, float] | None:
+    if model.split_ratio is None or not model.split_threads or not model.threads:
+        return None
+    return model.threads, model.split_threads, model.split_ratio
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -596,14 +607,26 @@ class CostModel:
         world, accum = c.world_size, c.grad_accum_steps
         assumptions: list[str] = []
         shared = self.machine.shared_host and world > 1 and not compute.parallel_measured
-        share = world if shared else 1
-        if shared:
+        sharing = world if shared else 1
+        scale = float(sharing)
+        split = compute.split
+        if shared and split is not None and split[0] // world == split[1]:
+            # The launcher gives each rank cores // ranks threads; the profile timed a step on
+            # that many. Threads do not scale perfectly (fp16 kernels on a CPU hardly at all),
+            # so this beats "× world", which assumes they do.
+            scale = split[2]
+            assumptions.append(
+                f"CPU host: each of the {world} ranks runs on {split[1]} of the {split[0]} "
+                f"threads; its compute is the single-process time × {scale:.2f}, measured at "
+                "that thread count"
+            )
+        elif shared:
             assumptions.append(
                 f"CPU host: no {c.parallelism}×{world} time was measured, so each rank's compute "
                 f"is the single-process time × {world} (the ranks share the host's cores)"
             )
-        fb = compute.forward_backward_s * share
-        optimizer = compute.optimizer_s * share
+        fb = compute.forward_backward_s * scale
+        optimizer = compute.optimizer_s * scale
         if c.parallelism == "fsdp" and not compute.parallel_measured:
             optimizer /= world  # each rank steps its 1/N shard (ZeRO §5)
         communication, exposed = 0.0, 0.0
@@ -625,7 +648,7 @@ class CostModel:
         elif compute.parallel_measured:
             comm_detail = {"note": "inside the measured multi-rank step time"}
         compute_s = accum * fb + optimizer + exposed
-        input_s, step = self._input(c, compute_s, share, assumptions)
+        input_s, step = self._input(c, compute_s, sharing, assumptions)
         return {
             "forward_backward_s": fb,
             "micro_batches": accum,

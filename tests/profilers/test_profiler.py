@@ -284,3 +284,26 @@ def test_a_group_cut_short_by_the_budget_is_a_skipped_fit_and_a_broken_one_an_er
     assert "only micro-batch size 1 was measured" in by_name["bf16/none"].reason
     assert by_name["fp16/none"].status == "error"
     assert by_name["fp16/none"].reason == "ValueError: cannot fit this"
+
+
+def test_timing_child_also_times_the_larger_size_on_half_the_cpu_threads() -> None:
+    import torch
+
+    from profilers.profiler import _timing_child
+    from profilers.throughput import StepTiming, fit_step_time
+    from profilers.workload import StepSpec
+
+    workload = ToyWorkload(d=16, layers=1, heads=2, max_len=16)
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(2)
+        data = _timing_child(workload, StepSpec(seq_len=8, micro_batch_size=1), 4, "cpu", 30.0)
+        assert torch.get_num_threads() == 2  # restored
+    finally:
+        torch.set_num_threads(before)
+    timings = [StepTiming.from_dict(d) for d in data]
+    assert [t.threads for t in timings] == [2, 2, 1]
+    assert timings[2].spec == timings[1].spec  # the larger size again
+    model = fit_step_time(timings)
+    assert (model.threads, model.split_threads) == (2, 1)
+    assert model.split_ratio is not None and model.split_ratio > 0

@@ -64,13 +64,16 @@ class _LoggedWorkload:
         return _LoggedStep(self.inner.build_step(spec, device, from_meta=from_meta), self.log)  # type: ignore[arg-type]
 
 
-def _timing(b: int, fb: Sequence[float], opt: Sequence[float], **kw: object) -> StepTiming:
+def _timing(
+    b: int, fb: Sequence[float], opt: Sequence[float], threads: int = 0, **kw: object
+) -> StepTiming:
     return StepTiming(
         spec=spec(b, **kw),
         device="cpu",
         num_warmup=1,
         forward_backward_s=tuple(fb),
         optimizer_s=tuple(opt),
+        threads=threads,
     )
 
 
@@ -219,3 +222,31 @@ def test_fit_refuses_mixed_groups_and_fit_step_times_splits_them() -> None:
 def test_fit_needs_two_micro_batch_sizes() -> None:
     with pytest.raises(ValueError, match="two or more distinct"):
         fit_step_time([_timing(2, [1.0, 1.1], [0.1, 0.1])])
+
+
+def test_a_timing_on_fewer_threads_gives_the_split_ratio_and_stays_out_of_the_fit() -> None:
+    # Two threads: t_fb = 1 + b; one thread at b = 8: 1.6x the two-thread step (not 2x).
+    full = [_timing(b, [1.0 + b] * 2, [0.1, 0.1], threads=2) for b in (2, 8)]
+    half = _timing(8, [1.6 * 9.0 + 0.06] * 2, [0.1, 0.1], threads=1)
+    model = fit_step_time([*full, half])
+    assert model.forward_backward.xs == (2.0, 2.0, 8.0, 8.0)  # the split timing is not fitted
+    assert model.forward_backward.intercept == pytest.approx(1.0)
+    assert (model.threads, model.split_threads) == (2, 1)
+    assert model.split_ratio == pytest.approx(1.6)
+    assert TimeModel.from_dict(json.loads(json.dumps(model.to_dict()))) == model
+    # Without one: nothing to say; a profile from before these fields reads the same way.
+    plain = fit_step_time(full)
+    assert plain.split_ratio is None and plain.split_threads == 0
+    legacy = {k: v for k, v in plain.to_dict().items() if "threads" not in k and "split" not in k}
+    assert TimeModel.from_dict(legacy).split_ratio is None
+
+
+def test_step_timer_records_the_cpu_thread_count() -> None:
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        timing = time_steps(TINY, spec(2), "cpu", warmup=1, repeats=1)
+    finally:
+        torch.set_num_threads(before)
+    assert timing.threads == 1
+    assert StepTiming.from_dict(json.loads(json.dumps(timing.to_dict()))).threads == 1

@@ -73,8 +73,10 @@ def time_model(
     parallelism: str = "single",
     world_size: int = 1,
     scale: float = 1.0,
+    split: tuple[int, int, float] | None = None,
 ) -> TimeModel:
     t0, k = FB_TIME[(precision, checkpointing)]
+    threads, split_threads, ratio = split or (0, 0, None)
     return TimeModel(
         precision=precision,
         activation_checkpointing=checkpointing,
@@ -84,6 +86,9 @@ def time_model(
         device="cpu",
         forward_backward=line(t0 * scale, k * scale, xs=(2.0, 8.0)),
         optimizer_s=OPTIMIZER_S,
+        threads=threads,
+        split_threads=split_threads,
+        split_ratio=ratio,
     )
 
 

@@ -350,3 +350,21 @@ def test_a_cpu_rank_carries_its_parallel_overhead_on_top_of_the_process_overhead
     plain = cost_model_from_profile(hand_profile(fixed_bytes=100 * MB), 0.9)
     memory = plain.predict(cand(micro=2, parallelism="fsdp", world=2)).breakdown["memory"]
     assert memory["per_rank_bytes"] == memory["traced_bytes"] + 100 * MB
+
+
+def test_cpu_ranks_use_the_measured_split_thread_ratio_where_it_applies() -> None:
+    """2 threads profiled, 1 thread measured at 1.6x: a rank of a 2-rank job computes for 1.6x
+    the single-process time (not 2x); a 4-rank job (0 threads each by that count) keeps x4."""
+    split = time_model("fp32", "none", split=(2, 1, 1.6))
+    profile = hand_profile(precisions=("fp32",), checkpointing=("none",), timed_checkpointing=())
+    profile = dataclasses.replace(profile, fits=dataclasses.replace(profile.fits, time=(split,)))
+    model = cost_model_from_profile(profile, 0.9)
+    single = model.predict(cand(micro=4)).breakdown["time"]
+    ddp = model.predict(cand(micro=4, parallelism="ddp", world=2)).breakdown
+    assert ddp["time"]["forward_backward_s"] == pytest.approx(1.6 * single["forward_backward_s"])
+    assert ddp["time"]["optimizer_s"] == pytest.approx(1.6 * single["optimizer_s"])
+    assert any("measured at that thread count" in a for a in ddp["assumptions"])
+    four = model.predict(cand(micro=2, parallelism="ddp", world=4)).breakdown
+    two = model.predict(cand(micro=2)).breakdown["time"]
+    assert four["time"]["forward_backward_s"] == pytest.approx(4 * two["forward_backward_s"])
+    assert any("share the host's cores" in a for a in four["assumptions"])
