@@ -241,7 +241,9 @@ def test_crashing_and_hanging_groups_are_recorded_and_the_rest_completes(
     assert {m.precision for m in faulty_profile.fits.memory} == set(PRECISIONS)
 
     fp32 = rows(faulty_profile, "throughput", "fp32")
-    assert len(fp32) == 2 and {r.status for r in fp32} == {"ok"}  # two sizes timed
+    assert {r.status for r in fp32} == {"ok"}
+    # Two sizes timed; on a multi-thread CPU the larger once more on half the threads.
+    assert len({r.micro_batch_size for r in fp32}) == 2 and len(fp32) in (2, 3)
     assert faulty_profile.fits.time_model("fp32", "none") is not None
 
     (crashed,) = rows(faulty_profile, "throughput", "bf16")
