@@ -871,11 +871,11 @@ def _fit_groups(
         groups.setdefault(key, []).append(record)
     out = []
     for (precision, checkpointing, parallelism, world), group in groups.items():
-        layout = "" if parallelism == "single" else f"{parallelism}x{world} "
-        sizes = sorted({r.spec.micro_batch_size for r in group if r.spec.grad_accum_steps == 1})
         try:
             out.extend(fit(group))
         except ValueError as exc:
+            layout = "" if parallelism == "single" else f"{parallelism}x{world} "
+            sizes = sorted({r.spec.micro_batch_size for r in group if r.spec.grad_accum_steps == 1})
             # One size only: the probe stopped (time budget) before a second one, which is
             # a gap, not a failure; the cost model falls back to what it has.
             short = len(sizes) < 2

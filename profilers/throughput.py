@@ -311,6 +311,13 @@ class TimeModel:
     split_threads: int = 0
     split_ratio: float | None = None
 
+    def rank_slowdown(self, world_size: int) -> float | None:
+        """A rank's step time over this (all-thread) one when ``world_size`` ranks split the
+        threads (the launcher gives each ``threads // world_size``), if that share was timed."""
+        if self.split_ratio is None or not self.split_threads or not self.threads:
+            return None
+        return self.split_ratio if self.threads // world_size == self.split_threads else None
+
     def forward_backward_s(self, micro_batch_size: int) -> float:
         return self.forward_backward.predict(micro_batch_size)
 

@@ -25,7 +25,6 @@ from profilers.fit import AffineFit
 from profilers.flops import FlopCount
 from profilers.memory_model import MemoryModel
 from profilers.profile_record import Fits, Profile
-from profilers.throughput import TimeModel
 from profilers.workload import ModelFacts
 from strategies.config import TrainConfig
 from strategies.errors import Unpredictable
@@ -153,8 +152,8 @@ class ComputeTime:
     optimizer_s: float  # one optimizer step over the whole (unsharded) model
     source: str
     parallel_measured: bool = False
-    # CPU: (threads of the measured times, fewer threads, time with fewer / time with all).
-    split: tuple[int, int, float] | None = None
+    # CPU: a rank's time on its share of the threads over the measured all-thread time.
+    rank_slowdown: float | None = None
 
 
 class TimeSource(Protocol):
@@ -228,7 +227,7 @@ class MeasuredTime:
                 forward_backward_s=affine_seconds(model.forward_backward, c.micro_batch_size),
                 optimizer_s=model.optimizer_s,
                 source="measured single-device fit",
-                split=_split(model),
+                rank_slowdown=model.rank_slowdown(c.world_size),
             )
         base = self.fits.time_model(c.precision, "none")
         counted = self.flops.flops_per_token if self.flops else {}
@@ -238,7 +237,7 @@ class MeasuredTime:
             return ComputeTime(
                 forward_backward_s=ratio * plain,
                 optimizer_s=base.optimizer_s,
-                split=_split(base),
+                rank_slowdown=base.rank_slowdown(c.world_size),
                 source=(
                     f"derived: the {c.precision}/none fit × {ratio:.3f}, the counted FLOPs ratio "
                     f"of {c.activation_checkpointing} checkpointing (recompute)"
@@ -249,12 +248,6 @@ class MeasuredTime:
             f"{c.activation_checkpointing} checkpointing: re-run 'advisor profile' so it times "
             "this precision"
         )
-
-
-def _split(model: TimeModel) -> tuple[int, int, float] | None:
-    if model.split_ratio is None or not model.split_threads or not model.threads:
-        return None
-    return model.threads, model.split_threads, model.split_ratio
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -526,11 +519,7 @@ class CostModel:
             traced = self._fsdp_memory(model, c, forward_backward, optimizer, out)
         traced += self.rounding_allowance_bytes
         fragmentation = traced * self.machine.fragmentation_fraction
-        rank_extra = (
-            self.machine.parallel_overhead_bytes.get(c.parallelism, 0)
-            if c.parallelism != "single"
-            else 0
-        )
+        rank_extra = self.machine.parallel_overhead_bytes.get(c.parallelism, 0)  # none: single
         per_rank = math.ceil(traced + fragmentation) + self.machine.fixed_overhead_bytes
         per_rank += rank_extra
         ranks_sharing = world if self.machine.shared_host else 1
@@ -609,14 +598,13 @@ class CostModel:
         shared = self.machine.shared_host and world > 1 and not compute.parallel_measured
         sharing = world if shared else 1
         scale = float(sharing)
-        split = compute.split
-        if shared and split is not None and split[0] // world == split[1]:
+        if shared and compute.rank_slowdown is not None:
             # The launcher gives each rank cores // ranks threads; the profile timed a step on
             # that many. Threads do not scale perfectly (fp16 kernels on a CPU hardly at all),
             # so this beats "× world", which assumes they do.
-            scale = split[2]
+            scale = compute.rank_slowdown
             assumptions.append(
-                f"CPU host: each of the {world} ranks runs on {split[1]} of the {split[0]} "
+                f"CPU host: each of the {world} ranks runs on its 1/{world} share of the "
                 f"threads; its compute is the single-process time × {scale:.2f}, measured at "
                 "that thread count"
             )
