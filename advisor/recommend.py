@@ -18,7 +18,13 @@ from pathlib import Path
 from typing import Any
 
 from advisor.errors import UsageProblem
-from advisor.validation import LauncherValidator, LocalValidator, Validator, route
+from advisor.validation import (
+    DEFAULT_VALIDATE_ROUNDS,
+    LauncherValidator,
+    LocalValidator,
+    Validator,
+    validate_rounds,
+)
 from profilers.profile_record import Profile, load_profile
 from strategies.config import ConfigError, TrainConfig
 from strategies.cost import CostModel, cost_model_from_profile
@@ -125,6 +131,7 @@ def recommend(
     request: SearchRequest,
     *,
     validate_top_k: int = DEFAULT_VALIDATE_TOP_K,
+    validation_rounds: int = DEFAULT_VALIDATE_ROUNDS,
     storage: str | None = None,
     out: Path | None = None,
     device: str = "auto",
@@ -136,13 +143,17 @@ def recommend(
     ``storage``: an Optuna RDB URL; default ``sqlite:///OUT/study.db`` (``out`` is then
     required). Re-running the same call resumes the study. ``validate_top_k``: how many of
     the best predicted candidates to measure (0: none); the baseline is measured too when it
-    fits. ``validators``: default :func:`default_validators`. With ``out`` the plan is saved
-    there (plan.json, trials.csv). Raises strategies' errors (NothingFits ...) and
-    UsageProblem for bad input.
+    fits. ``validation_rounds``: how many times the close contenders (within
+    advisor.validation.TIE_MARGIN of the fastest) are measured, at different moments, before
+    the fastest wins (1: every finalist once). ``validators``: default
+    :func:`default_validators`. With ``out`` the plan is saved there (plan.json, trials.csv).
+    Raises strategies' errors (NothingFits ...) and UsageProblem for bad input.
     """
     say = progress or (lambda _m: None)
     if validate_top_k < 0:
         raise UsageProblem(f"--validate-top must be 0 or more, got {validate_top_k}")
+    if validation_rounds < 1:
+        raise UsageProblem(f"--validate-rounds must be 1 or more, got {validation_rounds}")
     prof = read_profile(profile)
     base = base_config(prof, request)
     target = resolve_target(request)[0] if request.target is not None else None
@@ -177,7 +188,10 @@ def recommend(
         predictions = [e.prediction for e in chosen if e.prediction is not None]
         if validators is None:
             validators = default_validators(prof, model, device=device, progress=say)
-        for e, m in zip(chosen, route(configs, predictions, validators), strict=True):
+        measured = validate_rounds(
+            configs, predictions, validators, rounds=validation_rounds, progress=say
+        )
+        for e, m in zip(chosen, measured, strict=True):
             measurements[e.candidate.key] = m
     plan = decide(
         base=base,

@@ -57,6 +57,7 @@ class RunRequest:
     world_size: int | None = None
     trials: int | None = None
     validate_top: int = 3
+    validate_rounds: int = 3
     storage: str | None = None
     config_overrides: Mapping[str, Any] = field(default_factory=dict)
     # train
@@ -112,6 +113,8 @@ class RunRequest:
             args += ["--world-size", str(self.world_size)]
         if self.validate_top != 3:
             args += ["--validate-top", str(self.validate_top)]
+        if self.validate_rounds != 3:
+            args += ["--validate-rounds", str(self.validate_rounds)]
         if self.trials is not None:
             args += ["--trials", str(self.trials)]
         if self.device != "auto":
@@ -285,6 +288,7 @@ def _recommend_stage(request: RunRequest, out: Path, say: ProgressFn) -> tuple[s
             out / "profile.json",
             search,
             validate_top_k=request.validate_top,
+            validation_rounds=request.validate_rounds,
             storage=request.storage,
             out=out,
             device=request.device,

@@ -171,9 +171,11 @@ def _comparison(plan: Mapping[str, Any], stats: TrainingStats | None) -> Table:
     if measured:
         ok = ok_measurement(measured) is not None
         samples = len(measured.get("step_samples_s") or ())
+        visits = int(measured.get("visits") or 1)
+        runs = f" over {visits} runs" if visits > 1 else ""
         rows.append(
             (
-                cell(f"measured (validation, {samples} steps)" if ok else "validation"),
+                cell(f"measured (validation, {samples} steps{runs})" if ok else "validation"),
                 num_cell(fmt.rate(measured.get("tokens_per_s")), num(measured.get("tokens_per_s"))),
                 num_cell(
                     fmt.seconds(measured.get("step_time_s")), num(measured.get("step_time_s"))

@@ -38,7 +38,10 @@ class Measurement:
     ``peak_memory_bytes`` is what the device's allocator reports at the step's peak (CPU: the
     allocator's peak, process overhead excluded; CUDA: reserved at the peak plus the context and
     workspaces), ``memory_kind`` says which. ``step_time_s`` is the median timed step
-    (forward+backward of every micro-batch + optimizer), data loading excluded.
+    (forward+backward of every micro-batch + optimizer), data loading excluded. ``visits``: how
+    many separate short runs the samples were pooled from (close contenders are re-measured at
+    different moments, see advisor.validation.validate_rounds); ``peak_memory_bytes`` is then
+    the largest of them and ``wall_s`` their sum.
     """
 
     status: str
@@ -51,6 +54,7 @@ class Measurement:
     device: str = ""
     validator: str = ""
     wall_s: float = 0.0
+    visits: int = 1
 
     def __post_init__(self) -> None:
         if self.status not in MEASUREMENT_STATUSES:
@@ -497,9 +501,11 @@ def _reasons(
         out.append(f"not considered: {excluded}")
     if winner_measured is not None:
         num_ok = sum(v.measured.ok for v in validations)
+        visits = winner_measured.visits
+        over = f" over {visits} separate runs" if visits > 1 else ""
         out.append(
             f"chosen: {winner.candidate.label()}: measured "
-            f"{_fmt_tps(winner_measured.tokens_per_s or 0)} (predicted "
+            f"{_fmt_tps(winner_measured.tokens_per_s or 0)}{over} (predicted "
             f"{_fmt_tps(p.tokens_per_s)}), the fastest of {num_ok} validated candidates"
         )
     else:

@@ -82,6 +82,14 @@ def budget_option(f: Any) -> Any:
     help="Measure the K best predicted configs (and the baseline) with short real runs.",
 )
 @click.option(
+    "--validate-rounds",
+    type=POSITIVE,
+    default=3,
+    show_default=True,
+    help="Measure configs within 10% of the fastest up to N times, at different moments, "
+    "before the fastest wins (1: each finalist once).",
+)
+@click.option(
     "--storage",
     default=None,
     help="Optuna storage URL shared by several workers (e.g. postgresql+psycopg2://...); "
@@ -139,6 +147,7 @@ def recommend(**params: Any) -> None:
             profile,
             request,
             validate_top_k=params["validate_top"],
+            validation_rounds=params["validate_rounds"],
             storage=params["storage"],
             out=out,
             device=params["device"],

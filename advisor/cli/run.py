@@ -132,6 +132,14 @@ class CliRunProgress:
     help="Measure the K best predicted configs (and the baseline) with short real runs.",
 )
 @click.option(
+    "--validate-rounds",
+    type=POSITIVE,
+    default=3,
+    show_default=True,
+    help="Measure configs within 10% of the fastest up to N times, at different moments, "
+    "before the fastest wins (1: each finalist once).",
+)
+@click.option(
     "--storage", default=None, help="Optuna storage URL (default sqlite:///OUT/study.db)."
 )
 @click.option("--lr", type=click.FloatRange(min=0, min_open=True), help="Peak learning rate.")
@@ -189,6 +197,7 @@ def run(**params: Any) -> None:
         world_size=params["world_size"],
         trials=params["trials"],
         validate_top=params["validate_top"],
+        validate_rounds=params["validate_rounds"],
         storage=params["storage"],
         config_overrides={k: params[k] for k in CONFIG_OVERRIDE_KEYS if params.get(k) is not None},
         eval_every=params["eval_every"],

@@ -51,6 +51,17 @@ def test_global_batch_must_be_positive(profile_path: Path, value: str) -> None:
     )
 
 
+def test_validate_rounds_must_be_positive(profile_path: Path) -> None:
+    result = run(
+        "recommend", "--profile", str(profile_path), "--global-batch-size", "8",
+        "--validate-rounds", "0",
+    )  # fmt: skip
+    assert result.exit_code == 2
+    assert "error: Invalid value for '--validate-rounds': 0 is not in the range x>=1." in (
+        result.stderr
+    )
+
+
 def test_global_batch_is_required(profile_path: Path) -> None:
     result = run("recommend", "--profile", str(profile_path))
     assert result.exit_code == 2

@@ -31,6 +31,11 @@ def test_summary_states_the_plan_and_its_speedups(hand_run: Path) -> None:
     assert set(summary.reasons) | set(summary.notes) == set(plan["reasons"])
     assert summary.headline[0].startswith(f"Use {plan['config']['precision']}")
     assert "the naive fp32 loop" in summary.headline[1]
+    # The validation row says how many steps, over how many separate runs, it pools.
+    measured = plan["measured"]
+    runs = f" over {measured['visits']} runs" if measured["visits"] > 1 else ""
+    label = f"measured (validation, {len(measured['step_samples_s'])} steps{runs})"
+    assert label in [row[0].text for row in view.section("summary").tables[0].rows]
     # The training run's steady throughput, over the baseline's measured one.
     baseline_tps = plan["baseline"]["measured"]["tokens_per_s"]
     assert summary.training_speedup == pytest.approx(summary.training_tokens_per_s / baseline_tps)

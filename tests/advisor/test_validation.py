@@ -1,0 +1,175 @@
+"""advisor.validation's routing and repeated visits of close contenders (scripted validators,
+no torch: what is measured is the decision logic, not a device)."""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import pytest
+
+from advisor.validation import (
+    TIE_MARGIN,
+    contenders,
+    merge_measurements,
+    route,
+    validate_rounds,
+)
+from strategies.config import TrainConfig
+from strategies.cost import Prediction
+from strategies.plan import Measurement
+
+TOKENS = 1000  # tokens per step of every scripted config
+
+
+def config(micro_batch_size: int, parallelism: str = "single") -> TrainConfig:
+    world = 1 if parallelism == "single" else 2
+    return TrainConfig(
+        model="gpt-tiny",
+        seq_len=8,
+        global_batch_size=8,
+        micro_batch_size=micro_batch_size,
+        grad_accum_steps=8 // (micro_batch_size * world),
+        parallelism=parallelism,
+        world_size=world,
+    )
+
+
+def ok(step_s: float, samples: Sequence[float] | None = None, peak: int = 100) -> Measurement:
+    samples = tuple(samples) if samples is not None else (step_s,) * 3
+    step = statistics.median(samples)
+    return Measurement(
+        status="ok",
+        step_time_s=step,
+        tokens_per_s=TOKENS / step,
+        peak_memory_bytes=peak,
+        step_samples_s=samples,
+        wall_s=1.0,
+    )
+
+
+def prediction() -> Prediction:
+    return Prediction(
+        peak_memory_bytes=1, budgeted_bytes=1, budget_bytes=2, step_time_s=0.1, tokens_per_s=1.0
+    )
+
+
+@dataclass
+class Scripted:
+    """A validator whose n-th visit of a config (by micro-batch size) returns script[mb][n]."""
+
+    script: dict[int, list[Measurement]]
+    kind: str = "single"
+    name: str = "scripted"
+    calls: list[list[int]] = field(default_factory=list)
+
+    def unsupported_reason(self, config: TrainConfig) -> str | None:
+        return None if config.parallelism == self.kind else f"not {self.kind}"
+
+    def validate(
+        self, configs: Sequence[TrainConfig], predictions: Sequence[Prediction]
+    ) -> list[Measurement]:
+        self.calls.append([c.micro_batch_size for c in configs])
+        return [self.script[c.micro_batch_size].pop(0) for c in configs]
+
+
+def test_merge_pools_samples_keeps_the_largest_peak_and_counts_visits() -> None:
+    merged = merge_measurements(ok(0.1, (0.1, 0.1, 0.1)), ok(0.2, (0.2, 0.2, 0.2), peak=300))
+    assert merged.step_samples_s == (0.1, 0.1, 0.1, 0.2, 0.2, 0.2)
+    assert merged.step_time_s == pytest.approx(0.15)
+    assert merged.tokens_per_s == pytest.approx(TOKENS / 0.15)
+    assert merged.peak_memory_bytes == 300
+    assert merged.visits == 2
+    assert merged.wall_s == pytest.approx(2.0)
+    assert merge_measurements(merged, ok(0.1)).visits == 3
+
+
+def test_a_failed_visit_fails_the_config_and_says_which_visit() -> None:
+    failed = Measurement(status="oom", reason="out of memory", wall_s=1.0)
+    merged = merge_measurements(ok(0.1), failed)
+    assert merged.status == "oom"
+    assert not merged.ok
+    assert merged.reason == "visit 2: out of memory (earlier visits measured 10,000 tok/s)"
+    assert merge_measurements(failed, ok(0.1)).status == "oom"
+
+
+def test_contenders_are_the_configs_within_the_margin_fastest_first() -> None:
+    failed = Measurement(status="error", reason="x")
+    measured = [ok(0.105), ok(0.1), ok(0.2), failed, ok(0.1 / (1 - TIE_MARGIN) - 1e-9)]
+    assert contenders(measured) == [1, 0, 4]
+    assert contenders([failed]) == []
+    assert contenders(measured, margin=0.0) == [1]
+
+
+def test_a_config_fast_on_one_visit_only_loses_to_a_steady_one() -> None:
+    """mb 8 is fastest on its first visit (a quiet moment) but slower on the next two; mb 4 is
+    steady. Pooled over three visits mb 4 is the faster; mb 2, clearly slower, is visited once."""
+    local = Scripted(
+        {
+            8: [ok(0.095), ok(0.115), ok(0.12)],
+            4: [ok(0.1), ok(0.1), ok(0.1)],
+            2: [ok(0.2)],
+        }
+    )
+    configs = [config(8), config(4), config(2)]
+    results = validate_rounds(configs, [prediction()] * 3, [local], rounds=3)
+    assert [m.visits for m in results] == [3, 3, 1]
+    best = max(range(3), key=lambda i: results[i].tokens_per_s or 0.0)
+    assert configs[best].micro_batch_size == 4
+    assert results[0].step_time_s == pytest.approx(0.115)
+    # each round in the reverse order of the one before
+    assert local.calls == [[8, 4, 2], [4, 8], [8, 4]]
+
+
+def test_rounds_alternate_the_validators_order() -> None:
+    """Single-device and distributed contenders: the validator measured second in one round is
+    measured first in the next."""
+    order: list[str] = []
+
+    class Logged(Scripted):
+        def validate(
+            self, configs: Sequence[TrainConfig], predictions: Sequence[Prediction]
+        ) -> list[Measurement]:
+            order.append(self.kind)
+            return super().validate(configs, predictions)
+
+    local = Logged({8: [ok(0.1)] * 3}, kind="single")
+    launcher = Logged({4: [ok(0.101)] * 3}, kind="ddp")
+    validate_rounds([config(8), config(4, "ddp")], [prediction()] * 2, [local, launcher])
+    assert order == ["single", "ddp", "ddp", "single", "single", "ddp"]
+
+
+def test_one_clear_winner_is_not_measured_again() -> None:
+    local = Scripted({8: [ok(0.1)], 4: [ok(0.2)]})
+    results = validate_rounds([config(8), config(4)], [prediction()] * 2, [local], rounds=3)
+    assert local.calls == [[8, 4]]
+    assert [m.visits for m in results] == [1, 1]
+
+
+def test_one_round_visits_each_config_once() -> None:
+    local = Scripted({8: [ok(0.1)], 4: [ok(0.1)]})
+    results = validate_rounds([config(8), config(4)], [prediction()] * 2, [local], rounds=1)
+    assert local.calls == [[8, 4]]
+    assert all(m.visits == 1 for m in results)
+    with pytest.raises(ValueError, match="at least 1"):
+        validate_rounds([config(8)], [prediction()], [local], rounds=0)
+
+
+def test_a_config_failing_on_a_later_visit_drops_out() -> None:
+    oom = Measurement(status="oom", reason="out of memory")
+    local = Scripted({8: [ok(0.09), oom], 4: [ok(0.1), ok(0.1), ok(0.1)]})
+    results = validate_rounds([config(8), config(4)], [prediction()] * 2, [local], rounds=3)
+    assert results[0].status == "oom"
+    assert results[0].reason.startswith("visit 2: out of memory")
+    # the round after the failure has a single contender left: nothing more is measured
+    assert local.calls == [[8, 4], [4, 8]]
+    assert results[1].visits == 2
+
+
+def test_route_records_why_no_validator_took_a_config() -> None:
+    local = Scripted({8: [ok(0.1)]})
+    results = route([config(8), config(4, "fsdp")], [prediction()] * 2, [local])
+    assert results[0].ok
+    assert results[1].status == "not_validated"
+    assert results[1].reason == "not single"
