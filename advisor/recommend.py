@@ -143,9 +143,10 @@ def recommend(
     ``storage``: an Optuna RDB URL; default ``sqlite:///OUT/study.db`` (``out`` is then
     required). Re-running the same call resumes the study. ``validate_top_k``: how many of
     the best predicted candidates to measure (0: none); the baseline is measured too when it
-    fits. ``validation_rounds``: how many times the close contenders (within
-    advisor.validation.TIE_MARGIN of the fastest) are measured, at different moments, before
-    the fastest wins (1: every finalist once). ``validators``: default
+    fits, and the best of a layout the top K left out when it is close
+    (strategies.plan.top_candidates). ``validation_rounds``: how many times the close
+    contenders (within advisor.validation.TIE_MARGIN of the fastest) are measured, at
+    different moments, before the fastest wins (1: every finalist once). ``validators``: default
     :func:`default_validators`. With ``out`` the plan is saved there (plan.json, trials.csv).
     Raises strategies' errors (NothingFits ...) and UsageProblem for bad input.
     """

@@ -79,14 +79,15 @@ def budget_option(f: Any) -> Any:
     type=NON_NEGATIVE,
     default=3,
     show_default=True,
-    help="Measure the K best predicted configs (and the baseline) with short real runs.",
+    help="Measure the K best predicted configs with short real runs (and the baseline, and "
+    "the best of a layout missing from them within 15% of the best prediction).",
 )
 @click.option(
     "--validate-rounds",
     type=POSITIVE,
     default=3,
     show_default=True,
-    help="Measure configs within 10% of the fastest up to N times, at different moments, "
+    help="Measure configs within 15% of the fastest up to N times, at different moments, "
     "before the fastest wins (1: each finalist once).",
 )
 @click.option(
