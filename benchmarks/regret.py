@@ -78,6 +78,9 @@ REPO = Path(__file__).resolve().parents[1]
 DEFAULT_PREFIX = REPO / "benchmarks" / "results" / "regret"
 THROUGHPUT_TARGET = 0.97  # advised measured tokens/s over the grid's best
 WALL_TARGET = 0.10  # advisor wall time (profile + recommend) over the grid's
+# Refinement visits are logged as rounds 1000, 1001 ... so that a resume with more --rounds
+# never mistakes one for a grid round's visit.
+REFINE_ROUND_BASE = 1000
 DEFAULT_MODELS = ("gpt-tiny", "llama-tiny")
 QUICK_MODEL_ARGS = {"n_layer": 2, "n_embd": 64, "n_head": 2}
 LAYOUTS = ("single", "ddp", "fsdp")
@@ -587,7 +590,7 @@ def pooled_tokens_per_s(
     for u in units:
         if u["status"] != "ok" or not u.get("step_s"):
             continue
-        if grid_only and u["round"] >= settings.rounds:
+        if grid_only and u.get("refine"):
             continue
         samples.setdefault(u["key"], []).extend(u["step_s"])
     tokens = settings.global_batch_size * settings.seq_len
@@ -621,8 +624,8 @@ def run_refinement(
     on_unit: Callable[[], None],
     advised: str | None,
 ) -> None:
-    """``refine_rounds`` more visits of the configs near the best (rounds numbered after the
-    grid's): one round's visit reads the host's moment as much as the config (the grid's own
+    """``refine_rounds`` more visits of the configs near the best (rounds REFINE_ROUND_BASE
+    and up): one round's visit reads the host's moment as much as the config (the grid's own
     three rounds each put a different config first), and a target of 3% needs a reference
     tighter than that. Wall time is reported apart from the grid's: an exhaustive search would
     not include it."""
@@ -637,7 +640,7 @@ def run_refinement(
         f"grid's best (or advised) x {settings.refine_rounds} more visits"
     )
     for k in range(settings.refine_rounds):
-        r = settings.rounds + k
+        r = REFINE_ROUND_BASE + k
         for i, c in enumerate(round_order(chosen, r, settings.seed)):
             if log.done(model, r, c.key):
                 continue
@@ -831,14 +834,14 @@ def summarize(
         if advised is not None and advised["key"] in grid_tps and grid_best
         else None
     )
-    refined = [u for u in units if u["round"] >= settings.rounds]
+    refined = [u for u in units if u.get("refine")]
     out["refined_configs"] = sorted({u["key"] for u in refined})
     out["refine_wall_s"] = sum(u["wall_s"] for u in refined)
     # Grid wall = every visit from spawn to reap (start-up, memory pass, warm-up, timed steps,
     # teardown): what measuring the space costs, whatever runs were interrupted and resumed.
     rounds: dict[int, float] = {}
     for u in units:
-        if u["round"] < settings.rounds:  # refinement visits are not part of the search's cost
+        if not u.get("refine"):  # refinement visits are not part of the search's cost
             rounds[u["round"]] = rounds.get(u["round"], 0.0) + u["wall_s"]
     grid_s = sum(rounds.values())
     out["grid_wall_s"] = grid_s
