@@ -192,9 +192,12 @@ def _timing_child(
     t_small = time_steps(workload, small, device, warmup=1, repeats=1).median_step_s
     left = budget_s - (time.perf_counter() - started)
     b1 = small.micro_batch_size
+    # On a multi-thread CPU, room for the half-thread steps of the larger size below (three
+    # steps, up to twice as long each).
+    split_steps = 6 if not device.startswith("cuda") and torch.get_num_threads() > 1 else 0
 
     def cost(b2: int, rounds: int) -> float:  # linear in b: an upper bound on CPU and GPU
-        return (1 + rounds) * t_small * (1 + b2 / b1)
+        return (1 + rounds) * t_small * (1 + b2 / b1) + split_steps * t_small * b2 / b1
 
     b2, rounds = 2 * b1, 1  # the minimum: two sizes, one timed step each
     for candidate_rounds in (3, 2, 1):
@@ -205,19 +208,32 @@ def _timing_child(
     specs = [small, dataclasses.replace(small, micro_batch_size=b2)]
     timings = measure_interleaved(workload, specs, device, rounds=rounds, warmup=1)
     threads = torch.get_num_threads()
-    large = timings[-1]
     left = budget_s - (time.perf_counter() - started)
-    if not device.startswith("cuda") and threads > 1 and left > 6 * large.median_step_s:
+    again = _split_target([t.median_step_s for t in timings], left)
+    if not device.startswith("cuda") and threads > 1 and again is not None:
         # CPU ranks split the cores (the launcher gives each cores // ranks threads), and a
         # step does not run twice as long on half the threads (fp16 kernels here barely use a
-        # second one). Time the larger size once more on half of them: the cost model scales
-        # a rank's compute by what this measures instead of assuming perfect scaling.
+        # second one). Time a size once more on half of them: the cost model scales a rank's
+        # compute by what this measures instead of assuming perfect scaling.
         torch.set_num_threads(threads // 2)
         try:
-            timings.append(time_steps(workload, specs[1], device, warmup=1, repeats=2))
+            timings.append(time_steps(workload, specs[again], device, warmup=1, repeats=2))
         finally:
             torch.set_num_threads(threads)
     return [t.to_dict() for t in timings]
+
+
+def _split_target(step_s: Sequence[float], left_s: float) -> int | None:
+    """Which timed size (index into ``step_s``, the sizes' median step times, smallest size
+    first) to time again on half the threads: the largest whose three more steps (one warm-up,
+    two timed, each up to twice as long there) fit in ``left_s``, else None. The larger size's ratio is preferred
+    (more work per op, the ratio a rank's big micro-batches see); the smaller one's still beats
+    no measurement: fp16 on a CPU is 10-20x slower than fp32, and its larger size rarely fits,
+    which left its ddp predictions assuming perfect thread scaling (+90% step time)."""
+    for i in reversed(range(len(step_s))):
+        if left_s > 6 * step_s[i]:
+            return i
+    return None
 
 
 def _doublings(start: int, limit: int) -> list[int]:

@@ -25,6 +25,7 @@ from profilers.fit import AffineFit
 from profilers.flops import FlopCount
 from profilers.memory_model import MemoryModel
 from profilers.profile_record import Fits, Profile
+from profilers.throughput import TimeModel
 from profilers.workload import ModelFacts
 from strategies.config import TrainConfig
 from strategies.errors import Unpredictable
@@ -152,8 +153,10 @@ class ComputeTime:
     optimizer_s: float  # one optimizer step over the whole (unsharded) model
     source: str
     parallel_measured: bool = False
-    # CPU: a rank's time on its share of the threads over the measured all-thread time.
+    # CPU: a rank's time on its share of the threads over the measured all-thread time, and
+    # where it was measured when not in this candidate's own group ("" = its own).
     rank_slowdown: float | None = None
+    rank_slowdown_from: str = ""
 
 
 class TimeSource(Protocol):
@@ -223,21 +226,25 @@ class MeasuredTime:
                 )
         model = self.fits.time_model(c.precision, c.activation_checkpointing)
         if model is not None:
+            slowdown, slowdown_from = self._rank_slowdown(model, c.world_size)
             return ComputeTime(
                 forward_backward_s=affine_seconds(model.forward_backward, c.micro_batch_size),
                 optimizer_s=model.optimizer_s,
                 source="measured single-device fit",
-                rank_slowdown=model.rank_slowdown(c.world_size),
+                rank_slowdown=slowdown,
+                rank_slowdown_from=slowdown_from,
             )
         base = self.fits.time_model(c.precision, "none")
         counted = self.flops.flops_per_token if self.flops else {}
         if base is not None and counted.get("none") and counted.get(c.activation_checkpointing):
             ratio = counted[c.activation_checkpointing] / counted["none"]
             plain = affine_seconds(base.forward_backward, c.micro_batch_size)
+            slowdown, slowdown_from = self._rank_slowdown(base, c.world_size)
             return ComputeTime(
                 forward_backward_s=ratio * plain,
                 optimizer_s=base.optimizer_s,
-                rank_slowdown=base.rank_slowdown(c.world_size),
+                rank_slowdown=slowdown,
+                rank_slowdown_from=slowdown_from,
                 source=(
                     f"derived: the {c.precision}/none fit × {ratio:.3f}, the counted FLOPs ratio "
                     f"of {c.activation_checkpointing} checkpointing (recompute)"
@@ -248,6 +255,28 @@ class MeasuredTime:
             f"{c.activation_checkpointing} checkpointing: re-run 'advisor profile' so it times "
             "this precision"
         )
+
+    def _rank_slowdown(self, model: TimeModel, world_size: int) -> tuple[float | None, str]:
+        """(a CPU rank's slowdown on its share of the threads, where it was measured).
+
+        The group's own measurement, else the same precision's with the other checkpointing:
+        how far a step gains from more threads is a property of the precision's kernels (on
+        this 2-vCPU host fp32 1.5-1.8, bf16 1.5-1.7 for both checkpointing settings, fp16 1.1),
+        and the probe's budget often leaves the slow fp16 groups room for only one of them.
+        """
+        own = model.rank_slowdown(world_size)
+        if own is not None:
+            return own, ""
+        for other in self.fits.time:
+            if (
+                other.precision == model.precision
+                and other.parallelism == "single"
+                and other.activation_checkpointing != model.activation_checkpointing
+            ):
+                borrowed = other.rank_slowdown(world_size)
+                if borrowed is not None:
+                    return borrowed, f"{other.precision}/{other.activation_checkpointing}"
+        return None, ""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -603,10 +632,15 @@ class CostModel:
             # that many. Threads do not scale perfectly (fp16 kernels on a CPU hardly at all),
             # so this beats "× world", which assumes they do.
             scale = compute.rank_slowdown
+            where = (
+                f" (for {compute.rank_slowdown_from}: this group's was not timed)"
+                if compute.rank_slowdown_from
+                else ""
+            )
             assumptions.append(
                 f"CPU host: each of the {world} ranks runs on its 1/{world} share of the "
                 f"threads; its compute is the single-process time × {scale:.2f}, measured at "
-                "that thread count"
+                f"that thread count{where}"
             )
         elif shared:
             assumptions.append(

@@ -288,6 +288,16 @@ def test_a_group_cut_short_by_the_budget_is_a_skipped_fit_and_a_broken_one_an_er
     assert by_name["fp16/none"].reason == "ValueError: cannot fit this"
 
 
+def test_the_half_thread_timing_takes_the_largest_size_whose_steps_fit() -> None:
+    from profilers.profiler import _split_target
+
+    # three more steps at up to twice the time each: 6x a step must fit in what is left
+    assert _split_target([0.1, 0.4], left_s=3.0) == 1
+    assert _split_target([0.1, 0.4], left_s=2.0) == 0  # the larger does not fit: the smaller
+    assert _split_target([0.1, 0.4], left_s=0.5) is None
+    assert _split_target([], left_s=10.0) is None
+
+
 def test_timing_child_also_times_the_larger_size_on_half_the_cpu_threads() -> None:
     import torch
 

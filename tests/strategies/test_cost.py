@@ -368,3 +368,24 @@ def test_cpu_ranks_use_the_measured_split_thread_ratio_where_it_applies() -> Non
     two = model.predict(cand(micro=2)).breakdown["time"]
     assert four["time"]["forward_backward_s"] == pytest.approx(4 * two["forward_backward_s"])
     assert any("share the host's cores" in a for a in four["assumptions"])
+
+
+def test_a_group_without_its_own_split_borrows_its_precisions_other_checkpointing() -> None:
+    """fp32/none timed on half the threads (1.6x), fp32/full not: fp32/full ranks use 1.6x and
+    say where it came from; a precision with no split at all keeps x world size."""
+    timed = time_model("fp32", "none", split=(2, 1, 1.6))
+    untimed = time_model("fp32", "full", split=(2, 0, None))
+    other = time_model("bf16", "full", split=(2, 0, None))
+    profile = hand_profile(precisions=("fp32", "bf16"), checkpointing=("none", "full"))
+    fits = dataclasses.replace(profile.fits, time=(timed, untimed, other))
+    model = cost_model_from_profile(dataclasses.replace(profile, fits=fits), 0.9)
+    single = model.predict(cand(micro=4, ckpt="full")).breakdown["time"]
+    ddp = model.predict(cand(micro=4, ckpt="full", parallelism="ddp", world=2)).breakdown
+    assert ddp["time"]["forward_backward_s"] == pytest.approx(1.6 * single["forward_backward_s"])
+    assert any("(for fp32/none: this group's was not timed)" in a for a in ddp["assumptions"])
+    bf16 = model.predict(cand(micro=4, precision="bf16", ckpt="full")).breakdown["time"]
+    bf16_ddp = model.predict(
+        cand(micro=4, precision="bf16", ckpt="full", parallelism="ddp", world=2)
+    ).breakdown
+    assert bf16_ddp["time"]["forward_backward_s"] == pytest.approx(2 * bf16["forward_backward_s"])
+    assert any("share the host's cores" in a for a in bf16_ddp["assumptions"])
