@@ -193,15 +193,17 @@ def _timing_child(
     left = budget_s - (time.perf_counter() - started)
     b1 = small.micro_batch_size
     # On a multi-thread CPU, room for the half-thread steps of the larger size below (three
-    # steps, up to twice as long each).
+    # steps, up to twice as long each): planned for, but after two timed rounds per size.
     split_steps = 6 if not device.startswith("cuda") and torch.get_num_threads() > 1 else 0
 
-    def cost(b2: int, rounds: int) -> float:  # linear in b: an upper bound on CPU and GPU
-        return (1 + rounds) * t_small * (1 + b2 / b1) + split_steps * t_small * b2 / b1
+    def cost(b2: int, rounds: int, reserve: int) -> float:  # linear in b: an upper bound
+        return (1 + rounds) * t_small * (1 + b2 / b1) + reserve * t_small * b2 / b1
 
+    plans = [(3, split_steps), (2, split_steps), (3, 0), (2, 0), (1, split_steps), (1, 0)]
     b2, rounds = 2 * b1, 1  # the minimum: two sizes, one timed step each
-    for candidate_rounds in (3, 2, 1):
-        fitting = [b for b in _doublings(2 * b1, max_micro) if cost(b, candidate_rounds) <= left]
+    for candidate_rounds, reserve in plans:
+        doublings = _doublings(2 * b1, max_micro)
+        fitting = [b for b in doublings if cost(b, candidate_rounds, reserve) <= left]
         if fitting:
             b2, rounds = fitting[-1], candidate_rounds
             break
@@ -226,10 +228,11 @@ def _timing_child(
 def _split_target(step_s: Sequence[float], left_s: float) -> int | None:
     """Which timed size (index into ``step_s``, the sizes' median step times, smallest size
     first) to time again on half the threads: the largest whose three more steps (one warm-up,
-    two timed, each up to twice as long there) fit in ``left_s``, else None. The larger size's ratio is preferred
-    (more work per op, the ratio a rank's big micro-batches see); the smaller one's still beats
-    no measurement: fp16 on a CPU is 10-20x slower than fp32, and its larger size rarely fits,
-    which left its ddp predictions assuming perfect thread scaling (+90% step time)."""
+    two timed, each up to twice as long there) fit in ``left_s``, else None. The larger size's
+    ratio is preferred (more work per op, the ratio a rank's big micro-batches see); the
+    smaller one's still beats no measurement: fp16 on a CPU is 10-20x slower than fp32, and
+    its larger size rarely fits, which left its ddp predictions assuming perfect thread
+    scaling (+90% step time)."""
     for i in reversed(range(len(step_s))):
         if left_s > 6 * step_s[i]:
             return i
