@@ -114,3 +114,36 @@ def explicit_config(params: Mapping[str, Any]) -> dict[str, Any]:
     if params.get("model_arg"):
         out["model_args"] = parse_model_args(params["model_arg"])
     return out
+
+
+def budget_option(f: F) -> F:
+    """--memory-budget (recommend, predict, run)."""
+    return click.option(
+        "--memory-budget",
+        type=click.FloatRange(min=0, max=1, min_open=True),
+        default=0.9,
+        show_default=True,
+        help="Fraction of device memory (CPU: of the RAM available when profiled) a plan may use.",
+    )(f)
+
+
+def validation_options(f: F) -> F:
+    """--validate-top / --validate-rounds (recommend, run): what is measured for real, and how
+    often (advisor.recommend.DEFAULT_VALIDATE_TOP_K, advisor.validation.TIE_MARGIN and
+    DEFAULT_VALIDATE_ROUNDS, strategies.plan.LAYOUT_MARGIN)."""
+    f = click.option(
+        "--validate-rounds",
+        type=POSITIVE,
+        default=3,
+        show_default=True,
+        help="Measure configs within 15% of the fastest up to N times, at different moments, "
+        "before the fastest wins (1: each finalist once).",
+    )(f)
+    return click.option(
+        "--validate-top",
+        type=NON_NEGATIVE,
+        default=3,
+        show_default=True,
+        help="Measure the K best predicted configs with short real runs (and the baseline, and "
+        "the best of a layout missing from them within 15% of the best prediction).",
+    )(f)

@@ -8,8 +8,8 @@ from typing import Any
 
 import click
 
-from advisor.cli.options import config_options, explicit_config
-from advisor.cli.recommend import budget_option, whatif_options
+from advisor.cli.options import budget_option, config_options, explicit_config
+from advisor.cli.recommend import whatif_options
 
 
 @click.command()

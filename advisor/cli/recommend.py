@@ -7,7 +7,7 @@ from typing import Any
 
 import click
 
-from advisor.cli.options import NON_NEGATIVE, POSITIVE
+from advisor.cli.options import POSITIVE, budget_option, validation_options
 
 GiB = 2**30
 
@@ -34,16 +34,6 @@ def whatif_options(f: Any) -> Any:
         "a100-80gb) instead of the profiled one; results are labelled estimates.",
     )(f)
     return f
-
-
-def budget_option(f: Any) -> Any:
-    return click.option(
-        "--memory-budget",
-        type=click.FloatRange(min=0, max=1, min_open=True),
-        default=0.9,
-        show_default=True,
-        help="Fraction of device memory (CPU: of the RAM available when profiled) a plan may use.",
-    )(f)
 
 
 @click.command()
@@ -74,22 +64,7 @@ def budget_option(f: Any) -> Any:
     default=None,
     help="Trial budget of a sampled search (default 128); smaller spaces are enumerated.",
 )
-@click.option(
-    "--validate-top",
-    type=NON_NEGATIVE,
-    default=3,
-    show_default=True,
-    help="Measure the K best predicted configs with short real runs (and the baseline, and "
-    "the best of a layout missing from them within 15% of the best prediction).",
-)
-@click.option(
-    "--validate-rounds",
-    type=POSITIVE,
-    default=3,
-    show_default=True,
-    help="Measure configs within 15% of the fastest up to N times, at different moments, "
-    "before the fastest wins (1: each finalist once).",
-)
+@validation_options
 @click.option(
     "--storage",
     default=None,

@@ -11,7 +11,14 @@ from typing import Any
 
 import click
 
-from advisor.cli.options import NON_NEGATIVE, POSITIVE, PRECISIONS, model_options
+from advisor.cli.options import (
+    NON_NEGATIVE,
+    POSITIVE,
+    PRECISIONS,
+    budget_option,
+    model_options,
+    validation_options,
+)
 from advisor.cli.progress import budget_progress
 from advisor.cli.train import default_out
 from advisor.run import DEFAULT_BUDGET_S, DEFAULT_GLOBAL_BATCH_SIZE, DEFAULT_STEPS
@@ -108,13 +115,7 @@ class CliRunProgress:
     help="Consider only these precisions (repeatable; default: all the device runs).",
 )
 @click.option("--no-comm", is_flag=True, help="Skip the communication probe.")
-@click.option(
-    "--memory-budget",
-    type=click.FloatRange(min=0, max=1, min_open=True),
-    default=0.9,
-    show_default=True,
-    help="Fraction of device memory (CPU: of the RAM available when profiled) a plan may use.",
-)
+@budget_option
 @click.option(
     "--world-size",
     type=POSITIVE,
@@ -124,22 +125,7 @@ class CliRunProgress:
 @click.option(
     "--trials", type=POSITIVE, default=None, help="Trial budget of a sampled search (default 128)."
 )
-@click.option(
-    "--validate-top",
-    type=NON_NEGATIVE,
-    default=3,
-    show_default=True,
-    help="Measure the K best predicted configs with short real runs (and the baseline, and "
-    "the best of a layout missing from them within 15% of the best prediction).",
-)
-@click.option(
-    "--validate-rounds",
-    type=POSITIVE,
-    default=3,
-    show_default=True,
-    help="Measure configs within 15% of the fastest up to N times, at different moments, "
-    "before the fastest wins (1: each finalist once).",
-)
+@validation_options
 @click.option(
     "--storage", default=None, help="Optuna storage URL (default sqlite:///OUT/study.db)."
 )

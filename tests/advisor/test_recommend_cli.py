@@ -221,3 +221,19 @@ def test_recommend_validates_the_top_candidates_for_real(tmp_path: Path) -> None
             assert v["measured"]["peak_memory_bytes"] > 0
             assert v["time_error"] is not None
     assert plan["baseline"]["measured"] is not None
+
+
+def test_validation_flags_default_to_the_library_and_state_its_margins() -> None:
+    """The CLI's literals (kept out of the import path of a thin CLI) match the library's."""
+    from advisor.cli import recommend as recommend_cli
+    from advisor.cli import run as run_cli
+    from advisor.recommend import DEFAULT_VALIDATE_TOP_K
+    from advisor.validation import DEFAULT_VALIDATE_ROUNDS, TIE_MARGIN
+    from strategies.plan import LAYOUT_MARGIN
+
+    for command in (recommend_cli.recommend, run_cli.run):
+        options = {p.name: p for p in command.params}
+        assert options["validate_top"].default == DEFAULT_VALIDATE_TOP_K
+        assert options["validate_rounds"].default == DEFAULT_VALIDATE_ROUNDS
+        assert f"within {TIE_MARGIN:.0%} of the fastest" in (options["validate_rounds"].help or "")
+        assert f"within {LAYOUT_MARGIN:.0%} of the best" in (options["validate_top"].help or "")
