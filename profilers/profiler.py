@@ -192,27 +192,28 @@ def _timing_child(
     t_small = time_steps(workload, small, device, warmup=1, repeats=1).median_step_s
     left = budget_s - (time.perf_counter() - started)
     b1 = small.micro_batch_size
-    # On a multi-thread CPU, room for the half-thread steps of the larger size below (three
-    # steps, up to twice as long each): planned for, but after two timed rounds per size.
-    split_steps = 6 if not device.startswith("cuda") and torch.get_num_threads() > 1 else 0
+    threads = torch.get_num_threads()
+    split = not device.startswith("cuda") and threads > 1
+    # On a multi-thread CPU, room for the half-thread steps of the larger size below: planned
+    # for, but after two timed rounds per size.
+    reserve = _SPLIT_COST_STEPS if split else 0
 
     def cost(b2: int, rounds: int, reserve: int) -> float:  # linear in b: an upper bound
         return (1 + rounds) * t_small * (1 + b2 / b1) + reserve * t_small * b2 / b1
 
-    plans = [(3, split_steps), (2, split_steps), (3, 0), (2, 0), (1, split_steps), (1, 0)]
+    plans = [(3, reserve), (2, reserve), (3, 0), (2, 0), (1, reserve), (1, 0)]
+    doublings = _doublings(2 * b1, max_micro)
     b2, rounds = 2 * b1, 1  # the minimum: two sizes, one timed step each
-    for candidate_rounds, reserve in plans:
-        doublings = _doublings(2 * b1, max_micro)
-        fitting = [b for b in doublings if cost(b, candidate_rounds, reserve) <= left]
+    for candidate_rounds, candidate_reserve in plans:
+        fitting = [b for b in doublings if cost(b, candidate_rounds, candidate_reserve) <= left]
         if fitting:
             b2, rounds = fitting[-1], candidate_rounds
             break
     specs = [small, dataclasses.replace(small, micro_batch_size=b2)]
     timings = measure_interleaved(workload, specs, device, rounds=rounds, warmup=1)
-    threads = torch.get_num_threads()
     left = budget_s - (time.perf_counter() - started)
-    again = _split_target([t.median_step_s for t in timings], left)
-    if not device.startswith("cuda") and threads > 1 and again is not None:
+    again = _split_target([t.median_step_s for t in timings], left) if split else None
+    if again is not None:
         # CPU ranks split the cores (the launcher gives each cores // ranks threads), and a
         # step does not run twice as long on half the threads (fp16 kernels here barely use a
         # second one). Time a size once more on half of them: the cost model scales a rank's
@@ -225,6 +226,11 @@ def _timing_child(
     return [t.to_dict() for t in timings]
 
 
+# The half-thread timing's cost in steps of the full-thread time: one warm-up and two timed
+# steps, each up to twice as long on half the threads.
+_SPLIT_COST_STEPS = 6
+
+
 def _split_target(step_s: Sequence[float], left_s: float) -> int | None:
     """Which timed size (index into ``step_s``, the sizes' median step times, smallest size
     first) to time again on half the threads: the largest whose three more steps (one warm-up,
@@ -234,7 +240,7 @@ def _split_target(step_s: Sequence[float], left_s: float) -> int | None:
     its larger size rarely fits, which left its ddp predictions assuming perfect thread
     scaling (+90% step time)."""
     for i in reversed(range(len(step_s))):
-        if left_s > 6 * step_s[i]:
+        if left_s > _SPLIT_COST_STEPS * step_s[i]:
             return i
     return None
 
