@@ -559,26 +559,43 @@ def run_grid(
         for i, c in enumerate(round_order(candidates, r, settings.seed)):
             if log.done(model, r, c.key):
                 continue
-            units = log.of(model)
             with_memory = c.parallelism == "single" and not any(
-                u["key"] == c.key and u.get("peak_memory_bytes") is not None for u in units
+                u["key"] == c.key and u.get("peak_memory_bytes") is not None for u in log.of(model)
             )
-            estimate, source = (None, "")
-            if c.parallelism != "single":
-                estimate, source = estimate_step_s(c, units)
-            unit = visit(
-                model,
-                c,
-                c.apply(base),
-                r,
-                with_memory=with_memory,
-                estimate_s=estimate,
-                settings=settings,
-            )
-            unit["estimate_source"] = source
-            log.append(unit)
+            unit = _logged_visit(model, c, base, r, log, with_memory=with_memory, settings=settings)
             _say(f"[{model} round {r + 1}/{settings.rounds} {i + 1}/{total}] {_unit_line(unit)}")
             on_unit()
+
+
+def _logged_visit(
+    model: str,
+    candidate: Candidate,
+    base: TrainConfig,
+    round_index: int,
+    log: WorkLog,
+    *,
+    with_memory: bool,
+    settings: Settings,
+    refine: bool = False,
+) -> dict[str, Any]:
+    """One visit (a distributed one sized from the log's earlier visits), appended to the log."""
+    estimate, source = (None, "")
+    if candidate.parallelism != "single":
+        estimate, source = estimate_step_s(candidate, log.of(model))
+    unit = visit(
+        model,
+        candidate,
+        candidate.apply(base),
+        round_index,
+        with_memory=with_memory,
+        estimate_s=estimate,
+        settings=settings,
+    )
+    unit["estimate_source"] = source
+    if refine:
+        unit["refine"] = True
+    log.append(unit)
+    return unit
 
 
 def pooled_tokens_per_s(
@@ -644,16 +661,9 @@ def run_refinement(
         for i, c in enumerate(round_order(chosen, r, settings.seed)):
             if log.done(model, r, c.key):
                 continue
-            estimate, source = (None, "")
-            if c.parallelism != "single":
-                estimate, source = estimate_step_s(c, log.of(model))
-            unit = visit(
-                model, c, c.apply(base), r, with_memory=False, estimate_s=estimate,
-                settings=settings,
-            )  # fmt: skip
-            unit["estimate_source"] = source
-            unit["refine"] = True
-            log.append(unit)
+            unit = _logged_visit(
+                model, c, base, r, log, with_memory=False, settings=settings, refine=True
+            )
             _say(
                 f"[{model} refine {k + 1}/{settings.refine_rounds} {i + 1}/{len(chosen)}] "
                 f"{_unit_line(unit)}"
