@@ -9,19 +9,21 @@ from typing import Any
 
 from advisor import __version__
 from advisor.errors import UsageProblem
+from profilers.defaults import DEFAULT_PROFILE_BUDGET_S
 from profilers.profile_record import Profile
 from profilers.profiler import Progress
+from strategies.config import DEFAULT_DATA, DEFAULT_MODEL, DEFAULT_SEQ_LEN
 
 
 @dataclass(frozen=True, kw_only=True)
 class ProfileRequest:
-    model: str = "gpt-tiny"
+    model: str = DEFAULT_MODEL
     model_args: Mapping[str, Any] = field(default_factory=dict)
-    data: str = "stdlib"
+    data: str = DEFAULT_DATA
     tokenizer: str | None = None
-    seq_len: int = 128
+    seq_len: int = DEFAULT_SEQ_LEN
     device: str = "auto"
-    budget_s: float = 120.0
+    budget_s: float = DEFAULT_PROFILE_BUDGET_S
     precisions: tuple[str, ...] | None = None
     comm: bool = True
 

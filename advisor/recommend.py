@@ -19,21 +19,20 @@ from typing import Any
 
 from advisor.errors import UsageProblem
 from advisor.validation import (
-    DEFAULT_VALIDATE_ROUNDS,
     LauncherValidator,
     LocalValidator,
     Validator,
     validate_rounds,
 )
 from profilers.profile_record import Profile, load_profile
+from profilers.rundir import profile_path
+from strategies.budgets import DEFAULT_VALIDATE_ROUNDS, DEFAULT_VALIDATE_TOP_K
 from strategies.config import ConfigError, TrainConfig
 from strategies.cost import CostModel, cost_model_from_profile
 from strategies.plan import Measurement, Plan, decide, naive_baseline, top_candidates
 from strategies.search import default_storage, run_search, study_name_for
 from strategies.space import SearchRequest, build_space
 from strategies.whatif import resolve_target, whatif_cost_model
-
-DEFAULT_VALIDATE_TOP_K = 3
 
 
 def read_profile(profile: str | Path | Profile) -> Profile:
@@ -50,9 +49,7 @@ def profile_digest(profile: str | Path | Profile) -> str:
     """Identity of a profile's content: a re-profiled device gets a new study, the same file
     the same study (its bytes, so that a newer advisor reading it differently still resumes)."""
     if not isinstance(profile, Profile):
-        path = Path(profile)
-        path = path / "profile.json" if path.is_dir() else path
-        return hashlib.sha256(path.read_bytes()).hexdigest()
+        return hashlib.sha256(profile_path(profile).read_bytes()).hexdigest()
     text = json.dumps(profile.to_dict(), sort_keys=True, default=str)
     return hashlib.sha256(text.encode()).hexdigest()
 

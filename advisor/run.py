@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import time
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import asdict, dataclass, field
@@ -23,63 +24,71 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from advisor.errors import UsageProblem
-
-# Defaults of a run with no arguments: gpt-tiny on the embedded corpus finishes in about ten
-# minutes on 2 CPU cores (measured: README "advisor run").
-DEFAULT_BUDGET_S = 120.0
-DEFAULT_GLOBAL_BATCH_SIZE = 8
-DEFAULT_STEPS = 300
-STAGES = ("profile", "recommend", "train", "report")
-WORKLOAD_KEYS = ("model", "model_args", "data", "tokenizer", "seq_len")
-# TrainConfig keys a run passes through unchanged to the plan (the search never turns them).
-CONFIG_OVERRIDE_KEYS = ("lr", "min_lr", "warmup_steps", "weight_decay", "grad_clip", "seed")
+from advisor.trainer.options import (
+    DEFAULT_EVAL_BATCHES,
+    DEFAULT_KEEP_CHECKPOINTS,
+    RunOptions,
+    run_steps,
+)
+from profilers.defaults import DEFAULT_MEMORY_BUDGET, DEFAULT_PROFILE_BUDGET_S
+from profilers.rundir import RunDir
+from strategies.budgets import DEFAULT_VALIDATE_ROUNDS, DEFAULT_VALIDATE_TOP_K
+from strategies.commands import Command
+from strategies.config import (
+    DEFAULT_DATA,
+    DEFAULT_GLOBAL_BATCH_SIZE,
+    DEFAULT_MODEL,
+    DEFAULT_SEQ_LEN,
+    HYPERPARAMETER_KEYS,
+    WORKLOAD_KEYS,
+)
 
 
 @dataclass(frozen=True, kw_only=True)
 class RunRequest:
     """Everything ``advisor run`` was asked; each field mirrors a flag of one of the steps."""
 
-    model: str = "gpt-tiny"
+    model: str = DEFAULT_MODEL
     model_args: Mapping[str, Any] = field(default_factory=dict)
-    data: str = "stdlib"
+    data: str = DEFAULT_DATA
     tokenizer: str | None = None
-    seq_len: int = 128
+    seq_len: int = DEFAULT_SEQ_LEN
     global_batch_size: int = DEFAULT_GLOBAL_BATCH_SIZE
     steps: int | None = None  # None with tokens None: DEFAULT_STEPS
     tokens: int | None = None
     device: str = "auto"
     # profile
-    budget_s: float = DEFAULT_BUDGET_S
+    budget_s: float = DEFAULT_PROFILE_BUDGET_S
     precisions: tuple[str, ...] | None = None
     comm: bool = True
     # recommend
-    memory_budget: float = 0.9
+    memory_budget: float = DEFAULT_MEMORY_BUDGET
     world_size: int | None = None
     trials: int | None = None
-    validate_top: int = 3
-    validate_rounds: int = 3
+    validate_top: int = DEFAULT_VALIDATE_TOP_K
+    validate_rounds: int = DEFAULT_VALIDATE_ROUNDS
     storage: str | None = None
-    config_overrides: Mapping[str, Any] = field(default_factory=dict)
+    config_overrides: Mapping[str, Any] = field(default_factory=dict)  # HYPERPARAMETER_KEYS
     # train
     eval_every: int | None = None
-    eval_batches: int = 4
+    eval_batches: int = DEFAULT_EVAL_BATCHES
     checkpoint_every: int | None = None
-    keep_checkpoints: int = 2
+    keep_checkpoints: int = DEFAULT_KEEP_CHECKPOINTS
     resume: bool = False
 
     def __post_init__(self) -> None:
         if self.steps is not None and self.tokens is not None:
             raise UsageProblem("give --steps or --tokens, not both")
-        unknown = sorted(set(self.config_overrides) - set(CONFIG_OVERRIDE_KEYS))
+        unknown = sorted(set(self.config_overrides) - set(HYPERPARAMETER_KEYS))
         if unknown:
             raise UsageProblem(
                 f"advisor run chooses {', '.join(unknown)} itself: pass only "
-                + ", ".join(f"--{k.replace('_', '-')}" for k in CONFIG_OVERRIDE_KEYS)
+                + ", ".join(f"--{k.replace('_', '-')}" for k in HYPERPARAMETER_KEYS)
             )
 
     @property
     def train_steps(self) -> int | None:
-        return DEFAULT_STEPS if self.steps is None and self.tokens is None else self.steps
+        return run_steps(self.steps, self.tokens)
 
     def workload(self) -> dict[str, Any]:
         return {
@@ -91,50 +100,39 @@ class RunRequest:
         }
 
     def command(self, out: Path) -> list[str]:
-        """The exact ``advisor run`` command line of this request (for run.json, the report)."""
-        args = ["advisor", "run", "--model", self.model]
-        for key, value in self.model_args.items():
-            args += [
-                "--model-arg",
-                f"{key}={value if isinstance(value, str) else json.dumps(value)}",
-            ]
-        if self.data != "stdlib":
-            args += ["--data", self.data]
-        if self.tokenizer:
-            args += ["--tokenizer", self.tokenizer]
-        args += ["--seq-len", str(self.seq_len), "--global-batch-size", str(self.global_batch_size)]
-        args += (
-            ["--tokens", str(self.tokens)] if self.tokens else ["--steps", str(self.train_steps)]
+        """The exact ``advisor run`` command line of this request (for run.json, the report):
+        what was asked, defaults left out. --storage is left out: a database URL may hold a
+        password."""
+        command = (
+            Command("run")
+            .model(self.model, self.model_args)
+            .option("data", self.data, default=DEFAULT_DATA)
+            .option("tokenizer", self.tokenizer or None)
+            .option("seq_len", self.seq_len)
+            .option("global_batch_size", self.global_batch_size)
         )
-        args += ["--budget-s", f"{self.budget_s:g}"]
-        if self.memory_budget != 0.9:
-            args += ["--memory-budget", f"{self.memory_budget:g}"]
-        if self.world_size is not None:
-            args += ["--world-size", str(self.world_size)]
-        if self.validate_top != 3:
-            args += ["--validate-top", str(self.validate_top)]
-        if self.validate_rounds != 3:
-            args += ["--validate-rounds", str(self.validate_rounds)]
-        if self.trials is not None:
-            args += ["--trials", str(self.trials)]
-        if self.device != "auto":
-            args += ["--device", self.device]
-        for precision in self.precisions or ():
-            args += ["--precision", precision]
-        if not self.comm:
-            args.append("--no-comm")
-        for key, value in self.config_overrides.items():
-            args += [f"--{key.replace('_', '-')}", str(value)]
-        for flag, value, default in (
-            ("--eval-every", self.eval_every, None),
-            ("--eval-batches", self.eval_batches, 4),
-            ("--checkpoint-every", self.checkpoint_every, None),
-            ("--keep-checkpoints", self.keep_checkpoints, 2),
-        ):
-            if value != default:
-                args += [flag, str(value)]
-        # --storage is left out: a database URL may hold a password.
-        return [*args, "--out", str(out)]
+        if self.tokens:
+            command.option("tokens", self.tokens)
+        else:
+            command.option("steps", self.train_steps)
+        (
+            command.option("budget_s", self.budget_s)
+            .option("memory_budget", self.memory_budget, default=DEFAULT_MEMORY_BUDGET)
+            .option("world_size", self.world_size)
+            .option("validate_top", self.validate_top, default=DEFAULT_VALIDATE_TOP_K)
+            .option("validate_rounds", self.validate_rounds, default=DEFAULT_VALIDATE_ROUNDS)
+            .option("trials", self.trials)
+            .option("device", self.device, default="auto")
+            .repeated("precision", self.precisions or ())
+            .switch("no_comm", not self.comm)
+            .options(self.config_overrides)
+            .option("eval_every", self.eval_every)
+            .option("eval_batches", self.eval_batches, default=DEFAULT_EVAL_BATCHES)
+            .option("checkpoint_every", self.checkpoint_every)
+            .option("keep_checkpoints", self.keep_checkpoints, default=DEFAULT_KEEP_CHECKPOINTS)
+            .option("out", out)
+        )
+        return command.argv()
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -151,7 +149,7 @@ class RunResult:
     report: Path | None
     stages: tuple[StageResult, ...]
     plan: Any = None  # strategies.plan.Plan when recommend ran in this call
-    train: Any = None  # the metrics.jsonl records when training ran
+    train: Any = None  # profilers.metrics_record.Metrics when training ran
 
 
 ProgressFn = Callable[[str, float], None]
@@ -187,8 +185,10 @@ class _Silent:
 
 
 def _run_files(out: Path) -> list[str]:
-    names = ("profile.json", "plan.json", "trials.csv", "train/metrics.jsonl", "train/checkpoints")
-    return [n for n in names if (out / n).exists()]
+    """The files of a run already in ``out``, as paths relative to it."""
+    run = RunDir(out)
+    paths = (run.profile, run.plan, run.trials, run.train.metrics, run.train.checkpoints)
+    return [str(p.relative_to(out)) for p in paths if p.exists()]
 
 
 def _check_out(out: Path, request: RunRequest) -> None:
@@ -212,7 +212,7 @@ def _read_json(path: Path) -> dict[str, Any] | None:
 
 def reusable_profile(out: Path, request: RunRequest) -> bool:
     """RUN/profile.json exists and measured this request's workload (else UsageProblem)."""
-    data = _read_json(out / "profile.json")
+    data = _read_json(RunDir(out).profile)
     if data is None:
         return False
     profiled = {k: data.get("workload", {}).get(k) for k in WORKLOAD_KEYS}
@@ -222,7 +222,7 @@ def reusable_profile(out: Path, request: RunRequest) -> bool:
     if differ:
         shown = ", ".join(f"{k}={profiled.get(k)!r}" for k in differ)
         raise UsageProblem(
-            f"{out}/profile.json profiled {shown}, not what this run asks: resume with the same "
+            f"{RunDir(out).profile} profiled {shown}, not what this run asks: resume with the same "
             "--model/--model-arg/--data/--seq-len, or choose another --out"
         )
     return True
@@ -230,8 +230,8 @@ def reusable_profile(out: Path, request: RunRequest) -> bool:
 
 def reusable_plan(out: Path, request: RunRequest) -> bool:
     """RUN/plan.json was made from RUN/profile.json for this request's search settings."""
-    plan = _read_json(out / "plan.json")
-    profile = _read_json(out / "profile.json")
+    plan = _read_json(RunDir(out).plan)
+    profile = _read_json(RunDir(out).profile)
     if plan is None or profile is None:
         return False
     info = plan.get("profile") or {}
@@ -285,7 +285,7 @@ def _recommend_stage(request: RunRequest, out: Path, say: ProgressFn) -> tuple[s
             config_overrides=dict(request.config_overrides),
         )
         plan = recommend(
-            out / "profile.json",
+            RunDir(out).profile,
             search,
             validate_top_k=request.validate_top,
             validation_rounds=request.validate_rounds,
@@ -312,13 +312,12 @@ def _train_stage(request: RunRequest, out: Path, show_progress: bool) -> tuple[s
     Its stderr (progress, errors) is passed through; its last line names a failure.
     """
     from advisor.errors import AdvisorError
-    from advisor.trainer.loop import RunOptions
-    from advisor.trainer.metrics import read_metrics
+    from profilers.metrics_record import read_metrics
 
-    train_dir = out / "train"
-    resume = request.resume and (train_dir / "checkpoints" / "latest").exists()
+    run = RunDir(out)
+    resume = request.resume and run.train.latest_checkpoint.exists()
     options = RunOptions(
-        out=train_dir,
+        out=run.train.root,
         steps=request.train_steps,
         tokens=request.tokens,
         resume=resume,
@@ -329,20 +328,18 @@ def _train_stage(request: RunRequest, out: Path, show_progress: bool) -> tuple[s
         device=request.device,
         progress=show_progress,
     )
-    code, last = _run_advisor(options.train_args(out / "plan.json"))
+    code, last = _run_advisor(options.train_args(run.plan))
     if code != 0:
         raise AdvisorError(f"training failed (exit {code}): {last.removeprefix('error: ')}")
-    records = (
-        read_metrics(train_dir / "metrics.jsonl") if (train_dir / "metrics.jsonl").exists() else []
-    )
-    train = [r for r in records if r.get("kind") == "train"]
-    evals = [r for r in records if "eval_loss" in r]
+    metrics = read_metrics(run.train.metrics)
+    train, evals = metrics.train, metrics.evals
     if not train:
         return "no training step logged", None
-    text = f"{train[-1]['step']} steps, loss {train[-1]['loss']:.3f}"
-    if evals:
-        text += f", eval {evals[-1]['eval_loss']:.3f}"
-    return text, records
+    loss = train[-1].loss
+    text = f"{train[-1].step} steps, loss {loss if loss is not None else math.nan:.3f}"
+    if evals and evals[-1].eval_loss is not None:
+        text += f", eval {evals[-1].eval_loss:.3f}"
+    return text, metrics
 
 
 def _run_advisor(args: list[str]) -> tuple[int, str]:
@@ -370,7 +367,7 @@ class _RunLog:
     """RUN/run.json: the request, the command, and each stage's outcome, rewritten as it goes."""
 
     def __init__(self, out: Path, request: RunRequest) -> None:
-        self.path = out / "run.json"
+        self.path = RunDir(out).run_log
         self.data: dict[str, Any] = {
             "command": request.command(out),
             "request": {k: v for k, v in asdict(request).items() if k != "resume"},
@@ -440,7 +437,7 @@ def run(request: RunRequest, out: Path, progress: RunProgress | None = None) -> 
     failure: BaseException | None = None
     try:
         if reuse_profile:
-            skipped("profile", f"reusing {out / 'profile.json'}")
+            skipped("profile", f"reusing {RunDir(out).profile}")
         else:
             stage(
                 1,
@@ -449,7 +446,7 @@ def run(request: RunRequest, out: Path, progress: RunProgress | None = None) -> 
                 lambda say: _profile_stage(request, out, say),
             )
         if request.resume and reusable_plan(out, request):
-            skipped("recommend", f"reusing {out / 'plan.json'}")
+            skipped("recommend", f"reusing {RunDir(out).plan}")
         else:
             stage(
                 2,

@@ -4,8 +4,8 @@ A :class:`Validator` turns TrainConfigs into :class:`strategies.plan.Measurement
 recommendation routes each config to the first validator that accepts it
 (``unsupported_reason`` returns None); a config no validator accepts is recorded
 ``not_validated`` with the reasons, and :func:`strategies.plan.decide` never lets it beat a
-measured one. :class:`LocalValidator` runs single-device configs; the distributed launcher
-(issue 5) adds one for ddp/fsdp by implementing the same two methods.
+measured one. :class:`LocalValidator` runs single-device configs, :class:`LauncherValidator`
+ddp/fsdp ones through torchrun, both implementing the same two methods.
 
 LocalValidator runs every config in ONE isolated child (profilers.isolate: spawn, timeout,
 memory cap): first each config's real peak memory (CPU: the allocator's own count through the
@@ -39,7 +39,9 @@ from profilers.isolate import (
     quiet_native_output,
     run_isolated,
 )
+from profilers.metrics_record import MetricsRecord, TrainRecord
 from profilers.workload import StepSpec
+from strategies.budgets import DEFAULT_VALIDATE_ROUNDS, TIE_MARGIN
 from strategies.config import TrainConfig
 from strategies.cost import Prediction
 from strategies.plan import Measurement
@@ -57,7 +59,7 @@ class Validator(Protocol):
     """Measures candidate configs for real. Contract:
 
     * ``unsupported_reason(config)``: None if this validator can run ``config``, else why not
-      (one line, e.g. "needs the distributed launcher"). Cheap and side-effect free.
+      (one line, e.g. "ddp×8 needs 8 GPUs; this machine has 2"). Cheap and side-effect free.
     * ``validate(configs, predictions)``: one :class:`Measurement` per config, in order; never
       raises for a config's failure (status ``oom``/``timeout``/``error`` with the reason).
       ``predictions`` (same order) size timeouts and decide what may run side by side.
@@ -88,8 +90,8 @@ class LocalValidator:
     def unsupported_reason(self, config: TrainConfig) -> str | None:
         if config.parallelism != "single" or config.world_size != 1:
             return (
-                f"{config.parallelism}×{config.world_size} needs the distributed launcher "
-                "(issue 5) to be measured"
+                f"{config.parallelism}×{config.world_size} runs on several ranks: the local "
+                "validator measures single-device configs"
             )
         return None
 
@@ -193,14 +195,7 @@ def route(
 
 
 # -- close contenders: more visits, at different moments ---------------------------------------
-
-# Contenders within this fraction of the fastest measured config are measured again. On a
-# shared host a config's throughput moves between visits far more than between the steps of one
-# visit: 16 back-to-back 3-step visits of gpt-tiny bf16 mb 8 on the 2-vCPU dev host read
-# 7,550-9,283 tok/s (median 9,000; each visit's own steps within 10%), so two configs measured
-# once each can be 15% apart by chance alone.
-TIE_MARGIN = 0.15
-DEFAULT_VALIDATE_ROUNDS = 3
+# (TIE_MARGIN and DEFAULT_VALIDATE_ROUNDS, with their measurements: strategies.budgets)
 
 
 def merge_measurements(first: Measurement, again: Measurement) -> Measurement:
@@ -451,6 +446,10 @@ class LauncherValidator:
         import tempfile
         from pathlib import Path
 
+        from advisor.trainer.options import RunOptions
+        from profilers.metrics_record import read_metrics
+        from profilers.rundir import TrainDir
+
         say = self.progress or (lambda _m: None)
         steps = self.warmup + self.rounds
         say(
@@ -462,29 +461,18 @@ class LauncherValidator:
             out = Path(tmp) / "run"
             plan = Path(tmp) / "config.json"
             plan.write_text(json.dumps({"config": config.to_dict()}))
-            command = [
-                sys.executable,
-                "-m",
-                "advisor",
-                "train",
-                "--plan",
-                str(plan),
-                "--out",
-                str(out),
-                "--steps",
-                str(steps),
-                "--eval-every",
-                "0",
-                "--eval-batches",
-                "1",
-                "--checkpoint-every",
-                str(10**9),
-                "--keep-checkpoints",
-                "1",
-                "--device",
-                self.device.split(":")[0],
-                "--quiet",
-            ]
+            # No evaluation, no checkpoint before the end: only the steps are measured.
+            options = RunOptions(
+                out=out,
+                steps=steps,
+                eval_every=0,
+                eval_batches=1,
+                checkpoint_every=10**9,
+                keep_checkpoints=1,
+                device=self.device.split(":")[0],
+                progress=False,
+            )
+            command = [sys.executable, "-m", "advisor", *options.train_args(plan)]
             timeout = _STARTUP_S * 2 + _SAFETY * steps * prediction.step_time_s
             try:
                 done = subprocess.run(
@@ -514,16 +502,21 @@ class LauncherValidator:
                     validator=self.name,
                     wall_s=wall,
                 )
-            records = [
-                json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()
-            ]
+            records = read_metrics(TrainDir(out).metrics).records
         return self.measurement(config, records, wall)
 
     def measurement(
-        self, config: TrainConfig, records: Sequence[Mapping[str, Any]], wall: float
+        self, config: TrainConfig, records: Sequence[MetricsRecord], wall: float
     ) -> Measurement:
         """The measurement of one run from its metrics.jsonl records."""
-        train = [r for r in records if r.get("kind") == "train" and r["step"] > self.warmup]
+        train = [
+            r
+            for r in records
+            if isinstance(r, TrainRecord)
+            and r.step > self.warmup
+            and r.step_time_s is not None
+            and r.peak_memory_bytes is not None
+        ]
         if not train:
             return Measurement(
                 status="error",
@@ -532,9 +525,9 @@ class LauncherValidator:
                 validator=self.name,
                 wall_s=wall,
             )
-        samples = tuple(float(r["step_time_s"]) for r in train)
+        samples = tuple(float(r.step_time_s or 0.0) for r in train)
         median = statistics.median(samples)
-        peak = max(int(r["peak_memory_bytes"]) for r in train)
+        peak = max(int(r.peak_memory_bytes or 0) for r in train)
         if self.device.startswith("cuda"):
             kind = "cuda: max_memory_allocated, largest rank"
         else:

@@ -21,6 +21,7 @@ from profilers.device import DeviceInfo
 from profilers.flops import FlopCount
 from profilers.memory_model import MemoryModel
 from profilers.memory_records import CpuStepMemory, CudaStepMemory, MemoryTrace
+from profilers.rundir import RunDir, profile_path
 from profilers.throughput import StepTiming, TimeModel
 from profilers.workload import ModelFacts
 
@@ -277,11 +278,12 @@ class Profile:
     def save(self, directory: Path) -> tuple[Path, Path]:
         """Write ``profile.json`` and ``probes.csv`` into ``directory``."""
         directory.mkdir(parents=True, exist_ok=True)
-        json_path = directory / "profile.json"
+        run = RunDir(directory)
+        json_path = run.profile
         tmp = json_path.with_suffix(".json.tmp")
         tmp.write_text(json.dumps(self.to_dict(), indent=1) + "\n")
         tmp.replace(json_path)
-        csv_path = directory / "probes.csv"
+        csv_path = run.probes
         write_probes_csv(csv_path, self.probes)
         return json_path, csv_path
 
@@ -299,9 +301,7 @@ def write_probes_csv(path: Path, rows: Sequence[ProbeRow]) -> None:
 
 def load_profile(path: str | Path) -> Profile:
     """Read a profile.json (or the directory holding one); ValueError names the fix."""
-    path = Path(path)
-    if path.is_dir():
-        path = path / "profile.json"
+    path = profile_path(path)
     if not path.is_file():
         raise ValueError(f"profile {path} does not exist: run 'advisor profile' first")
     try:

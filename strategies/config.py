@@ -15,6 +15,14 @@ from typing import Any
 
 from profilers.workload import StepSpec
 
+# The defaults of a run with no arguments (the CPU demo: gpt-tiny on Python's own sources,
+# about three minutes of ``advisor run`` on two cores); every command and the report use these.
+DEFAULT_MODEL = "gpt-tiny"
+DEFAULT_DATA = "stdlib"
+DEFAULT_SEQ_LEN = 128
+DEFAULT_GLOBAL_BATCH_SIZE = 8
+DEFAULT_STEPS = 300  # the run length when neither --steps nor --tokens is given
+
 
 class ConfigError(ValueError):
     """A TrainConfig that cannot be run; the message names the fix."""
@@ -22,13 +30,13 @@ class ConfigError(ValueError):
 
 @dataclass(frozen=True, kw_only=True)
 class TrainConfig:
-    model: str = "gpt-tiny"
+    model: str = DEFAULT_MODEL
     model_args: Mapping[str, Any] = field(default_factory=dict)
-    data: str = "stdlib"
+    data: str = DEFAULT_DATA
     tokenizer: str | None = None  # local HF tokenizer dir for text data; None: byte-level
-    seq_len: int = 128
-    global_batch_size: int = 8
-    micro_batch_size: int = 8
+    seq_len: int = DEFAULT_SEQ_LEN
+    global_batch_size: int = DEFAULT_GLOBAL_BATCH_SIZE
+    micro_batch_size: int = DEFAULT_GLOBAL_BATCH_SIZE
     grad_accum_steps: int = 1
     precision: str = "fp32"
     activation_checkpointing: str = "none"
@@ -140,6 +148,24 @@ def load_plan_config(path: str | Path) -> TrainConfig:
     return TrainConfig.from_dict(data)
 
 
+# TrainConfig keys by role. What a profile measured (a plan keeps them); the hyper-parameters
+# a plan carries unchanged (the search never turns them); the keys written as one ``--flag
+# VALUE`` each by the CLI's config options (model, model args, data and the tokenizer have
+# options of their own), in the order the flags are written.
+WORKLOAD_KEYS: tuple[str, ...] = ("model", "model_args", "data", "tokenizer", "seq_len")
+HYPERPARAMETER_KEYS: tuple[str, ...] = (
+    "lr",
+    "min_lr",
+    "warmup_steps",
+    "weight_decay",
+    "grad_clip",
+    "seed",
+)
+CONFIG_FLAG_KEYS: tuple[str, ...] = tuple(
+    f.name
+    for f in dataclasses.fields(TrainConfig)
+    if f.name not in ("model", "model_args", "data", "tokenizer")
+)
 BATCH_KEYS = frozenset({"global_batch_size", "micro_batch_size", "grad_accum_steps", "world_size"})
 
 

@@ -20,6 +20,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from profilers.rundir import RunDir
+from strategies.budgets import LAYOUT_MARGIN
 from strategies.config import TrainConfig
 from strategies.cost import CostModel, GiB, Prediction
 from strategies.errors import NothingFits, StrategyError
@@ -234,11 +236,12 @@ class Plan:
     def save(self, directory: Path) -> tuple[Path, Path]:
         """Write ``plan.json`` and ``trials.csv`` atomically (temp file + rename)."""
         directory.mkdir(parents=True, exist_ok=True)
-        plan_path = directory / "plan.json"
+        run = RunDir(directory)
+        plan_path = run.plan
         tmp = plan_path.with_suffix(".json.tmp")
         tmp.write_text(json.dumps(self.to_dict(), indent=1) + "\n")
         tmp.replace(plan_path)
-        trials_path = directory / "trials.csv"
+        trials_path = run.trials
         write_trials_csv(trials_path, self)
         return plan_path, trials_path
 
@@ -387,15 +390,6 @@ def nothing_fits(evaluations: Sequence[Evaluation], model: CostModel) -> Strateg
         smallest_bytes=p.budgeted_bytes,
         budget_bytes=p.budget_bytes,
     )
-
-
-# A layout's best candidate is validated too when predicted within this fraction of the best.
-# The cost model's errors are shared within a layout and differ between layouts (regret
-# benchmark, 2-vCPU host, median signed step-time error: single -4..+4%, ddp×2 -1..+9%, fsdp×2
-# -23..-18%), and one profile's single-device timing moved gpt-tiny bf16 mb 8 from 9,077 to
-# 7,822 predicted tok/s between two runs: the top K of one layout can crowd out the config that
-# measures fastest.
-LAYOUT_MARGIN = 0.15
 
 
 def top_candidates(

@@ -42,6 +42,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, cast
 
+from profilers.rundir import RunDir
+from strategies.budgets import DEFAULT_TRIALS
 from strategies.cost import CostModel, GiB, Prediction
 from strategies.errors import StrategyError, Unpredictable
 from strategies.space import Candidate, SearchSpace
@@ -49,7 +51,6 @@ from strategies.space import Candidate, SearchSpace
 if TYPE_CHECKING:
     import optuna
 
-DEFAULT_TRIALS = 128
 ENUMERATE_MAX = 256
 CHUNK = 16  # candidates enqueued at a time: keeps Optuna's waiting-queue scans short
 STALE_RUNNING_S = 600.0  # a RUNNING trial this old was left by a killed worker
@@ -187,7 +188,7 @@ def study_name_for(profile_digest: str, space: SearchSpace, model: CostModel) ->
 
 
 def default_storage(run_dir: Path) -> str:
-    return f"sqlite:///{(run_dir / 'study.db').resolve()}"
+    return f"sqlite:///{RunDir(run_dir).study.resolve()}"
 
 
 # -- the loop -------------------------------------------------------------------------------------

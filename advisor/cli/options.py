@@ -1,103 +1,146 @@
-"""Options shared by several commands; flag names mirror the TrainConfig keys.
+"""The options of the ``advisor`` commands, each declared once; flag names mirror the
+TrainConfig keys (strategies.config) and defaults come from their owners.
 
-Every TrainConfig flag defaults to None so a command can tell what the user set explicitly and
-layer it over a plan, a resumed run, or the defaults.
+A command stacks the groups it takes (``@model_options``, ``@probe_options`` ...); an option
+that reads differently in two commands (``--device``: where to probe, where to train) takes its
+help text as an argument. TrainConfig flags default to None so a command can tell what the
+user set explicitly and layer it over a plan, a resumed run, or the defaults. Nothing here
+imports torch (``advisor --help`` stays instant).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
+from pathlib import Path
 from typing import Any, TypeVar
 
 import click
 
-F = TypeVar("F", bound=Callable[..., Any])
+from advisor.trainer.options import (
+    DEFAULT_EVAL_BATCHES,
+    DEFAULT_KEEP_CHECKPOINTS,
+    RunOptions,
+    run_steps,
+)
+from profilers.defaults import DEFAULT_MEMORY_BUDGET, DEFAULT_PROFILE_BUDGET_S
+from profilers.workload import CHECKPOINTING, PARALLELISMS, PRECISIONS
+from strategies.budgets import (
+    DEFAULT_TRIALS,
+    DEFAULT_VALIDATE_ROUNDS,
+    DEFAULT_VALIDATE_TOP_K,
+    LAYOUT_MARGIN,
+    TIE_MARGIN,
+)
+from strategies.config import (
+    CONFIG_FLAG_KEYS,
+    DEFAULT_GLOBAL_BATCH_SIZE,
+    DEFAULT_SEQ_LEN,
+    DEFAULT_STEPS,
+    HYPERPARAMETER_KEYS,
+)
 
-PRECISIONS = ("fp32", "bf16", "fp16")
-CHECKPOINTING = ("none", "full")
-PARALLELISMS = ("single", "ddp", "fsdp")
+F = TypeVar("F", bound=Callable[..., Any])
+Decorator = Callable[[F], F]
+
 POSITIVE = click.IntRange(min=1)
 NON_NEGATIVE = click.IntRange(min=0)
+DEVICES = ("auto", "cpu", "cuda")
 
 
-def model_options(f: F) -> F:
-    f = click.option(
-        "--tokenizer",
-        type=click.Path(),
+def _stack(*decorators: Callable[[Any], Any]) -> Callable[[F], F]:
+    """Options in the order given (click shows the decorator applied last first)."""
+
+    def apply(f: F) -> F:
+        for decorator in reversed(decorators):
+            f = decorator(f)
+        return f
+
+    return apply
+
+
+# -- the model and its data ----------------------------------------------------------------------
+
+model_options = _stack(
+    click.option(
+        "--model",
         default=None,
-        help="Local Hugging Face tokenizer directory for text data (extra 'hf').",
-    )(f)
-    f = click.option(
-        "--data",
-        default=None,
-        help="stdlib (default: Python's own sources, byte-level), synthetic, a text file, a .bin "
-        "of uint16 token ids, or a directory with train.bin/val.bin.",
-    )(f)
-    f = click.option(
+        help="Preset (gpt-tiny, gpt-small, ... bert-tiny, llama-tiny ...), hf:NAME_OR_PATH, "
+        "FILE.py:factory or package.module:factory. Default gpt-tiny.",
+    ),
+    click.option(
         "--model-arg",
         "model_arg",
         multiple=True,
         metavar="KEY=VALUE",
         help="Override a model config field (repeatable), e.g. --model-arg n_layer=2.",
-    )(f)
-    f = click.option(
-        "--model",
+    ),
+    click.option(
+        "--data",
         default=None,
-        help="Preset (gpt-tiny, gpt-small, ... bert-tiny, llama-tiny ...), hf:NAME_OR_PATH, "
-        "FILE.py:factory or package.module:factory. Default gpt-tiny.",
-    )(f)
-    return f
+        help="stdlib (default: Python's own sources, byte-level), synthetic, a text file, a .bin "
+        "of uint16 token ids, or a directory with train.bin/val.bin.",
+    ),
+    click.option(
+        "--tokenizer",
+        type=click.Path(),
+        default=None,
+        help="Local Hugging Face tokenizer directory for text data (extra 'hf').",
+    ),
+)
 
 
-def config_options(f: F) -> F:
-    """The remaining TrainConfig keys (model and data come from :func:`model_options`)."""
-    specs: list[tuple[str, dict[str, Any]]] = [
-        ("--num-workers", dict(type=NON_NEGATIVE, help="Data-loader worker processes.")),
-        ("--seed", dict(type=int, help="Seed for weights and data order.")),
-        ("--grad-clip", dict(type=click.FloatRange(min=0), help="Max grad norm; 0 disables.")),
-        ("--weight-decay", dict(type=click.FloatRange(min=0), help="AdamW weight decay.")),
-        ("--warmup-steps", dict(type=NON_NEGATIVE, help="Linear warm-up steps.")),
-        ("--min-lr", dict(type=click.FloatRange(min=0), help="Floor of the cosine decay.")),
-        ("--lr", dict(type=click.FloatRange(min=0, min_open=True), help="Peak learning rate.")),
-        ("--world-size", dict(type=POSITIVE, help="Ranks (processes/devices) for ddp/fsdp.")),
-        ("--parallelism", dict(type=click.Choice(PARALLELISMS), help="single, ddp or fsdp.")),
-        (
-            "--activation-checkpointing",
-            dict(
-                type=click.Choice(CHECKPOINTING),
-                help="Recompute each block in backward: none|full.",
-            ),
-        ),
-        ("--precision", dict(type=click.Choice(PRECISIONS), help="fp32, bf16 or fp16 (autocast).")),
-        ("--grad-accum-steps", dict(type=POSITIVE, help="Micro-batches per optimizer step.")),
-        ("--micro-batch-size", dict(type=POSITIVE, help="Sequences per forward/backward.")),
-        (
-            "--global-batch-size",
-            dict(type=POSITIVE, help="Sequences per optimizer step = micro x accum x world size."),
-        ),
-        ("--seq-len", dict(type=POSITIVE, help="Tokens per sequence.")),
-    ]
-    for flag, kwargs in specs:
-        f = click.option(flag, default=None, **kwargs)(f)
-    return f
+def seq_len_option(default: int | None = None) -> Decorator[Any]:
+    """--seq-len; None (train, predict): from the plan or the config's default."""
+    return click.option(
+        "--seq-len",
+        type=POSITIVE,
+        default=default,
+        show_default=default is not None,
+        help="Tokens per sequence.",
+    )
 
 
-CONFIG_KEYS = (
-    "seq_len",
-    "global_batch_size",
-    "micro_batch_size",
-    "grad_accum_steps",
-    "precision",
-    "activation_checkpointing",
-    "parallelism",
-    "world_size",
-    "lr",
-    "min_lr",
-    "warmup_steps",
-    "weight_decay",
-    "grad_clip",
-    "seed",
-    "num_workers",
+def global_batch_option(*, required: bool = False, default: int | None = None) -> Decorator[Any]:
+    # No ``default=None`` when required: click (8.3+) takes an explicit None as a default given.
+    extra: dict[str, Any] = {"default": default, "show_default": True} if default else {}
+    return click.option(
+        "--global-batch-size",
+        type=POSITIVE,
+        required=required,
+        help="Sequences per optimizer step = micro-batch x accumulation x world size; the search "
+        "holds it fixed.",
+        **extra,
+    )
+
+
+# -- TrainConfig ----------------------------------------------------------------------------------
+
+hyperparameter_options = _stack(
+    click.option("--lr", type=click.FloatRange(min=0, min_open=True), help="Peak learning rate."),
+    click.option("--min-lr", type=click.FloatRange(min=0), help="Floor of the cosine decay."),
+    click.option("--warmup-steps", type=NON_NEGATIVE, help="Linear warm-up steps."),
+    click.option("--weight-decay", type=click.FloatRange(min=0), help="AdamW weight decay."),
+    click.option("--grad-clip", type=click.FloatRange(min=0), help="Max grad norm; 0 disables."),
+    click.option("--seed", type=int, help="Seed for weights and data order."),
+)
+
+config_options = _stack(
+    seq_len_option(),
+    global_batch_option(),
+    click.option("--micro-batch-size", type=POSITIVE, help="Sequences per forward/backward."),
+    click.option("--grad-accum-steps", type=POSITIVE, help="Micro-batches per optimizer step."),
+    click.option(
+        "--precision", type=click.Choice(PRECISIONS), help="fp32, bf16 or fp16 (autocast)."
+    ),
+    click.option(
+        "--activation-checkpointing",
+        type=click.Choice(CHECKPOINTING),
+        help="Recompute each block in backward: none|full.",
+    ),
+    click.option("--parallelism", type=click.Choice(PARALLELISMS), help="single, ddp or fsdp."),
+    click.option("--world-size", type=POSITIVE, help="Ranks (processes/devices) for ddp/fsdp."),
+    hyperparameter_options,
+    click.option("--num-workers", type=NON_NEGATIVE, help="Data-loader worker processes."),
 )
 
 
@@ -105,7 +148,7 @@ def explicit_config(params: Mapping[str, Any]) -> dict[str, Any]:
     """TrainConfig keys the user set on the command line (model args parsed)."""
     from advisor.models import parse_model_args
 
-    out = {k: params[k] for k in CONFIG_KEYS if params.get(k) is not None}
+    out = {k: params[k] for k in CONFIG_FLAG_KEYS if params.get(k) is not None}
     if params.get("model") is not None:
         out["model"] = params["model"]
     for key in ("data", "tokenizer"):
@@ -116,34 +159,209 @@ def explicit_config(params: Mapping[str, Any]) -> dict[str, Any]:
     return out
 
 
-def budget_option(f: F) -> F:
-    """--memory-budget (recommend, predict, run)."""
-    return click.option(
-        "--memory-budget",
-        type=click.FloatRange(min=0, max=1, min_open=True),
-        default=0.9,
-        show_default=True,
-        help="Fraction of device memory (CPU: of the RAM available when profiled) a plan may use.",
-    )(f)
+def hyperparameters(params: Mapping[str, Any]) -> dict[str, Any]:
+    """The hyper-parameter flags the user set (a run passes them into its plan unchanged)."""
+    return {k: params[k] for k in HYPERPARAMETER_KEYS if params.get(k) is not None}
 
 
-def validation_options(f: F) -> F:
-    """--validate-top / --validate-rounds (recommend, run): what is measured for real, and how
-    often (advisor.recommend.DEFAULT_VALIDATE_TOP_K, advisor.validation.TIE_MARGIN and
-    DEFAULT_VALIDATE_ROUNDS, strategies.plan.LAYOUT_MARGIN)."""
-    f = click.option(
-        "--validate-rounds",
-        type=POSITIVE,
-        default=3,
-        show_default=True,
-        help="Measure configs within 15% of the fastest up to N times, at different moments, "
-        "before the fastest wins (1: each finalist once).",
-    )(f)
+# -- where and how --------------------------------------------------------------------------------
+
+
+def device_option(help: str) -> Decorator[Any]:
     return click.option(
+        "--device", type=click.Choice(DEVICES), default="auto", show_default=True, help=help
+    )
+
+
+def out_option(help: str) -> Decorator[Any]:
+    return click.option("--out", type=click.Path(path_type=Path), default=None, help=help)
+
+
+def resume_option(help: str) -> Decorator[Any]:
+    return click.option("--resume", is_flag=True, help=help)
+
+
+def quiet_option(help: str = "No progress display.") -> Decorator[Any]:
+    return click.option("--quiet", is_flag=True, help=help)
+
+
+profile_path_option = click.option(
+    "--profile",
+    "profile_path",
+    required=True,
+    type=click.Path(path_type=Path),
+    help="profile.json from 'advisor profile' (or its directory).",
+)
+
+
+# -- profile --------------------------------------------------------------------------------------
+
+probe_options = _stack(
+    click.option(
+        "--budget-s",
+        type=click.FloatRange(min=0, min_open=True),
+        default=DEFAULT_PROFILE_BUDGET_S,
+        show_default=True,
+        help="Time budget of all the profile's probes, in seconds.",
+    ),
+    click.option(
+        "--precision",
+        "precisions",
+        type=click.Choice(PRECISIONS),
+        multiple=True,
+        help="Profile and consider only these precisions (repeatable; default: all the device "
+        "runs).",
+    ),
+    click.option("--no-comm", is_flag=True, help="Skip the communication probe."),
+)
+
+
+# -- recommend ------------------------------------------------------------------------------------
+
+memory_budget_option = click.option(
+    "--memory-budget",
+    type=click.FloatRange(min=0, max=1, min_open=True),
+    default=DEFAULT_MEMORY_BUDGET,
+    show_default=True,
+    help="Fraction of device memory (CPU: of the RAM available when profiled) a plan may use.",
+)
+
+
+def search_options(world_size_help: str) -> Decorator[Any]:
+    """--world-size / --trials / --storage (recommend, run)."""
+    return _stack(
+        click.option("--world-size", type=POSITIVE, default=None, help=world_size_help),
+        click.option(
+            "--trials",
+            type=POSITIVE,
+            default=None,
+            help=f"Trial budget of a sampled search (default {DEFAULT_TRIALS}); smaller spaces "
+            "are enumerated.",
+        ),
+        click.option(
+            "--storage",
+            default=None,
+            help="Optuna storage URL, also shared by several workers (e.g. "
+            "postgresql+psycopg2://...); default sqlite:///OUT/study.db.",
+        ),
+    )
+
+
+validation_options = _stack(
+    click.option(
         "--validate-top",
         type=NON_NEGATIVE,
-        default=3,
+        default=DEFAULT_VALIDATE_TOP_K,
         show_default=True,
         help="Measure the K best predicted configs with short real runs (and the baseline, and "
-        "the best of a layout missing from them within 15% of the best prediction).",
-    )(f)
+        f"the best of a layout missing from them within {LAYOUT_MARGIN:.0%} of the best "
+        "prediction).",
+    ),
+    click.option(
+        "--validate-rounds",
+        type=POSITIVE,
+        default=DEFAULT_VALIDATE_ROUNDS,
+        show_default=True,
+        help=f"Measure configs within {TIE_MARGIN:.0%} of the fastest up to N times, at "
+        "different moments, before the fastest wins (1: each finalist once).",
+    ),
+)
+
+whatif_options = _stack(
+    click.option(
+        "--target",
+        default=None,
+        help="What-if: plan for this device from the datasheet table (e.g. h100-80gb, "
+        "a100-80gb) instead of the profiled one; results are labelled estimates.",
+    ),
+    click.option(
+        "--nodes",
+        type=POSITIVE,
+        default=1,
+        show_default=True,
+        help="With --target: machines the world size is spread over.",
+    ),
+    click.option(
+        "--network",
+        default=None,
+        help="With --nodes > 1: the inter-node network (profilers.hardware.NETWORKS key, "
+        "default ib-ndr-400).",
+    ),
+)
+
+
+def check_whatif(params: Mapping[str, Any]) -> None:
+    if params["target"] is None and (params["nodes"] != 1 or params["network"]):
+        raise click.UsageError("--nodes and --network plan for other hardware: add --target")
+
+
+# -- train ----------------------------------------------------------------------------------------
+
+run_length_options = _stack(
+    click.option(
+        "--steps",
+        type=POSITIVE,
+        default=None,
+        help=f"Optimizer steps to train (default {DEFAULT_STEPS} unless --tokens).",
+    ),
+    click.option(
+        "--tokens", type=POSITIVE, default=None, help="Train for this many tokens instead."
+    ),
+)
+
+train_output_options = _stack(
+    click.option(
+        "--checkpoint-every",
+        type=POSITIVE,
+        default=None,
+        help="Save a checkpoint every N steps (default: about 4 per run, and at the end).",
+    ),
+    click.option(
+        "--keep-checkpoints",
+        type=POSITIVE,
+        default=DEFAULT_KEEP_CHECKPOINTS,
+        show_default=True,
+        help="How many recent checkpoints to keep.",
+    ),
+    click.option(
+        "--eval-every",
+        type=NON_NEGATIVE,
+        default=None,
+        help="Eval loss every N steps (default: about 10 per run; 0: only at the end).",
+    ),
+    click.option(
+        "--eval-batches",
+        type=POSITIVE,
+        default=DEFAULT_EVAL_BATCHES,
+        show_default=True,
+        help="Validation global batches per eval (the same samples for any micro/accum/rank "
+        "split).",
+    ),
+)
+
+
+def run_options(params: Mapping[str, Any], out: Path, *, resume: bool) -> RunOptions:
+    """The training run's options from the flags of :data:`run_length_options`,
+    :data:`train_output_options`, --device and --quiet."""
+    return RunOptions(
+        out=out,
+        steps=run_steps(params["steps"], params["tokens"]),
+        tokens=params["tokens"],
+        resume=resume,
+        checkpoint_every=params["checkpoint_every"],
+        eval_every=params["eval_every"],
+        eval_batches=params["eval_batches"],
+        keep_checkpoints=params["keep_checkpoints"],
+        device=params["device"],
+        progress=not params["quiet"],
+    )
+
+
+def default_seq_len_option() -> Decorator[Any]:
+    """--seq-len with the config's default shown (profile, run)."""
+    return seq_len_option(DEFAULT_SEQ_LEN)
+
+
+def default_global_batch_option() -> Decorator[Any]:
+    """--global-batch-size with the config's default shown (run)."""
+    return global_batch_option(default=DEFAULT_GLOBAL_BATCH_SIZE)

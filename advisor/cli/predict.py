@@ -3,25 +3,24 @@
 from __future__ import annotations
 
 import json
-from pathlib import Path
 from typing import Any
 
 import click
 
-from advisor.cli.options import budget_option, config_options, explicit_config
-from advisor.cli.recommend import whatif_options
+from advisor.cli.options import (
+    check_whatif,
+    config_options,
+    explicit_config,
+    memory_budget_option,
+    profile_path_option,
+    whatif_options,
+)
 
 
 @click.command()
-@click.option(
-    "--profile",
-    "profile_path",
-    required=True,
-    type=click.Path(path_type=Path),
-    help="profile.json from 'advisor profile' (or its directory).",
-)
+@profile_path_option
 @config_options
-@budget_option
+@memory_budget_option
 @whatif_options
 def predict(**params: Any) -> None:
     """Predict peak memory, step time and tokens/s of one config (TrainConfig flags) from a
@@ -32,8 +31,7 @@ def predict(**params: Any) -> None:
     from strategies.config import TrainConfig, compose_config
     from strategies.errors import StrategyError
 
-    if params["target"] is None and (params["nodes"] != 1 or params["network"]):
-        raise click.UsageError("--nodes and --network plan for other hardware: add --target")
+    check_whatif(params)
     profile = read_profile(params["profile_path"])
     workload = profile.workload
     base = TrainConfig(

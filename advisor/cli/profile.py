@@ -7,49 +7,27 @@ from typing import Any
 
 import click
 
-from advisor.cli.options import POSITIVE, PRECISIONS, model_options
+from advisor.cli.options import (
+    default_seq_len_option,
+    device_option,
+    model_options,
+    out_option,
+    probe_options,
+    quiet_option,
+)
 from advisor.cli.progress import budget_progress
 from advisor.cli.train import default_out
+from profilers.rundir import RunDir
+from strategies.config import DEFAULT_DATA, DEFAULT_MODEL
 
 
 @click.command()
 @model_options
-@click.option(
-    "--seq-len",
-    type=POSITIVE,
-    default=128,
-    show_default=True,
-    help="Tokens per sequence to profile at (the plan keeps it).",
-)
-@click.option(
-    "--device",
-    type=click.Choice(["auto", "cpu", "cuda"]),
-    default="auto",
-    show_default=True,
-    help="Device to probe.",
-)
-@click.option(
-    "--budget-s",
-    type=click.FloatRange(min=0, min_open=True),
-    default=120.0,
-    show_default=True,
-    help="Time budget for all probes, in seconds.",
-)
-@click.option(
-    "--precision",
-    "precisions",
-    type=click.Choice(PRECISIONS),
-    multiple=True,
-    help="Profile only these precisions (repeatable; default: all the device runs).",
-)
-@click.option("--no-comm", is_flag=True, help="Skip the communication probe.")
-@click.option(
-    "--out",
-    type=click.Path(path_type=Path),
-    default=None,
-    help="Directory for profile.json and probes.csv. Default runs/profile-TIMESTAMP.",
-)
-@click.option("--quiet", is_flag=True, help="No progress display.")
+@default_seq_len_option()
+@device_option("Device to probe.")
+@probe_options
+@out_option("Directory for profile.json and probes.csv. Default runs/profile-TIMESTAMP.")
+@quiet_option()
 def profile(**params: Any) -> None:
     """Measure memory, step time, communication and input speed of a model with short probes;
     writes profile.json and probes.csv."""
@@ -58,9 +36,9 @@ def profile(**params: Any) -> None:
     from advisor.profiling import profile as run
 
     request = ProfileRequest(
-        model=params["model"] or "gpt-tiny",
+        model=params["model"] or DEFAULT_MODEL,
         model_args=parse_model_args(params["model_arg"]),
-        data=params["data"] or "stdlib",
+        data=params["data"] or DEFAULT_DATA,
         tokenizer=params["tokenizer"],
         seq_len=params["seq_len"],
         device=params["device"],
@@ -81,5 +59,5 @@ def summarize(result: Any, out: Path) -> None:
     counts = ", ".join(f"{n} {status}" for status, n in sorted(statuses.items()))
     click.echo(
         f"profiled {result.model.name} on {result.device.name} in {result.elapsed_s:.0f}s "
-        f"({counts}); wrote {out / 'profile.json'} and {out / 'probes.csv'}"
+        f"({counts}); wrote {RunDir(out).profile} and {RunDir(out).probes}"
     )

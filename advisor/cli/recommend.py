@@ -7,90 +7,42 @@ from typing import Any
 
 import click
 
-from advisor.cli.options import POSITIVE, budget_option, validation_options
+from advisor.cli.options import (
+    check_whatif,
+    device_option,
+    global_batch_option,
+    memory_budget_option,
+    out_option,
+    profile_path_option,
+    quiet_option,
+    search_options,
+    validation_options,
+    whatif_options,
+)
+from profilers.rundir import RunDir
+from strategies.commands import Command
 
 GiB = 2**30
 
 
-def whatif_options(f: Any) -> Any:
-    """--target / --nodes / --network: plan for hardware you don't have (estimates)."""
-    f = click.option(
-        "--network",
-        default=None,
-        help="With --nodes > 1: the inter-node network (profilers.hardware.NETWORKS key, "
-        "default ib-ndr-400).",
-    )(f)
-    f = click.option(
-        "--nodes",
-        type=POSITIVE,
-        default=1,
-        show_default=True,
-        help="With --target: machines the world size is spread over.",
-    )(f)
-    f = click.option(
-        "--target",
-        default=None,
-        help="What-if: plan for this device from the datasheet table (e.g. h100-80gb, "
-        "a100-80gb) instead of the profiled one; results are labelled estimates.",
-    )(f)
-    return f
-
-
 @click.command()
-@click.option(
-    "--profile",
-    "profile_path",
-    required=True,
-    type=click.Path(path_type=Path),
-    help="profile.json from 'advisor profile' (or its directory).",
-)
-@click.option(
-    "--global-batch-size",
-    type=POSITIVE,
-    required=True,
-    help="Sequences per optimizer step, held fixed: micro x accumulation x world size.",
-)
-@budget_option
-@click.option(
-    "--world-size",
-    type=POSITIVE,
-    default=None,
-    help="Most ranks to consider (default: the devices the profile saw; 1 on CPU). With "
-    "--target: exactly this many.",
-)
-@click.option(
-    "--trials",
-    type=POSITIVE,
-    default=None,
-    help="Trial budget of a sampled search (default 128); smaller spaces are enumerated.",
+@profile_path_option
+@global_batch_option(required=True)
+@memory_budget_option
+@search_options(
+    "Most ranks to consider (default: the devices the profile saw; 1 on CPU). With --target: "
+    "exactly this many."
 )
 @validation_options
-@click.option(
-    "--storage",
-    default=None,
-    help="Optuna storage URL shared by several workers (e.g. postgresql+psycopg2://...); "
-    "default sqlite:///OUT/study.db.",
-)
 @click.option(
     "--study-name",
     default=None,
     help="Study name (default: derived from the profile and the request, so a re-run resumes).",
 )
 @whatif_options
-@click.option(
-    "--out",
-    type=click.Path(path_type=Path),
-    default=None,
-    help="Where plan.json, trials.csv and study.db go (default: the profile's directory).",
-)
-@click.option(
-    "--device",
-    type=click.Choice(["auto", "cpu", "cuda"]),
-    default="auto",
-    show_default=True,
-    help="Where validation runs (auto: the profiled device).",
-)
-@click.option("--quiet", is_flag=True, help="No progress lines on stderr.")
+@out_option("Where plan.json, trials.csv and study.db go (default: the profile's directory).")
+@device_option("Where validation runs (auto: the profiled device).")
+@quiet_option("No progress lines on stderr.")
 def recommend(**params: Any) -> None:
     """Pick the fastest config that fits at a fixed global batch: cost model + Optuna search,
     top-K validated by real runs; writes plan.json and trials.csv."""
@@ -101,8 +53,7 @@ def recommend(**params: Any) -> None:
 
     profile: Path = params["profile_path"]
     out = params["out"] or (profile if profile.is_dir() else profile.parent)
-    if params["target"] is None and (params["nodes"] != 1 or params["network"]):
-        raise click.UsageError("--nodes and --network plan for other hardware: add --target")
+    check_whatif(params)
 
     def progress(message: str) -> None:
         if not params["quiet"]:
@@ -181,6 +132,8 @@ def print_plan(plan: Any, out: Path) -> None:
         if baseline.measured_speedup is not None:
             line += f", measured {baseline.measured_speedup:.2f}×"
         click.echo(line)
-    click.echo(f"plan: {out / 'plan.json'}   trials: {out / 'trials.csv'}")
+    run = RunDir(out)
+    click.echo(f"plan: {run.plan}   trials: {run.trials}")
     if not plan.estimate:
-        click.echo(f"train it: advisor train --plan {out / 'plan.json'} --out {out / 'train'}")
+        train = Command("train").option("plan", run.plan).option("out", run.train.root)
+        click.echo(f"train it: {train.shell()}")

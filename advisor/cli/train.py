@@ -11,15 +11,20 @@ from typing import Any
 import click
 
 from advisor.cli.options import (
-    NON_NEGATIVE,
     POSITIVE,
     config_options,
+    device_option,
     explicit_config,
     model_options,
+    out_option,
+    quiet_option,
+    resume_option,
+    run_length_options,
+    run_options,
+    train_output_options,
 )
 from advisor.launch import under_torchrun
-
-DEFAULT_STEPS = 300
+from profilers.rundir import TrainDir
 
 
 def default_out(prefix: str) -> Path:
@@ -35,14 +40,14 @@ def resolve_train_config(
     base = TrainConfig()
     if plan is not None:
         base = load_plan_config(plan)
-    elif resume and out is not None and (out / "train_config.json").is_file():
+    elif resume and out is not None and TrainDir(out).train_config.is_file():
+        saved_path = TrainDir(out).train_config
         try:
-            saved = json.loads((out / "train_config.json").read_text())
+            saved = json.loads(saved_path.read_text())
             base = TrainConfig.from_dict(saved["config"])
         except (KeyError, json.JSONDecodeError) as exc:
             raise ConfigError(
-                f"{out}/train_config.json is damaged ({exc}): pass the flags "
-                "of the original run explicitly"
+                f"{saved_path} is damaged ({exc}): pass the flags of the original run explicitly"
             ) from None
     return compose_config(base, explicit_config(params))
 
@@ -56,53 +61,11 @@ def resolve_train_config(
 )
 @model_options
 @config_options
-@click.option(
-    "--steps",
-    type=POSITIVE,
-    default=None,
-    help=f"Optimizer steps to run (default {DEFAULT_STEPS} unless --tokens).",
-)
-@click.option("--tokens", type=POSITIVE, default=None, help="Train for this many tokens instead.")
-@click.option(
-    "--out",
-    type=click.Path(path_type=Path),
-    default=None,
-    help="Run directory (metrics.jsonl, checkpoints/). Default runs/train-TIMESTAMP.",
-)
-@click.option("--resume", is_flag=True, help="Continue the run in --out from its last checkpoint.")
-@click.option(
-    "--checkpoint-every",
-    type=POSITIVE,
-    default=None,
-    help="Save a checkpoint every N steps (default: about 4 per run, and at the end).",
-)
-@click.option(
-    "--keep-checkpoints",
-    type=POSITIVE,
-    default=2,
-    show_default=True,
-    help="How many recent checkpoints to keep.",
-)
-@click.option(
-    "--eval-every",
-    type=NON_NEGATIVE,
-    default=None,
-    help="Eval loss every N steps (default: about 10 per run; 0: only at the end).",
-)
-@click.option(
-    "--eval-batches",
-    type=POSITIVE,
-    default=4,
-    show_default=True,
-    help="Validation global batches per eval (the same samples for any micro/accum/rank split).",
-)
-@click.option(
-    "--device",
-    type=click.Choice(["auto", "cpu", "cuda"]),
-    default="auto",
-    show_default=True,
-    help="Where to train.",
-)
+@run_length_options
+@out_option("Run directory (metrics.jsonl, checkpoints/). Default runs/train-TIMESTAMP.")
+@resume_option("Continue the run in --out from its last checkpoint.")
+@train_output_options
+@device_option("Where to train.")
 @click.option(
     "--nnodes",
     type=POSITIVE,
@@ -123,32 +86,17 @@ def resolve_train_config(
     metavar="HOST:PORT",
     help="Rendezvous address (node 0) of a multi-node job (torchrun --rdzv-endpoint).",
 )
-@click.option("--quiet", is_flag=True, help="No progress display.")
+@quiet_option()
 def train(**params: Any) -> None:
     """Train a model with a plan or explicit TrainConfig flags; writes metrics.jsonl and
     checkpoints under --out."""
-    from advisor.trainer.loop import RunOptions
     from advisor.trainer.loop import train as run_training
 
     out = params["out"]
     if params["resume"] and out is None:
         raise click.UsageError("--resume needs --out naming the run to continue")
     config = resolve_train_config(params["plan"], out, params["resume"], params)
-    steps = params["steps"]
-    if steps is None and params["tokens"] is None:
-        steps = DEFAULT_STEPS
-    options = RunOptions(
-        out=out or default_out("train"),
-        steps=steps,
-        tokens=params["tokens"],
-        resume=params["resume"],
-        checkpoint_every=params["checkpoint_every"],
-        eval_every=params["eval_every"],
-        eval_batches=params["eval_batches"],
-        keep_checkpoints=params["keep_checkpoints"],
-        device=params["device"],
-        progress=not params["quiet"],
-    )
+    options = run_options(params, out or default_out("train"), resume=params["resume"])
     # DDP/FSDP need a process group even on one rank: torchrun provides it.
     if (config.world_size > 1 or config.parallelism != "single") and not under_torchrun():
         launch_ranks(config, options, params)
@@ -180,7 +128,7 @@ def launch_ranks(config: Any, options: Any, params: dict[str, Any]) -> None:
         rdzv_endpoint=params["rdzv_endpoint"],
     )
     options.out.mkdir(parents=True, exist_ok=True)
-    plan = options.out / "launch_config.json"
+    plan = TrainDir(options.out).launch_config
     plan.write_text(json.dumps({"config": config.to_dict()}, indent=2) + "\n")
     args = options.train_args(plan)
     if spec.nnodes > 1:

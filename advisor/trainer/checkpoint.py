@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import os
 import random
-import re
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,8 +17,9 @@ from typing import Any
 import numpy as np
 import torch
 
+from profilers.rundir import CHECKPOINT_NAME, LATEST_CHECKPOINT, checkpoint_name
+
 FORMAT_VERSION = 1
-_NAME = re.compile(r"^step_(\d{8})$")
 
 
 def rng_state() -> dict[str, Any]:
@@ -82,13 +82,13 @@ class CheckpointDir:
     """
 
     path: Path
-    keep_last: int = 2
+    keep_last: int  # advisor.trainer.options.RunOptions.keep_checkpoints
 
     def dir_for(self, step: int) -> Path:
-        return self.path / f"step_{step:08d}"
+        return self.path / checkpoint_name(step)
 
     def staging_dir(self, step: int) -> Path:
-        return self.path / f".step_{step:08d}.tmp"
+        return self.path / f".{checkpoint_name(step)}.tmp"
 
     def begin(self, step: int) -> Path:
         """Rank 0: a fresh, empty staging directory for ``step``."""
@@ -110,18 +110,18 @@ class CheckpointDir:
             shutil.rmtree(target)
         os.replace(staging, target)
         _fsync_dir(self.path)
-        atomic_write_text(self.path / "latest", target.name + "\n")
+        atomic_write_text(self.path / LATEST_CHECKPOINT, target.name + "\n")
         self._prune()
         return target
 
     def steps(self) -> list[int]:
         if not self.path.is_dir():
             return []
-        found = (_NAME.match(p.name) for p in self.path.iterdir() if p.is_dir())
+        found = (CHECKPOINT_NAME.match(p.name) for p in self.path.iterdir() if p.is_dir())
         return sorted(int(m.group(1)) for m in found if m)
 
     def latest(self) -> Path | None:
-        pointer = self.path / "latest"
+        pointer = self.path / LATEST_CHECKPOINT
         if pointer.is_file():
             candidate = self.path / pointer.read_text().strip()
             if (candidate / "extra.pt").is_file():

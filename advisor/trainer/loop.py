@@ -31,10 +31,13 @@ from advisor.trainer.dist import (
     shutdown_distributed,
 )
 from advisor.trainer.metrics import MetricsLog, PeakMemory, Progress
+from advisor.trainer.options import RunOptions
 from advisor.trainer.schedule import WarmupCosine
 from advisor.trainer.state import barrier, load_model_state, save_model_state
 from advisor.trainer.step import AdvisorStep
 from advisor.workload import AdvisorWorkload
+from profilers.metrics_record import EvalRecord, TrainRecord, read_metrics
+from profilers.rundir import TrainDir
 from profilers.workload import Batch, ModelFacts
 from strategies.config import TrainConfig
 
@@ -45,50 +48,6 @@ class TrainingInterrupted(AdvisorError):
     def __init__(self, message: str, signum: int) -> None:
         super().__init__(message)
         self.exit_code = 128 + signum
-
-
-@dataclass(frozen=True, kw_only=True)
-class RunOptions:
-    out: Path
-    steps: int | None = None
-    tokens: int | None = None
-    resume: bool = False
-    checkpoint_every: int | None = None  # None: about four checkpoints per run
-    eval_every: int | None = None  # None: about ten evals per run; 0: only at the end
-    eval_batches: int = 4  # global batches of the validation split
-    keep_checkpoints: int = 2
-    device: str = "auto"
-    progress: bool = True
-
-    def train_args(self, plan: Path) -> list[str]:
-        """``advisor train`` arguments that run ``plan`` with these options (for a launcher or
-        a child process)."""
-        args = [
-            "train",
-            "--plan",
-            str(plan),
-            "--out",
-            str(self.out),
-            "--device",
-            self.device,
-            "--eval-batches",
-            str(self.eval_batches),
-            "--keep-checkpoints",
-            str(self.keep_checkpoints),
-        ]
-        for flag, value in (
-            ("--steps", self.steps),
-            ("--tokens", self.tokens),
-            ("--checkpoint-every", self.checkpoint_every),
-            ("--eval-every", self.eval_every),
-        ):
-            if value is not None:
-                args += [flag, str(value)]
-        if self.resume:
-            args.append("--resume")
-        if not self.progress:
-            args.append("--quiet")
-        return args
 
 
 @dataclass
@@ -200,10 +159,11 @@ class Trainer:
         )
         check_shapes(config, self.facts, self.source)
         self.out = options.out
-        self.checkpoints = CheckpointDir(self.out / "checkpoints", options.keep_checkpoints)
+        self.files = TrainDir(self.out)
+        self.checkpoints = CheckpointDir(self.files.checkpoints, options.keep_checkpoints)
         self.last_checkpoint: Path | None = None
         self.last_checkpoint_step = -1
-        self.metrics = MetricsLog(self.out / "metrics.jsonl")
+        self.metrics = MetricsLog(self.files.metrics)
         self.checkpoint_every = options.checkpoint_every or max(1, self.total_steps // 4)
         self.eval_every = (
             max(1, self.total_steps // 10) if options.eval_every is None else options.eval_every
@@ -224,7 +184,7 @@ class Trainer:
         existing = self.checkpoints.latest()
         if self.options.resume:
             return existing
-        if existing is not None or (self.out / "metrics.jsonl").exists():
+        if existing is not None or self.files.metrics.exists():
             raise UsageProblem(
                 f"{self.out} already holds a training run: pass --resume to continue it, "
                 "or choose another --out"
@@ -351,23 +311,7 @@ class Trainer:
         self.tokens, self.skipped, self.elapsed_before = 0, 0, 0.0
         start = self._restore(resume_from) if resume_from is not None else 0
         if self.ctx.is_main:
-            self.out.mkdir(parents=True, exist_ok=True)
-            if resume_from is not None:
-                self.metrics.truncate_after(start)
-            atomic_write_text(
-                self.out / "train_config.json",
-                json.dumps(
-                    {
-                        "config": self.config.to_dict(),
-                        "total_steps": self.total_steps,
-                        "device": str(self.device),
-                        "data": self.source.description,
-                        "model": self.facts.to_dict(),
-                    },
-                    indent=2,
-                )
-                + "\n",
-            )
+            self._write_run_files(start, resumed=resume_from is not None)
         if start >= self.total_steps:
             return self._already_done(start)
         progress = Progress(
@@ -376,86 +320,11 @@ class Trainer:
         if resume_from is not None:
             progress.message(f"resumed from {resume_from} at step {start}")
         self._t_start = time.perf_counter()
-        loss_value, eval_loss = math.nan, None
+        self.loss_value = math.nan
+        self.eval_loss: float | None = None
         try:
             with _StopFlag() as stop:
-                t_prev = time.perf_counter()
-                batches = self._batches(start)
-                for step in range(start + 1, self.total_steps + 1):
-                    micro = next(batches)
-                    t_data = time.perf_counter() - t_prev
-                    lr = self.step.optimizer.param_groups[0]["lr"]
-                    self.peak.reset()
-                    loss, stats = self.step.step(micro)
-                    self.scheduler.step()
-                    # Host sync: one per optimizer step, for the loss, norm and the step timer.
-                    loss_value = float(self._all_mean(loss).item())
-                    grad_norm = float(stats.grad_norm.item())
-                    now = time.perf_counter()
-                    step_time, t_prev = now - t_prev, now
-                    if not math.isfinite(loss_value):
-                        where = (
-                            f"the last good checkpoint is {self.last_checkpoint}"
-                            if self.last_checkpoint
-                            else "no checkpoint was saved yet"
-                        )
-                        raise TrainingDiverged(
-                            f"loss became {loss_value} at step {step}; {where}. Lower --lr, raise"
-                            " --warmup-steps, keep --grad-clip on, or use bf16 instead of fp16"
-                        )
-                    self.skipped += bool(stats.skipped) if stats.skipped is not None else 0
-                    self.tokens += self.config.tokens_per_step
-                    peaks = self._gather_peaks(self.peak.read())
-                    record: dict[str, Any] = {
-                        "kind": "train",
-                        "step": step,
-                        "loss": loss_value,
-                        "lr": lr,
-                        "grad_norm": _jsonable(grad_norm),
-                        "tokens": self.tokens,
-                        "step_time_s": step_time,
-                        "data_time_s": t_data,
-                        "tokens_per_s": self.config.tokens_per_step / step_time,
-                        "peak_memory_bytes": max(peaks),
-                        "peak_memory_kind": self.peak.kind,
-                        "mfu": self.mfu(self.config.tokens_per_step / step_time),
-                        "skipped_steps": self.skipped,
-                        "elapsed_s": self._elapsed(),
-                    }
-                    if self.ctx.enabled:
-                        record["peak_memory_bytes_per_rank"] = peaks
-                    if stats.loss_scale is not None:
-                        record["loss_scale"] = float(stats.loss_scale)
-                    if self.ctx.is_main:
-                        self.metrics.write(record)
-                    progress.update(step, loss_value, record["tokens_per_s"])
-                    last = step == self.total_steps
-                    if last or (self.eval_every and step % self.eval_every == 0):
-                        eval_loss = self.evaluate()
-                        progress.eval_loss, progress.eval_loss_step = eval_loss, step
-                        if self.ctx.is_main:
-                            self.metrics.write(
-                                {
-                                    "kind": "eval",
-                                    "step": step,
-                                    "eval_loss": eval_loss,
-                                    "tokens": self.tokens,
-                                }
-                            )
-                    if last or step % self.checkpoint_every == 0:
-                        self._save(step)
-                    if stop.signum is not None:
-                        if self.last_checkpoint_step != step:
-                            self._save(step)
-                        name = signal.Signals(stop.signum).name
-                        raise TrainingInterrupted(
-                            f"{name}: stopped after step {step}, checkpoint saved in "
-                            f"{self.checkpoints.path}; continue with the same command plus "
-                            "--resume",
-                            stop.signum,
-                        )
-                    if self.last_checkpoint_step == step or progress.eval_loss_step == step:
-                        t_prev = time.perf_counter()  # eval/checkpoint: not the next step's time
+                self._loop(start, progress, stop)
         finally:
             progress.close()
             self.metrics.close()
@@ -463,26 +332,136 @@ class Trainer:
             out=self.out,
             steps=self.total_steps,
             tokens=self.tokens,
-            final_loss=loss_value,
-            eval_loss=eval_loss,
+            final_loss=self.loss_value,
+            eval_loss=self.eval_loss,
             checkpoint=self.last_checkpoint,
             metrics_path=self.metrics.path,
             skipped_steps=self.skipped,
         )
 
+    def _write_run_files(self, start: int, *, resumed: bool) -> None:
+        """Rank 0: the run directory, metrics cut back to the checkpoint, train_config.json."""
+        self.out.mkdir(parents=True, exist_ok=True)
+        if resumed:
+            self.metrics.truncate_after(start)
+        atomic_write_text(
+            self.files.train_config,
+            json.dumps(
+                {
+                    "config": self.config.to_dict(),
+                    "total_steps": self.total_steps,
+                    "device": str(self.device),
+                    "data": self.source.description,
+                    "model": self.facts.to_dict(),
+                },
+                indent=2,
+            )
+            + "\n",
+        )
+
+    def _loop(self, start: int, progress: Progress, stop: _StopFlag) -> None:
+        """Steps ``start + 1 .. total``: train, log, evaluate, checkpoint, honour a signal.
+
+        A step's time runs from the end of the previous step's timer (data loading included)
+        to its host sync; evaluation and checkpointing are not part of the next step's time.
+        """
+        t_prev = time.perf_counter()
+        batches = self._batches(start)
+        for step in range(start + 1, self.total_steps + 1):
+            micro = next(batches)
+            t_data = time.perf_counter() - t_prev
+            record, t_prev = self._train_step(step, micro, t_data, t_prev)
+            if self.ctx.is_main:
+                self.metrics.write(record)
+            progress.update(step, self.loss_value, record.tokens_per_s or 0.0)
+            last = step == self.total_steps
+            if last or (self.eval_every and step % self.eval_every == 0):
+                self._log_eval(step, progress)
+            if last or step % self.checkpoint_every == 0:
+                self._save(step)
+            if stop.signum is not None:
+                self._stop(step, stop.signum)
+            if self.last_checkpoint_step == step or progress.eval_loss_step == step:
+                t_prev = time.perf_counter()  # eval/checkpoint: not the next step's time
+
+    def _train_step(
+        self, step: int, micro: list[Batch], t_data: float, t_prev: float
+    ) -> tuple[TrainRecord, float]:
+        """One optimizer step: its record and when its timer stopped (``t_prev``: when the
+        previous one's did). Stops the run on a NaN/inf loss."""
+        lr = self.step.optimizer.param_groups[0]["lr"]
+        self.peak.reset()
+        loss, stats = self.step.step(micro)
+        self.scheduler.step()
+        # Host sync: one per optimizer step, for the loss, norm and the step timer.
+        self.loss_value = float(self._all_mean(loss).item())
+        grad_norm = float(stats.grad_norm.item())
+        now = time.perf_counter()
+        step_time = now - t_prev
+        if not math.isfinite(self.loss_value):
+            self._diverged(step)
+        self.skipped += bool(stats.skipped) if stats.skipped is not None else 0
+        self.tokens += self.config.tokens_per_step
+        peaks = self._gather_peaks(self.peak.read())
+        tokens_per_s = self.config.tokens_per_step / step_time
+        record = TrainRecord(
+            step=step,
+            loss=self.loss_value,
+            lr=lr,
+            grad_norm=_jsonable(grad_norm),
+            tokens=self.tokens,
+            step_time_s=step_time,
+            data_time_s=t_data,
+            tokens_per_s=tokens_per_s,
+            peak_memory_bytes=max(peaks),
+            peak_memory_kind=self.peak.kind,
+            mfu=self.mfu(tokens_per_s),
+            skipped_steps=self.skipped,
+            elapsed_s=self._elapsed(),
+            peak_memory_bytes_per_rank=tuple(peaks) if self.ctx.enabled else None,
+            loss_scale=float(stats.loss_scale) if stats.loss_scale is not None else None,
+        )
+        return record, now
+
+    def _diverged(self, step: int) -> None:
+        where = (
+            f"the last good checkpoint is {self.last_checkpoint}"
+            if self.last_checkpoint
+            else "no checkpoint was saved yet"
+        )
+        raise TrainingDiverged(
+            f"loss became {self.loss_value} at step {step}; {where}. Lower --lr, raise"
+            " --warmup-steps, keep --grad-clip on, or use bf16 instead of fp16"
+        )
+
+    def _log_eval(self, step: int, progress: Progress) -> None:
+        self.eval_loss = self.evaluate()
+        progress.eval_loss, progress.eval_loss_step = self.eval_loss, step
+        if self.ctx.is_main:
+            self.metrics.write(EvalRecord(step=step, eval_loss=self.eval_loss, tokens=self.tokens))
+
+    def _stop(self, step: int, signum: int) -> None:
+        """SIGTERM/SIGINT arrived: make sure this step is checkpointed, then stop."""
+        if self.last_checkpoint_step != step:
+            self._save(step)
+        name = signal.Signals(signum).name
+        raise TrainingInterrupted(
+            f"{name}: stopped after step {step}, checkpoint saved in "
+            f"{self.checkpoints.path}; continue with the same command plus --resume",
+            signum,
+        )
+
     def _already_done(self, start: int) -> TrainResult:
         """Resuming a finished run: nothing to train; report what it ended with."""
-        from advisor.trainer.metrics import read_metrics
-
-        records = read_metrics(self.metrics.path) if self.metrics.path.exists() else []
-        train = [r for r in records if r.get("kind") == "train"]
-        evals = [r for r in records if "eval_loss" in r]
+        metrics = read_metrics(self.metrics.path)
+        train, evals = metrics.train, metrics.evals
+        final_loss = train[-1].loss if train else None
         return TrainResult(
             out=self.out,
             steps=start,
             tokens=self.tokens,
-            final_loss=train[-1]["loss"] if train else math.nan,
-            eval_loss=evals[-1]["eval_loss"] if evals else None,
+            final_loss=final_loss if final_loss is not None else math.nan,
+            eval_loss=evals[-1].eval_loss if evals else None,
             checkpoint=self.checkpoints.latest(),
             metrics_path=self.metrics.path,
             skipped_steps=self.skipped,

@@ -1,4 +1,5 @@
-"""metrics.jsonl, per-step peak memory, and the progress display of a training run."""
+"""metrics.jsonl (records: profilers.metrics_record), per-step peak memory, and the progress
+display of a training run."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from typing import Any, TextIO
 import torch
 
 from advisor.trainer.checkpoint import atomic_write_text
+from profilers.metrics_record import MetricsRecord, encode
 
 
 class MetricsLog:
@@ -37,11 +39,11 @@ class MetricsLog:
                 kept.append(line)
         atomic_write_text(self.path, "".join(f"{line}\n" for line in kept))
 
-    def write(self, record: dict[str, Any]) -> None:
+    def write(self, record: MetricsRecord) -> None:
         if self._file is None:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             self._file = open(self.path, "a")  # noqa: SIM115 - kept open for the whole run
-        self._file.write(json.dumps(record, allow_nan=True) + "\n")
+        self._file.write(encode(record) + "\n")
         self._file.flush()
 
     def sync(self) -> None:
@@ -52,16 +54,6 @@ class MetricsLog:
         if self._file is not None:
             self._file.close()
             self._file = None
-
-
-def read_metrics(path: Path) -> list[dict[str, Any]]:
-    out = []
-    for line in path.read_text().splitlines():
-        try:
-            out.append(json.loads(line))
-        except json.JSONDecodeError:
-            continue
-    return out
 
 
 class PeakMemory:

@@ -278,10 +278,13 @@ def test_launcher_validator_takes_the_profiled_overheads_off_a_cpu_rank_peak() -
         parallelism="ddp",
         world_size=2,
     )
-    records = [
+    from profilers.metrics_record import parse_record
+
+    lines = [
         {"kind": "train", "step": s, "step_time_s": t, "peak_memory_bytes": peak}
         for s, t, peak in [(1, 9.0, 900), (2, 0.2, 500), (3, 0.4, 700), (4, 0.3, 600)]
     ] + [{"kind": "eval", "step": 4, "loss": 1.0}]
+    records = [r for r in map(parse_record, lines) if r is not None]
     validator = LauncherValidator(
         device="cpu",
         max_world_size=2,

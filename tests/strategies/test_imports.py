@@ -11,6 +11,7 @@ STRATEGIES = Path(__file__).resolve().parents[2] / "strategies"
 # profilers modules that only hold records and arithmetic (no torch at import time).
 ALLOWED_PROFILERS = {
     "profilers.comm_records",
+    "profilers.defaults",
     "profilers.device",
     "profilers.fit",
     "profilers.flops",
@@ -18,6 +19,7 @@ ALLOWED_PROFILERS = {
     "profilers.memory_model",
     "profilers.memory_records",
     "profilers.profile_record",
+    "profilers.rundir",
     "profilers.throughput",
     "profilers.workload",
 }

@@ -1,0 +1,54 @@
+"""How a training run runs (length, evaluation, checkpoints, device): :class:`RunOptions`.
+
+Torch-free, so that the CLI can read its defaults without importing torch, and so that a
+launcher or a parent process can build the ``advisor train`` command of a run from it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from strategies.commands import Command
+from strategies.config import DEFAULT_STEPS
+
+DEFAULT_EVAL_BATCHES = 4  # global batches of the validation split per evaluation
+DEFAULT_KEEP_CHECKPOINTS = 2
+
+
+def run_steps(steps: int | None, tokens: int | None) -> int | None:
+    """The ``steps`` of a run asked for ``steps`` or ``tokens``: DEFAULT_STEPS when neither."""
+    return DEFAULT_STEPS if steps is None and tokens is None else steps
+
+
+@dataclass(frozen=True, kw_only=True)
+class RunOptions:
+    out: Path
+    steps: int | None = None
+    tokens: int | None = None
+    resume: bool = False
+    checkpoint_every: int | None = None  # None: about four checkpoints per run
+    eval_every: int | None = None  # None: about ten evals per run; 0: only at the end
+    eval_batches: int = DEFAULT_EVAL_BATCHES
+    keep_checkpoints: int = DEFAULT_KEEP_CHECKPOINTS
+    device: str = "auto"
+    progress: bool = True
+
+    def train_args(self, plan: Path) -> list[str]:
+        """``advisor train`` arguments that run ``plan`` with these options (for a launcher or
+        a child process)."""
+        command = (
+            Command("train")
+            .option("plan", plan)
+            .option("out", self.out)
+            .option("device", self.device)
+            .option("eval_batches", self.eval_batches)
+            .option("keep_checkpoints", self.keep_checkpoints)
+            .option("steps", self.steps)
+            .option("tokens", self.tokens)
+            .option("checkpoint_every", self.checkpoint_every)
+            .option("eval_every", self.eval_every)
+            .switch("resume", self.resume)
+            .switch("quiet", not self.progress)
+        )
+        return command.args()

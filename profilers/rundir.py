@@ -1,0 +1,129 @@
+"""The run directory: where every file of RUN/ and of a training directory lives (one owner).
+
+Other tools, tests and the report read these files (DESIGN.md, "Contracts on disk"), so each
+name is written here once and imported everywhere else; nothing else spells a run file's name.
+It lives in the lowest package because the profiler writes the first of them; it imports
+nothing but the standard library.
+
+    RUN/                        advisor run --out RUN
+      profile.json, probes.csv    advisor profile    (profilers.profile_record.Profile.save)
+      plan.json, trials.csv       advisor recommend  (strategies.plan.Plan.save)
+      study.db                    its Optuna study   (strategies.search.default_storage)
+      run.json                    advisor run's log  (advisor.run)
+      report.html                 advisor report     (reports.render.write_report)
+      train/                      a training directory, below
+
+    TRAIN/                      advisor train --out TRAIN  (RUN/train for advisor run)
+      metrics.jsonl               one line per step and per eval (profilers.metrics_record)
+      train_config.json           the config, total steps, device, data, model facts
+      launch_config.json          the resolved config handed to torchrun's ranks
+      checkpoints/step_NNNNNNNN/  one directory per checkpoint (advisor.trainer.checkpoint)
+      checkpoints/latest          the name of the newest one
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+PROFILE = "profile.json"
+PROBES = "probes.csv"
+PLAN = "plan.json"
+TRIALS = "trials.csv"
+STUDY = "study.db"
+RUN_LOG = "run.json"
+REPORT = "report.html"
+TRAIN = "train"
+
+METRICS = "metrics.jsonl"
+TRAIN_CONFIG = "train_config.json"
+LAUNCH_CONFIG = "launch_config.json"
+CHECKPOINTS = "checkpoints"
+LATEST_CHECKPOINT = "latest"
+CHECKPOINT_PREFIX = "step_"
+CHECKPOINT_NAME = re.compile(rf"^{CHECKPOINT_PREFIX}(\d{{8}})$")
+
+
+def checkpoint_name(step: int) -> str:
+    """``step_00000300``: zero-padded so that names sort in step order."""
+    return f"{CHECKPOINT_PREFIX}{step:08d}"
+
+
+@dataclass(frozen=True, slots=True)
+class TrainDir:
+    """A training run's directory (``advisor train --out``)."""
+
+    root: Path
+
+    @property
+    def metrics(self) -> Path:
+        return self.root / METRICS
+
+    @property
+    def train_config(self) -> Path:
+        return self.root / TRAIN_CONFIG
+
+    @property
+    def launch_config(self) -> Path:
+        return self.root / LAUNCH_CONFIG
+
+    @property
+    def checkpoints(self) -> Path:
+        return self.root / CHECKPOINTS
+
+    @property
+    def latest_checkpoint(self) -> Path:
+        """The pointer file naming the newest checkpoint (present once one was saved)."""
+        return self.checkpoints / LATEST_CHECKPOINT
+
+    def checkpoint_dirs(self) -> list[Path]:
+        """The complete checkpoints, oldest first (staging directories are not listed)."""
+        if not self.checkpoints.is_dir():
+            return []
+        return sorted(p for p in self.checkpoints.iterdir() if CHECKPOINT_NAME.match(p.name))
+
+
+@dataclass(frozen=True, slots=True)
+class RunDir:
+    """The directory of ``advisor run --out RUN`` (also of ``advisor profile/recommend``)."""
+
+    root: Path
+
+    @property
+    def profile(self) -> Path:
+        return self.root / PROFILE
+
+    @property
+    def probes(self) -> Path:
+        return self.root / PROBES
+
+    @property
+    def plan(self) -> Path:
+        return self.root / PLAN
+
+    @property
+    def trials(self) -> Path:
+        return self.root / TRIALS
+
+    @property
+    def study(self) -> Path:
+        return self.root / STUDY
+
+    @property
+    def run_log(self) -> Path:
+        return self.root / RUN_LOG
+
+    @property
+    def report(self) -> Path:
+        return self.root / REPORT
+
+    @property
+    def train(self) -> TrainDir:
+        return TrainDir(self.root / TRAIN)
+
+
+def profile_path(path: str | Path) -> Path:
+    """A profile.json given as the file or as the directory that holds it."""
+    path = Path(path)
+    return path / PROFILE if path.is_dir() else path

@@ -1,0 +1,100 @@
+"""``advisor`` command lines: the one place that writes options as arguments.
+
+``advisor run`` records its own command (run.json), the trainer re-runs itself per rank through
+torchrun, validation trains candidates in a child, ``advisor run`` trains its plan in a child,
+and the report prints commands that reproduce a run. They all build their argument lists here,
+so a value is written the same way everywhere and reads back as the same value.
+
+Flag names mirror the option's key (``micro_batch_size`` -> ``--micro-batch-size``, DESIGN.md);
+the few that do not (``--model-arg``, ``--no-comm``) have helpers below.
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+PROGRAM = "advisor"
+
+
+def flag(key: str) -> str:
+    """``--micro-batch-size`` for ``micro_batch_size``."""
+    return "--" + key.replace("_", "-")
+
+
+def cli_value(value: Any) -> str:
+    """A value as the command line writes it and parses it back unchanged: floats in their
+    shortest ``%g`` form when that is exact (``120``, ``0.001``, ``1e-05``), else ``repr``."""
+    if isinstance(value, float):
+        short = f"{value:g}"
+        return short if float(short) == value else repr(value)
+    return str(value)
+
+
+def model_arg(key: str, value: Any) -> str:
+    """``KEY=VALUE`` for ``--model-arg``: strings as they are, everything else as JSON (the
+    CLI parses values as JSON literals, falling back to the string)."""
+    return f"{key}={value if isinstance(value, str) else json.dumps(value)}"
+
+
+class Command:
+    """An ``advisor`` command line, built option by option.
+
+    ``option(key, value, default=...)`` leaves the option out when the value is None or equals
+    the default: recorded commands then show what was asked, not every default.
+    """
+
+    _MISSING: Any = object()
+
+    def __init__(self, *words: str) -> None:
+        self.words: list[str] = list(words)
+
+    def option(self, key: str, value: Any, *, default: Any = _MISSING) -> Command:
+        if value is None or (default is not Command._MISSING and value == default):
+            return self
+        self.words += [flag(key), cli_value(value)]
+        return self
+
+    def options(self, values: Mapping[str, Any], keys: Iterable[str] | None = None) -> Command:
+        """``--key value`` for each of ``keys`` (default: every key) that ``values`` holds."""
+        for key in values if keys is None else keys:
+            if key in values:
+                self.option(key, values[key])
+        return self
+
+    def repeated(self, key: str, values: Sequence[Any]) -> Command:
+        """The flag once per value (``--precision bf16 --precision fp32``)."""
+        for value in values:
+            self.option(key, value)
+        return self
+
+    def switch(self, key: str, on: bool) -> Command:
+        """A bare flag (``--resume``) when ``on``."""
+        if on:
+            self.words.append(flag(key))
+        return self
+
+    def model(self, model: Any, model_args: Mapping[str, Any] | None = None) -> Command:
+        self.words += ["--model", str(model)]
+        for key, value in (model_args or {}).items():
+            self.words += ["--model-arg", model_arg(key, value)]
+        return self
+
+    def args(self) -> list[str]:
+        """The arguments after the program name (for ``python -m advisor`` or torchrun)."""
+        return list(self.words)
+
+    def argv(self) -> list[str]:
+        """``advisor`` and the arguments."""
+        return [PROGRAM, *self.words]
+
+    def shell(self) -> str:
+        """The command line, quoted for a POSIX shell."""
+        return shlex.join(self.argv())
+
+
+def command(name: str) -> Command:
+    """A new ``advisor NAME ...`` command line."""
+    return Command(name)
