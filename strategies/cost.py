@@ -14,6 +14,7 @@ have (:mod:`strategies.whatif`). Its parts:
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import statistics
 from collections.abc import Mapping, Sequence
@@ -29,10 +30,23 @@ from profilers.throughput import TimeModel
 from profilers.workload import ModelFacts
 from strategies.config import TrainConfig
 from strategies.errors import Unpredictable
+from strategies.prediction import (
+    MEASURED_COMMUNICATION,
+    Breakdown,
+    Communication,
+    DdpCommunication,
+    FsdpCommunication,
+    FsdpMemory,
+    GiB,
+    Machine,
+    MemoryTerms,
+    MiB,
+    Prediction,
+    TimeTerms,
+)
 from strategies.space import Candidate
 
-MiB = 2**20
-GiB = 2**30
+__all__ = ["CostModel", "GiB", "Machine", "MiB", "Prediction", "cost_model_from_profile"]
 
 # torch DDP: bucket_cap_mb=25 (the trainer's ParallelOptions.ddp_bucket_cap_mb) and a first
 # bucket of 1 MiB (torch.distributed._DEFAULT_FIRST_BUCKET_BYTES), filled in reverse
@@ -54,91 +68,6 @@ DEFAULT_BACKWARD_SHARE: Mapping[str, float] = {"none": 2 / 3, "full": 3 / 4}
 
 
 # -- records -------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True, kw_only=True, slots=True)
-class Machine:
-    """Where the candidates run: the memory they are budgeted against and what ranks share.
-
-    ``memory_bytes``: one device's memory (GPU), or the RAM available to the job on a CPU host.
-    ``fixed_overhead_bytes``: per process, outside what the fake trace counts (CUDA context and
-    workspaces; on CPU the interpreter and libraries). ``parallel_overhead_bytes``: what a
-    ddp/fsdp rank holds on top of that (CPU: its process group and the wrapper's modules),
-    per parallelism. ``shared_host``: the ranks of a multi-rank candidate are processes on
-    this one host sharing its cores and its RAM (CPU).
-    """
-
-    kind: str
-    name: str
-    memory_bytes: int
-    fixed_overhead_bytes: int = 0
-    parallel_overhead_bytes: Mapping[str, int] = field(default_factory=dict)
-    fragmentation_fraction: float = 0.0
-    shared_host: bool = False
-    estimate: bool = False
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "kind": self.kind,
-            "name": self.name,
-            "memory_bytes": self.memory_bytes,
-            "fixed_overhead_bytes": self.fixed_overhead_bytes,
-            "parallel_overhead_bytes": dict(self.parallel_overhead_bytes),
-            "fragmentation_fraction": self.fragmentation_fraction,
-            "shared_host": self.shared_host,
-            "estimate": self.estimate,
-        }
-
-    @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> Machine:
-        return cls(**{k: data[k] for k in cls.__dataclass_fields__ if k in data})
-
-
-@dataclass(frozen=True, kw_only=True, slots=True)
-class Prediction:
-    """What one candidate is predicted to cost.
-
-    ``peak_memory_bytes``: one rank's peak, overheads included. ``budgeted_bytes``: what is
-    compared with ``budget_bytes``: the per-rank peak on a GPU, every rank together on a CPU
-    host (they share its RAM). ``breakdown`` holds the terms (``memory``, ``time``) and the
-    ``assumptions`` made; ``estimate`` is True for what-if predictions (never measurements).
-    """
-
-    peak_memory_bytes: int
-    budgeted_bytes: int
-    budget_bytes: int
-    step_time_s: float
-    tokens_per_s: float
-    estimate: bool = False
-    breakdown: Mapping[str, Any] = field(default_factory=dict)
-
-    @property
-    def fits(self) -> bool:
-        return self.budgeted_bytes <= self.budget_bytes
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "peak_memory_bytes": self.peak_memory_bytes,
-            "budgeted_bytes": self.budgeted_bytes,
-            "budget_bytes": self.budget_bytes,
-            "fits": self.fits,
-            "step_time_s": self.step_time_s,
-            "tokens_per_s": self.tokens_per_s,
-            "estimate": self.estimate,
-            "breakdown": dict(self.breakdown),
-        }
-
-    @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> Prediction:
-        return cls(
-            peak_memory_bytes=int(data["peak_memory_bytes"]),
-            budgeted_bytes=int(data["budgeted_bytes"]),
-            budget_bytes=int(data["budget_bytes"]),
-            step_time_s=float(data["step_time_s"]),
-            tokens_per_s=float(data["tokens_per_s"]),
-            estimate=bool(data.get("estimate", False)),
-            breakdown=dict(data.get("breakdown", {})),
-        )
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -497,28 +426,30 @@ class CostModel:
 
     def predict(self, candidate: Candidate) -> Prediction:
         """Memory and time of ``candidate``; :class:`Unpredictable` if the profile can't say."""
-        memory = self._memory(candidate)
-        time = self._time(candidate)
+        assumptions = list(self.assumptions)
+        memory = self._memory(candidate, assumptions)
+        time = self._time(candidate, assumptions)
         tokens = candidate.global_batch_size * self.seq_len
-        assumptions = list(self.assumptions) + memory.pop("assumptions") + time.pop("assumptions")
         return Prediction(
-            peak_memory_bytes=memory["per_rank_bytes"],
-            budgeted_bytes=memory["budgeted_bytes"],
+            peak_memory_bytes=memory.per_rank_bytes,
+            budgeted_bytes=memory.budgeted_bytes,
             budget_bytes=self.budget_bytes,
-            step_time_s=time["step_s"],
-            tokens_per_s=tokens / time["step_s"],
+            step_time_s=time.step_s,
+            tokens_per_s=tokens / time.step_s,
             estimate=self.machine.estimate,
-            breakdown={"memory": memory, "time": time, "assumptions": assumptions},
+            breakdown=Breakdown(memory=memory, time=time, assumptions=tuple(assumptions)),
         )
 
     # -- memory ----------------------------------------------------------------------------
-    def _memory(self, c: Candidate) -> dict[str, Any]:
+    def _memory(self, c: Candidate, assumptions: list[str]) -> MemoryTerms:
         model = self.memory_model(c.precision, c.activation_checkpointing)
         b, accum, world = c.micro_batch_size, c.grad_accum_steps, c.world_size
         fb_fit = model.forward_backward if accum == 1 else model.forward_backward_accumulating
         forward_backward = fb_fit.predict(b)
         optimizer = model.optimizer_step.predict(b)
-        out: dict[str, Any] = {"assumptions": []}
+        source: str | None = None
+        buckets: int | None = None
+        fsdp: FsdpMemory | None = None
         traced_rank = None
         if c.parallelism != "single":
             traced_rank = self._find_memory_model(
@@ -528,13 +459,13 @@ class CostModel:
             # A per-rank trace of this very layout (DDP buckets / FSDP shards, gathered units
             # and communication buffers included) beats the analytic reshaping below.
             traced = float(traced_rank.predict(b, accum))
-            out["fitted_peak_bytes"] = int(traced)
-            out["source"] = f"traced {c.parallelism}×{world} per-rank fit"
+            fitted = int(traced)
+            source = f"traced {c.parallelism}×{world} per-rank fit"
         elif c.parallelism == "single":
             # MemoryModel.predict: max of the phase fits; the accumulating fit already holds
             # the gradient copy that is live while later micro-batches run.
             traced = float(model.predict(b, accum))
-            out["fitted_peak_bytes"] = int(traced)
+            fitted = int(traced)
         elif c.parallelism == "ddp":
             # gradient_as_bucket_view=True: the buckets ARE the gradients and persist across
             # steps, so a gradient copy is live at the forward peak even right after
@@ -542,10 +473,14 @@ class CostModel:
             # accumulation the fitted peak already holds that copy.
             buckets = model.gradient_bytes if accum == 1 else 0
             traced = max(forward_backward + buckets, optimizer)
-            out["fitted_peak_bytes"] = int(max(forward_backward, optimizer))
-            out["ddp_gradient_buckets_bytes"] = buckets
+            fitted = int(max(forward_backward, optimizer))
         else:
-            traced = self._fsdp_memory(model, c, forward_backward, optimizer, out)
+            traced, fsdp = self._fsdp_memory(model, c, optimizer)
+            fitted = int(max(forward_backward, optimizer))
+            assumptions.append(
+                "FSDP: the gradients of every micro-batch are reduce-scattered (no no_sync), so "
+                "only sharded gradients accumulate"
+            )
         traced += self.rounding_allowance_bytes
         fragmentation = traced * self.machine.fragmentation_fraction
         rank_extra = self.machine.parallel_overhead_bytes.get(c.parallelism, 0)  # none: single
@@ -553,11 +488,15 @@ class CostModel:
         per_rank += rank_extra
         ranks_sharing = world if self.machine.shared_host else 1
         if ranks_sharing > 1:
-            out["assumptions"].append(
+            assumptions.append(
                 f"CPU host: the {world} ranks are processes sharing its RAM, so the budget "
                 "holds all of them"
             )
-        out.update(
+        return MemoryTerms(
+            fitted_peak_bytes=fitted,
+            source=source,
+            ddp_gradient_buckets_bytes=buckets,
+            fsdp=fsdp,
             phase="forward_backward" if forward_backward >= optimizer else "optimizer_step",
             traced_bytes=int(traced),
             rounding_allowance_bytes=self.rounding_allowance_bytes,
@@ -572,18 +511,12 @@ class CostModel:
             gradient_bytes=model.gradient_bytes,
             optimizer_state_bytes=model.optimizer_state_bytes,
         )
-        return out
 
     def _fsdp_memory(
-        self,
-        model: MemoryModel,
-        c: Candidate,
-        forward_backward: float,
-        optimizer: float,
-        out: dict[str, Any],
-    ) -> float:
+        self, model: MemoryModel, c: Candidate, optimizer: float
+    ) -> tuple[float, FsdpMemory]:
         """Per-rank peak under FSDP2 (ZeRO-3-like sharding; Rajbhandari et al., "ZeRO", SC 2020,
-        §5: parameters, gradients and optimizer state each divided by N).
+        §5: parameters, gradients and optimizer state each divided by N), and its terms.
 
         forward/backward peak = (params + grads + optimizer state) / N
             + gathered units: the root (never resharded) + two blocks (the running one and the
@@ -603,27 +536,21 @@ class CostModel:
         activations = max(single - model.parameter_bytes - model.optimizer_state_bytes, 0.0)
         fb = state / world + gathered + grad_buffer + activations
         opt = optimizer / world
-        out["fsdp"] = {
-            "sharded_state_bytes": int(state / world),
-            "gathered_units_bytes": int(gathered),
-            "reduce_scatter_buffer_bytes": int(grad_buffer),
-            "activation_bytes": int(activations),
-            "optimizer_phase_bytes": int(opt),
-            "root_params": root,
-            "params_per_block": block,
-        }
-        out["fitted_peak_bytes"] = int(max(forward_backward, optimizer))
-        out["assumptions"].append(
-            "FSDP: the gradients of every micro-batch are reduce-scattered (no no_sync), so "
-            "only sharded gradients accumulate"
+        terms = FsdpMemory(
+            sharded_state_bytes=int(state / world),
+            gathered_units_bytes=int(gathered),
+            reduce_scatter_buffer_bytes=int(grad_buffer),
+            activation_bytes=int(activations),
+            optimizer_phase_bytes=int(opt),
+            root_params=root,
+            params_per_block=block,
         )
-        return max(fb, opt)
+        return max(fb, opt), terms
 
     # -- time --------------------------------------------------------------------------------
-    def _time(self, c: Candidate) -> dict[str, Any]:
+    def _time(self, c: Candidate, assumptions: list[str]) -> TimeTerms:
         compute = self.time.compute(c)
         world, accum = c.world_size, c.grad_accum_steps
-        assumptions: list[str] = []
         shared = self.machine.shared_host and world > 1 and not compute.parallel_measured
         sharing = world if shared else 1
         scale = float(sharing)
@@ -652,9 +579,9 @@ class CostModel:
         if c.parallelism == "fsdp" and not compute.parallel_measured:
             optimizer /= world  # each rank steps its 1/N shard (ZeRO §5)
         communication, exposed = 0.0, 0.0
-        comm_detail: dict[str, Any] = {}
+        detail: Communication = None
         if c.parallelism != "single" and not compute.parallel_measured:
-            communication, exposed, comm_detail = self._communication(c, fb)
+            communication, exposed, terms = self._communication(c, fb)
             if self.machine.shared_host:
                 # CPU ranks: gloo's copies, reductions and loopback TCP run on the cores the
                 # ranks compute on (one thread per rank, every core busy), so a collective
@@ -662,30 +589,34 @@ class CostModel:
                 # here (benchmarks/results/regret.md, gpt-tiny fp32 b=4): FSDP×2 steps took
                 # 0.09 s longer than DDP×2, more than FSDP's whole 0.045 s of collectives.
                 exposed = communication
-                comm_detail["overlap"] = "none: CPU ranks communicate on their compute cores"
+                terms = dataclasses.replace(
+                    terms, overlap="none: CPU ranks communicate on their compute cores"
+                )
                 assumptions.append(
                     "CPU host: collectives run on the cores the ranks compute on, so none of "
                     "their time overlaps compute"
                 )
+            detail = terms
         elif compute.parallel_measured:
-            comm_detail = {"note": "inside the measured multi-rank step time"}
+            detail = MEASURED_COMMUNICATION
         compute_s = accum * fb + optimizer + exposed
         input_s, step = self._input(c, compute_s, sharing, assumptions)
-        return {
-            "forward_backward_s": fb,
-            "micro_batches": accum,
-            "optimizer_s": optimizer,
-            "communication_s": communication,
-            "exposed_communication_s": exposed,
-            "communication": comm_detail,
-            "input_s": input_s,
-            "compute_source": compute.source,
-            "step_s": step,
-            "assumptions": assumptions,
-        }
+        return TimeTerms(
+            forward_backward_s=fb,
+            micro_batches=accum,
+            optimizer_s=optimizer,
+            communication_s=communication,
+            exposed_communication_s=exposed,
+            communication=detail,
+            input_s=input_s,
+            compute_source=compute.source,
+            step_s=step,
+        )
 
-    def _communication(self, c: Candidate, fb_s: float) -> tuple[float, float, dict[str, Any]]:
-        """(total collective seconds per step, exposed seconds per step, detail)."""
+    def _communication(
+        self, c: Candidate, fb_s: float
+    ) -> tuple[float, float, DdpCommunication | FsdpCommunication]:
+        """(total collective seconds per step, exposed seconds per step, their terms)."""
         world, accum = c.world_size, c.grad_accum_steps
         share = backward_share(c.activation_checkpointing, self.flops)
         backward_s = share * fb_s
@@ -696,14 +627,13 @@ class CostModel:
             sizes = ddp_buckets(model.gradient_bytes, self.ddp_bucket_cap_bytes)
             times = [self.comm.collective_s("all_reduce", world, s) for s in sizes]
             exposed = exposed_bucketed_allreduce_s(sizes, times, backward_s)
-            detail = {
-                "collective": "all_reduce",
-                "buckets": len(sizes),
-                "bytes": sum(sizes),
-                "backward_s": backward_s,
-                "source": self.comm.describe("all_reduce", world),
-            }
-            return sum(times), exposed, detail
+            ddp = DdpCommunication(
+                buckets=len(sizes),
+                bytes=sum(sizes),
+                backward_s=backward_s,
+                source=self.comm.describe("all_reduce", world),
+            )
+            return sum(times), exposed, ddp
         root, block = fsdp_units(self.facts)
         layers = self.facts.num_layers
         cb = COMPUTE_BYTES_PER_PARAM[c.precision]
@@ -719,15 +649,14 @@ class CostModel:
             ag_block, (layers - 1) * ag_block + layers * rs_block, backward_s, last_s=rs_root
         )
         per_micro = ag_root + 2 * layers * ag_block + rs_root + layers * rs_block
-        detail = {
-            "collectives": "all_gather (forward, backward) + reduce_scatter per micro-batch",
-            "all_gather_bytes": (root + 2 * layers * block) * cb,
-            "reduce_scatter_bytes": (root + layers * block) * REDUCE_BYTES_PER_PARAM,
-            "exposed_forward_s": exposed_fwd,
-            "exposed_backward_s": exposed_bwd,
-            "source": self.comm.describe("all_gather", world),
-        }
-        return accum * per_micro, accum * (exposed_fwd + exposed_bwd), detail
+        fsdp = FsdpCommunication(
+            all_gather_bytes=(root + 2 * layers * block) * cb,
+            reduce_scatter_bytes=(root + layers * block) * REDUCE_BYTES_PER_PARAM,
+            exposed_forward_s=exposed_fwd,
+            exposed_backward_s=exposed_bwd,
+            source=self.comm.describe("all_gather", world),
+        )
+        return accum * per_micro, accum * (exposed_fwd + exposed_bwd), fsdp
 
     def _input(
         self, c: Candidate, compute_s: float, share: int, assumptions: list[str]

@@ -102,7 +102,7 @@ class Validation:
         m = self.measured
         if not m.ok or not m.peak_memory_bytes:
             return None
-        traced = self.predicted.breakdown.get("memory", {}).get("traced_bytes")
+        traced = self.predicted.traced_bytes
         if not traced:
             return None
         return traced / m.peak_memory_bytes - 1
@@ -364,14 +364,15 @@ def nothing_fits(evaluations: Sequence[Evaluation], model: CostModel) -> Strateg
     smallest = min(priced, key=lambda e: e.prediction.budgeted_bytes if e.prediction else 0)
     p = smallest.prediction
     assert p is not None
-    memory = p.breakdown["memory"]
-    state = memory["parameter_bytes"] + memory["gradient_bytes"] + memory["optimizer_state_bytes"]
+    memory = p.breakdown.memory
+    assert memory is not None  # the cost model's predictions carry their terms
+    state = memory.state_bytes
     machine = model.machine
     hints = []
     needed_fraction = p.budgeted_bytes / machine.memory_bytes
     if needed_fraction <= 1:
         hints.append(f"a larger --memory-budget (at least {needed_fraction:.2f})")
-    if memory["traced_bytes"] - state > state:
+    if memory.traced_bytes - state > state:
         hints.append("a shorter sequence (--seq-len, then re-profile): activations dominate")
     elif machine.shared_host:
         hints.append("a smaller model or more RAM: CPU ranks share one host's memory")

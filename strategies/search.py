@@ -107,8 +107,8 @@ def evaluate(model: CostModel, candidate: Candidate) -> Evaluation:
         return Evaluation(candidate=candidate, prediction=None, reason=str(exc))
     if prediction.fits:
         return Evaluation(candidate=candidate, prediction=prediction)
-    memory = prediction.breakdown["memory"]
-    sharing = memory["ranks_sharing_memory"]
+    memory = prediction.breakdown.memory
+    sharing = memory.ranks_sharing_memory if memory else 1
     whose = f" ({sharing} ranks on one host)" if sharing > 1 else ""
     reason = (
         f"needs {prediction.budgeted_bytes / GiB:.2f} GiB{whose} > budget "

@@ -56,12 +56,14 @@ class ScriptedValidator:
             if config.parallelism == "fsdp":
                 out.append(Measurement(status="oom", reason="scripted: out of memory"))
                 continue
-            factor = 1.0 + 0.07 * (config.micro_batch_size % 3) - 0.05 * (
-                config.activation_checkpointing == "full"
+            factor = (
+                1.0
+                + 0.07 * (config.micro_batch_size % 3)
+                - 0.05 * (config.activation_checkpointing == "full")
             )
             step = prediction.step_time_s * factor
             samples = (step * 0.98, step, step * 1.03)
-            traced = prediction.breakdown["memory"]["traced_bytes"]
+            traced = prediction.traced_bytes or 0
             out.append(
                 Measurement(
                     status="ok",
@@ -119,9 +121,7 @@ SCENARIOS: dict[str, tuple[Any, SearchRequest, bool]] = {
     ),
     "gpu-unvalidated": (
         _gpu_profile,
-        SearchRequest(
-            global_batch_size=64, trials=32, config_overrides={"lr": 3e-4, "seed": 7}
-        ),
+        SearchRequest(global_batch_size=64, trials=32, config_overrides={"lr": 3e-4, "seed": 7}),
         False,
     ),
     "whatif-h100": (

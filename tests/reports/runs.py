@@ -41,7 +41,7 @@ class FakeValidator:
     ) -> list[Measurement]:
         out = []
         for p in predictions:
-            traced = p.breakdown["memory"]["traced_bytes"]
+            traced = p.traced_bytes or 0
             out.append(
                 Measurement(
                     status="ok",

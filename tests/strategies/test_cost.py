@@ -67,11 +67,11 @@ def test_single_device_memory_is_the_fitted_peak_plus_overheads() -> None:
     model = cost_model_from_profile(profile, 0.9)
     p = model.predict(cand(micro=4))
     traced = PARAM_BYTES + ADAM_BYTES + 4 * ACTIVATIONS[("fp32", "none")]  # 12 + 40 MB
-    assert p.breakdown["memory"]["traced_bytes"] == traced
+    assert p.breakdown.to_dict()["memory"]["traced_bytes"] == traced
     assert p.peak_memory_bytes == round(traced * 1.1) + 100 * MB
     # Accumulation: the fitted accumulating peak holds one gradient copy more.
     p2 = model.predict(cand(micro=4, accum=2))
-    assert p2.breakdown["memory"]["traced_bytes"] == traced + GRAD_BYTES
+    assert p2.breakdown.to_dict()["memory"]["traced_bytes"] == traced + GRAD_BYTES
 
 
 def test_memory_grows_and_step_time_falls_with_the_micro_batch_at_a_fixed_global_batch(
@@ -104,9 +104,9 @@ def test_ddp_keeps_a_gradient_copy_in_its_buckets_unless_accumulation_already_do
     for accum, extra in ((1, GRAD_BYTES), (2, 0)):
         single = model.predict(cand(micro=8, accum=accum))
         ddp = model.predict(cand(micro=8, accum=accum, parallelism="ddp", world=2))
-        m = ddp.breakdown["memory"]
+        m = ddp.breakdown.to_dict()["memory"]
         assert m["ddp_gradient_buckets_bytes"] == extra
-        assert m["traced_bytes"] - single.breakdown["memory"]["traced_bytes"] == extra
+        assert m["traced_bytes"] - single.breakdown.to_dict()["memory"]["traced_bytes"] == extra
 
 
 def test_fsdp_memory_per_rank_follows_the_sharding_formula(model: CostModel) -> None:
@@ -116,13 +116,15 @@ def test_fsdp_memory_per_rank_follows_the_sharding_formula(model: CostModel) -> 
     state = PARAM_BYTES + GRAD_BYTES + ADAM_BYTES
     activations = b * ACTIVATIONS[("fp32", "none")]  # fb(b) minus params and Adam state
     expected = state / world + (root + 2 * block) * 4 + block * 4 + activations
-    assert p.breakdown["memory"]["traced_bytes"] == int(expected)
+    assert p.breakdown.to_dict()["memory"]["traced_bytes"] == int(expected)
     # More ranks: less state per rank, same activations.
     wider = model.predict(cand(micro=b, parallelism="fsdp", world=8))
     assert wider.peak_memory_bytes < p.peak_memory_bytes
     # bf16 gathers half-size parameters.
     bf16 = model.predict(cand(micro=b, precision="bf16", parallelism="fsdp", world=world))
-    assert bf16.breakdown["memory"]["fsdp"]["gathered_units_bytes"] == (root + 2 * block) * 2
+    assert (
+        bf16.breakdown.to_dict()["memory"]["fsdp"]["gathered_units_bytes"] == (root + 2 * block) * 2
+    )
 
 
 def test_fsdp_units_split_embeddings_into_the_root() -> None:
@@ -137,11 +139,11 @@ def test_fsdp_units_split_embeddings_into_the_root() -> None:
 def test_cpu_ranks_share_the_cores_and_the_ram(model: CostModel) -> None:
     single = model.predict(cand(micro=8, accum=2))
     ddp = model.predict(cand(micro=8, accum=1, parallelism="ddp", world=2))
-    time = ddp.breakdown["time"]
+    time = ddp.breakdown.to_dict()["time"]
     assert time["forward_backward_s"] == pytest.approx(
-        2 * single.breakdown["time"]["forward_backward_s"]
+        2 * single.breakdown.to_dict()["time"]["forward_backward_s"]
     )
-    assert any("share the host's cores" in a for a in ddp.breakdown["assumptions"])
+    assert any("share the host's cores" in a for a in ddp.breakdown.to_dict()["assumptions"])
     assert ddp.budgeted_bytes == 2 * ddp.peak_memory_bytes
 
 
@@ -150,10 +152,10 @@ def test_a_measured_multi_rank_time_replaces_the_sharing_assumption() -> None:
     model = cost_model_from_profile(hand_profile(extra_time=[measured]), 0.9)
     p = model.predict(cand(micro=8, parallelism="ddp", world=2))
     t0, k = FB_TIME[("fp32", "none")]
-    assert p.breakdown["time"]["forward_backward_s"] == pytest.approx(1.5 * (t0 + 8 * k))
-    assert p.breakdown["time"]["exposed_communication_s"] == 0.0  # inside the measurement
-    assert "measured ddp×2" in p.breakdown["time"]["compute_source"]
-    assert not any("share the host's cores" in a for a in p.breakdown["assumptions"])
+    assert p.breakdown.to_dict()["time"]["forward_backward_s"] == pytest.approx(1.5 * (t0 + 8 * k))
+    assert p.breakdown.to_dict()["time"]["exposed_communication_s"] == 0.0  # inside the measurement
+    assert "measured ddp×2" in p.breakdown.to_dict()["time"]["compute_source"]
+    assert not any("share the host's cores" in a for a in p.breakdown.to_dict()["assumptions"])
 
 
 def test_gpu_ranks_do_not_share_compute() -> None:
@@ -161,8 +163,8 @@ def test_gpu_ranks_do_not_share_compute() -> None:
     single = model.predict(cand(micro=8))
     ddp = model.predict(cand(micro=8, parallelism="ddp", world=2))
     assert (
-        ddp.breakdown["time"]["forward_backward_s"]
-        == single.breakdown["time"]["forward_backward_s"]
+        ddp.breakdown.to_dict()["time"]["forward_backward_s"]
+        == single.breakdown.to_dict()["time"]["forward_backward_s"]
     )
     assert ddp.budgeted_bytes == ddp.peak_memory_bytes
     assert ddp.step_time_s >= single.step_time_s  # the same work plus exposed communication
@@ -186,7 +188,7 @@ def test_bucketed_allreduce_exposes_only_what_outlasts_backward() -> None:
 def test_ddp_exposed_communication_uses_the_alpha_beta_fit() -> None:
     model = cost_model_from_profile(hand_profile(kind="cuda"), 0.9)
     p = model.predict(cand(micro=8, parallelism="ddp", world=2))
-    time = p.breakdown["time"]
+    time = p.breakdown.to_dict()["time"]
     # 4 MB of gradients: one 1 MiB bucket and one of the rest, 1 GB/s, alpha 0.1 ms.
     sizes = ddp_buckets(GRAD_BYTES)
     times = [1e-4 + s / 1e9 for s in sizes]
@@ -227,10 +229,11 @@ def test_a_missing_checkpointing_time_is_derived_from_counted_flops() -> None:
     plain = model.predict(cand(micro=8))
     ckpt = model.predict(cand(micro=8, ckpt="full"))
     ratio = (
-        ckpt.breakdown["time"]["forward_backward_s"] / plain.breakdown["time"]["forward_backward_s"]
+        ckpt.breakdown.to_dict()["time"]["forward_backward_s"]
+        / plain.breakdown.to_dict()["time"]["forward_backward_s"]
     )
     assert ratio == pytest.approx(4 / 3)
-    assert "derived" in ckpt.breakdown["time"]["compute_source"]
+    assert "derived" in ckpt.breakdown.to_dict()["time"]["compute_source"]
     without_flops = cost_model_from_profile(
         hand_profile(timed_checkpointing=("none",), with_flops=False), 0.9
     )
@@ -253,7 +256,9 @@ def test_input_loading_adds_in_process_and_overlaps_with_gpu_workers() -> None:
     no_input = cost_model_from_profile(hand_profile(kind="cuda"), 0.9)
     base = no_input.predict(cand(micro=8)).step_time_s
     in_process = gpu.predict(cand(micro=8, workers=0))
-    assert in_process.breakdown["time"]["input_s"] == pytest.approx(1 / 100)  # 8 seqs, 100 b/s
+    assert in_process.breakdown.to_dict()["time"]["input_s"] == pytest.approx(
+        1 / 100
+    )  # 8 seqs, 100 b/s
     assert in_process.step_time_s == pytest.approx(base + 1 / 100)
     assert gpu.predict(cand(micro=8, workers=2)).step_time_s == pytest.approx(max(base, 1 / 400))
     cpu = cost_model_from_profile(hand_profile(inputs=inputs), 0.9)
@@ -294,12 +299,14 @@ def test_a_traced_per_rank_memory_fit_replaces_the_analytic_sharding() -> None:
     fits = dataclasses.replace(profile.fits, memory=(*profile.fits.memory, per_rank))
     model = cost_model_from_profile(dataclasses.replace(profile, fits=fits), 0.9)
     traced = model.predict(cand(micro=4, parallelism="fsdp", world=2))
-    assert traced.breakdown["memory"]["source"] == "traced fsdp×2 per-rank fit"
-    assert traced.breakdown["memory"]["traced_bytes"] == per_rank.predict(4, 1)
+    assert traced.breakdown.to_dict()["memory"]["source"] == "traced fsdp×2 per-rank fit"
+    assert traced.breakdown.to_dict()["memory"]["traced_bytes"] == per_rank.predict(4, 1)
     # Other layouts, and single-device lookups, are unaffected.
     assert (
         "source"
-        not in model.predict(cand(micro=4, parallelism="fsdp", world=4)).breakdown["memory"]
+        not in model.predict(cand(micro=4, parallelism="fsdp", world=4)).breakdown.to_dict()[
+            "memory"
+        ]
     )
     assert model.memory_model("fp32", "none").parallelism == "single"
 
@@ -321,7 +328,10 @@ def test_cpu_ranks_expose_all_their_communication(parallelism: str) -> None:
     cpu = cost_model_from_profile(hand_profile(kind="cpu"), 0.9)
     gpu = cost_model_from_profile(hand_profile(kind="cuda"), 0.9)
     c = cand(micro=8, parallelism=parallelism, world=2)
-    on_cpu, on_gpu = cpu.predict(c).breakdown["time"], gpu.predict(c).breakdown["time"]
+    on_cpu, on_gpu = (
+        cpu.predict(c).breakdown.to_dict()["time"],
+        gpu.predict(c).breakdown.to_dict()["time"],
+    )
     assert on_cpu["communication_s"] == pytest.approx(on_gpu["communication_s"])
     assert on_cpu["exposed_communication_s"] == pytest.approx(on_cpu["communication_s"])
     assert on_gpu["exposed_communication_s"] < on_gpu["communication_s"]
@@ -337,18 +347,18 @@ def test_cpu_ranks_expose_all_their_communication(parallelism: str) -> None:
 def test_a_cpu_rank_carries_its_parallel_overhead_on_top_of_the_process_overhead() -> None:
     profile = hand_profile(fixed_bytes=100 * MB, parallel_bytes={"ddp": 1 * MB, "fsdp": 40 * MB})
     model = cost_model_from_profile(profile, 0.9)
-    single = model.predict(cand(micro=4)).breakdown["memory"]
+    single = model.predict(cand(micro=4)).breakdown.to_dict()["memory"]
     assert single["parallel_overhead_bytes"] == 0
     assert single["per_rank_bytes"] == single["traced_bytes"] + 100 * MB
     for parallelism, extra in (("ddp", 1 * MB), ("fsdp", 40 * MB)):
         p = model.predict(cand(micro=2, parallelism=parallelism, world=2))
-        memory = p.breakdown["memory"]
+        memory = p.breakdown.to_dict()["memory"]
         assert memory["parallel_overhead_bytes"] == extra
         assert memory["per_rank_bytes"] == memory["traced_bytes"] + 100 * MB + extra
         assert p.budgeted_bytes == 2 * memory["per_rank_bytes"]  # both ranks share the RAM
     # A profile from before this field (or a GPU one) adds nothing.
     plain = cost_model_from_profile(hand_profile(fixed_bytes=100 * MB), 0.9)
-    memory = plain.predict(cand(micro=2, parallelism="fsdp", world=2)).breakdown["memory"]
+    memory = plain.predict(cand(micro=2, parallelism="fsdp", world=2)).breakdown.to_dict()["memory"]
     assert memory["per_rank_bytes"] == memory["traced_bytes"] + 100 * MB
 
 
@@ -359,13 +369,13 @@ def test_cpu_ranks_use_the_measured_split_thread_ratio_where_it_applies() -> Non
     profile = hand_profile(precisions=("fp32",), checkpointing=("none",), timed_checkpointing=())
     profile = dataclasses.replace(profile, fits=dataclasses.replace(profile.fits, time=(split,)))
     model = cost_model_from_profile(profile, 0.9)
-    single = model.predict(cand(micro=4)).breakdown["time"]
-    ddp = model.predict(cand(micro=4, parallelism="ddp", world=2)).breakdown
+    single = model.predict(cand(micro=4)).breakdown.to_dict()["time"]
+    ddp = model.predict(cand(micro=4, parallelism="ddp", world=2)).breakdown.to_dict()
     assert ddp["time"]["forward_backward_s"] == pytest.approx(1.6 * single["forward_backward_s"])
     assert ddp["time"]["optimizer_s"] == pytest.approx(1.6 * single["optimizer_s"])
     assert any("measured at that thread count" in a for a in ddp["assumptions"])
-    four = model.predict(cand(micro=2, parallelism="ddp", world=4)).breakdown
-    two = model.predict(cand(micro=2)).breakdown["time"]
+    four = model.predict(cand(micro=2, parallelism="ddp", world=4)).breakdown.to_dict()
+    two = model.predict(cand(micro=2)).breakdown.to_dict()["time"]
     assert four["time"]["forward_backward_s"] == pytest.approx(4 * two["forward_backward_s"])
     assert any("share the host's cores" in a for a in four["assumptions"])
 
@@ -379,13 +389,13 @@ def test_a_group_without_its_own_split_borrows_its_precisions_other_checkpointin
     profile = hand_profile(precisions=("fp32", "bf16"), checkpointing=("none", "full"))
     fits = dataclasses.replace(profile.fits, time=(timed, untimed, other))
     model = cost_model_from_profile(dataclasses.replace(profile, fits=fits), 0.9)
-    single = model.predict(cand(micro=4, ckpt="full")).breakdown["time"]
-    ddp = model.predict(cand(micro=4, ckpt="full", parallelism="ddp", world=2)).breakdown
+    single = model.predict(cand(micro=4, ckpt="full")).breakdown.to_dict()["time"]
+    ddp = model.predict(cand(micro=4, ckpt="full", parallelism="ddp", world=2)).breakdown.to_dict()
     assert ddp["time"]["forward_backward_s"] == pytest.approx(1.6 * single["forward_backward_s"])
     assert any("(for fp32/none: this group's was not timed)" in a for a in ddp["assumptions"])
-    bf16 = model.predict(cand(micro=4, precision="bf16", ckpt="full")).breakdown["time"]
+    bf16 = model.predict(cand(micro=4, precision="bf16", ckpt="full")).breakdown.to_dict()["time"]
     bf16_ddp = model.predict(
         cand(micro=4, precision="bf16", ckpt="full", parallelism="ddp", world=2)
-    ).breakdown
+    ).breakdown.to_dict()
     assert bf16_ddp["time"]["forward_backward_s"] == pytest.approx(2 * bf16["forward_backward_s"])
     assert any("share the host's cores" in a for a in bf16_ddp["assumptions"])

@@ -40,7 +40,7 @@ def test_whatif_predictions_are_labelled_estimates_from_flops_and_datasheets() -
     assert model.machine.estimate
     p = model.predict(_cand())
     assert p.estimate
-    assert any("estimate" in a for a in p.breakdown["assumptions"])
+    assert any("estimate" in a for a in p.breakdown.to_dict()["assumptions"])
     h100 = lookup_target("h100-80gb")
     flops = 6.0 * NUM_PARAMS * 8 * SEQ_LEN  # the hand profile's counted FLOPs, 8 sequences
     expected_fb = flops / (h100.peak_flops("bf16") * MFU["bf16"])  # type: ignore[operator]
@@ -51,11 +51,11 @@ def test_whatif_predictions_are_labelled_estimates_from_flops_and_datasheets() -
             h100.memory_bandwidth_gbs * 1e9 * MEMORY_BANDWIDTH_EFFICIENCY  # type: ignore[operator]
         )
     )
-    assert p.breakdown["time"]["forward_backward_s"] == pytest.approx(expected_fb)
-    assert p.breakdown["time"]["optimizer_s"] == pytest.approx(expected_opt)
+    assert p.breakdown.to_dict()["time"]["forward_backward_s"] == pytest.approx(expected_fb)
+    assert p.breakdown.to_dict()["time"]["optimizer_s"] == pytest.approx(expected_opt)
     assert model.predict(_cand("fp32")).step_time_s > p.step_time_s
     # Memory: CPU-traced fits + 512-B rounding bound + CUDA context.
-    memory = p.breakdown["memory"]
+    memory = p.breakdown.to_dict()["memory"]
     assert memory["rounding_allowance_bytes"] == rounding_allowance(facts())
     assert memory["fixed_overhead_bytes"] == CUDA_FIXED_OVERHEAD_BYTES
     assert model.budget_bytes == int(0.9 * h100.memory_bytes)

@@ -1,0 +1,405 @@
+"""What the cost model predicts, as typed records: the machine, the prediction and its terms.
+
+:class:`Prediction` is what plan.json, trials.csv, ``advisor predict`` and the report carry for
+a candidate; its :class:`Breakdown` holds the terms the totals were added up from (memory per
+rank, time per step, communication, the assumptions made), so nothing downstream re-derives the
+model. Every record writes the keys plan.json has always had, in the same order (other tools
+read them), and reads them back tolerantly: a report may render an older or hand-made plan.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+MiB = 2**20
+GiB = 2**30
+
+
+def _int(data: Mapping[str, Any], key: str) -> int:
+    value = data.get(key)
+    return int(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else 0
+
+
+def _float(data: Mapping[str, Any], key: str) -> float:
+    value = data.get(key)
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else 0.0
+
+
+def _mapping(value: Any) -> Mapping[str, Any]:
+    return value if isinstance(value, Mapping) else {}
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Machine:
+    """Where the candidates run: the memory they are budgeted against and what ranks share.
+
+    ``memory_bytes``: one device's memory (GPU), or the RAM available to the job on a CPU host.
+    ``fixed_overhead_bytes``: per process, outside what the fake trace counts (CUDA context and
+    workspaces; on CPU the interpreter and libraries). ``parallel_overhead_bytes``: what a
+    ddp/fsdp rank holds on top of that (CPU: its process group and the wrapper's modules),
+    per parallelism. ``shared_host``: the ranks of a multi-rank candidate are processes on
+    this one host sharing its cores and its RAM (CPU).
+    """
+
+    kind: str
+    name: str
+    memory_bytes: int
+    fixed_overhead_bytes: int = 0
+    parallel_overhead_bytes: Mapping[str, int] = field(default_factory=dict)
+    fragmentation_fraction: float = 0.0
+    shared_host: bool = False
+    estimate: bool = False
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "kind": self.kind,
+            "name": self.name,
+            "memory_bytes": self.memory_bytes,
+            "fixed_overhead_bytes": self.fixed_overhead_bytes,
+            "parallel_overhead_bytes": dict(self.parallel_overhead_bytes),
+            "fragmentation_fraction": self.fragmentation_fraction,
+            "shared_host": self.shared_host,
+            "estimate": self.estimate,
+        }
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> Machine:
+        return cls(**{k: data[k] for k in cls.__dataclass_fields__ if k in data})
+
+
+# -- memory ---------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class FsdpMemory:
+    """The terms of an FSDP rank's forward/backward peak (strategies.cost, ``_fsdp_memory``)."""
+
+    sharded_state_bytes: int  # (parameters + gradients + optimizer state) / N
+    gathered_units_bytes: int  # the root and two blocks unsharded, in the compute dtype
+    reduce_scatter_buffer_bytes: int  # one block's fp32 gradients before reduce-scatter
+    activation_bytes: int  # as on one device
+    optimizer_phase_bytes: int  # the optimizer-step peak / N
+    root_params: int
+    params_per_block: int
+
+    def to_dict(self) -> dict[str, Any]:
+        return {f: getattr(self, f) for f in self.__dataclass_fields__}
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> FsdpMemory:
+        return cls(**{f: _int(data, f) for f in cls.__dataclass_fields__})
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class MemoryTerms:
+    """One rank's predicted peak, term by term.
+
+    ``traced_bytes`` is the fake-traced peak for this layout (+ the CUDA rounding allowance),
+    what a measured allocator peak compares with; ``per_rank_bytes`` adds fragmentation and the
+    fixed and per-rank overheads; ``budgeted_bytes`` is what the budget holds (every rank
+    together on a CPU host). At most one of ``source`` (a per-rank trace of this very layout),
+    ``ddp_gradient_buckets_bytes`` and ``fsdp`` (the analytic reshaping) is set.
+    """
+
+    fitted_peak_bytes: int
+    phase: str  # "forward_backward" | "optimizer_step": where the peak falls
+    traced_bytes: int
+    rounding_allowance_bytes: int
+    fragmentation_bytes: int
+    fixed_overhead_bytes: int
+    parallel_overhead_bytes: int
+    per_rank_bytes: int
+    ranks_sharing_memory: int
+    budgeted_bytes: int
+    budget_bytes: int
+    parameter_bytes: int
+    gradient_bytes: int
+    optimizer_state_bytes: int
+    source: str | None = None
+    ddp_gradient_buckets_bytes: int | None = None
+    fsdp: FsdpMemory | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        if self.fsdp is not None:
+            out["fsdp"] = self.fsdp.to_dict()
+        out["fitted_peak_bytes"] = self.fitted_peak_bytes
+        if self.source is not None:
+            out["source"] = self.source
+        if self.ddp_gradient_buckets_bytes is not None:
+            out["ddp_gradient_buckets_bytes"] = self.ddp_gradient_buckets_bytes
+        for name in _MEMORY_TOTALS:
+            out[name] = getattr(self, name)
+        return out
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> MemoryTerms:
+        fsdp = data.get("fsdp")
+        buckets = data.get("ddp_gradient_buckets_bytes")
+        return cls(
+            fitted_peak_bytes=_int(data, "fitted_peak_bytes"),
+            phase=str(data.get("phase") or "forward_backward"),
+            traced_bytes=_int(data, "traced_bytes"),
+            rounding_allowance_bytes=_int(data, "rounding_allowance_bytes"),
+            fragmentation_bytes=_int(data, "fragmentation_bytes"),
+            fixed_overhead_bytes=_int(data, "fixed_overhead_bytes"),
+            parallel_overhead_bytes=_int(data, "parallel_overhead_bytes"),
+            per_rank_bytes=_int(data, "per_rank_bytes"),
+            ranks_sharing_memory=_int(data, "ranks_sharing_memory") or 1,
+            budgeted_bytes=_int(data, "budgeted_bytes"),
+            budget_bytes=_int(data, "budget_bytes"),
+            parameter_bytes=_int(data, "parameter_bytes"),
+            gradient_bytes=_int(data, "gradient_bytes"),
+            optimizer_state_bytes=_int(data, "optimizer_state_bytes"),
+            source=str(data["source"]) if data.get("source") is not None else None,
+            ddp_gradient_buckets_bytes=int(buckets) if buckets is not None else None,
+            fsdp=FsdpMemory.from_dict(fsdp) if isinstance(fsdp, Mapping) else None,
+        )
+
+    @property
+    def state_bytes(self) -> int:
+        """Parameters, gradients and optimizer state of the whole (unsharded) model."""
+        return self.parameter_bytes + self.gradient_bytes + self.optimizer_state_bytes
+
+
+_MEMORY_TOTALS = (
+    "phase",
+    "traced_bytes",
+    "rounding_allowance_bytes",
+    "fragmentation_bytes",
+    "fixed_overhead_bytes",
+    "parallel_overhead_bytes",
+    "per_rank_bytes",
+    "ranks_sharing_memory",
+    "budgeted_bytes",
+    "budget_bytes",
+    "parameter_bytes",
+    "gradient_bytes",
+    "optimizer_state_bytes",
+)
+
+
+# -- communication and time -----------------------------------------------------------------------
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class DdpCommunication:
+    """One all-reduce of the gradients per optimizer step, in DDP's buckets."""
+
+    buckets: int
+    bytes: int
+    backward_s: float  # the backward the buckets overlap with
+    source: str
+    overlap: str | None = None  # why none of it overlaps (CPU ranks), when so
+    collective: str = "all_reduce"
+
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "collective": self.collective,
+            "buckets": self.buckets,
+            "bytes": self.bytes,
+            "backward_s": self.backward_s,
+            "source": self.source,
+        }
+        if self.overlap is not None:
+            out["overlap"] = self.overlap
+        return out
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> DdpCommunication:
+        return cls(
+            buckets=_int(data, "buckets"),
+            bytes=_int(data, "bytes"),
+            backward_s=_float(data, "backward_s"),
+            source=str(data.get("source") or ""),
+            overlap=data.get("overlap"),
+            collective=str(data.get("collective") or "all_reduce"),
+        )
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class FsdpCommunication:
+    """All-gathers (forward, backward) and reduce-scatters of every unit, per micro-batch."""
+
+    all_gather_bytes: int
+    reduce_scatter_bytes: int
+    exposed_forward_s: float
+    exposed_backward_s: float
+    source: str
+    overlap: str | None = None
+    collectives: str = "all_gather (forward, backward) + reduce_scatter per micro-batch"
+
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "collectives": self.collectives,
+            "all_gather_bytes": self.all_gather_bytes,
+            "reduce_scatter_bytes": self.reduce_scatter_bytes,
+            "exposed_forward_s": self.exposed_forward_s,
+            "exposed_backward_s": self.exposed_backward_s,
+            "source": self.source,
+        }
+        if self.overlap is not None:
+            out["overlap"] = self.overlap
+        return out
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> FsdpCommunication:
+        return cls(
+            all_gather_bytes=_int(data, "all_gather_bytes"),
+            reduce_scatter_bytes=_int(data, "reduce_scatter_bytes"),
+            exposed_forward_s=_float(data, "exposed_forward_s"),
+            exposed_backward_s=_float(data, "exposed_backward_s"),
+            source=str(data.get("source") or ""),
+            overlap=data.get("overlap"),
+            collectives=str(data.get("collectives") or ""),
+        )
+
+
+MEASURED_COMMUNICATION = "inside the measured multi-rank step time"
+
+Communication = DdpCommunication | FsdpCommunication | str | None
+
+
+def communication_to_dict(comm: Communication) -> dict[str, Any]:
+    """plan.json's ``time.communication``: {} on one device, a note when it was measured inside
+    the step time, else the collectives' terms."""
+    if comm is None:
+        return {}
+    if isinstance(comm, str):
+        return {"note": comm}
+    return comm.to_dict()
+
+
+def communication_from_dict(data: Mapping[str, Any]) -> Communication:
+    if "collectives" in data:
+        return FsdpCommunication.from_dict(data)
+    if "collective" in data:
+        return DdpCommunication.from_dict(data)
+    if "note" in data:
+        return str(data["note"])
+    return None
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class TimeTerms:
+    """One optimizer step's predicted time, term by term:
+    step = micro_batches × forward_backward + optimizer + exposed communication (+ input)."""
+
+    forward_backward_s: float  # one micro-batch on one rank, sharing of the host applied
+    micro_batches: int
+    optimizer_s: float
+    communication_s: float  # every collective of the step
+    exposed_communication_s: float  # the part that compute does not hide
+    communication: Communication
+    input_s: float
+    compute_source: str
+    step_s: float
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "forward_backward_s": self.forward_backward_s,
+            "micro_batches": self.micro_batches,
+            "optimizer_s": self.optimizer_s,
+            "communication_s": self.communication_s,
+            "exposed_communication_s": self.exposed_communication_s,
+            "communication": communication_to_dict(self.communication),
+            "input_s": self.input_s,
+            "compute_source": self.compute_source,
+            "step_s": self.step_s,
+        }
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> TimeTerms:
+        return cls(
+            forward_backward_s=_float(data, "forward_backward_s"),
+            micro_batches=_int(data, "micro_batches"),
+            optimizer_s=_float(data, "optimizer_s"),
+            communication_s=_float(data, "communication_s"),
+            exposed_communication_s=_float(data, "exposed_communication_s"),
+            communication=communication_from_dict(_mapping(data.get("communication"))),
+            input_s=_float(data, "input_s"),
+            compute_source=str(data.get("compute_source") or ""),
+            step_s=_float(data, "step_s"),
+        )
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Breakdown:
+    """The terms of a prediction and the assumptions made; empty for a hand-made one."""
+
+    memory: MemoryTerms | None = None
+    time: TimeTerms | None = None
+    assumptions: tuple[str, ...] = ()
+
+    def to_dict(self) -> dict[str, Any]:
+        if self.memory is None and self.time is None and not self.assumptions:
+            return {}
+        return {
+            "memory": self.memory.to_dict() if self.memory else {},
+            "time": self.time.to_dict() if self.time else {},
+            "assumptions": list(self.assumptions),
+        }
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> Breakdown:
+        memory, time = _mapping(data.get("memory")), _mapping(data.get("time"))
+        return cls(
+            memory=MemoryTerms.from_dict(memory) if memory else None,
+            time=TimeTerms.from_dict(time) if time else None,
+            assumptions=tuple(str(a) for a in data.get("assumptions") or ()),
+        )
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Prediction:
+    """What one candidate is predicted to cost.
+
+    ``peak_memory_bytes``: one rank's peak, overheads included. ``budgeted_bytes``: what is
+    compared with ``budget_bytes``: the per-rank peak on a GPU, every rank together on a CPU
+    host (they share its RAM). ``breakdown`` holds the terms and the assumptions made;
+    ``estimate`` is True for what-if predictions (never measurements).
+    """
+
+    peak_memory_bytes: int
+    budgeted_bytes: int
+    budget_bytes: int
+    step_time_s: float
+    tokens_per_s: float
+    estimate: bool = False
+    breakdown: Breakdown = field(default_factory=Breakdown)
+
+    @property
+    def fits(self) -> bool:
+        return self.budgeted_bytes <= self.budget_bytes
+
+    @property
+    def traced_bytes(self) -> int | None:
+        """The traced peak (what an allocator's measured peak compares with), if known."""
+        memory = self.breakdown.memory
+        return memory.traced_bytes if memory is not None and memory.traced_bytes else None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "peak_memory_bytes": self.peak_memory_bytes,
+            "budgeted_bytes": self.budgeted_bytes,
+            "budget_bytes": self.budget_bytes,
+            "fits": self.fits,
+            "step_time_s": self.step_time_s,
+            "tokens_per_s": self.tokens_per_s,
+            "estimate": self.estimate,
+            "breakdown": self.breakdown.to_dict(),
+        }
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> Prediction:
+        return cls(
+            peak_memory_bytes=int(data["peak_memory_bytes"]),
+            budgeted_bytes=int(data["budgeted_bytes"]),
+            budget_bytes=int(data["budget_bytes"]),
+            step_time_s=float(data["step_time_s"]),
+            tokens_per_s=float(data["tokens_per_s"]),
+            estimate=bool(data.get("estimate", False)),
+            breakdown=Breakdown.from_dict(_mapping(data.get("breakdown"))),
+        )
