@@ -11,28 +11,26 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from reports import fmt
+import reports.fmt as fmt
 from reports.charts import Chart, Series, nonempty
 from reports.common import (
-    KNOBS,
-    candidate_key,
-    layout,
-    long_label,
+    candidate,
     mapping,
     ok_measurement,
     plan_candidate,
-    short_label,
+    prediction,
+    same_candidate,
 )
 from reports.fmt import GiB, MiB, num
 from reports.model import Cell, Section, Table, cell, num_cell
+from strategies.prediction import Prediction
+from strategies.space import Candidate
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class TrialRow:
     trial: int | None
-    key: str
-    label: str
-    knobs: Mapping[str, Any]
+    candidate: Candidate
     predicted_peak_bytes: float | None
     predicted_tokens_per_s: float | None
     predicted_step_time_s: float | None
@@ -43,6 +41,14 @@ class TrialRow:
     measured_peak_bytes: float | None
     chosen: bool
     baseline: bool
+
+    @property
+    def key(self) -> str:
+        return self.candidate.key
+
+    @property
+    def label(self) -> str:
+        return self.candidate.label()
 
     @property
     def role(self) -> str:
@@ -57,42 +63,49 @@ class TrialRow:
         return "infeasible" if self.predicted_peak_bytes is not None else "unpredictable"
 
 
+def _plan_entries(plan: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """trials.csv-like rows of the chosen config and the plan's alternatives (an older run
+    without trials.csv)."""
+    chosen = plan_candidate(plan)
+    entries: list[Mapping[str, Any]] = [
+        {"candidate": plan.get("config"), "predicted": plan.get("predicted"), "feasible": 1}
+    ]
+    entries += [mapping(a) for a in plan.get("alternatives") or ()]
+    rows = []
+    for e in entries:
+        c, p = candidate(e.get("candidate")), mapping(e.get("predicted"))
+        if c is None:
+            continue
+        rows.append(
+            {
+                **c.to_dict(),
+                "trial": e.get("trial_number"),
+                "predicted_peak_memory_bytes": p.get("peak_memory_bytes"),
+                "predicted_tokens_per_s": p.get("tokens_per_s"),
+                "predicted_step_time_s": p.get("step_time_s"),
+                "feasible": bool(e.get("feasible")),
+                "rejection_reason": e.get("reason") or "",
+                "chosen": same_candidate(c, chosen),
+            }
+        )
+    return rows
+
+
 def trial_rows(
     trials: Sequence[Mapping[str, Any]], plan: Mapping[str, Any] | None
 ) -> tuple[TrialRow, ...]:
     """From trials.csv; without it (an older run) from the plan's alternatives."""
-    source: list[Mapping[str, Any]] = list(trials)
-    if not source and plan:
-        chosen_key = candidate_key(plan_candidate(plan))
-        entries: list[Mapping[str, Any]] = [
-            {"candidate": plan_candidate(plan), "predicted": plan.get("predicted"), "feasible": 1}
-        ]
-        entries += [mapping(a) for a in plan.get("alternatives") or ()]
-        for e in entries:
-            c, p = mapping(e.get("candidate")), mapping(e.get("predicted"))
-            source.append(
-                {
-                    **c,
-                    "key": candidate_key(c),
-                    "trial": e.get("trial_number"),
-                    "predicted_peak_memory_bytes": p.get("peak_memory_bytes"),
-                    "predicted_tokens_per_s": p.get("tokens_per_s"),
-                    "predicted_step_time_s": p.get("step_time_s"),
-                    "feasible": bool(e.get("feasible")),
-                    "rejection_reason": e.get("reason") or "",
-                    "chosen": candidate_key(c) == chosen_key,
-                }
-            )
+    source = list(trials) if trials or not plan else _plan_entries(plan)
     rows = []
     for r in source:
-        knobs = {k: r.get(k) for k in KNOBS}
+        c = candidate(r)
+        if c is None:
+            continue
         trial = num(r.get("trial"))
         rows.append(
             TrialRow(
                 trial=int(trial) if trial is not None else None,
-                key=str(r.get("key") or candidate_key(knobs)),
-                label=long_label(knobs),
-                knobs=knobs,
+                candidate=c,
                 predicted_peak_bytes=num(r.get("predicted_peak_memory_bytes")),
                 predicted_tokens_per_s=num(r.get("predicted_tokens_per_s")),
                 predicted_step_time_s=num(r.get("predicted_step_time_s")),
@@ -211,19 +224,16 @@ def trials_table(rows: Sequence[TrialRow]) -> Table:
         key=lambda r: (not r.chosen, not r.feasible, -(r.predicted_tokens_per_s or 0.0)),
     )
     for r in order:
-        k = r.knobs
+        c = r.candidate
         status = r.validation_status.replace("_", " ")
         out.append(
             (
                 num_cell(fmt.plain(r.trial), r.trial),
-                cell(str(k.get("precision"))),
-                cell(str(k.get("activation_checkpointing"))),
-                cell(layout(k)),
-                num_cell(
-                    f"{k.get('micro_batch_size')}×{k.get('grad_accum_steps')}",
-                    num(k.get("micro_batch_size")),
-                ),
-                num_cell(fmt.plain(k.get("num_workers")), num(k.get("num_workers"))),
+                cell(c.precision),
+                cell(c.activation_checkpointing),
+                cell(c.layout),
+                num_cell(f"{c.micro_batch_size}×{c.grad_accum_steps}", float(c.micro_batch_size)),
+                num_cell(fmt.plain(c.num_workers), float(c.num_workers)),
                 num_cell(fmt.size(r.predicted_peak_bytes), r.predicted_peak_bytes),
                 num_cell(fmt.rate(r.predicted_tokens_per_s), r.predicted_tokens_per_s),
                 _fits_cell(r),
@@ -317,8 +327,9 @@ class ValidationRow:
     memory_kind: str
 
     @property
-    def time_error(self) -> float | None:
-        """predicted / measured − 1 of the throughput (+0.10: predicted 10% too fast)."""
+    def throughput_error(self) -> float | None:
+        """predicted / measured − 1 of the throughput (+0.10: predicted 10% too fast; the
+        opposite sign of strategies.plan.Validation.time_error, which compares step times)."""
         if self.predicted_tokens_per_s and self.measured_tokens_per_s:
             return self.predicted_tokens_per_s / self.measured_tokens_per_s - 1
         return None
@@ -330,24 +341,22 @@ class ValidationRow:
         return None
 
 
-def _validation_row(
-    c: Mapping[str, Any], p: Mapping[str, Any], m: Mapping[str, Any], role: str
-) -> ValidationRow:
-    memory = mapping(mapping(p.get("breakdown")).get("memory"))
+def _validation_row(c: Candidate, p: Prediction, m: Mapping[str, Any], role: str) -> ValidationRow:
+    ok = ok_measurement(m) is not None
     # Like for like (strategies.plan.Validation.memory_error): the traced peak against the
     # allocator's measured peak, overheads that the allocator does not see excluded from both.
     return ValidationRow(
-        key=candidate_key(c),
-        label=short_label(c),
+        key=c.key,
+        label=c.short_label(),
         role=role,
         status=str(m.get("status") or ""),
         reason=str(m.get("reason") or ""),
-        predicted_tokens_per_s=num(p.get("tokens_per_s")),
-        measured_tokens_per_s=num(m.get("tokens_per_s")) if ok_measurement(m) else None,
-        predicted_step_time_s=num(p.get("step_time_s")),
-        measured_step_time_s=num(m.get("step_time_s")) if ok_measurement(m) else None,
-        predicted_memory_bytes=num(memory.get("traced_bytes")) or num(p.get("peak_memory_bytes")),
-        measured_memory_bytes=num(m.get("peak_memory_bytes")) if ok_measurement(m) else None,
+        predicted_tokens_per_s=p.tokens_per_s,
+        measured_tokens_per_s=num(m.get("tokens_per_s")) if ok else None,
+        predicted_step_time_s=p.step_time_s,
+        measured_step_time_s=num(m.get("step_time_s")) if ok else None,
+        predicted_memory_bytes=float(p.traced_bytes or p.peak_memory_bytes),
+        measured_memory_bytes=num(m.get("peak_memory_bytes")) if ok else None,
         memory_kind=str(m.get("memory_kind") or ""),
     )
 
@@ -358,26 +367,34 @@ def validation_rows(
     """Each validated config, the baseline when measured, and the training run of the plan."""
     if not plan:
         return ()
-    chosen = candidate_key(plan_candidate(plan))
-    baseline_key = candidate_key(mapping(mapping(plan.get("baseline")).get("config")))
+    chosen = plan_candidate(plan)
+    baseline = mapping(plan.get("baseline"))
+    baseline_config = candidate(baseline.get("config"))
     rows, seen = [], set()
     for v in plan.get("validated") or ():
         v = mapping(v)
-        c = mapping(v.get("candidate"))
-        key = candidate_key(c)
-        role = "chosen" if key == chosen else "baseline" if key == baseline_key else "validated"
-        rows.append(
-            _validation_row(c, mapping(v.get("predicted")), mapping(v.get("measured")), role)
+        c, p = candidate(v.get("candidate")), prediction(v.get("predicted"))
+        if c is None or p is None:
+            continue
+        role = (
+            "chosen"
+            if same_candidate(c, chosen)
+            else "baseline"
+            if same_candidate(c, baseline_config)
+            else "validated"
         )
-        seen.add(key)
-    baseline = mapping(plan.get("baseline"))
-    if baseline.get("measured") and baseline_key not in seen and baseline.get("predicted"):
+        rows.append(_validation_row(c, p, mapping(v.get("measured")), role))
+        seen.add(c.key)
+    baseline_predicted = prediction(baseline.get("predicted"))
+    if (
+        baseline.get("measured")
+        and baseline_config is not None
+        and baseline_config.key not in seen
+        and baseline_predicted is not None
+    ):
         rows.append(
             _validation_row(
-                mapping(baseline.get("config")),
-                mapping(baseline["predicted"]),
-                mapping(baseline["measured"]),
-                "baseline",
+                baseline_config, baseline_predicted, mapping(baseline["measured"]), "baseline"
             )
         )
     if training:
@@ -386,23 +403,14 @@ def validation_rows(
     return tuple(sorted(rows, key=lambda r: order.get(r.role, 2)))
 
 
-def validation_section(rows: Sequence[ValidationRow], plan: Mapping[str, Any] | None) -> Section:
-    if not rows:
-        if plan and plan.get("estimate"):
-            note = "A what-if plan (--target) is never validated: its numbers are estimates."
-        elif plan:
-            note = "No config was validated (--validate-top 0, or none could run here)."
-        else:
-            note = "No plan yet: validation runs the best predicted configs for a few real steps."
-        return Section(id="validation", title="Predicted vs measured", note=note)
-    labels = tuple(f"{r.label} ({r.role})" for r in rows)
-    throughput = Chart(
+def _validation_chart(rows: Sequence[ValidationRow]) -> Chart:
+    return Chart(
         id="validation-throughput",
         title="Throughput: predicted vs measured",
         kind="bar",
         x_label="config",
         y_label="tokens/s",
-        categories=labels,
+        categories=tuple(f"{r.label} ({r.role})" for r in rows),
         series=(
             Series(
                 label="predicted",
@@ -415,7 +423,8 @@ def validation_section(rows: Sequence[ValidationRow], plan: Mapping[str, Any] | 
                 role="measured",
                 values=tuple(r.measured_tokens_per_s for r in rows),
                 hover=tuple(
-                    f"{fmt.rate(r.measured_tokens_per_s)} ({fmt.percent(r.time_error, True)} off)"
+                    f"{fmt.rate(r.measured_tokens_per_s)} "
+                    f"({fmt.percent(r.throughput_error, True)} off)"
                     for r in rows
                 ),
             ),
@@ -425,6 +434,9 @@ def validation_section(rows: Sequence[ValidationRow], plan: Mapping[str, Any] | 
         caption="Validation: a few interleaved real steps per config, medians. Training: the "
         "median of the run's steps after warm-up.",
     )
+
+
+def _validation_table(rows: Sequence[ValidationRow]) -> Table:
     table_rows = []
     for r in rows:
         bad = r.status not in ("ok", "")
@@ -438,7 +450,7 @@ def validation_section(rows: Sequence[ValidationRow], plan: Mapping[str, Any] | 
                 ),
                 num_cell(fmt.rate(r.predicted_tokens_per_s), r.predicted_tokens_per_s),
                 num_cell(fmt.rate(r.measured_tokens_per_s), r.measured_tokens_per_s),
-                num_cell(fmt.percent(r.time_error, True), r.time_error),
+                num_cell(fmt.percent(r.throughput_error, True), r.throughput_error),
                 num_cell(fmt.seconds(r.predicted_step_time_s), r.predicted_step_time_s),
                 num_cell(fmt.seconds(r.measured_step_time_s), r.measured_step_time_s),
                 num_cell(fmt.size(r.predicted_memory_bytes), r.predicted_memory_bytes),
@@ -449,7 +461,40 @@ def validation_section(rows: Sequence[ValidationRow], plan: Mapping[str, Any] | 
             )
         )
     kinds = sorted({r.memory_kind for r in rows if r.memory_kind})
-    errors = [abs(e) for r in rows if (e := r.time_error) is not None]
+    return Table(
+        columns=(
+            "config",
+            "role",
+            "status",
+            "pred. tok/s",
+            "meas. tok/s",
+            "error",
+            "pred. step",
+            "meas. step",
+            "pred. memory",
+            "meas. memory",
+            "error",
+        ),
+        rows=tuple(table_rows),
+        row_classes=tuple(r.role for r in rows),
+        caption="Memory compared like for like: "
+        + "; ".join(kinds)
+        + (". " if kinds else "")
+        + "Predicted memory here is the traced peak, or for the training run what its "
+        "measurement includes.",
+    )
+
+
+def validation_section(rows: Sequence[ValidationRow], plan: Mapping[str, Any] | None) -> Section:
+    if not rows:
+        if plan and plan.get("estimate"):
+            note = "A what-if plan (--target) is never validated: its numbers are estimates."
+        elif plan:
+            note = "No config was validated (--validate-top 0, or none could run here)."
+        else:
+            note = "No plan yet: validation runs the best predicted configs for a few real steps."
+        return Section(id="validation", title="Predicted vs measured", note=note)
+    errors = [abs(e) for r in rows if (e := r.throughput_error) is not None]
     lead = []
     if errors:
         lead.append(
@@ -460,29 +505,6 @@ def validation_section(rows: Sequence[ValidationRow], plan: Mapping[str, Any] | 
         id="validation",
         title="Predicted vs measured",
         lead=tuple(lead),
-        charts=nonempty([throughput]),
-        tables=(
-            Table(
-                columns=(
-                    "config",
-                    "role",
-                    "status",
-                    "pred. tok/s",
-                    "meas. tok/s",
-                    "error",
-                    "pred. step",
-                    "meas. step",
-                    "pred. memory",
-                    "meas. memory",
-                    "error",
-                ),
-                rows=tuple(table_rows),
-                row_classes=tuple(r.role for r in rows),
-                caption="Memory compared like for like: "
-                + "; ".join(kinds)
-                + (". " if kinds else "")
-                + "Predicted memory here is the traced peak, or for the training run what its "
-                "measurement includes.",
-            ),
-        ),
+        charts=nonempty([_validation_chart(rows)]),
+        tables=(_validation_table(rows),),
     )

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from reports import fmt
+import reports.fmt as fmt
 from reports.charts import Chart, Series, nonempty
 from reports.common import mapping
 from reports.fmt import num

@@ -1,4 +1,6 @@
-"""Small readers shared by the sections: candidate labels, plan entries, steady-state medians."""
+"""Small readers shared by the sections: plan entries as strategies' records, measurements,
+steady-state medians. Keys, labels and predicted terms are strategies' own (Candidate,
+Prediction): the report reads them, it does not re-implement them."""
 
 from __future__ import annotations
 
@@ -6,69 +8,41 @@ import statistics
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from profilers.metrics_record import TrainRecord
 from reports.fmt import num
-
-KNOBS = (
-    "precision",
-    "activation_checkpointing",
-    "parallelism",
-    "world_size",
-    "micro_batch_size",
-    "grad_accum_steps",
-    "num_workers",
-)
+from strategies.prediction import Prediction
+from strategies.space import KNOBS, Candidate
 
 
 def mapping(value: Any) -> Mapping[str, Any]:
     return value if isinstance(value, Mapping) else {}
 
 
-def layout(c: Mapping[str, Any]) -> str:
-    parallelism = str(c.get("parallelism") or "single")
-    return "single" if parallelism == "single" else f"{parallelism}×{c.get('world_size', '?')}"
+def candidate(data: Any) -> Candidate | None:
+    """strategies' Candidate of a candidate, config or trials.csv row; None when incomplete (a
+    damaged or hand-made file): it then has no key and matches no other."""
+    knobs = mapping(data)
+    try:
+        return Candidate.from_dict({k: knobs[k] for k in KNOBS if knobs.get(k) is not None})
+    except (TypeError, ValueError):
+        return None
 
 
-def candidate_key(c: Mapping[str, Any]) -> str:
-    """The same identity as strategies' Candidate.key (``fp32/none/single1/mb8xga1/nw0``)."""
-    return (
-        f"{c.get('precision')}/{c.get('activation_checkpointing')}/{c.get('parallelism')}"
-        f"{c.get('world_size')}/mb{c.get('micro_batch_size')}xga{c.get('grad_accum_steps')}"
-        f"/nw{c.get('num_workers', 0)}"
-    )
+def plan_candidate(plan: Mapping[str, Any] | None) -> Candidate | None:
+    """The chosen config's knobs."""
+    return candidate(mapping(plan).get("config"))
 
 
-def short_label(c: Mapping[str, Any]) -> str:
-    """Chart-axis label: ``fp32 · ckpt · 8×1`` (layout and workers only when not the default)."""
-    parts = [str(c.get("precision", "?"))]
-    if c.get("activation_checkpointing") not in (None, "none"):
-        parts.append("ckpt")
-    if c.get("parallelism") not in (None, "single"):
-        parts.append(layout(c))
-    parts.append(f"{c.get('micro_batch_size', '?')}×{c.get('grad_accum_steps', '?')}")
-    if c.get("num_workers"):
-        parts.append(f"{c['num_workers']}w")
-    return " · ".join(parts)
+def same_candidate(a: Candidate | None, b: Candidate | None) -> bool:
+    return a is not None and b is not None and a.key == b.key
 
 
-def long_label(c: Mapping[str, Any]) -> str:
-    """As strategies' Candidate.label(): ``bf16, full checkpointing, ddp×2, micro-batch 4 × 8
-    accumulation``."""
-    parts = [str(c.get("precision", "?"))]
-    if c.get("activation_checkpointing") not in (None, "none"):
-        parts.append(f"{c['activation_checkpointing']} checkpointing")
-    parts.append(layout(c))
-    parts.append(
-        f"micro-batch {c.get('micro_batch_size', '?')} × {c.get('grad_accum_steps', '?')} "
-        "accumulation"
-    )
-    if c.get("num_workers"):
-        parts.append(f"{c['num_workers']} loader workers")
-    return ", ".join(parts)
-
-
-def plan_candidate(plan: Mapping[str, Any]) -> dict[str, Any]:
-    config = mapping(plan.get("config"))
-    return {k: config[k] for k in KNOBS if k in config}
+def prediction(data: Any) -> Prediction | None:
+    """strategies' Prediction of a plan entry's ``predicted``; None when absent or damaged."""
+    try:
+        return Prediction.from_dict(mapping(data))
+    except (KeyError, TypeError, ValueError):
+        return None
 
 
 def ok_measurement(m: Any) -> Mapping[str, Any] | None:
@@ -83,11 +57,10 @@ def median(values: Sequence[float]) -> float | None:
     return statistics.median(values) if values else None
 
 
-def steady_state(records: Sequence[Mapping[str, Any]], key: str) -> list[float]:
+def steady_state(records: Sequence[TrainRecord], key: str) -> list[float]:
     """Values of ``key`` after the warm-up steps (the first tenth, at least one step, of a run
     of more than three steps): the first steps pay for allocation and lazy initialisation."""
-    values = [(r.get("step"), num(r.get(key))) for r in records]
-    kept = [v for _s, v in values if v is not None]
+    kept = [v for r in records if (v := num(getattr(r, key))) is not None]
     if len(kept) > 3:
         kept = kept[max(1, len(kept) // 10) :]
     return kept

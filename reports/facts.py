@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from reports import fmt
+import reports.fmt as fmt
 from reports.common import mapping
 from reports.fmt import num
 from reports.model import Fact, Section, Table, cell, num_cell

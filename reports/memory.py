@@ -3,10 +3,8 @@
 The cost model predicts one rank's peak as the traced peak (parameters, gradients, optimizer
 state, activations, temporaries, as the fake trace counted them) plus what tracing cannot see
 (CUDA context and workspaces, allocator fragmentation; on CPU the process's resident memory
-beyond tensors). Its breakdown names the parameter, gradient and optimizer-state bytes; how the
-rest of the traced peak splits into gradients, activations and temporaries is read off the
-profile's own traces of that (precision, checkpointing) — interpolated in micro-batch size,
-since every category is affine in it (DESIGN.md, "Memory") — and scaled to the predicted total.
+beyond tensors). strategies.memory_split splits each prediction into those categories; this
+module draws them.
 """
 
 from __future__ import annotations
@@ -15,20 +13,15 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from reports import fmt
+import reports.fmt as fmt
+from profilers.memory_records import MemoryTrace
 from reports.charts import Chart, Series
-from reports.common import candidate_key, long_label, mapping, plan_candidate, short_label
-from reports.fmt import GiB, MiB, num
+from reports.common import candidate, mapping, plan_candidate, prediction
+from reports.fmt import GiB, MiB
 from reports.model import Section, Table, cell, num_cell
+from strategies.memory_split import CATEGORIES, split_memory
+from strategies.prediction import MemoryTerms
 
-CATEGORIES = (
-    "parameters",
-    "gradients",
-    "optimizer state",
-    "activations",
-    "temporaries",
-    "overhead",
-)
 MAX_BARS = 7
 BUDGET_ON_CHART = 5.0  # draw the budget line when it is within this factor of the tallest bar
 
@@ -54,104 +47,15 @@ class MemoryBar:
         )
 
 
-def _traces_for(profile: Mapping[str, Any], c: Mapping[str, Any]) -> list[Mapping[str, Any]]:
-    accumulating = int(c.get("grad_accum_steps") or 1) > 1
+def profile_traces(profile: Mapping[str, Any] | None) -> list[MemoryTrace]:
+    """The profile's fake-traced steps (a damaged entry is left out)."""
     out = []
-    for trace in profile.get("memory") or ():
-        spec = mapping(mapping(trace).get("spec"))
-        if (
-            spec.get("precision") == c.get("precision")
-            and spec.get("activation_checkpointing") == c.get("activation_checkpointing")
-            and spec.get("parallelism", "single") == "single"
-        ):
-            out.append(((int(spec.get("grad_accum_steps") or 1) > 1) == accumulating, trace))
-    same = [t for match, t in out if match]
-    return same or [t for _m, t in out]
-
-
-def _phase_parts(trace: Mapping[str, Any], phase: str) -> dict[str, float]:
-    b = mapping(trace.get(f"{phase}_breakdown")) or mapping(trace.get("forward_backward_breakdown"))
-    other = sum(num(b.get(k)) or 0.0 for k in ("temporaries", "other", "communication"))
-    return {
-        "gradients": num(b.get("gradients")) or 0.0,
-        "activations": num(b.get("activations")) or 0.0,
-        "temporaries": other,
-    }
-
-
-def _interpolated_shares(
-    traces: Sequence[Mapping[str, Any]], micro_batch: int, phase: str
-) -> dict[str, float] | None:
-    """gradients/activations/temporaries at ``micro_batch``: the traces' values, linear in b
-    between (or beyond) the two nearest traced sizes."""
-    points: dict[int, dict[str, float]] = {}
-    for t in traces:
-        b = int(mapping(t.get("spec")).get("micro_batch_size") or 0)
-        if b > 0:
-            points[b] = _phase_parts(t, phase)
-    if not points:
-        return None
-    if micro_batch in points or len(points) == 1:
-        return points.get(micro_batch) or next(iter(points.values()))
-    sizes = sorted(points, key=lambda b: (abs(b - micro_batch), b))[:2]
-    b0, b1 = sorted(sizes)
-    out = {}
-    for k in points[b0]:
-        slope = (points[b1][k] - points[b0][k]) / (b1 - b0)
-        out[k] = max(points[b0][k] + slope * (micro_batch - b0), 0.0)
+    for trace in mapping(profile).get("memory") or ():
+        try:
+            out.append(MemoryTrace.from_dict(mapping(trace)))
+        except (KeyError, TypeError, ValueError):
+            continue
     return out
-
-
-def breakdown(
-    profile: Mapping[str, Any] | None, candidate: Mapping[str, Any], prediction: Mapping[str, Any]
-) -> tuple[dict[str, int], str]:
-    """(bytes per category summing to the predicted peak, "traced" | "estimated")."""
-    m = mapping(mapping(prediction.get("breakdown")).get("memory"))
-    total = int(num(prediction.get("peak_memory_bytes")) or 0)
-    traced = int(num(m.get("traced_bytes")) or total)
-    world = max(int(candidate.get("world_size") or 1), 1)
-    params = num(m.get("parameter_bytes")) or 0.0
-    grads_full = num(m.get("gradient_bytes")) or 0.0
-    optimizer = num(m.get("optimizer_state_bytes")) or 0.0
-    overhead = max(total - traced, 0)
-    fsdp = mapping(m.get("fsdp"))
-    split = "traced"
-    if fsdp:
-        # ZeRO-3-like sharding (strategies.cost._fsdp_memory): state / N, gathered units and
-        # the reduce-scatter buffer are transient (temporaries), activations as on one device.
-        params, optimizer = params / world, optimizer / world
-        grads = grads_full / world + (num(fsdp.get("reduce_scatter_buffer_bytes")) or 0.0)
-        activations = num(fsdp.get("activation_bytes")) or 0.0
-        temporaries = max(traced - params - optimizer - grads - activations, 0.0)
-    else:
-        buckets = num(m.get("ddp_gradient_buckets_bytes")) or 0.0
-        rest = max(traced - params - optimizer - buckets, 0.0)
-        phase = str(m.get("phase") or "forward_backward")
-        shares = _interpolated_shares(
-            _traces_for(profile or {}, candidate),
-            int(candidate.get("micro_batch_size") or 1),
-            phase,
-        )
-        if shares is None or sum(shares.values()) <= 0:
-            split = "estimated"
-            live = phase == "optimizer_step" or int(candidate.get("grad_accum_steps") or 1) > 1
-            grads = min(rest, grads_full) if live else 0.0
-            shares = {"gradients": grads, "activations": rest - grads, "temporaries": 0.0}
-        scale = rest / sum(shares.values()) if sum(shares.values()) > 0 else 0.0
-        grads = shares["gradients"] * scale + buckets
-        activations = shares["activations"] * scale
-        temporaries = shares["temporaries"] * scale
-    parts = {
-        "parameters": round(params),
-        "gradients": round(grads),
-        "optimizer state": round(optimizer),
-        "activations": round(activations),
-        "temporaries": round(temporaries),
-        "overhead": round(overhead),
-    }
-    # Rounding and clamping may leave a few bytes: they go to temporaries so the parts add up.
-    parts["temporaries"] = max(parts["temporaries"] + total - sum(parts.values()), 0)
-    return parts, split
 
 
 def memory_bars(
@@ -160,36 +64,33 @@ def memory_bars(
     """The chosen config, the naive baseline and the best alternatives, in that order."""
     if not plan:
         return ()
-    entries: list[tuple[str, Mapping[str, Any], Mapping[str, Any]]] = []
-    entries.append(("chosen", plan_candidate(plan), mapping(plan.get("predicted"))))
+    entries: list[tuple[str, Any, Any]] = [("chosen", plan.get("config"), plan.get("predicted"))]
     baseline = mapping(plan.get("baseline"))
-    if baseline.get("config") and baseline.get("predicted"):
-        entries.append(("baseline", mapping(baseline["config"]), mapping(baseline["predicted"])))
+    entries.append(("baseline", baseline.get("config"), baseline.get("predicted")))
     for alt in plan.get("alternatives") or ():
         alt = mapping(alt)
-        if alt.get("predicted"):
-            entries.append(
-                ("alternative", mapping(alt.get("candidate")), mapping(alt["predicted"]))
-            )
-    bars, seen = [], set()
-    for role, c, p in entries:
-        key = candidate_key(c)
-        if key in seen or num(p.get("peak_memory_bytes")) is None:
+        entries.append(("alternative", alt.get("candidate"), alt.get("predicted")))
+    traces = profile_traces(profile)
+    bars: list[MemoryBar] = []
+    seen: set[str] = set()
+    for role, c_data, p_data in entries:
+        c, p = candidate(c_data), prediction(p_data)
+        if c is None or p is None or c.key in seen:
             continue
-        seen.add(key)
-        parts, split = breakdown(profile, c, p)
-        m = mapping(mapping(p.get("breakdown")).get("memory"))
+        seen.add(c.key)
+        memory = p.breakdown.memory or MemoryTerms.from_dict({})
+        split = split_memory(memory, p.peak_memory_bytes, c, traces)
         bars.append(
             MemoryBar(
-                key=key,
-                label=short_label(c),
+                key=c.key,
+                label=c.short_label(),
                 role=role,
-                parts=parts,
-                total_bytes=int(num(p.get("peak_memory_bytes")) or 0),
-                budget_bytes=int(b) if (b := num(p.get("budget_bytes"))) is not None else None,
-                phase=str(m.get("phase") or ""),
-                split=split,
-                ranks_sharing_memory=int(num(m.get("ranks_sharing_memory")) or 1),
+                parts=split.parts,
+                total_bytes=p.peak_memory_bytes,
+                budget_bytes=p.budget_bytes,
+                phase=memory.phase if p.breakdown.memory else "",
+                split=split.split,
+                ranks_sharing_memory=memory.ranks_sharing_memory or 1,
             )
         )
         if len(bars) == MAX_BARS:
@@ -311,8 +212,10 @@ def memory_section(
         if chosen.budget_bytes
         else None
     )
+    chosen_config = plan_candidate(plan)
     lead = [
-        f"The chosen config ({long_label(plan_candidate(plan or {}))}) is predicted to peak at "
+        f"The chosen config ({chosen_config.label() if chosen_config else '?'}) is predicted "
+        "to peak at "
         f"{fmt.size(chosen.total_bytes)} per rank"
         + (
             f", {fmt.percent(share)} of the {fmt.size(chosen.budget_bytes)} budget."

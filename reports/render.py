@@ -19,6 +19,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
+from profilers.rundir import RunDir
 from reports.runfiles import load_run
 from reports.view import ReportView, build_view
 
@@ -94,7 +95,7 @@ def write_report(run_dir: str | Path, out: str | Path | None = None) -> Path:
     atomically. Raises :class:`reports.runfiles.ReportError` when there is no run."""
     run = load_run(run_dir)
     html = render(build_view(run))
-    path = Path(out) if out is not None else run.root / "report.html"
+    path = Path(out) if out is not None else RunDir(run.root).report
     tmp = path.with_name(path.name + ".tmp")
     tmp.write_text(html, encoding="utf-8")
     tmp.replace(path)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import platform
 import shlex
 from collections.abc import Mapping
@@ -10,10 +9,21 @@ from dataclasses import dataclass
 from importlib import metadata
 from typing import Any
 
+from profilers.defaults import DEFAULT_MEMORY_BUDGET
+from profilers.rundir import RunDir
 from reports.common import mapping
 from reports.fmt import num
 from reports.model import CodeBlock, Section, Table, cell
 from reports.runfiles import RunFiles
+from strategies.commands import Command
+from strategies.config import (
+    CONFIG_FLAG_KEYS,
+    DEFAULT_DATA,
+    DEFAULT_GLOBAL_BATCH_SIZE,
+    DEFAULT_MODEL,
+    DEFAULT_STEPS,
+    WORKLOAD_KEYS,
+)
 
 CHARTJS_VERSION = "4.6.1"
 CHARTJS_ZOOM_VERSION = "2.2.0"
@@ -27,14 +37,6 @@ class Commands:
     torchrun: tuple[str, ...]
 
 
-def model_flags(model: Any, model_args: Mapping[str, Any]) -> list[str]:
-    out = ["--model", str(model)]
-    for key, value in model_args.items():
-        literal = value if isinstance(value, str) else json.dumps(value)
-        out += ["--model-arg", f"{key}={literal}"]
-    return out
-
-
 def _workload(run: RunFiles) -> dict[str, Any]:
     """model, model_args, data, tokenizer, seq_len: from the profile, else the plan, else the
     training run's config."""
@@ -44,7 +46,7 @@ def _workload(run: RunFiles) -> dict[str, Any]:
         mapping(mapping(run.train_config).get("config")),
     ]
     out: dict[str, Any] = {}
-    for key in ("model", "model_args", "data", "tokenizer", "seq_len"):
+    for key in WORKLOAD_KEYS:
         for source in sources:
             if source.get(key) is not None:
                 out[key] = source[key]
@@ -52,72 +54,23 @@ def _workload(run: RunFiles) -> dict[str, Any]:
     return out
 
 
-def commands(run: RunFiles) -> Commands:
-    root = str(run.root)
-    plan_path = str(run.root / "plan.json")
-    train_dir = str(run.train_dir or run.root / "train")
-    w = _workload(run)
-    flags = model_flags(w.get("model", "gpt-tiny"), mapping(w.get("model_args")))
-    if w.get("data") not in (None, "stdlib"):
-        flags += ["--data", str(w["data"])]
-    if w.get("tokenizer"):
-        flags += ["--tokenizer", str(w["tokenizer"])]
-    if w.get("seq_len") is not None:
-        flags += ["--seq-len", str(w["seq_len"])]
-    plan = mapping(run.plan)
-    config = mapping(plan.get("config")) or mapping(mapping(run.train_config).get("config"))
-    request = mapping(mapping(plan.get("profile")).get("request"))
-    total = num(mapping(run.train_config).get("total_steps"))
-    info = mapping(run.run_info)
-    steps = ["--steps", str(int(total if total is not None else info.get("steps") or 300))]
-    budget = num(mapping(run.profile).get("budget_s"))
-    gbs = config.get("global_batch_size") or request.get("global_batch_size") or 8
-    recorded = info.get("command")
-    if isinstance(recorded, list) and recorded:
-        whole = shlex.join([str(a) for a in recorded])
-    else:
-        whole = shlex.join(
-            ["advisor", "run", *flags, "--global-batch-size", str(gbs), *steps, "--out", root]
-        )
-    profile_cmd = ["advisor", "profile", *flags]
-    if budget:
-        profile_cmd += ["--budget-s", f"{budget:g}"]
-    recommend_cmd = ["advisor", "recommend", "--profile", str(run.root / "profile.json")]
-    recommend_cmd += ["--global-batch-size", str(gbs)]
-    if num(request.get("memory_budget")) not in (None, 0.9):
-        recommend_cmd += ["--memory-budget", f"{request['memory_budget']:g}"]
-    if request.get("world_size"):
-        recommend_cmd += ["--world-size", str(request["world_size"])]
-    train_cmd = ["advisor", "train", "--plan", plan_path, *steps, "--out", train_dir]
-    explicit = ["advisor", "train", *flags]
-    for key in (
-        "global_batch_size",
-        "micro_batch_size",
-        "grad_accum_steps",
-        "precision",
-        "activation_checkpointing",
-        "parallelism",
-        "world_size",
-        "lr",
-        "min_lr",
-        "warmup_steps",
-        "weight_decay",
-        "grad_clip",
-        "seed",
-        "num_workers",
-    ):
-        if config.get(key) is not None:
-            value = config[key]
-            explicit += [
-                "--" + key.replace("_", "-"),
-                f"{value:g}" if isinstance(value, float) else str(value),
-            ]
-    explicit += [*steps, "--out", train_dir]
-    world = int(num(config.get("world_size")) or 1)
-    tail = ["-m", "advisor", "train", "--plan", plan_path, *steps, "--out", train_dir]
-    torchrun = [shlex.join(["torchrun", "--standalone", f"--nproc-per-node={world}", *tail])]
+def _with_workload(name: str, w: Mapping[str, Any]) -> Command:
+    """``advisor NAME`` with the workload's flags (what a profile measured)."""
+    return (
+        Command(name)
+        .model(w.get("model", DEFAULT_MODEL), mapping(w.get("model_args")))
+        .option("data", w.get("data"), default=DEFAULT_DATA)
+        .option("tokenizer", w.get("tokenizer") or None)
+        .option("seq_len", w.get("seq_len"))
+    )
+
+
+def _torchrun(world: int, train_args: list[str]) -> tuple[str, ...]:
+    """The training launched by hand: one node, and two nodes when the ranks split evenly."""
+    tail = ["-m", "advisor", *train_args]
+    out = [shlex.join(["torchrun", "--standalone", f"--nproc-per-node={world}", *tail])]
     if world > 1 and world % 2 == 0:
-        torchrun.append(
+        out.append(
             shlex.join(
                 [
                     "torchrun",
@@ -131,15 +84,58 @@ def commands(run: RunFiles) -> Commands:
                 ]
             )
         )
+    return tuple(out)
+
+
+def commands(run: RunFiles) -> Commands:
+    files = RunDir(run.root)
+    train_dir = run.train_dir or files.train.root
+    w = _workload(run)
+    plan = mapping(run.plan)
+    config = mapping(plan.get("config")) or mapping(mapping(run.train_config).get("config"))
+    request = mapping(mapping(plan.get("profile")).get("request"))
+    info = mapping(run.run_info)
+    total = num(mapping(run.train_config).get("total_steps"))
+    steps = int(total if total is not None else info.get("steps") or DEFAULT_STEPS)
+    gbs = config.get("global_batch_size") or request.get("global_batch_size")
+    gbs = gbs or DEFAULT_GLOBAL_BATCH_SIZE
+    recorded = info.get("command")
+    if isinstance(recorded, list) and recorded:
+        whole = shlex.join([str(a) for a in recorded])
+    else:
+        whole = (
+            _with_workload("run", w)
+            .option("global_batch_size", gbs)
+            .option("steps", steps)
+            .option("out", run.root)
+            .shell()
+        )
+    budget = num(mapping(run.profile).get("budget_s"))
+    profile = _with_workload("profile", w).option("budget_s", budget or None)
+    recommend = (
+        Command("recommend")
+        .option("profile", files.profile)
+        .option("global_batch_size", gbs)
+        .option("memory_budget", num(request.get("memory_budget")), default=DEFAULT_MEMORY_BUDGET)
+        .option("world_size", request.get("world_size") or None)
+    )
+    train = Command("train").option("plan", files.plan).option("steps", steps)
+    train.option("out", train_dir)
+    explicit = (
+        _with_workload("train", w)
+        .options(config, keys=[k for k in CONFIG_FLAG_KEYS if k != "seq_len"])
+        .option("steps", steps)
+        .option("out", train_dir)
+    )
     return Commands(
         run=whole,
         steps=(
-            shlex.join([*profile_cmd, "--out", root]),
-            shlex.join([*recommend_cmd, "--out", root]),
-            shlex.join(train_cmd),
+            profile.option("out", run.root).shell(),
+            recommend.option("out", run.root).shell(),
+            train.shell(),
         ),
-        train_flags=shlex.join(explicit),
-        torchrun=tuple(torchrun),
+        train_flags=explicit.shell(),
+        torchrun=_torchrun(int(num(config.get("world_size")) or 1), train.args()),
     )
 
 

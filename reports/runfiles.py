@@ -16,6 +16,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from profilers.metrics_record import EvalRecord, Metrics, TrainRecord, read_metrics
+from profilers.rundir import METRICS, PLAN, PROFILE, TRAIN, RunDir, TrainDir
+
 
 class ReportError(ValueError):
     """The run directory cannot be reported on; the message names the fix."""
@@ -30,7 +33,7 @@ class RunFiles:
     probes: tuple[Mapping[str, Any], ...] = ()
     plan: Mapping[str, Any] | None = None
     trials: tuple[Mapping[str, Any], ...] = ()
-    metrics: tuple[Mapping[str, Any], ...] = ()
+    metrics: Metrics = field(default_factory=Metrics)
     train_config: Mapping[str, Any] | None = None
     run_info: Mapping[str, Any] | None = None  # run.json, written by ``advisor run``
     train_dir: Path | None = None
@@ -38,16 +41,19 @@ class RunFiles:
     problems: tuple[str, ...] = field(default_factory=tuple)
 
     @property
-    def train_records(self) -> list[Mapping[str, Any]]:
-        return [r for r in self.metrics if r.get("kind", "train") == "train" and "loss" in r]
+    def train_records(self) -> list[TrainRecord]:
+        """The optimizer steps that logged a loss."""
+        return [r for r in self.metrics.train if r.loss is not None]
 
     @property
-    def eval_records(self) -> list[Mapping[str, Any]]:
-        return [r for r in self.metrics if "eval_loss" in r]
+    def eval_records(self) -> list[EvalRecord]:
+        return [r for r in self.metrics.evals if r.eval_loss is not None]
 
     @property
     def empty(self) -> bool:
-        return not (self.profile or self.plan or self.trials or self.metrics or self.train_config)
+        return not (
+            self.profile or self.plan or self.trials or self.metrics.records or self.train_config
+        )
 
 
 def _read_json(path: Path, problems: list[str]) -> dict[str, Any] | None:
@@ -94,34 +100,22 @@ def _read_csv(path: Path, problems: list[str]) -> tuple[dict[str, Any], ...]:
         return ()
 
 
-def _read_jsonl(path: Path, problems: list[str]) -> tuple[dict[str, Any], ...]:
-    if not path.is_file():
-        return ()
-    out: list[dict[str, Any]] = []
-    skipped = 0
+def _read_metrics(path: Path, problems: list[str]) -> Metrics:
     try:
-        text = path.read_text()
+        metrics = read_metrics(path)
     except (OSError, UnicodeDecodeError) as exc:
         problems.append(f"{path.name} could not be read ({type(exc).__name__}: {exc})")
-        return ()
-    for line in text.splitlines():
-        try:
-            record = json.loads(line)
-        except json.JSONDecodeError:
-            skipped += 1  # a line cut by a kill
-            continue
-        if isinstance(record, dict):
-            out.append(record)
-    if skipped:
-        problems.append(f"{path.name}: {skipped} unreadable line(s) skipped")
-    return tuple(out)
+        return Metrics()
+    if metrics.unreadable_lines:  # lines cut by a kill
+        problems.append(f"{path.name}: {metrics.unreadable_lines} unreadable line(s) skipped")
+    return metrics
 
 
 def find_train_dir(root: Path) -> Path | None:
     """RUN/train (the layout of ``advisor run``), or RUN itself when it is a training run."""
-    for candidate in (root / "train", root):
-        if (candidate / "metrics.jsonl").is_file() or (candidate / "train_config.json").is_file():
-            return candidate
+    for candidate in (RunDir(root).train, TrainDir(root)):
+        if candidate.metrics.is_file() or candidate.train_config.is_file():
+            return candidate.root
     return None
 
 
@@ -133,23 +127,25 @@ def load_run(root: str | Path) -> RunFiles:
     if not root.is_dir():
         raise ReportError(f"{root} is not a directory: pass the run directory, not a file in it")
     problems: list[str] = []
+    files = RunDir(root)
     train_dir = find_train_dir(root)
+    train = TrainDir(train_dir) if train_dir else None
     run = RunFiles(
         root=root,
-        profile=_read_json(root / "profile.json", problems),
-        probes=_read_csv(root / "probes.csv", problems),
-        plan=_read_json(root / "plan.json", problems),
-        trials=_read_csv(root / "trials.csv", problems),
-        metrics=_read_jsonl(train_dir / "metrics.jsonl", problems) if train_dir else (),
-        train_config=_read_json(train_dir / "train_config.json", problems) if train_dir else None,
-        run_info=_read_json(root / "run.json", problems),
+        profile=_read_json(files.profile, problems),
+        probes=_read_csv(files.probes, problems),
+        plan=_read_json(files.plan, problems),
+        trials=_read_csv(files.trials, problems),
+        metrics=_read_metrics(train.metrics, problems) if train else Metrics(),
+        train_config=_read_json(train.train_config, problems) if train else None,
+        run_info=_read_json(files.run_log, problems),
         train_dir=train_dir,
-        has_study=(root / "study.db").is_file(),
+        has_study=files.study.is_file(),
         problems=tuple(problems),
     )
     if run.empty and not problems:
         raise ReportError(
-            f"{root} holds no run files (profile.json, plan.json, train/metrics.jsonl): run "
+            f"{root} holds no run files ({PROFILE}, {PLAN}, {TRAIN}/{METRICS}): run "
             f"'advisor run --out {root}' (or 'advisor profile --out {root}') first"
         )
     return run

@@ -6,8 +6,15 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from reports import fmt
-from reports.common import candidate_key, mapping, ok_measurement, plan_candidate
+import reports.fmt as fmt
+from reports.common import (
+    candidate,
+    mapping,
+    ok_measurement,
+    plan_candidate,
+    prediction,
+    same_candidate,
+)
 from reports.fmt import num
 from reports.model import Fact, Section, Table, cell, num_cell
 from reports.training import MEMORY_KINDS, TrainingStats
@@ -97,8 +104,8 @@ def _headline(
         if expected is not None:
             text += f", {fmt.ratio(expected)} the naive fp32 loop"
         out.append(text + " (not validated by a real run).")
-    baseline = mapping(mapping(plan.get("baseline")).get("config"))
-    if baseline and candidate_key(baseline) == candidate_key(plan_candidate(plan)):
+    baseline = candidate(mapping(plan.get("baseline")).get("config"))
+    if same_candidate(baseline, plan_candidate(plan)):
         out.append(
             "That is the naive fp32 loop itself: none of the validated alternatives measured "
             "faster on this device."
@@ -151,8 +158,8 @@ def build_summary(plan: Mapping[str, Any] | None, stats: TrainingStats | None) -
 
 def _comparison(plan: Mapping[str, Any], stats: TrainingStats | None) -> Table:
     p = mapping(plan.get("predicted"))
-    m = mapping(p.get("breakdown")).get("memory")
-    traced = num(mapping(m).get("traced_bytes"))
+    predicted = prediction(p)
+    traced = predicted.traced_bytes if predicted is not None else None
     rows = [
         (
             cell("predicted (cost model)"),

@@ -4,16 +4,27 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
-from reports import fmt
+import reports.fmt as fmt
+from profilers.metrics_record import EvalRecord, MetricsRecord, TrainRecord
+from profilers.rundir import TrainDir
 from reports.candidates import ValidationRow
 from reports.charts import Chart, Series, nonempty
-from reports.common import candidate_key, mapping, median, plan_candidate, short_label, steady_state
+from reports.common import (
+    candidate,
+    mapping,
+    median,
+    plan_candidate,
+    prediction,
+    same_candidate,
+    steady_state,
+)
 from reports.fmt import GiB, MiB, num
 from reports.model import Fact, Section
 from reports.runfiles import RunFiles
+from strategies.prediction import Prediction
+from strategies.space import Candidate
 
 MEMORY_KINDS = {
     "cpu_peak_rss": "process resident-set peak (VmHWM): includes the Python runtime and libraries",
@@ -50,72 +61,79 @@ def training_stats(run: RunFiles) -> TrainingStats | None:
         return None
     last = train[-1]
     evals = run.eval_records
-    memory = [int(v) for r in train if (v := num(r.get("peak_memory_bytes"))) is not None]
-    mfu = steady_state(train, "mfu")
-    checkpoints = 0
-    if run.train_dir is not None and (run.train_dir / "checkpoints").is_dir():
-        checkpoints = sum(
-            1 for p in Path(run.train_dir / "checkpoints").iterdir() if p.name.startswith("step_")
-        )
+    memory = [r.peak_memory_bytes for r in train if r.peak_memory_bytes is not None]
+    checkpoints = len(TrainDir(run.train_dir).checkpoint_dirs()) if run.train_dir else 0
     total = num(mapping(run.train_config).get("total_steps"))
     return TrainingStats(
-        steps=int(num(last.get("step")) or len(train)),
+        steps=last.step or len(train),
         total_steps=int(total) if total is not None else None,
-        tokens=int(num(last.get("tokens")) or 0),
-        first_loss=num(train[0].get("loss")),
-        last_loss=num(last.get("loss")),
-        last_eval_loss=num(evals[-1].get("eval_loss")) if evals else None,
+        tokens=last.tokens or 0,
+        first_loss=train[0].loss,
+        last_loss=last.loss,
+        last_eval_loss=evals[-1].eval_loss if evals else None,
         median_tokens_per_s=median(steady_state(train, "tokens_per_s")),
         median_step_time_s=median(steady_state(train, "step_time_s")),
         peak_memory_bytes=max(memory) if memory else None,
-        memory_kind=str(last.get("peak_memory_kind") or ""),
-        elapsed_s=num(last.get("elapsed_s")),
-        skipped_steps=int(num(last.get("skipped_steps")) or 0),
-        median_mfu=median(mfu),
+        memory_kind=last.peak_memory_kind,
+        elapsed_s=last.elapsed_s,
+        skipped_steps=last.skipped_steps or 0,
+        median_mfu=median(steady_state(train, "mfu")),
         num_checkpoints=checkpoints,
     )
+
+
+def comparable_predicted_memory(p: Prediction, memory_kind: str) -> float | None:
+    """The prediction a training run's measured peak compares with: on CPU the resident peak
+    includes what the cost model adds as fixed overhead, so the full per-rank prediction; on
+    CUDA ``max_memory_allocated`` counts tensors only, so the traced peak."""
+    if memory_kind.startswith("cpu"):
+        return float(p.peak_memory_bytes)
+    memory = p.breakdown.memory
+    return float(memory.traced_bytes) if memory is not None else None
+
+
+def _trained_plan(
+    plan: Mapping[str, Any] | None, config: Mapping[str, Any]
+) -> tuple[Candidate, Prediction] | None:
+    """The plan's config and prediction when the training run used the plan's knobs (else a
+    prediction of it would describe another run)."""
+    chosen, p = plan_candidate(plan), prediction(mapping(plan).get("predicted"))
+    if chosen is None or p is None or not same_candidate(chosen, candidate(config)):
+        return None
+    return chosen, p
 
 
 def training_validation(
     stats: TrainingStats | None, plan: Mapping[str, Any] | None, config: Mapping[str, Any]
 ) -> ValidationRow | None:
     """The training run as one more measurement of the plan's config (when it ran that config)."""
-    if stats is None or not plan:
+    trained = _trained_plan(plan, config) if stats is not None else None
+    if stats is None or trained is None:
         return None
-    c = plan_candidate(plan)
-    if candidate_key(c) != candidate_key(config):
-        return None  # trained with other knobs than the plan chose: not comparable
-    p = mapping(plan.get("predicted"))
-    memory = mapping(mapping(p.get("breakdown")).get("memory"))
-    # CPU: the resident peak includes what the cost model adds as fixed overhead, so it compares
-    # with the full per-rank prediction; CUDA max_memory_allocated with the traced peak.
-    if stats.memory_kind.startswith("cpu"):
-        predicted_memory = num(p.get("peak_memory_bytes"))
-    else:
-        predicted_memory = num(memory.get("traced_bytes"))
+    c, p = trained
     return ValidationRow(
-        key=candidate_key(c),
-        label=short_label(c),
+        key=c.key,
+        label=c.short_label(),
         role="training",
         status="ok",
         reason="",
-        predicted_tokens_per_s=num(p.get("tokens_per_s")),
+        predicted_tokens_per_s=p.tokens_per_s,
         measured_tokens_per_s=stats.median_tokens_per_s,
-        predicted_step_time_s=num(p.get("step_time_s")),
+        predicted_step_time_s=p.step_time_s,
         measured_step_time_s=stats.median_step_time_s,
-        predicted_memory_bytes=predicted_memory,
+        predicted_memory_bytes=comparable_predicted_memory(p, stats.memory_kind),
         measured_memory_bytes=stats.peak_memory_bytes,
         memory_kind=MEMORY_KINDS.get(stats.memory_kind, stats.memory_kind),
     )
 
 
 def _series(
-    records: Sequence[Mapping[str, Any]], key: str, label: str, role: str, scale: float = 1.0
+    records: Sequence[MetricsRecord], key: str, label: str, role: str, scale: float = 1.0
 ) -> Series:
     points = tuple(
-        (float(r["step"]), round(v / scale, 6))
+        (float(r.step), round(v / scale, 6))
         for r in records
-        if num(r.get("step")) is not None and (v := num(r.get(key))) is not None
+        if (v := num(getattr(r, key))) is not None
     )
     return Series(label=label, role=role, points=points)
 
@@ -127,7 +145,7 @@ def _flat(label: str, role: str, steps: Sequence[float], value: float | None) ->
 
 
 def gemm_utilisation(
-    records: Sequence[Mapping[str, Any]],
+    records: Sequence[TrainRecord],
     profile: Mapping[str, Any] | None,
     config: Mapping[str, Any],
 ) -> Series | None:
@@ -144,120 +162,123 @@ def gemm_utilisation(
     if not per_token or not gemm:
         return None
     points = tuple(
-        (float(r["step"]), round(tps / world * per_token / gemm, 6))
+        (float(r.step), round(tps / world * per_token / gemm, 6))
         for r in records
-        if (tps := num(r.get("tokens_per_s"))) is not None and num(r.get("step")) is not None
+        if (tps := r.tokens_per_s) is not None
     )
     return Series(label="model FLOP/s ÷ measured GEMM FLOP/s", role="gemm", points=points)
 
 
-def training_section(
-    run: RunFiles, plan: Mapping[str, Any] | None, stats: TrainingStats | None
-) -> Section:
-    if stats is None:
-        note = (
-            "No training yet: run 'advisor train --plan RUN/plan.json --out RUN/train' "
-            "(or 'advisor run --out RUN --resume')."
-            if plan
-            else "No training yet."
-        )
-        return Section(id="training", title="Training", note=note)
-    train, evals = run.train_records, run.eval_records
-    config = mapping(mapping(run.train_config).get("config")) or mapping(
-        mapping(plan).get("config")
+@dataclass(frozen=True, kw_only=True, slots=True)
+class _Run:
+    """What the training charts share: the records, their steps, and the plan's prediction
+    when the run trained the plan's config."""
+
+    train: Sequence[TrainRecord]
+    evals: Sequence[EvalRecord]
+    steps: Sequence[float]
+    predicted: Prediction | None
+
+
+def _loss_chart(run: _Run) -> Chart:
+    return Chart(
+        id="train-loss",
+        title="Loss",
+        kind="line",
+        x_label="step",
+        y_label="loss",
+        series=(
+            _series(run.train, "loss", "train", "train"),
+            _series(run.evals, "eval_loss", "eval (held-out)", "eval"),
+        ),
     )
-    steps = [float(s) for r in train if (s := num(r.get("step"))) is not None]
-    predicted = mapping(mapping(plan).get("predicted")) if plan else {}
-    same_config = plan is not None and candidate_key(plan_candidate(plan)) == candidate_key(config)
-    charts: list[Chart] = []
-    charts.append(
-        Chart(
-            id="train-loss",
-            title="Loss",
-            kind="line",
-            x_label="step",
-            y_label="loss",
-            series=(
-                _series(train, "loss", "train", "train"),
-                _series(evals, "eval_loss", "eval (held-out)", "eval"),
-            ),
-        )
-    )
-    throughput = [_series(train, "tokens_per_s", "tokens/s", "train")]
-    if same_config and (
-        flat := _flat("predicted", "predicted", steps, num(predicted.get("tokens_per_s")))
+
+
+def _throughput_chart(run: _Run) -> Chart:
+    series = [_series(run.train, "tokens_per_s", "tokens/s", "train")]
+    if run.predicted is not None and (
+        flat := _flat("predicted", "predicted", run.steps, run.predicted.tokens_per_s)
     ):
-        throughput.append(flat)
-    charts.append(
-        Chart(
-            id="train-throughput",
-            title="Throughput",
-            kind="line",
-            x_label="step",
-            y_label="tokens/s",
-            series=tuple(throughput),
-            y_min=0,
-        )
+        series.append(flat)
+    return Chart(
+        id="train-throughput",
+        title="Throughput",
+        kind="line",
+        x_label="step",
+        y_label="tokens/s",
+        series=tuple(series),
+        y_min=0,
     )
-    mfu_series = [s for s in (_series(train, "mfu", "MFU (datasheet peak)", "mfu"),) if s.points]
+
+
+def _mfu_chart(
+    run: _Run, profile: Mapping[str, Any] | None, config: Mapping[str, Any]
+) -> tuple[Chart | None, bool]:
+    """(MFU against the datasheet peak, or model FLOP/s over the measured GEMM rate where the
+    peak is unknown; whether that ratio exceeded 1 anywhere)."""
+    series = [s for s in (_series(run.train, "mfu", "MFU (datasheet peak)", "mfu"),) if s.points]
     above_one = False
-    if (gemm := gemm_utilisation(train, run.profile, config)) is not None and gemm.points:
-        mfu_series.append(gemm)
+    if (gemm := gemm_utilisation(run.train, profile, config)) is not None and gemm.points:
+        series.append(gemm)
         above_one = any((y or 0.0) > 1 for _x, y in gemm.points)
-    mfu_note = ""
-    if not any(s.role == "mfu" for s in mfu_series):
-        mfu_note = (
+    if not series:
+        return None, above_one
+    note = ""
+    if not any(s.role == "mfu" for s in series):
+        note = (
             "MFU needs the device's datasheet peak, which is unknown here (CPUs and unlisted "
             "GPUs): shown instead is model FLOP/s over the GEMM rate measured by the profile."
         )
-    if mfu_series:
-        charts.append(
-            Chart(
-                id="train-mfu",
-                title="Model FLOPs utilisation",
-                kind="line",
-                x_label="step",
-                y_label="fraction",
-                series=tuple(mfu_series),
-                y_min=0,
-                caption=mfu_note + " Model FLOPs: 6N + 12·L·H·Q·T per token (PaLM, App. B).",
-            )
-        )
-    memory = [int(v) for r in train if (v := num(r.get("peak_memory_bytes"))) is not None]
-    if memory:
-        unit, scale = ("GiB", GiB) if max(memory) >= GiB else ("MiB", MiB)
-        series = [_series(train, "peak_memory_bytes", "peak per step", "train", scale)]
-        if same_config:
-            kind_cpu = stats.memory_kind.startswith("cpu")
-            m = mapping(mapping(predicted.get("breakdown")).get("memory"))
-            value = num(predicted.get("peak_memory_bytes") if kind_cpu else m.get("traced_bytes"))
-            if value is not None and (
-                flat := _flat("predicted", "predicted", steps, round(value / scale, 4))
-            ):
-                series.append(flat)
-        charts.append(
-            Chart(
-                id="train-memory",
-                title="Peak memory",
-                kind="line",
-                x_label="step",
-                y_label=unit,
-                series=tuple(series),
-                y_min=0,
-                caption=MEMORY_KINDS.get(stats.memory_kind, stats.memory_kind),
-            )
-        )
-    charts.append(
-        Chart(
-            id="train-lr",
-            title="Learning rate",
-            kind="line",
-            x_label="step",
-            y_label="lr",
-            series=(_series(train, "lr", "learning rate", "lr"),),
-            y_min=0,
-        )
+    chart = Chart(
+        id="train-mfu",
+        title="Model FLOPs utilisation",
+        kind="line",
+        x_label="step",
+        y_label="fraction",
+        series=tuple(series),
+        y_min=0,
+        caption=note + " Model FLOPs: 6N + 12·L·H·Q·T per token (PaLM, App. B).",
     )
+    return chart, above_one
+
+
+def _memory_chart(run: _Run, memory_kind: str) -> Chart | None:
+    memory = [r.peak_memory_bytes for r in run.train if r.peak_memory_bytes is not None]
+    if not memory:
+        return None
+    unit, scale = ("GiB", GiB) if max(memory) >= GiB else ("MiB", MiB)
+    series = [_series(run.train, "peak_memory_bytes", "peak per step", "train", scale)]
+    if run.predicted is not None:
+        value = comparable_predicted_memory(run.predicted, memory_kind)
+        if value is not None and (
+            flat := _flat("predicted", "predicted", run.steps, round(value / scale, 4))
+        ):
+            series.append(flat)
+    return Chart(
+        id="train-memory",
+        title="Peak memory",
+        kind="line",
+        x_label="step",
+        y_label=unit,
+        series=tuple(series),
+        y_min=0,
+        caption=MEMORY_KINDS.get(memory_kind, memory_kind),
+    )
+
+
+def _lr_chart(run: _Run) -> Chart:
+    return Chart(
+        id="train-lr",
+        title="Learning rate",
+        kind="line",
+        x_label="step",
+        y_label="lr",
+        series=(_series(run.train, "lr", "learning rate", "lr"),),
+        y_min=0,
+    )
+
+
+def _facts(stats: TrainingStats, data: Any) -> tuple[Fact, ...]:
     facts = [
         Fact(
             label="steps",
@@ -292,23 +313,58 @@ def training_section(
         facts.append(Fact(label="median MFU", value=fmt.percent(stats.median_mfu)))
     if stats.skipped_steps:
         facts.append(Fact(label="fp16 overflow skips", value=str(stats.skipped_steps)))
-    data = mapping(run.train_config).get("data")
     if data:
         facts.append(Fact(label="data", value=str(data)))
+    return tuple(facts)
+
+
+def _bullets(profile: Mapping[str, Any] | None, above_one: bool, has_mfu: bool) -> list[str]:
     bullets = []
     if above_one:
-        load = num(mapping(mapping(run.profile).get("device")).get("host_load_1m"))
+        load = num(mapping(mapping(profile).get("device")).get("host_load_1m"))
         bullets.append(
             "Model FLOP/s exceed the profile's GEMM rate at some steps: the benchmark ran while "
             "the host was busier"
             + (f" (load {load:.2f} when profiled)" if load is not None else "")
             + ": the ratio overstates how much of the device the model used."
         )
-    if not mfu_series:
+    if not has_mfu:
         bullets.append(
             "MFU is unknown: it needs the device's datasheet peak (none for CPUs and unlisted "
             "GPUs), and the profile measured no GEMM rate to compare with instead."
         )
+    return bullets
+
+
+def training_section(
+    run: RunFiles, plan: Mapping[str, Any] | None, stats: TrainingStats | None
+) -> Section:
+    if stats is None:
+        note = (
+            "No training yet: run 'advisor train --plan RUN/plan.json --out RUN/train' "
+            "(or 'advisor run --out RUN --resume')."
+            if plan
+            else "No training yet."
+        )
+        return Section(id="training", title="Training", note=note)
+    config = mapping(mapping(run.train_config).get("config")) or mapping(
+        mapping(plan).get("config")
+    )
+    same_config = same_candidate(plan_candidate(plan), candidate(config))
+    curves = _Run(
+        train=run.train_records,
+        evals=run.eval_records,
+        steps=[float(r.step) for r in run.train_records],
+        predicted=prediction(mapping(plan).get("predicted")) if same_config else None,
+    )
+    mfu, above_one = _mfu_chart(curves, run.profile, config)
+    charts = [
+        _loss_chart(curves),
+        _throughput_chart(curves),
+        mfu,
+        _memory_chart(curves, stats.memory_kind),
+        _lr_chart(curves),
+    ]
     lead = []
     if not same_config and plan is not None:
         lead.append(
@@ -318,7 +374,7 @@ def training_section(
         id="training",
         title="Training",
         lead=tuple(lead),
-        facts=tuple(facts),
-        bullets=tuple(bullets),
+        facts=_facts(stats, mapping(run.train_config).get("data")),
+        bullets=tuple(_bullets(run.profile, above_one, mfu is not None)),
         charts=nonempty(charts),
     )

@@ -158,10 +158,6 @@ def build_view(run: RunFiles | str | Path, *, now: datetime.datetime | None = No
     )
 
 
-def section_ids(view: ReportView) -> list[str]:
-    return [s.id for s in view.sections]
-
-
 def notes(view: ReportView) -> Mapping[str, str]:
     """Section id → its note (what is missing), for sections that have one."""
     return {s.id: s.note for s in view.sections if s.note}

@@ -75,6 +75,19 @@ class Candidate:
             parts.append(f"{self.num_workers} loader workers")
         return ", ".join(parts)
 
+    def short_label(self) -> str:
+        """For a chart axis: ``fp32 · ckpt · ddp×2 · 8×1`` (layout and workers only when not
+        the default)."""
+        parts = [self.precision]
+        if self.activation_checkpointing != "none":
+            parts.append("ckpt")
+        if self.parallelism != "single":
+            parts.append(self.layout)
+        parts.append(f"{self.micro_batch_size}×{self.grad_accum_steps}")
+        if self.num_workers:
+            parts.append(f"{self.num_workers}w")
+        return " · ".join(parts)
+
     def apply(self, base: TrainConfig) -> TrainConfig:
         """``base`` with this candidate's knobs (and the matching global batch)."""
         return base.replace(global_batch_size=self.global_batch_size, **self.to_dict())

@@ -134,7 +134,7 @@ def test_validation_rows_compare_like_for_like(hand_run: Path) -> None:
     assert rows[0].role == "chosen" and rows[1].role == "training"
     validated = [r for r in rows if r.role != "training"]
     for r in validated:  # the fake validator: 90% of predicted throughput, 102% of traced memory
-        assert r.time_error == pytest.approx(1 / 0.9 - 1)
+        assert r.throughput_error == pytest.approx(1 / 0.9 - 1)
         assert r.memory_error == pytest.approx(1 / 1.02 - 1, abs=1e-6)
     training = rows[1]
     assert training.measured_tokens_per_s == view.training.median_tokens_per_s  # type: ignore[union-attr]

@@ -1,0 +1,134 @@
+"""Where a predicted per-rank peak goes: parameters, gradients, optimizer state, activations,
+temporaries and overhead (what tracing cannot see), adding up to the prediction.
+
+The cost model's :class:`strategies.prediction.MemoryTerms` name the parameter, gradient and
+optimizer-state bytes, an FSDP rank's terms and DDP's buckets; how the rest of a traced peak
+splits into gradients, activations and temporaries is read off the profile's own traces of
+that (precision, checkpointing), interpolated in micro-batch size since every category is
+affine in it (DESIGN.md, "Measuring well"), and scaled to the predicted total. The report's
+memory chart draws this; nothing else re-derives the model's arithmetic.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from profilers.memory_records import MemoryTrace
+from strategies.prediction import MemoryTerms
+from strategies.space import Candidate
+
+CATEGORIES: tuple[str, ...] = (
+    "parameters",
+    "gradients",
+    "optimizer state",
+    "activations",
+    "temporaries",
+    "overhead",
+)
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class MemorySplit:
+    """Bytes per :data:`CATEGORIES`, summing to the predicted peak. ``split``: "traced" when
+    the profile's traces split the rest, "estimated" when none of the config's group exists."""
+
+    parts: Mapping[str, int]
+    split: str
+
+
+def _traces_for(traces: Sequence[MemoryTrace], c: Candidate) -> list[MemoryTrace]:
+    """Single-device traces of the candidate's (precision, checkpointing), those with (or
+    without) accumulation as the candidate has it when there are any."""
+    accumulating = c.grad_accum_steps > 1
+    group = [
+        t
+        for t in traces
+        if t.spec.precision == c.precision
+        and t.spec.activation_checkpointing == c.activation_checkpointing
+        and t.spec.parallelism == "single"
+    ]
+    same = [t for t in group if (t.spec.grad_accum_steps > 1) == accumulating]
+    return same or group
+
+
+def _phase_parts(trace: MemoryTrace, phase: str) -> dict[str, float]:
+    b = (
+        trace.optimizer_step_breakdown
+        if phase == "optimizer_step"
+        else (trace.forward_backward_breakdown)
+    )
+    return {
+        "gradients": float(b.gradients),
+        "activations": float(b.activations),
+        "temporaries": float(b.temporaries + b.other + b.communication),
+    }
+
+
+def _interpolated_shares(
+    traces: Sequence[MemoryTrace], micro_batch: int, phase: str
+) -> dict[str, float] | None:
+    """gradients/activations/temporaries at ``micro_batch``: the traces' values, linear in b
+    between (or beyond) the two nearest traced sizes."""
+    points: dict[int, dict[str, float]] = {}
+    for t in traces:
+        if t.spec.micro_batch_size > 0:
+            points[t.spec.micro_batch_size] = _phase_parts(t, phase)
+    if not points:
+        return None
+    if micro_batch in points or len(points) == 1:
+        return points.get(micro_batch) or next(iter(points.values()))
+    sizes = sorted(points, key=lambda b: (abs(b - micro_batch), b))[:2]
+    b0, b1 = sorted(sizes)
+    out = {}
+    for k in points[b0]:
+        slope = (points[b1][k] - points[b0][k]) / (b1 - b0)
+        out[k] = max(points[b0][k] + slope * (micro_batch - b0), 0.0)
+    return out
+
+
+def split_memory(
+    memory: MemoryTerms, peak_bytes: int, candidate: Candidate, traces: Sequence[MemoryTrace]
+) -> MemorySplit:
+    """The predicted ``peak_bytes`` of ``candidate`` (its terms: ``memory``) by category."""
+    total = peak_bytes
+    traced = memory.traced_bytes or total
+    world = max(candidate.world_size, 1)
+    params = float(memory.parameter_bytes)
+    optimizer = float(memory.optimizer_state_bytes)
+    overhead = max(total - traced, 0)
+    split = "traced"
+    if memory.fsdp is not None:
+        # ZeRO-3-like sharding (strategies.cost, _fsdp_memory): state / N; the gathered units
+        # are transient (temporaries), the reduce-scatter buffer holds gradients, activations
+        # as on one device.
+        params, optimizer = params / world, optimizer / world
+        grads = memory.gradient_bytes / world + memory.fsdp.reduce_scatter_buffer_bytes
+        activations = float(memory.fsdp.activation_bytes)
+        temporaries = max(traced - params - optimizer - grads - activations, 0.0)
+    else:
+        buckets = float(memory.ddp_gradient_buckets_bytes or 0)
+        rest = max(traced - params - optimizer - buckets, 0.0)
+        shares = _interpolated_shares(
+            _traces_for(traces, candidate), candidate.micro_batch_size, memory.phase
+        )
+        if shares is None or sum(shares.values()) <= 0:
+            split = "estimated"
+            live = memory.phase == "optimizer_step" or candidate.grad_accum_steps > 1
+            grads = min(rest, float(memory.gradient_bytes)) if live else 0.0
+            shares = {"gradients": grads, "activations": rest - grads, "temporaries": 0.0}
+        scale = rest / sum(shares.values()) if sum(shares.values()) > 0 else 0.0
+        grads = shares["gradients"] * scale + buckets
+        activations = shares["activations"] * scale
+        temporaries = shares["temporaries"] * scale
+    parts = {
+        "parameters": round(params),
+        "gradients": round(grads),
+        "optimizer state": round(optimizer),
+        "activations": round(activations),
+        "temporaries": round(temporaries),
+        "overhead": round(overhead),
+    }
+    # Rounding and clamping may leave a few bytes: they go to temporaries so the parts add up.
+    parts["temporaries"] = max(parts["temporaries"] + total - sum(parts.values()), 0)
+    return MemorySplit(parts=parts, split=split)
