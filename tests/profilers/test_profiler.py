@@ -319,3 +319,92 @@ def test_timing_child_also_times_the_larger_size_on_half_the_cpu_threads() -> No
     model = fit_step_time(timings)
     assert (model.threads, model.split_threads) == (2, 1)
     assert model.split_ratio is not None and model.split_ratio > 0
+
+
+# -- the pieces: probe rows, memory-check evidence, timed sizes ----------------------------------
+
+
+def test_rows_about_a_step_carry_its_knobs_and_its_label() -> None:
+    from profilers import probe_rows
+    from profilers.workload import StepSpec
+
+    spec = StepSpec(seq_len=8, precision="bf16", micro_batch_size=4, grad_accum_steps=2)
+    row = probe_rows.skipped("memory", spec, "time budget spent")
+    assert (row.probe, row.name, row.status, row.reason) == (
+        "memory",
+        "bf16/none/b=4x2",
+        "skipped",
+        "time budget spent",
+    )
+    assert (row.precision, row.micro_batch_size, row.grad_accum_steps) == ("bf16", 4, 2)
+    # Without a step or a name, a row is named after its probe and carries no knobs.
+    plain = probe_rows.skipped("communication", None, "disabled")
+    assert (plain.name, plain.precision, plain.micro_batch_size) == ("communication", None, None)
+    assert probe_rows.skipped("input", spec, "x", name="loader").name == "loader"
+
+
+def test_failed_raised_and_measured_rows() -> None:
+    from profilers import probe_rows
+    from profilers.isolate import Outcome
+    from profilers.workload import StepSpec
+
+    spec = StepSpec(seq_len=8)
+    hung = Outcome(status="timeout", reason="no result after 8 s", wall_s=9.5)
+    row = probe_rows.failed("throughput", spec, hung)
+    assert (row.status, row.reason, row.wall_s, row.name) == (
+        "timeout",
+        "no result after 8 s",
+        9.5,
+        "fp32/none/b=1",
+    )
+    error = probe_rows.raised("flops", None, RuntimeError("bad\n   shape"), wall_s=0.5)
+    assert (error.status, error.reason, error.wall_s) == ("error", "RuntimeError: bad shape", 0.5)
+    ok = probe_rows.measured("memory", spec, value=123, unit="bytes", wall_s=0.1)
+    assert (ok.status, ok.value, ok.unit, ok.reason) == ("ok", 123, "bytes", "")
+
+
+def test_memory_check_evidence_becomes_the_overhead_the_traces_miss() -> None:
+    from profilers.phases_memory import _Evidence
+    from profilers.workload import StepSpec
+
+    def cpu(peak: int) -> dict:
+        record = CpuStepMemory(
+            spec=StepSpec(seq_len=8),
+            peak_bytes=peak,
+            forward_backward_peak_bytes=peak,
+            optimizer_step_peak_bytes=peak // 2,
+            step_seconds=0.1,
+        )
+        return record.to_dict()
+
+    evidence = _Evidence()
+    extra = {"ddp": 10, "fsdp": 30}
+    assert evidence.add(cpu(1000), 1500, extra, predicted=900) == 1000
+    assert evidence.add(cpu(2000), 2100, {"ddp": 99, "fsdp": 99}, predicted=2000) == 2000
+    overhead = evidence.overhead(on_gpu=False)
+    # The resident memory beyond the allocator's peak, less the FSDP stack loaded on purpose.
+    assert overhead.fixed_bytes == 1500 - 1000 - 30
+    assert overhead.parallel_bytes == extra  # measured once, in the first check
+    assert overhead.trace_error_fraction == pytest.approx(0.1)  # the worst check
+    assert overhead.method.startswith("CPU")
+    assert [m.peak_bytes for m in evidence.measured] == [1000, 2000]
+
+
+def test_the_larger_timed_size_halves_until_the_memory_model_says_it_fits() -> None:
+    from types import SimpleNamespace
+
+    from profilers.phases_time import CPU_MAX_TIMED_MICRO_BATCH, timed_sizes
+    from profilers.probe_run import ProbeRun
+
+    run = ProbeRun(ToyWorkload(), ProfileOptions(seq_len=SEQ_LEN, memory_budget=0.5), None)
+    per_sequence = SimpleNamespace(predict=lambda b: 100 * b)  # bytes
+    small, largest = timed_sizes(run, per_sequence, capacity=1000, slowdown=1.0)
+    assert 100 * largest <= 0.5 * 1000 < 100 * 2 * largest
+    assert small <= largest
+    assert timed_sizes(run, None, capacity=1000, slowdown=1.0)[1] == CPU_MAX_TIMED_MICRO_BATCH
+    slow = timed_sizes(run, None, capacity=1000, slowdown=20.0)  # e.g. fp16 on this CPU
+    assert slow[1] < CPU_MAX_TIMED_MICRO_BATCH
+    asked = ProbeRun(
+        ToyWorkload(), ProfileOptions(seq_len=SEQ_LEN, time_micro_batch_sizes=(3, 5)), None
+    )
+    assert timed_sizes(asked, per_sequence, capacity=1, slowdown=20.0) == (3, 5)

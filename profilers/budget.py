@@ -1,0 +1,64 @@
+"""The profiler's time budget: how much of ``budget_s`` each phase may spend.
+
+Each phase has a weight in :data:`SHARES`. When a phase starts it asks :meth:`Clock.share` for
+its seconds: its weight's part of the time still left, among the phases not started yet. So time
+an earlier phase left unused flows to the later ones, and a phase that overran shrinks all the
+later ones a little rather than starving the last. A phase asks once, when it starts; a phase
+with nothing to do still asks, so its weight stops counting for the rest.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+Progress = Callable[[str, float], None]  # (what is running now, fraction of the budget spent)
+
+# Shares of the budget per phase; what a phase leaves unused flows to the next ones.
+# In the order the phases run: what matters most for the search comes first.
+SHARES = {
+    "device": 0.05,
+    "model": 0.02,
+    "memory": 0.10,
+    "throughput": 0.40,
+    "memory_accumulation": 0.04,
+    "memory_check": 0.09,
+    "communication": 0.15,
+    "memory_distributed": 0.08,
+    "input": 0.07,
+}
+
+
+class Clock:
+    """The budget's clock, started at construction; ``now`` (default: time.perf_counter, looked
+    up at each call) is injectable for tests."""
+
+    def __init__(
+        self,
+        budget_s: float,
+        progress: Progress | None,
+        now: Callable[[], float] | None = None,
+    ) -> None:
+        self.budget_s, self.progress = budget_s, progress
+        self.now = now or (lambda: time.perf_counter())
+        self.start = self.now()
+        self.started: set[str] = set()
+
+    def elapsed(self) -> float:
+        return self.now() - self.start
+
+    def remaining(self) -> float:
+        return max(0.0, self.budget_s - self.elapsed())
+
+    def share(self, phase: str) -> float:
+        """Seconds this phase may use: its weight's part of what is left, among the phases
+        not started yet. Time an earlier phase left unused flows to the later ones, and one
+        that overran shrinks them all a little rather than starving the last."""
+        waiting = sum(w for p, w in SHARES.items() if p not in self.started)
+        self.started.add(phase)
+        return self.remaining() * SHARES[phase] / waiting if waiting > 0 else 0.0
+
+    def say(self, message: str) -> None:
+        """Report ``message`` and the fraction of the budget spent (capped at 1)."""
+        if self.progress is not None:
+            self.progress(message, min(1.0, self.elapsed() / self.budget_s))

@@ -1,0 +1,107 @@
+"""The first phases: what the device is and can run, and what the model is (facts and FLOPs).
+
+These run in the profiler's own process: they take no real training step, so nothing in them
+can run out of memory or hang the way a step can.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+from profilers import probe_rows
+from profilers.device import DeviceInfo
+from profilers.flops import FlopCount
+from profilers.probe_run import ProbeRun
+from profilers.workload import PRECISIONS, ModelFacts
+
+# Every later phase needs the device facts, so the device probe always runs, however small the
+# budget: probe_device refuses a budget <= 0, and a second keeps each of its benchmark parts
+# above the 0.01 s under which it skips the benchmark.
+MIN_DEVICE_BUDGET_S = 1.0
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class ModelPhase:
+    facts: ModelFacts
+    flops: FlopCount | None  # None when counting failed (the row says why)
+
+
+def device_phase(run: ProbeRun) -> DeviceInfo:
+    """Device facts and micro-benchmarks (GEMM per dtype, bandwidth, precision steps)."""
+    from profilers.device import probe_device
+
+    run.clock.say("device: facts, matmul and bandwidth benchmarks")
+    t0 = time.perf_counter()
+    info = probe_device(
+        run.options.device, budget_s=max(MIN_DEVICE_BUDGET_S, run.clock.share("device"))
+    )
+    run.rows.append(
+        probe_rows.measured(
+            "device",
+            None,
+            wall_s=time.perf_counter() - t0,
+            name=info.name,
+            value=info.total_memory_bytes,
+            unit="bytes",
+        )
+    )
+    return info
+
+
+def usable_precisions(run: ProbeRun, device: DeviceInfo) -> list[str]:
+    """The precisions asked for (all by default) less those the device cannot run: a row each."""
+    wanted = run.options.precisions or PRECISIONS
+    out = []
+    for precision in wanted:
+        check = device.precisions.get(precision)
+        if check is not None and not check.supported:
+            run.rows.append(
+                probe_rows.row(
+                    "device",
+                    None,
+                    "unsupported",
+                    reason=check.reason or "",
+                    name=f"precision {precision}",
+                )
+            )
+            continue
+        out.append(precision)
+    return out
+
+
+def model_phase(run: ProbeRun) -> ModelPhase:
+    """The model's shape facts and its FLOPs per token (an fp32 step at micro-batch 1)."""
+    from profilers.flops import count_step_flops
+
+    run.clock.say("model: shape facts and FLOPs per token")
+    run.clock.share("model")
+    t0 = time.perf_counter()
+    facts = run.workload.facts()
+    run.rows.append(
+        probe_rows.measured(
+            "model",
+            None,
+            wall_s=time.perf_counter() - t0,
+            name=facts.name,
+            value=facts.num_params,
+            unit="params",
+        )
+    )
+    t0 = time.perf_counter()
+    flops: FlopCount | None
+    try:
+        flops = count_step_flops(run.workload, run.spec("fp32", "none", 1))
+        run.rows.append(
+            probe_rows.measured(
+                "flops",
+                None,
+                wall_s=time.perf_counter() - t0,
+                value=flops.model_flops_per_token,
+                unit="flops/token",
+            )
+        )
+    except Exception as exc:
+        flops = None
+        run.rows.append(probe_rows.raised("flops", None, exc, wall_s=time.perf_counter() - t0))
+    return ModelPhase(facts=facts, flops=flops)

@@ -1,0 +1,106 @@
+"""Every row of probes.csv is built here: one :class:`ProbeRow` per probe run, skip or failure.
+
+:func:`row` is the general constructor; the named ones are the shapes the phases repeat:
+:func:`skipped` (did not run, and why), :func:`failed` (an isolated child that did not return
+``ok``), :func:`raised` (an in-process probe that raised), :func:`measured` (an ``ok`` value
+with its unit) and :func:`fit_gap` (a group a fit could not use). A row about one step carries
+its spec's fields and, unless named otherwise, the spec's :func:`label`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from profilers.isolate import Outcome
+from profilers.profile_record import ProbeRow
+from profilers.workload import StepSpec
+
+
+def label(spec: StepSpec) -> str:
+    """``precision/checkpointing/b=micro`` and ``xaccum`` when accumulating, e.g. fp32/none/b=4."""
+    text = f"{spec.precision}/{spec.activation_checkpointing}/b={spec.micro_batch_size}"
+    return text + (f"x{spec.grad_accum_steps}" if spec.grad_accum_steps > 1 else "")
+
+
+def one_line(exc: BaseException) -> str:
+    """``TypeName: message`` on one line (whitespace collapsed), at most 300 characters."""
+    return f"{type(exc).__name__}: {' '.join(str(exc).split())}"[:300]
+
+
+def row(
+    probe: str,
+    spec: StepSpec | None,
+    status: str,
+    *,
+    reason: str = "",
+    wall_s: float = 0.0,
+    value: float | None = None,
+    unit: str = "",
+    name: str | None = None,
+) -> ProbeRow:
+    """A row of ``probe``; named ``name``, else the spec's label, else the probe itself."""
+    kw: dict[str, Any] = {}
+    if spec is not None:
+        kw = dict(
+            precision=spec.precision,
+            activation_checkpointing=spec.activation_checkpointing,
+            micro_batch_size=spec.micro_batch_size,
+            grad_accum_steps=spec.grad_accum_steps,
+            world_size=spec.world_size,
+        )
+    return ProbeRow(
+        probe=probe,
+        name=name or (label(spec) if spec else probe),
+        status=status,
+        reason=reason,
+        wall_s=wall_s,
+        value=value,
+        unit=unit,
+        **kw,
+    )
+
+
+def skipped(probe: str, spec: StepSpec | None, reason: str, *, name: str | None = None) -> ProbeRow:
+    """A probe that did not run, and why (the budget, a prediction, a missing capability)."""
+    return row(probe, spec, "skipped", reason=reason, name=name)
+
+
+def failed(
+    probe: str, spec: StepSpec | None, outcome: Outcome, *, name: str | None = None
+) -> ProbeRow:
+    """An isolated child that ended in oom, timeout or error: its status, reason and wall time."""
+    return row(probe, spec, outcome.status, reason=outcome.reason, wall_s=outcome.wall_s, name=name)
+
+
+def raised(probe: str, spec: StepSpec | None, exc: BaseException, *, wall_s: float) -> ProbeRow:
+    """An in-process probe that raised: an error row with the exception on one line."""
+    return row(probe, spec, "error", reason=one_line(exc), wall_s=wall_s)
+
+
+def measured(
+    probe: str,
+    spec: StepSpec | None,
+    *,
+    value: float | None,
+    unit: str,
+    wall_s: float,
+    name: str | None = None,
+    reason: str = "",
+) -> ProbeRow:
+    """An ``ok`` probe and its headline number; ``reason`` may add context (e.g. threads)."""
+    return row(probe, spec, "ok", reason=reason, wall_s=wall_s, value=value, unit=unit, name=name)
+
+
+def fit_gap(
+    probe: str, *, name: str, status: str, reason: str, precision: str, checkpointing: str
+) -> ProbeRow:
+    """A group whose records a fit could not use (``{probe}_fit``), keyed by its precision and
+    checkpointing rather than by one step."""
+    return ProbeRow(
+        probe=f"{probe}_fit",
+        name=name,
+        status=status,
+        reason=reason,
+        precision=precision,
+        activation_checkpointing=checkpointing,
+    )

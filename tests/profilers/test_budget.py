@@ -1,0 +1,83 @@
+"""The profiler's budget clock: how a phase's share follows from what earlier phases spent."""
+
+from __future__ import annotations
+
+import pytest
+
+from profilers.budget import SHARES, Clock
+
+BUDGET_S = 100.0
+
+
+class FakeTime:
+    """A clock the test moves by hand."""
+
+    def __init__(self) -> None:
+        self.t = 1000.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def planned(phase: str) -> float:
+    return BUDGET_S * SHARES[phase] / sum(SHARES.values())
+
+
+def test_phases_that_spend_exactly_their_share_leave_the_later_ones_their_planned_part() -> None:
+    now = FakeTime()
+    clock = Clock(BUDGET_S, None, now=now)
+    for phase in SHARES:
+        share = clock.share(phase)
+        assert share == pytest.approx(planned(phase))
+        now.t += share
+    assert clock.remaining() == pytest.approx(0.0)
+
+
+def test_time_a_phase_leaves_unused_flows_to_the_later_ones() -> None:
+    now = FakeTime()
+    clock = Clock(BUDGET_S, None, now=now)
+    first, *later = SHARES
+    clock.share(first)  # and spends nothing
+    shares = {}
+    for phase in later:
+        shares[phase] = clock.share(phase)
+        now.t += shares[phase]
+    # Every later phase grows by the same factor, and together they use the whole budget.
+    factors = {shares[p] / planned(p) for p in later}
+    assert min(factors) > 1 and max(factors) == pytest.approx(min(factors))
+    assert sum(shares.values()) == pytest.approx(BUDGET_S)
+
+
+def test_a_phase_that_overran_shrinks_every_later_one_and_the_last_gets_what_is_left() -> None:
+    now = FakeTime()
+    clock = Clock(BUDGET_S, None, now=now)
+    first, *later = SHARES
+    now.t += clock.share(first) + 10.0  # 10 s over
+    shares = {}
+    for phase in later:
+        shares[phase] = clock.share(phase)
+        now.t += shares[phase]
+    factors = [shares[p] / planned(p) for p in later]
+    assert all(0 < f < 1 for f in factors)
+    assert max(factors) == pytest.approx(min(factors))  # no phase starves for another
+    assert clock.remaining() == pytest.approx(0.0)
+
+
+def test_once_the_budget_is_spent_every_share_is_zero() -> None:
+    now = FakeTime()
+    clock = Clock(BUDGET_S, None, now=now)
+    now.t += 2 * BUDGET_S
+    assert clock.remaining() == 0.0
+    assert [clock.share(p) for p in SHARES] == [0.0] * len(SHARES)
+
+
+def test_progress_reports_the_fraction_spent_capped_at_one() -> None:
+    now = FakeTime()
+    calls: list[tuple[str, float]] = []
+    clock = Clock(BUDGET_S, lambda message, spent: calls.append((message, spent)), now=now)
+    now.t += BUDGET_S / 4
+    clock.say("a")
+    now.t += 2 * BUDGET_S
+    clock.say("b")
+    assert calls == [("a", 0.25), ("b", 1.0)]
+    Clock(BUDGET_S, None, now=now).say("nobody listens")  # no progress callback: silent
