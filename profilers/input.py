@@ -13,8 +13,6 @@ from collections.abc import Sequence
 from profilers.profile_record import InputSample
 from profilers.workload import DataWorkload, StepSpec
 
-INPUT_BOUND_MARGIN = 1.1  # the loader must outpace the model by 10% to hide its jitter
-
 
 def measure_loader(
     workload: DataWorkload,
@@ -63,28 +61,3 @@ def probe_input(
                 )
             )
     return out
-
-
-def input_bound(
-    samples: Sequence[InputSample], consumption_tokens_per_s: float, num_workers: int
-) -> bool | None:
-    """Would the loader with ``num_workers`` starve a model consuming this many tokens/s?"""
-    sample = next((s for s in samples if s.num_workers == num_workers and s.status == "ok"), None)
-    if sample is None:
-        return None
-    return sample.tokens_per_s < INPUT_BOUND_MARGIN * consumption_tokens_per_s
-
-
-def sufficient_workers(
-    samples: Sequence[InputSample], consumption_tokens_per_s: float
-) -> int | None:
-    """Fewest workers whose loader keeps up with the model; None if none measured does."""
-    ok = sorted((s for s in samples if s.status == "ok"), key=lambda s: s.num_workers)
-    return next(
-        (
-            s.num_workers
-            for s in ok
-            if s.tokens_per_s >= INPUT_BOUND_MARGIN * consumption_tokens_per_s
-        ),
-        None,
-    )

@@ -14,6 +14,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from profilers.metrics_record import read_metrics
+from profilers.rundir import RunDir, TrainDir
+
 
 def _load(path: Path) -> Any:
     try:
@@ -23,26 +26,22 @@ def _load(path: Path) -> Any:
 
 
 def _metrics(run: Path, skip: int = 3) -> dict[str, Any] | None:
-    path = run / "metrics.jsonl"
-    if not path.is_file():
-        return None
-    lines = [json.loads(x) for x in path.read_text().splitlines() if x.strip()]
-    train = [r for r in lines if r.get("kind") == "train"]
+    train = read_metrics(TrainDir(run).metrics).train
     if not train:
         return None
     steady = train[skip:] or train
     return {
         "steps": len(train),
-        "final_loss": train[-1]["loss"],
-        "median_step_time_s": statistics.median(r["step_time_s"] for r in steady),
-        "median_tokens_per_s": statistics.median(r["tokens_per_s"] for r in steady),
-        "peak_memory_bytes": max(r["peak_memory_bytes"] for r in steady),
-        "peak_memory_kind": train[-1].get("peak_memory_kind"),
-        "median_mfu": statistics.median(r["mfu"] for r in steady)
-        if steady[0].get("mfu") is not None
+        "final_loss": train[-1].loss,
+        "median_step_time_s": statistics.median(r.step_time_s or 0.0 for r in steady),
+        "median_tokens_per_s": statistics.median(r.tokens_per_s or 0.0 for r in steady),
+        "peak_memory_bytes": max(r.peak_memory_bytes or 0 for r in steady),
+        "peak_memory_kind": train[-1].peak_memory_kind or None,
+        "median_mfu": statistics.median(r.mfu or 0.0 for r in steady)
+        if steady[0].mfu is not None
         else None,
-        "skipped_steps": train[-1].get("skipped_steps", 0),
-        "loss_scale": train[-1].get("loss_scale"),
+        "skipped_steps": train[-1].skipped_steps or 0,
+        "loss_scale": train[-1].loss_scale,
     }
 
 
@@ -54,7 +53,7 @@ def _ratio(predicted: float | None, measured: float | None) -> float | None:
 
 def summarise(out: Path) -> dict[str, Any]:
     summary: dict[str, Any] = {"stages": _load(out / "stages.json") or {}}
-    profile = _load(out / "profile" / "profile.json")
+    profile = _load(RunDir(out / "profile").profile)
     if profile:
         device = profile["device"]
         summary["device"] = {
@@ -76,7 +75,7 @@ def summarise(out: Path) -> dict[str, Any]:
             "memory_checks": profile.get("memory_measured"),
             "flops": (profile.get("model") or {}).get("flops"),
         }
-    plan = _load(out / "plan" / "plan.json")
+    plan = _load(RunDir(out / "plan").plan)
     if plan:
         summary["plan"] = {
             "config": plan.get("config"),

@@ -1,7 +1,7 @@
 """Errors of the strategies: a search or a prediction that cannot be made, with the fix.
 
-They are ``ValueError``s (bad input, not bugs) with an ``exit_code`` the CLI exits with. The
-message is one sentence that names the problem and the knob that would help.
+They are ``ValueError``s (bad input, not bugs): the CLI reports them as bad usage (one line,
+exit 2). The message is one sentence that names the problem and the knob that would help.
 """
 
 from __future__ import annotations
@@ -9,8 +9,6 @@ from __future__ import annotations
 
 class StrategyError(ValueError):
     """A prediction or search the inputs do not allow; the message names the fix."""
-
-    exit_code = 2
 
 
 class Unpredictable(StrategyError):

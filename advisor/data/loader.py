@@ -16,7 +16,7 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset, Sampler
 
-from advisor.data.sources import TokenSource
+from advisor.data.token_source import TokenSource
 from advisor.models.objectives import Objective
 
 _MASK64 = (1 << 64) - 1

@@ -19,59 +19,13 @@ from __future__ import annotations
 import hashlib
 import os
 import sysconfig
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
+from advisor.data.token_source import BYTE_VOCAB, VAL_FRACTION, TokenSource, atomic_write, cache_dir
+from advisor.data.tokenized import tokenize_source
 from advisor.errors import UsageProblem
-
-VAL_FRACTION = 0.1
-BYTE_VOCAB = 256
-
-
-@dataclass(frozen=True)
-class TokenSource:
-    """Picklable description of a token stream; ``tokens(split)`` memory-maps it."""
-
-    spec: str
-    kind: str  # stdlib | text | bin | synthetic | tokenized
-    vocab_size: int
-    paths: tuple[str, str] | None = None  # (train, val) files, or None for synthetic
-    split_at: int | None = None  # single-file sources: first val token
-    dtype: str = "uint8"
-    mask_token_id: int | None = None
-    description: str = ""
-
-    def tokens(self, split: str) -> np.ndarray:
-        assert split in ("train", "val"), split
-        assert self.paths is not None, "synthetic data has no token file"
-        train_path, val_path = self.paths
-        path = train_path if split == "train" or self.split_at is not None else val_path
-        if os.path.getsize(path) == 0:  # numpy cannot memory-map an empty file
-            return np.empty(0, dtype=self.dtype)
-        if self.split_at is not None:  # one file, split by position
-            data = np.memmap(train_path, dtype=self.dtype, mode="r")
-            return data[: self.split_at] if split == "train" else data[self.split_at :]
-        return np.memmap(train_path if split == "train" else val_path, dtype=self.dtype, mode="r")
-
-    def num_tokens(self, split: str) -> int:
-        return 0 if self.kind == "synthetic" else len(self.tokens(split))
-
-
-def cache_dir() -> Path:
-    root = os.environ.get("ADVISOR_CACHE_DIR") or os.path.join(
-        os.environ.get("XDG_CACHE_HOME", os.path.expanduser("~/.cache")), "transformer-advisor"
-    )
-    path = Path(root)
-    path.mkdir(parents=True, exist_ok=True)
-    return path
-
-
-def _atomic_write(path: Path, data: bytes) -> None:
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_bytes(data)
-    os.replace(tmp, path)
 
 
 def stdlib_files() -> list[Path]:
@@ -98,8 +52,8 @@ def _stdlib_source() -> TokenSource:
             rel = str(path.relative_to(root))
             bucket = int(hashlib.sha1(rel.encode()).hexdigest(), 16) % 10
             parts["val" if bucket == 0 else "train"].append(path.read_bytes() + b"\n\n")
-        _atomic_write(train_path, b"".join(parts["train"]))
-        _atomic_write(val_path, b"".join(parts["val"]))
+        atomic_write(train_path, b"".join(parts["train"]))
+        atomic_write(val_path, b"".join(parts["val"]))
     return TokenSource(
         spec="stdlib",
         kind="stdlib",
@@ -180,8 +134,6 @@ def resolve_data(
         else:
             source = _single_file(spec, path, "uint8", BYTE_VOCAB, "text")
     if tokenizer:
-        from advisor.data.tokenized import tokenize_source
-
         source = tokenize_source(source, tokenizer)
     for split in ("train", "val"):
         if source.num_tokens(split) < min_tokens:

@@ -8,9 +8,9 @@ from typing import Any
 
 import numpy as np
 
-from advisor.data.sources import VAL_FRACTION, TokenSource, _atomic_write, cache_dir
+from advisor.data.token_source import VAL_FRACTION, TokenSource, atomic_write, cache_dir
 from advisor.errors import UsageProblem, one_line
-from advisor.models.hf import _transformers
+from advisor.models.hf import import_transformers
 
 CHUNK_CHARS = 1 << 20  # tokenize in ~1 MB pieces to bound memory
 
@@ -18,7 +18,7 @@ CHUNK_CHARS = 1 << 20  # tokenize in ~1 MB pieces to bound memory
 def _load_tokenizer(path: str) -> Any:
     if not Path(path).expanduser().exists():
         raise UsageProblem(f"tokenizer {path} does not exist: pass a local tokenizer directory")
-    tf = _transformers()
+    tf = import_transformers()
     try:
         return tf.AutoTokenizer.from_pretrained(str(Path(path).expanduser()), local_files_only=True)
     except Exception as exc:
@@ -72,8 +72,8 @@ def tokenize_source(source: TokenSource, tokenizer_path: str) -> TokenSource:
                 name: _encode(tokenizer, Path(p).read_bytes().decode("utf-8", errors="replace"))
                 for name, p in zip(("train", "val"), source.paths, strict=True)
             }
-        _atomic_write(train_path, np.asarray(splits["train"], dtype=dtype).tobytes())
-        _atomic_write(val_path, np.asarray(splits["val"], dtype=dtype).tobytes())
+        atomic_write(train_path, np.asarray(splits["train"], dtype=dtype).tobytes())
+        atomic_write(val_path, np.asarray(splits["val"], dtype=dtype).tobytes())
     return TokenSource(
         spec=source.spec,
         kind="tokenized",

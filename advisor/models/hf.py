@@ -21,7 +21,7 @@ from advisor.models.adapter import ModelAdapter, find_repeated_blocks
 INSTALL_HINT = "pip install 'transformer-advisor[hf]'"
 
 
-def _transformers() -> Any:
+def import_transformers() -> Any:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")  # never reach the hub from here
     try:
         import transformers
@@ -34,7 +34,7 @@ def _transformers() -> Any:
 
 
 def load_hf_config(name_or_path: str) -> Any:
-    tf = _transformers()
+    tf = import_transformers()
     path = Path(name_or_path).expanduser()
     if path.is_dir():
         if not (path / "config.json").is_file():
@@ -63,7 +63,7 @@ def load_hf_config(name_or_path: str) -> Any:
 
 
 def build_hf(spec: str, args: dict[str, Any], meta: bool) -> ModelAdapter:
-    tf = _transformers()
+    tf = import_transformers()
     from transformers.models.auto import modeling_auto
 
     config = load_hf_config(spec[3:])

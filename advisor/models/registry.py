@@ -85,7 +85,9 @@ def build_model(
 
 
 def _build_preset(name: str, args: dict[str, Any], meta: bool) -> ModelAdapter:
-    from advisor.models import bert, gpt, llama
+    import advisor.models.bert as bert
+    import advisor.models.gpt as gpt
+    import advisor.models.llama as llama
 
     preset = PRESETS[name]
     config_cls, model_cls = {

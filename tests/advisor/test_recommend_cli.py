@@ -191,8 +191,8 @@ def test_predict_whatif_is_an_estimate(profile_path: Path) -> None:
 
 
 def test_recommend_validates_the_top_candidates_for_real(tmp_path: Path) -> None:
-    """A tiny real model: the top-2 and the baseline are measured in an isolated child; the
-    measured best wins; distributed candidates are recorded as not validated."""
+    """A tiny real model: the top-2 and the baseline are measured for real; the measured best
+    wins; a distributed candidate among them goes through the torchrun validator."""
     profile = hand_profile(comm_world_sizes=(2,))
     args = {"vocab_size": 256, "n_layer": 1, "n_head": 2, "n_embd": 32, "block_size": 64}
     profile = dataclasses.replace(
@@ -215,8 +215,7 @@ def test_recommend_validates_the_top_candidates_for_real(tmp_path: Path) -> None
     assert plan["measured"]["tokens_per_s"] == best["measured"]["tokens_per_s"]
     for v in validated:
         if v["candidate"]["parallelism"] != "single":
-            assert v["measured"]["status"] == "not_validated"
-            assert "distributed launcher" in v["measured"]["reason"]
+            assert v["measured"]["validator"] == "torchrun"
         else:
             assert v["measured"]["peak_memory_bytes"] > 0
             assert v["time_error"] is not None

@@ -9,7 +9,6 @@ from __future__ import annotations
 import dataclasses
 import functools
 import json
-import time
 
 import pytest
 import torch
@@ -75,8 +74,12 @@ def _relative_error(value: float, reference: float) -> float:
 # On this CPU (AVX2, no native bf16) oneDNN's bf16 GEMMs allocate a scratch buffer inside the
 # kernel, below the dispatcher, so the fake trace cannot see it. It only matters where the peak
 # falls inside a GEMM, which with checkpointing it does (the recomputed forward in backward):
-# measured 3-5 % low on this toy, always low.
+# measured 3-5 % low on this toy. Which kernel oneDNN picks depends on the host: on another
+# 2-vCPU AMD EPYC host of the same kind (2026-12-01) the b=1 forward/backward peak traced 0.95%
+# HIGH (2,159,740 vs 2,139,452 B), deterministically. So for this group the trace is held to
+# its tolerance in either direction, not to "misses low".
 _TOLERANCE = {("bf16", "full"): 0.07}
+_EITHER_SIDE = {("bf16", "full")}
 
 
 @pytest.mark.parametrize("checkpointing", ["none", "full"])
@@ -97,7 +100,8 @@ def test_trace_matches_cpu_truth(precision: str, checkpointing: str, micro_batch
     ]:
         assert abs(_relative_error(traced, measured)) <= tolerance
         # Whatever the trace misses (kernel scratch, checkpoint RNG states) it misses low.
-        assert traced <= measured * 1.0001
+        if (precision, checkpointing) not in _EITHER_SIDE:
+            assert traced <= measured * 1.0001
     assert trace.peak_bytes == max(
         trace.forward_backward_peak_bytes, trace.optimizer_step_peak_bytes
     )
@@ -247,19 +251,6 @@ def test_records_round_trip_through_json() -> None:
     )
     assert cuda.to_dict()["fragmentation_bytes"] == 1 << 30
     assert model.to_dict()["forward_backward"]["residuals"] == [0.0, 0.0]
-
-
-def test_print_trace_versus_real_step_time() -> None:
-    for precision in ("fp32", "bf16"):
-        spec = _spec(4, precision)
-        step = WORKLOAD.build_step(spec, "cpu")
-        batches = step.synthetic_batches()
-        step.step(batches)  # warm-up; the timed step has optimizer state, like the trace
-        started = time.perf_counter()
-        step.step(batches)
-        real = time.perf_counter() - started
-        traced = _trace(spec).trace_seconds
-        print(f"\n{precision} b=4: trace {traced:.3f}s (2 iterations), real step {real:.3f}s")
 
 
 @pytest.mark.gpu

@@ -1,0 +1,60 @@
+"""A token stream on disk (:class:`TokenSource`) and the cache its files live in.
+
+Shared by the sources (advisor.data.sources) and the tokenizer cache (advisor.data.tokenized),
+neither of which imports the other's internals.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+VAL_FRACTION = 0.1
+BYTE_VOCAB = 256
+
+
+@dataclass(frozen=True)
+class TokenSource:
+    """Picklable description of a token stream; ``tokens(split)`` memory-maps it."""
+
+    spec: str
+    kind: str  # stdlib | text | bin | synthetic | tokenized
+    vocab_size: int
+    paths: tuple[str, str] | None = None  # (train, val) files, or None for synthetic
+    split_at: int | None = None  # single-file sources: first val token
+    dtype: str = "uint8"
+    mask_token_id: int | None = None
+    description: str = ""
+
+    def tokens(self, split: str) -> np.ndarray:
+        assert split in ("train", "val"), split
+        assert self.paths is not None, "synthetic data has no token file"
+        train_path, val_path = self.paths
+        path = train_path if split == "train" or self.split_at is not None else val_path
+        if os.path.getsize(path) == 0:  # numpy cannot memory-map an empty file
+            return np.empty(0, dtype=self.dtype)
+        if self.split_at is not None:  # one file, split by position
+            data = np.memmap(train_path, dtype=self.dtype, mode="r")
+            return data[: self.split_at] if split == "train" else data[self.split_at :]
+        return np.memmap(train_path if split == "train" else val_path, dtype=self.dtype, mode="r")
+
+    def num_tokens(self, split: str) -> int:
+        return 0 if self.kind == "synthetic" else len(self.tokens(split))
+
+
+def cache_dir() -> Path:
+    root = os.environ.get("ADVISOR_CACHE_DIR") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME", os.path.expanduser("~/.cache")), "transformer-advisor"
+    )
+    path = Path(root)
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def atomic_write(path: Path, data: bytes) -> None:
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_bytes(data)
+    os.replace(tmp, path)
