@@ -273,29 +273,25 @@ def _profile_stage(request: RunRequest, out: Path, say: ProgressFn) -> str:
 
 def _recommend_stage(request: RunRequest, out: Path, say: ProgressFn) -> tuple[str, Any]:
     from advisor.recommend import recommend
-    from strategies.errors import StrategyError
     from strategies.space import SearchRequest
 
-    try:
-        search = SearchRequest(
-            global_batch_size=request.global_batch_size,
-            memory_budget=request.memory_budget,
-            world_size=request.world_size,
-            trials=request.trials,
-            config_overrides=dict(request.config_overrides),
-        )
-        plan = recommend(
-            RunDir(out).profile,
-            search,
-            validate_top_k=request.validate_top,
-            validation_rounds=request.validate_rounds,
-            storage=request.storage,
-            out=out,
-            device=request.device,
-            progress=lambda message: say(message, -1.0),
-        )
-    except StrategyError as exc:
-        raise UsageProblem(str(exc)) from None
+    search = SearchRequest(
+        global_batch_size=request.global_batch_size,
+        memory_budget=request.memory_budget,
+        world_size=request.world_size,
+        trials=request.trials,
+        config_overrides=dict(request.config_overrides),
+    )
+    plan = recommend(
+        RunDir(out).profile,
+        search,
+        validate_top_k=request.validate_top,
+        validation_rounds=request.validate_rounds,
+        storage=request.storage,
+        out=out,
+        device=request.device,
+        progress=lambda message: say(message, -1.0),
+    )
     detail = f"{plan.candidate.label()}"
     if plan.baseline and plan.baseline.measured_speedup is not None:
         detail += f"; measured {plan.baseline.measured_speedup:.2f}× the naive fp32 loop"

@@ -20,7 +20,7 @@ TRAIN_KIND = "train"
 EVAL_KIND = "eval"
 
 
-def _number(value: Any) -> float | None:
+def finite_number(value: Any) -> float | None:
     """A finite float, or None (missing, null, NaN, a non-number)."""
     if value is None or isinstance(value, bool):
         return None
@@ -32,7 +32,7 @@ def _number(value: Any) -> float | None:
 
 
 def _integer(value: Any) -> int | None:
-    x = _number(value)
+    x = finite_number(value)
     return int(x) if x is not None else None
 
 
@@ -79,20 +79,20 @@ class TrainRecord:
             per_rank = tuple(int(v) for v in ranks if _integer(v) is not None)
         return cls(
             step=_integer(data.get("step")) or 0,
-            loss=_number(data.get("loss")),
-            lr=_number(data.get("lr")),
-            grad_norm=_number(data.get("grad_norm")),
+            loss=finite_number(data.get("loss")),
+            lr=finite_number(data.get("lr")),
+            grad_norm=finite_number(data.get("grad_norm")),
             tokens=_integer(data.get("tokens")),
-            step_time_s=_number(data.get("step_time_s")),
-            data_time_s=_number(data.get("data_time_s")),
-            tokens_per_s=_number(data.get("tokens_per_s")),
+            step_time_s=finite_number(data.get("step_time_s")),
+            data_time_s=finite_number(data.get("data_time_s")),
+            tokens_per_s=finite_number(data.get("tokens_per_s")),
             peak_memory_bytes=_integer(data.get("peak_memory_bytes")),
             peak_memory_kind=str(data.get("peak_memory_kind") or ""),
-            mfu=_number(data.get("mfu")),
+            mfu=finite_number(data.get("mfu")),
             skipped_steps=_integer(data.get("skipped_steps")),
-            elapsed_s=_number(data.get("elapsed_s")),
+            elapsed_s=finite_number(data.get("elapsed_s")),
             peak_memory_bytes_per_rank=per_rank,
-            loss_scale=_number(data.get("loss_scale")),
+            loss_scale=finite_number(data.get("loss_scale")),
         )
 
 
@@ -121,7 +121,7 @@ class EvalRecord:
     def from_dict(cls, data: Mapping[str, Any]) -> EvalRecord:
         return cls(
             step=_integer(data.get("step")) or 0,
-            eval_loss=_number(data.get("eval_loss")),
+            eval_loss=finite_number(data.get("eval_loss")),
             tokens=_integer(data.get("tokens")),
         )
 

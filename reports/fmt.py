@@ -2,22 +2,17 @@
 
 from __future__ import annotations
 
-import math
 from typing import Any
+
+from profilers.metrics_record import finite_number
 
 KiB, MiB, GiB = 2**10, 2**20, 2**30
 DASH = "—"
 
 
-def num(value: Any) -> float | None:
-    """A finite float, or None (missing, null, NaN, a non-number)."""
-    if value is None or isinstance(value, bool):
-        return None
-    try:
-        x = float(value)
-    except (TypeError, ValueError):
-        return None
-    return x if math.isfinite(x) else None
+# A finite float, or None (missing, null, NaN, a non-number): how every value read from a
+# run file is taken.
+num = finite_number
 
 
 def size(num_bytes: Any) -> str:

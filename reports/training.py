@@ -180,14 +180,27 @@ class _Run:
     predicted: Prediction | None
 
 
-def _loss_chart(run: _Run) -> Chart:
+def _step_chart(
+    id: str, title: str, y_label: str, series: Sequence[Series], **options: Any
+) -> Chart:
+    """A line chart over the run's steps."""
     return Chart(
-        id="train-loss",
-        title="Loss",
+        id=id,
+        title=title,
         kind="line",
         x_label="step",
-        y_label="loss",
-        series=(
+        y_label=y_label,
+        series=tuple(series),
+        **options,
+    )
+
+
+def _loss_chart(run: _Run) -> Chart:
+    return _step_chart(
+        "train-loss",
+        "Loss",
+        "loss",
+        (
             _series(run.train, "loss", "train", "train"),
             _series(run.evals, "eval_loss", "eval (held-out)", "eval"),
         ),
@@ -200,15 +213,7 @@ def _throughput_chart(run: _Run) -> Chart:
         flat := _flat("predicted", "predicted", run.steps, run.predicted.tokens_per_s)
     ):
         series.append(flat)
-    return Chart(
-        id="train-throughput",
-        title="Throughput",
-        kind="line",
-        x_label="step",
-        y_label="tokens/s",
-        series=tuple(series),
-        y_min=0,
-    )
+    return _step_chart("train-throughput", "Throughput", "tokens/s", series, y_min=0)
 
 
 def _mfu_chart(
@@ -229,13 +234,11 @@ def _mfu_chart(
             "MFU needs the device's datasheet peak, which is unknown here (CPUs and unlisted "
             "GPUs): shown instead is model FLOP/s over the GEMM rate measured by the profile."
         )
-    chart = Chart(
-        id="train-mfu",
-        title="Model FLOPs utilisation",
-        kind="line",
-        x_label="step",
-        y_label="fraction",
-        series=tuple(series),
+    chart = _step_chart(
+        "train-mfu",
+        "Model FLOPs utilisation",
+        "fraction",
+        series,
         y_min=0,
         caption=note + " Model FLOPs: 6N + 12·L·H·Q·T per token (PaLM, App. B).",
     )
@@ -254,28 +257,13 @@ def _memory_chart(run: _Run, memory_kind: str) -> Chart | None:
             flat := _flat("predicted", "predicted", run.steps, round(value / scale, 4))
         ):
             series.append(flat)
-    return Chart(
-        id="train-memory",
-        title="Peak memory",
-        kind="line",
-        x_label="step",
-        y_label=unit,
-        series=tuple(series),
-        y_min=0,
-        caption=MEMORY_KINDS.get(memory_kind, memory_kind),
-    )
+    caption = MEMORY_KINDS.get(memory_kind, memory_kind)
+    return _step_chart("train-memory", "Peak memory", unit, series, y_min=0, caption=caption)
 
 
 def _lr_chart(run: _Run) -> Chart:
-    return Chart(
-        id="train-lr",
-        title="Learning rate",
-        kind="line",
-        x_label="step",
-        y_label="lr",
-        series=(_series(run.train, "lr", "learning rate", "lr"),),
-        y_min=0,
-    )
+    lr = _series(run.train, "lr", "learning rate", "lr")
+    return _step_chart("train-lr", "Learning rate", "lr", (lr,), y_min=0)
 
 
 def _facts(stats: TrainingStats, data: Any) -> tuple[Fact, ...]:

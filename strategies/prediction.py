@@ -10,7 +10,7 @@ read them), and reads them back tolerantly: a report may render an older or hand
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 MiB = 2**20
@@ -29,6 +29,32 @@ def _float(data: Mapping[str, Any], key: str) -> float:
 
 def _mapping(value: Any) -> Mapping[str, Any]:
     return value if isinstance(value, Mapping) else {}
+
+
+def _as_dict(record: Any) -> dict[str, Any]:
+    """A flat record's fields in declaration order; an optional one (default None) only when
+    set, as plan.json has always written them."""
+    return {
+        f.name: getattr(record, f.name)
+        for f in fields(record)
+        if not (f.default is None and getattr(record, f.name) is None)
+    }
+
+
+def _fields_of(cls: type, data: Mapping[str, Any]) -> dict[str, Any]:
+    """Keyword arguments of a flat record read tolerantly: a missing number is 0, a missing
+    text its default or "", an optional field None."""
+    readers = {"int": _int, "float": _float}
+    out: dict[str, Any] = {}
+    for f in fields(cls):
+        if f.type in readers:
+            out[f.name] = readers[str(f.type)](data, f.name)
+        elif f.default is None:
+            out[f.name] = data.get(f.name)
+        else:
+            fallback = f.default if isinstance(f.default, str) else ""
+            out[f.name] = str(data.get(f.name) or fallback)
+    return out
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -85,11 +111,11 @@ class FsdpMemory:
     params_per_block: int
 
     def to_dict(self) -> dict[str, Any]:
-        return {f: getattr(self, f) for f in self.__dataclass_fields__}
+        return _as_dict(self)
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> FsdpMemory:
-        return cls(**{f: _int(data, f) for f in cls.__dataclass_fields__})
+        return cls(**_fields_of(cls, data))
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -188,73 +214,39 @@ _MEMORY_TOTALS = (
 class DdpCommunication:
     """One all-reduce of the gradients per optimizer step, in DDP's buckets."""
 
+    collective: str = "all_reduce"
     buckets: int
     bytes: int
     backward_s: float  # the backward the buckets overlap with
     source: str
     overlap: str | None = None  # why none of it overlaps (CPU ranks), when so
-    collective: str = "all_reduce"
 
     def to_dict(self) -> dict[str, Any]:
-        out: dict[str, Any] = {
-            "collective": self.collective,
-            "buckets": self.buckets,
-            "bytes": self.bytes,
-            "backward_s": self.backward_s,
-            "source": self.source,
-        }
-        if self.overlap is not None:
-            out["overlap"] = self.overlap
-        return out
+        return _as_dict(self)
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> DdpCommunication:
-        return cls(
-            buckets=_int(data, "buckets"),
-            bytes=_int(data, "bytes"),
-            backward_s=_float(data, "backward_s"),
-            source=str(data.get("source") or ""),
-            overlap=data.get("overlap"),
-            collective=str(data.get("collective") or "all_reduce"),
-        )
+        return cls(**_fields_of(cls, data))
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class FsdpCommunication:
     """All-gathers (forward, backward) and reduce-scatters of every unit, per micro-batch."""
 
+    collectives: str = "all_gather (forward, backward) + reduce_scatter per micro-batch"
     all_gather_bytes: int
     reduce_scatter_bytes: int
     exposed_forward_s: float
     exposed_backward_s: float
     source: str
     overlap: str | None = None
-    collectives: str = "all_gather (forward, backward) + reduce_scatter per micro-batch"
 
     def to_dict(self) -> dict[str, Any]:
-        out: dict[str, Any] = {
-            "collectives": self.collectives,
-            "all_gather_bytes": self.all_gather_bytes,
-            "reduce_scatter_bytes": self.reduce_scatter_bytes,
-            "exposed_forward_s": self.exposed_forward_s,
-            "exposed_backward_s": self.exposed_backward_s,
-            "source": self.source,
-        }
-        if self.overlap is not None:
-            out["overlap"] = self.overlap
-        return out
+        return _as_dict(self)
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> FsdpCommunication:
-        return cls(
-            all_gather_bytes=_int(data, "all_gather_bytes"),
-            reduce_scatter_bytes=_int(data, "reduce_scatter_bytes"),
-            exposed_forward_s=_float(data, "exposed_forward_s"),
-            exposed_backward_s=_float(data, "exposed_backward_s"),
-            source=str(data.get("source") or ""),
-            overlap=data.get("overlap"),
-            collectives=str(data.get("collectives") or ""),
-        )
+        return cls(**_fields_of(cls, data))
 
 
 MEASURED_COMMUNICATION = "inside the measured multi-rank step time"

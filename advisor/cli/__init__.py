@@ -54,10 +54,12 @@ class AdvisorGroup(click.Group):
         except KeyboardInterrupt:
             _fail("interrupted", 130)
         except ValueError as exc:
-            # Config records (strategies.ConfigError) validate at construction with a fix.
+            # Config records (strategies.ConfigError) validate at construction with a fix;
+            # a search or prediction the input does not allow (StrategyError) names the knob.
             from strategies.config import ConfigError
+            from strategies.errors import StrategyError
 
-            if isinstance(exc, ConfigError):
+            if isinstance(exc, (ConfigError, StrategyError)):
                 _fail(str(exc), 2)
             _report_to_launcher(exc)
             raise

@@ -33,7 +33,9 @@ from strategies.budgets import (
 )
 from strategies.config import (
     CONFIG_FLAG_KEYS,
+    DEFAULT_DATA,
     DEFAULT_GLOBAL_BATCH_SIZE,
+    DEFAULT_MODEL,
     DEFAULT_SEQ_LEN,
     DEFAULT_STEPS,
     HYPERPARAMETER_KEYS,
@@ -157,6 +159,30 @@ def explicit_config(params: Mapping[str, Any]) -> dict[str, Any]:
     if params.get("model_arg"):
         out["model_args"] = parse_model_args(params["model_arg"])
     return out
+
+
+def workload(params: Mapping[str, Any]) -> dict[str, Any]:
+    """model, model_args, data, tokenizer, seq_len from :data:`model_options` and --seq-len,
+    defaults filled in (profile, run)."""
+    from advisor.models import parse_model_args
+
+    return {
+        "model": params["model"] or DEFAULT_MODEL,
+        "model_args": parse_model_args(params["model_arg"]),
+        "data": params["data"] or DEFAULT_DATA,
+        "tokenizer": params["tokenizer"],
+        "seq_len": params["seq_len"],
+    }
+
+
+def probing(params: Mapping[str, Any]) -> dict[str, Any]:
+    """device, budget_s, precisions, comm from --device and :data:`probe_options`."""
+    return {
+        "device": params["device"],
+        "budget_s": params["budget_s"],
+        "precisions": tuple(params["precisions"]) or None,
+        "comm": not params["no_comm"],
+    }
 
 
 def hyperparameters(params: Mapping[str, Any]) -> dict[str, Any]:

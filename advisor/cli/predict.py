@@ -25,11 +25,9 @@ from advisor.cli.options import (
 def predict(**params: Any) -> None:
     """Predict peak memory, step time and tokens/s of one config (TrainConfig flags) from a
     profile, with the breakdown, as JSON."""
-    from advisor.errors import UsageProblem
     from advisor.recommend import predict as run_predict
     from advisor.recommend import read_profile
     from strategies.config import TrainConfig, compose_config
-    from strategies.errors import StrategyError
 
     check_whatif(params)
     profile = read_profile(params["profile_path"])
@@ -40,15 +38,12 @@ def predict(**params: Any) -> None:
         seq_len=int(workload["seq_len"]),
     )
     config = compose_config(base, explicit_config(params))
-    try:
-        result = run_predict(
-            profile,
-            config,
-            memory_budget=params["memory_budget"],
-            target=params["target"],
-            nodes=params["nodes"],
-            network=params["network"],
-        )
-    except StrategyError as exc:
-        raise UsageProblem(str(exc)) from None
+    result = run_predict(
+        profile,
+        config,
+        memory_budget=params["memory_budget"],
+        target=params["target"],
+        nodes=params["nodes"],
+        network=params["network"],
+    )
     click.echo(json.dumps(result, indent=1))

@@ -13,12 +13,13 @@ from advisor.cli.options import (
     model_options,
     out_option,
     probe_options,
+    probing,
     quiet_option,
+    workload,
 )
 from advisor.cli.progress import budget_progress
 from advisor.cli.train import default_out
 from profilers.rundir import RunDir
-from strategies.config import DEFAULT_DATA, DEFAULT_MODEL
 
 
 @click.command()
@@ -31,21 +32,10 @@ from strategies.config import DEFAULT_DATA, DEFAULT_MODEL
 def profile(**params: Any) -> None:
     """Measure memory, step time, communication and input speed of a model with short probes;
     writes profile.json and probes.csv."""
-    from advisor.models import parse_model_args
     from advisor.profiling import ProfileRequest
     from advisor.profiling import profile as run
 
-    request = ProfileRequest(
-        model=params["model"] or DEFAULT_MODEL,
-        model_args=parse_model_args(params["model_arg"]),
-        data=params["data"] or DEFAULT_DATA,
-        tokenizer=params["tokenizer"],
-        seq_len=params["seq_len"],
-        device=params["device"],
-        budget_s=params["budget_s"],
-        precisions=tuple(params["precisions"]) or None,
-        comm=not params["no_comm"],
-    )
+    request = ProfileRequest(**workload(params), **probing(params))
     out = params["out"] or default_out("profile")
     with budget_progress("profile", enabled=not params["quiet"]) as progress:
         result = run(request, out, progress)

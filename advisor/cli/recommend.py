@@ -46,9 +46,7 @@ GiB = 2**30
 def recommend(**params: Any) -> None:
     """Pick the fastest config that fits at a fixed global batch: cost model + Optuna search,
     top-K validated by real runs; writes plan.json and trials.csv."""
-    from advisor.errors import UsageProblem
     from advisor.recommend import recommend as run_recommend
-    from strategies.errors import StrategyError
     from strategies.space import SearchRequest
 
     profile: Path = params["profile_path"]
@@ -59,29 +57,26 @@ def recommend(**params: Any) -> None:
         if not params["quiet"]:
             click.echo(message, err=True)
 
-    try:
-        request = SearchRequest(
-            global_batch_size=params["global_batch_size"],
-            memory_budget=params["memory_budget"],
-            world_size=params["world_size"],
-            trials=params["trials"],
-            target=params["target"],
-            nodes=params["nodes"],
-            network=params["network"],
-            study_name=params["study_name"],
-        )
-        plan = run_recommend(
-            profile,
-            request,
-            validate_top_k=params["validate_top"],
-            validation_rounds=params["validate_rounds"],
-            storage=params["storage"],
-            out=out,
-            device=params["device"],
-            progress=progress,
-        )
-    except StrategyError as exc:
-        raise UsageProblem(str(exc)) from None
+    request = SearchRequest(
+        global_batch_size=params["global_batch_size"],
+        memory_budget=params["memory_budget"],
+        world_size=params["world_size"],
+        trials=params["trials"],
+        target=params["target"],
+        nodes=params["nodes"],
+        network=params["network"],
+        study_name=params["study_name"],
+    )
+    plan = run_recommend(
+        profile,
+        request,
+        validate_top_k=params["validate_top"],
+        validation_rounds=params["validate_rounds"],
+        storage=params["storage"],
+        out=out,
+        device=params["device"],
+        progress=progress,
+    )
     print_plan(plan, out)
 
 

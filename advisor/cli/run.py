@@ -21,17 +21,18 @@ from advisor.cli.options import (
     model_options,
     out_option,
     probe_options,
+    probing,
     quiet_option,
     resume_option,
     run_length_options,
     search_options,
     train_output_options,
     validation_options,
+    workload,
 )
 from advisor.cli.progress import budget_progress
 from advisor.cli.train import default_out
 from profilers.rundir import RunDir
-from strategies.config import DEFAULT_DATA, DEFAULT_MODEL
 
 ProgressFn = Callable[[str, float], None]
 
@@ -91,7 +92,6 @@ class CliRunProgress:
 def run(**params: Any) -> None:
     """Profile, recommend, train and report in one go, into one run directory. With no
     arguments: gpt-tiny on Python's own sources, about ten minutes on two CPU cores."""
-    from advisor.models import parse_model_args
     from advisor.run import RunRequest
     from advisor.run import run as run_all
 
@@ -101,18 +101,11 @@ def run(**params: Any) -> None:
     if params["resume"] and params["out"] is None:
         raise click.UsageError("--resume needs --out naming the run to continue")
     request = RunRequest(
-        model=params["model"] or DEFAULT_MODEL,
-        model_args=parse_model_args(params["model_arg"]),
-        data=params["data"] or DEFAULT_DATA,
-        tokenizer=params["tokenizer"],
-        seq_len=params["seq_len"],
+        **workload(params),
+        **probing(params),
         global_batch_size=params["global_batch_size"],
         steps=params["steps"],
         tokens=params["tokens"],
-        device=params["device"],
-        budget_s=params["budget_s"],
-        precisions=tuple(params["precisions"]) or None,
-        comm=not params["no_comm"],
         memory_budget=params["memory_budget"],
         world_size=params["world_size"],
         trials=params["trials"],
