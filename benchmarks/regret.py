@@ -67,6 +67,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from profilers.defaults import DEFAULT_MEMORY_BUDGET
+from profilers.rundir import RunDir
+from strategies.commands import Command
+from strategies.config import DEFAULT_DATA
+from strategies.space import KNOBS
+
 if TYPE_CHECKING:
     from profilers.profile_record import Profile
     from profilers.workload import StepSpec
@@ -96,7 +102,7 @@ class Settings:
     global_batch_size: int = 8
     seq_len: int = 128
     world_size: int = 2
-    memory_budget: float = 0.9  # recommend's default --memory-budget
+    memory_budget: float = DEFAULT_MEMORY_BUDGET  # recommend's default --memory-budget
     rounds: int = 3
     refine_rounds: int = 6  # extra visits of the configs near the grid's best (and the advised)
     refine_margin: float = 0.10
@@ -270,32 +276,37 @@ def run_advisor(model: str, settings: Settings, workdir: Path) -> dict[str, Any]
         shutil.rmtree(workdir)  # a half-finished phase from a killed run: redo it whole
     workdir.mkdir(parents=True)
     run_dir = workdir / "run"
-    model_flags = ["--model", model]
-    for key, value in settings.model_args.items():
-        model_flags += ["--model-arg", f"{key}={json.dumps(value)}"]
-    profile_cmd = ["profile", *model_flags, "--seq-len", str(settings.seq_len)]
-    profile_cmd += ["--out", str(run_dir), "--quiet"]
-    if settings.profile_budget_s is not None:
-        profile_cmd += ["--budget-s", str(settings.profile_budget_s)]
-    recommend_cmd = ["recommend", "--profile", str(run_dir)]
-    recommend_cmd += ["--global-batch-size", str(settings.global_batch_size)]
-    recommend_cmd += ["--world-size", str(settings.world_size), "--out", str(run_dir), "--quiet"]
-    if settings.memory_budget != 0.9:
-        recommend_cmd += ["--memory-budget", str(settings.memory_budget)]
+    profile_cmd = (
+        Command("profile")
+        .model(model, settings.model_args)
+        .option("seq_len", settings.seq_len)
+        .option("out", run_dir)
+        .switch("quiet", True)
+        .option("budget_s", settings.profile_budget_s)
+    )
+    recommend_cmd = (
+        Command("recommend")
+        .option("profile", run_dir)
+        .option("global_batch_size", settings.global_batch_size)
+        .option("world_size", settings.world_size)
+        .option("out", run_dir)
+        .switch("quiet", True)
+        .option("memory_budget", settings.memory_budget, default=DEFAULT_MEMORY_BUDGET)
+    )
     record: dict[str, Any] = {
-        "profile_command": "advisor " + " ".join(profile_cmd),
-        "recommend_command": "advisor " + " ".join(recommend_cmd),
+        "profile_command": profile_cmd.shell(),
+        "recommend_command": recommend_cmd.shell(),
         "loadavg_start": list(os.getloadavg()),
         "run_dir": str(run_dir),
     }
     _say(f"[{model}] advisor profile ...")
-    code, record["profile_s"] = _run_cli(profile_cmd, workdir / "profile.log")
+    code, record["profile_s"] = _run_cli(profile_cmd.args(), workdir / "profile.log")
     record["profile_status"] = (
         "ok" if code == 0 else f"exit {code}: {_tail(workdir / 'profile.log')}"
     )
     if code == 0:
         _say(f"[{model}] profiled in {record['profile_s']:.0f} s; advisor recommend ...")
-        code, record["recommend_s"] = _run_cli(recommend_cmd, workdir / "recommend.log")
+        code, record["recommend_s"] = _run_cli(recommend_cmd.args(), workdir / "recommend.log")
         record["recommend_status"] = (
             "ok" if code == 0 else f"exit {code}: {_tail(workdir / 'recommend.log')}"
         )
@@ -314,12 +325,12 @@ def load_profile_and_plan(record: Mapping[str, Any]) -> tuple[Profile | None, Pl
     from profilers.profile_record import load_profile
     from strategies.plan import Plan
 
-    run_dir = Path(record["run_dir"])
+    run_dir = RunDir(Path(record["run_dir"]))
     profile = plan = None
     if record.get("profile_status") == "ok":
-        profile = load_profile(run_dir)
+        profile = load_profile(run_dir.profile)
     if record.get("recommend_status") == "ok":
-        plan = Plan.from_dict(json.loads((run_dir / "plan.json").read_text()))
+        plan = Plan.from_dict(json.loads(run_dir.plan.read_text()))
     return profile, plan
 
 
@@ -328,13 +339,15 @@ def load_profile_and_plan(record: Mapping[str, Any]) -> tuple[Profile | None, Pl
 
 def base_config(model: str, settings: Settings) -> TrainConfig:
     """What every candidate shares: the fields advisor.recommend.base_config takes from the
-    profile's workload (model, args, data, seq_len) and the request's global batch."""
+    profile's workload (model, args, data, seq_len) and the request's global batch. Built from
+    the settings, not the profile, since the grid also runs when the profile failed; the data
+    is ``advisor profile``'s default, which the profile ran on."""
     from strategies.config import TrainConfig
 
     return TrainConfig(
         model=model,
         model_args=dict(settings.model_args),
-        data="stdlib",
+        data=DEFAULT_DATA,
         seq_len=settings.seq_len,
         global_batch_size=settings.global_batch_size,
         micro_batch_size=settings.global_batch_size,
@@ -482,7 +495,7 @@ def _visit_launcher(
     config: TrainConfig, estimate_s: float | None, *, settings: Settings
 ) -> dict[str, Any]:
     from advisor.validation import LauncherValidator
-    from strategies.cost import Prediction
+    from strategies.prediction import Prediction
 
     budget = settings.config_budget_s
     if estimate_s is None:
@@ -706,8 +719,8 @@ def grid_rows(
     settings: Settings,
 ) -> list[dict[str, Any]]:
     """One row per grid config: what was measured, what the cost model predicts, their errors."""
-    from strategies.cost import Prediction
     from strategies.plan import Measurement, Validation
+    from strategies.prediction import Prediction
 
     fixed = profile.memory_overhead.fixed_bytes if profile is not None else 0
     rank_extra = dict(profile.memory_overhead.parallel_bytes) if profile is not None else {}
@@ -770,11 +783,11 @@ def grid_rows(
                 predicted_step_time_s=p.step_time_s,
                 predicted_tokens_per_s=p.tokens_per_s,
                 predicted_peak_memory_bytes=p.peak_memory_bytes,
-                predicted_traced_bytes=p.breakdown.get("memory", {}).get("traced_bytes"),
+                predicted_traced_bytes=p.traced_bytes,
                 predicted_budgeted_bytes=p.budgeted_bytes,
                 budget_bytes=p.budget_bytes,
                 predicted_fits=p.fits,
-                compute_source=p.breakdown.get("time", {}).get("compute_source", ""),
+                compute_source=p.breakdown.time.compute_source if p.breakdown.time else "",
             )
             measured = Measurement(
                 status="ok" if samples else "error",
@@ -895,12 +908,7 @@ def summarize(
 CSV_COLUMNS = (
     "model",
     "key",
-    "precision",
-    "activation_checkpointing",
-    "parallelism",
-    "world_size",
-    "micro_batch_size",
-    "grad_accum_steps",
+    *(k for k in KNOBS if k != "num_workers"),  # never a column: 0 on a CPU host
     "status",
     "reason",
     "visits",
@@ -1088,17 +1096,13 @@ def write_outputs(prefix: Path, results: Mapping[str, Any]) -> None:
 def _environment() -> dict[str, Any]:
     import torch
 
-    cpu = platform.processor() or ""
-    with contextlib.suppress(OSError):
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
+    from profilers.device import read_cpu_info
+
     return {
         "python": platform.python_version(),
         "torch": torch.__version__,
         "platform": platform.platform(),
-        "cpu": cpu,
+        "cpu": read_cpu_info().model_name,
         "cpu_count": os.cpu_count(),
         "loadavg_start": list(os.getloadavg()),
     }
@@ -1109,16 +1113,6 @@ def _say(message: str) -> None:
 
 
 # -- main ------------------------------------------------------------------------------------
-
-
-def _parse_model_arg(text: str) -> tuple[str, Any]:
-    key, sep, value = text.partition("=")
-    if not sep or not key:
-        raise argparse.ArgumentTypeError(f"--model-arg wants KEY=VALUE, got {text!r}")
-    try:
-        return key, json.loads(value)
-    except json.JSONDecodeError:
-        return key, value
 
 
 def parse_args(argv: Sequence[str] | None = None) -> tuple[Settings, argparse.Namespace]:
@@ -1136,7 +1130,6 @@ def parse_args(argv: Sequence[str] | None = None) -> tuple[Settings, argparse.Na
     parser.add_argument(
         "--model-arg",
         action="append",
-        type=_parse_model_arg,
         default=None,
         help="KEY=VALUE (JSON value) for every model, as advisor's --model-arg. --quick "
         f"default: {', '.join(f'{k}={v}' for k, v in QUICK_MODEL_ARGS.items())}.",
@@ -1205,9 +1198,15 @@ def parse_args(argv: Sequence[str] | None = None) -> tuple[Settings, argparse.Na
     )
     args = parser.parse_args(argv)
     quick = args.quick
-    model_args = (
-        dict(args.model_arg) if args.model_arg else (dict(QUICK_MODEL_ARGS) if quick else {})
-    )
+    model_args = dict(QUICK_MODEL_ARGS) if quick else {}
+    if args.model_arg:
+        from advisor.errors import UsageProblem
+        from advisor.models import parse_model_args
+
+        try:
+            model_args = parse_model_args(args.model_arg)
+        except UsageProblem as exc:
+            parser.error(str(exc))
     settings = Settings(
         models=tuple(args.model or (("gpt-tiny",) if quick else DEFAULT_MODELS)),
         model_args=model_args,

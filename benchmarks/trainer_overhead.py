@@ -49,6 +49,17 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from profilers.metrics_record import TrainRecord, read_metrics
+from profilers.rundir import TrainDir
+from strategies.commands import Command
+from strategies.config import (
+    DEFAULT_DATA,
+    DEFAULT_MODEL,
+    DEFAULT_SEQ_LEN,
+    TrainConfig,
+    load_plan_config,
+)
+
 REPO = Path(__file__).resolve().parents[1]
 DEFAULT_PREFIX = REPO / "benchmarks" / "results" / "trainer_overhead"
 TARGET_RATIO = 0.97
@@ -57,22 +68,21 @@ SIDES = ("advisor", "hand")
 
 @dataclass(frozen=True, kw_only=True)
 class BenchConfig:
-    """One row of the benchmark: the TrainConfig fields that differ from TrainConfig's defaults."""
+    """One row of the benchmark: the TrainConfig fields it sets (model, data and sequence length:
+    TrainConfig's defaults)."""
 
     name: str
-    model: str = "gpt-tiny"
+    model: str = DEFAULT_MODEL
     model_args: dict[str, Any] = field(default_factory=dict)
-    data: str = "stdlib"
-    seq_len: int = 128
+    data: str = DEFAULT_DATA
+    seq_len: int = DEFAULT_SEQ_LEN
     micro_batch_size: int = 8
     grad_accum_steps: int = 1
     precision: str = "fp32"
     activation_checkpointing: str = "none"
 
-    def train_config(self) -> dict[str, Any]:
+    def train_config(self) -> TrainConfig:
         """The full TrainConfig both sides run (validated by strategies.config)."""
-        from strategies.config import TrainConfig
-
         return TrainConfig(
             model=self.model,
             model_args=self.model_args,
@@ -83,7 +93,7 @@ class BenchConfig:
             global_batch_size=self.micro_batch_size * self.grad_accum_steps,
             precision=self.precision,
             activation_checkpointing=self.activation_checkpointing,
-        ).to_dict()
+        )
 
 
 # Same global batch (8 sequences of 128 tokens) in both: the second trades micro-batch for
@@ -112,11 +122,18 @@ def run_advisor_child(config_path: Path, steps: int, out: Path, quiet: bool) -> 
     """``advisor train`` through its real CLI entry point (click parsing included)."""
     from advisor.cli import main
 
-    args = ["train", "--plan", str(config_path), "--steps", str(steps), "--out", str(out)]
     # eval-every 0: eval only after the last step; checkpoint-every = steps: only the final save.
-    args += ["--eval-every", "0", "--checkpoint-every", str(steps), "--device", "cpu"]
-    if quiet:
-        args.append("--quiet")
+    args = (
+        Command("train")
+        .option("plan", config_path)
+        .option("steps", steps)
+        .option("out", out)
+        .option("eval_every", 0)
+        .option("checkpoint_every", steps)
+        .option("device", "cpu")
+        .switch("quiet", quiet)
+        .args()
+    )
     # Process CPU time at each train record, for the contention-robust statistic. The wrapper
     # adds one process_time() call per step (~1 us) and changes nothing else the loop does.
     from advisor.trainer.metrics import MetricsLog
@@ -124,8 +141,8 @@ def run_advisor_child(config_path: Path, steps: int, out: Path, quiet: bool) -> 
     cpu: list[float] = []
     original = MetricsLog.write
 
-    def write(self: MetricsLog, record: dict[str, Any]) -> None:
-        if record.get("kind") == "train":
+    def write(self: MetricsLog, record: Any) -> None:
+        if isinstance(record, TrainRecord):
             cpu.append(time.process_time())
         original(self, record)
 
@@ -138,7 +155,12 @@ def run_advisor_child(config_path: Path, steps: int, out: Path, quiet: bool) -> 
 
 
 def run_hand_child(config_path: Path, steps: int, out: Path) -> None:
-    """The minimal nanoGPT-style loop; writes ``out/hand.json`` (step end times, losses)."""
+    """The minimal nanoGPT-style loop; writes ``out/hand.json`` (step end times, losses).
+
+    Deliberately none of advisor's step, trainer, loader, optimizer or schedule code: it is the
+    hand-written baseline they are measured against. Shared: the model builder, the data source,
+    and WindowDataset to check the first batch and for the final eval.
+    """
     import contextlib
 
     import numpy as np
@@ -151,12 +173,12 @@ def run_hand_child(config_path: Path, steps: int, out: Path) -> None:
     from advisor.data.loader import _STREAM_WINDOW, mix
     from advisor.models import build_model
 
-    cfg = json.loads(config_path.read_text())
-    seq_len, mb, accum = cfg["seq_len"], cfg["micro_batch_size"], cfg["grad_accum_steps"]
+    cfg = load_plan_config(config_path)
+    seq_len, mb, accum = cfg.seq_len, cfg.micro_batch_size, cfg.grad_accum_steps
     global_batch = mb * accum
 
-    torch.manual_seed(cfg["seed"])
-    adapter = build_model(cfg["model"], cfg["model_args"])
+    torch.manual_seed(cfg.seed)
+    adapter = build_model(cfg.model, cfg.model_args)
     model = adapter.module
     vocab = adapter.vocab_size
 
@@ -169,7 +191,7 @@ def run_hand_child(config_path: Path, steps: int, out: Path) -> None:
             out: torch.Tensor = checkpoint(self.block, x, use_reentrant=False)
             return out
 
-    if cfg["activation_checkpointing"] == "full":
+    if cfg.activation_checkpointing == "full":
         blocks = adapter.blocks()
         for i, block in enumerate(blocks):
             blocks[i] = Checkpointed(block)
@@ -178,11 +200,11 @@ def run_hand_child(config_path: Path, steps: int, out: Path) -> None:
     # Data: the run's sample g is the window at hash(seed, g) -- the positions advisor's
     # WindowDataset draws; computed up front like nanoGPT's torch.randint, read per step below.
     source = resolve_data(
-        cfg["data"], tokenizer=cfg["tokenizer"], model_vocab=vocab, min_tokens=seq_len + 1
+        cfg.data, tokenizer=cfg.tokenizer, model_vocab=vocab, min_tokens=seq_len + 1
     )
     data = source.tokens("train")
     span = len(data) - seq_len
-    starts = [mix(cfg["seed"], g, _STREAM_WINDOW) % span for g in range(steps * global_batch)]
+    starts = [mix(cfg.seed, g, _STREAM_WINDOW) % span for g in range(steps * global_batch)]
 
     def get_batch(step: int, micro: int) -> tuple[torch.Tensor, torch.Tensor]:
         first = step * global_batch + micro * mb
@@ -193,7 +215,7 @@ def run_hand_child(config_path: Path, steps: int, out: Path) -> None:
 
     # Guard against silently different data: the first micro-batch must be advisor's.
     objective = adapter.make_objective(source.vocab_size)
-    reference = WindowDataset(source, "train", seq_len, cfg["seed"], objective)
+    reference = WindowDataset(source, "train", seq_len, cfg.seed, objective)
     x0, y0 = get_batch(0, 0)
     for k in range(mb):
         item = reference[k]
@@ -201,14 +223,14 @@ def run_hand_child(config_path: Path, steps: int, out: Path) -> None:
 
     params = [p for p in model.parameters() if p.requires_grad]
     groups = [
-        {"params": [p for p in params if p.dim() >= 2], "weight_decay": cfg["weight_decay"]},
+        {"params": [p for p in params if p.dim() >= 2], "weight_decay": cfg.weight_decay},
         {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0},
     ]
-    base_lr, min_lr, warmup = cfg["lr"], cfg["min_lr"], cfg["warmup_steps"]
+    base_lr, min_lr, warmup = cfg.lr, cfg.min_lr, cfg.warmup_steps
     optimizer = torch.optim.AdamW(groups, lr=base_lr, betas=(0.9, 0.95), eps=1e-8, fused=True)
-    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(cfg["precision"])
+    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(cfg.precision)
     ctx: Any = contextlib.nullcontext() if dtype is None else torch.autocast("cpu", dtype=dtype)
-    scaler = torch.amp.GradScaler("cpu", enabled=cfg["precision"] == "fp16")
+    scaler = torch.amp.GradScaler("cpu", enabled=cfg.precision == "fp16")
 
     def get_lr(it: int) -> float:  # linear warm-up, then cosine to min_lr (nanoGPT)
         if it < warmup:
@@ -235,8 +257,8 @@ def run_hand_child(config_path: Path, steps: int, out: Path) -> None:
             scaler.scale(loss).backward()
             total += loss.detach()
         scaler.unscale_(optimizer)
-        if cfg["grad_clip"] > 0:
-            torch.nn.utils.clip_grad_norm_(model.parameters(), cfg["grad_clip"])
+        if cfg.grad_clip > 0:
+            torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
         scaler.step(optimizer)
         scaler.update()
         optimizer.zero_grad(set_to_none=True)
@@ -246,7 +268,7 @@ def run_hand_child(config_path: Path, steps: int, out: Path) -> None:
 
     # What advisor does once after its last step (outside the measured window): an eval over
     # 10 validation micro-batches and a checkpoint of model + optimizer.
-    val = WindowDataset(source, "val", seq_len, cfg["seed"], objective)
+    val = WindowDataset(source, "val", seq_len, cfg.seed, objective)
     model.eval()
     with torch.no_grad():
         for i in range(10):
@@ -300,10 +322,11 @@ def read_run(side: str, out: Path) -> tuple[list[float], list[float], list[float
     if side == "hand":
         data = json.loads((out / "hand.json").read_text())
         return data["times"], data["cpu"], data["losses"]
-    records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
-    train = sorted((r for r in records if r.get("kind") == "train"), key=lambda r: r["step"])
+    train = sorted(read_metrics(TrainDir(out).metrics).train, key=lambda r: r.step)
     cpu = json.loads((out / "cpu.json").read_text())
-    return [r["elapsed_s"] for r in train], cpu, [r["loss"] for r in train]
+    # A step without either value is left out: the step count check in one_run reports it.
+    times = [r.elapsed_s for r in train if r.elapsed_s is not None]
+    return times, cpu, [r.loss for r in train if r.loss is not None]
 
 
 def step_durations(times: Sequence[float], warmup: int) -> list[float]:
@@ -375,9 +398,9 @@ def bench_config(bench: BenchConfig, args: argparse.Namespace, workdir: Path) ->
     config = bench.train_config()
     workdir = workdir / bench.name
     workdir.mkdir()
-    config_path = workdir / "train_config.json"
-    config_path.write_text(json.dumps(config))
-    tokens_per_step = config["global_batch_size"] * config["seq_len"]
+    config_path = workdir / "config.json"  # the TrainConfig both sides run (advisor: --plan)
+    config_path.write_text(json.dumps(config.to_dict()))
+    tokens_per_step = config.tokens_per_step
     calibration_step_s = None
     measured = args.steps
     if measured is None:
@@ -458,7 +481,7 @@ def bench_config(bench: BenchConfig, args: argparse.Namespace, workdir: Path) ->
     }
     return {
         "name": bench.name,
-        "train_config": config,
+        "train_config": config.to_dict(),
         "threads": args.threads,
         "steps": steps,
         "warmup_steps_excluded": args.warmup_steps,

@@ -34,9 +34,21 @@ def cli_value(value: Any) -> str:
 
 
 def model_arg(key: str, value: Any) -> str:
-    """``KEY=VALUE`` for ``--model-arg``: strings as they are, everything else as JSON (the
-    CLI parses values as JSON literals, falling back to the string)."""
-    return f"{key}={value if isinstance(value, str) else json.dumps(value)}"
+    """``KEY=VALUE`` for ``--model-arg``. The CLI (advisor.models.parse_model_args) reads a
+    value as a JSON literal, else true/false/none, else the text itself: a string is written
+    bare when it reads back as itself (``hf:gpt2``), JSON-quoted when it would not (``"12"``);
+    everything else as JSON."""
+    if isinstance(value, str) and _reads_back_as_text(value):
+        return f"{key}={value}"
+    return f"{key}={json.dumps(value)}"
+
+
+def _reads_back_as_text(text: str) -> bool:
+    try:
+        json.loads(text)
+    except json.JSONDecodeError:
+        return text.strip().lower() not in ("true", "false", "none")
+    return False
 
 
 class Command:
