@@ -3,7 +3,8 @@
 Pure arithmetic over profile records (no device, no torch): milliseconds for a whole search.
 Every formula cites where it comes from. One :class:`CostModel` answers for one profiled device
 (:func:`cost_model_from_profile`) or, with estimated sources, for hardware the user does not
-have (:mod:`strategies.whatif`). Its parts:
+have (:mod:`strategies.whatif`); the measured time and communication sources it reads are in
+:mod:`strategies.sources`. Its parts:
 
 * memory per rank = the profile's fitted peak(precision, checkpointing)(micro-batch, accum)
   (phase maxima, :class:`profilers.memory_model.MemoryModel`), reshaped for the parallelism
@@ -19,14 +20,11 @@ import math
 import statistics
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any
 
-from profilers.comm_records import CommFit, bus_bandwidth_factor, predict_collective_time
-from profilers.fit import AffineFit
 from profilers.flops import FlopCount
 from profilers.memory_model import MemoryModel
-from profilers.profile_record import Fits, Profile
-from profilers.throughput import TimeModel
+from profilers.profile_record import Profile
 from profilers.workload import ModelFacts
 from strategies.config import TrainConfig
 from strategies.errors import Unpredictable
@@ -44,9 +42,30 @@ from strategies.prediction import (
     Prediction,
     TimeTerms,
 )
+from strategies.sources import (
+    CommSource,
+    ComputeTime,
+    MeasuredComm,
+    MeasuredTime,
+    TimeSource,
+    affine_seconds,
+)
 from strategies.space import Candidate
 
-__all__ = ["CostModel", "GiB", "Machine", "MiB", "Prediction", "cost_model_from_profile"]
+__all__ = [
+    "CommSource",
+    "ComputeTime",
+    "CostModel",
+    "GiB",
+    "Machine",
+    "MeasuredComm",
+    "MeasuredTime",
+    "MiB",
+    "Prediction",
+    "TimeSource",
+    "affine_seconds",
+    "cost_model_from_profile",
+]
 
 # torch DDP: bucket_cap_mb=25 (the trainer's ParallelOptions.ddp_bucket_cap_mb) and a first
 # bucket of 1 MiB (torch.distributed._DEFAULT_FIRST_BUCKET_BYTES), filled in reverse
@@ -65,198 +84,6 @@ REDUCE_BYTES_PER_PARAM = 4
 # PaLM, Chowdhery et al. 2022, App. B; Kaplan et al. 2020, §2.1) -> 2/3; full checkpointing
 # recomputes the forward inside backward -> (2 + 1) / (1 + 2 + 1) = 3/4.
 DEFAULT_BACKWARD_SHARE: Mapping[str, float] = {"none": 2 / 3, "full": 3 / 4}
-
-
-# -- records -------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True, kw_only=True, slots=True)
-class ComputeTime:
-    """One rank's compute for one candidate, before sharing and communication are applied.
-
-    ``parallel_measured``: the time was measured with the candidate's own parallel wrapper and
-    world size, so it already contains communication and any sharing of the host's cores.
-    """
-
-    forward_backward_s: float  # one micro-batch
-    optimizer_s: float  # one optimizer step over the whole (unsharded) model
-    source: str
-    parallel_measured: bool = False
-    # CPU: a rank's time on its share of the threads over the measured all-thread time, and
-    # where it was measured when not in this candidate's own group ("" = its own).
-    rank_slowdown: float | None = None
-    rank_slowdown_from: str = ""
-
-
-class TimeSource(Protocol):
-    """Compute time of a candidate; raises :class:`Unpredictable` naming what is missing."""
-
-    def compute(self, candidate: Candidate) -> ComputeTime: ...
-
-
-class CommSource(Protocol):
-    """Seconds of one collective of ``num_bytes`` (nccl-tests' byte convention) on ``world``
-    ranks; raises :class:`Unpredictable` naming what is missing."""
-
-    def collective_s(self, collective: str, world_size: int, num_bytes: float) -> float: ...
-
-    def describe(self, collective: str, world_size: int) -> str: ...
-
-
-# -- measured sources ---------------------------------------------------------------------------
-
-
-def affine_seconds(fit: AffineFit, micro_batch_size: int) -> float:
-    """t0 + k·b from a time fit, kept physical outside the fitted range.
-
-    A least-squares line through noisy samples may have a negative intercept or, on a busy
-    host, a negative slope. Below the smallest fitted size a negative intercept would predict
-    near-zero time; above the largest, a non-positive slope would predict that more work takes
-    less time. There the time scales in proportion to b from the nearest fitted point's
-    prediction (no fixed cost is invented, and no free work either).
-    """
-    value = fit.predict(micro_batch_size)
-    if fit.xs:
-        smallest, largest = min(fit.xs), max(fit.xs)
-        if micro_batch_size < smallest and (fit.intercept < 0 or value <= 0):
-            value = fit.predict(smallest) * micro_batch_size / smallest
-        elif micro_batch_size > largest and fit.slope <= 0:
-            value = max(fit.predict(largest), 1e-9) * micro_batch_size / largest
-    return max(value, 1e-9)
-
-
-@dataclass(frozen=True, kw_only=True, slots=True)
-class MeasuredTime:
-    """Step times from the profile's fitted TimeModels (t_fb(b) = t0 + k·b, t_opt median).
-
-    A measured multi-rank TimeModel for the candidate's (parallelism, world size) wins; else the
-    single-device fit. A missing checkpointing fit is derived from the no-checkpointing one
-    times the counted FLOPs ratio (recompute adds one forward of each block), and says so.
-    """
-
-    fits: Fits
-    flops: FlopCount | None = None
-
-    def compute(self, candidate: Candidate) -> ComputeTime:
-        c = candidate
-        if c.parallelism != "single":
-            model = self.fits.time_model(
-                c.precision,
-                c.activation_checkpointing,
-                parallelism=c.parallelism,
-                world_size=c.world_size,
-            )
-            if model is not None:
-                return ComputeTime(
-                    forward_backward_s=affine_seconds(model.forward_backward, c.micro_batch_size),
-                    optimizer_s=model.optimizer_s,
-                    source=f"measured {c.parallelism}×{c.world_size} fit",
-                    parallel_measured=True,
-                )
-        model = self.fits.time_model(c.precision, c.activation_checkpointing)
-        if model is not None:
-            slowdown, slowdown_from = self._rank_slowdown(model, c.world_size)
-            return ComputeTime(
-                forward_backward_s=affine_seconds(model.forward_backward, c.micro_batch_size),
-                optimizer_s=model.optimizer_s,
-                source="measured single-device fit",
-                rank_slowdown=slowdown,
-                rank_slowdown_from=slowdown_from,
-            )
-        base = self.fits.time_model(c.precision, "none")
-        counted = self.flops.flops_per_token if self.flops else {}
-        if base is not None and counted.get("none") and counted.get(c.activation_checkpointing):
-            ratio = counted[c.activation_checkpointing] / counted["none"]
-            plain = affine_seconds(base.forward_backward, c.micro_batch_size)
-            slowdown, slowdown_from = self._rank_slowdown(base, c.world_size)
-            return ComputeTime(
-                forward_backward_s=ratio * plain,
-                optimizer_s=base.optimizer_s,
-                rank_slowdown=slowdown,
-                rank_slowdown_from=slowdown_from,
-                source=(
-                    f"derived: the {c.precision}/none fit × {ratio:.3f}, the counted FLOPs ratio "
-                    f"of {c.activation_checkpointing} checkpointing (recompute)"
-                ),
-            )
-        raise Unpredictable(
-            f"the profile has no step-time fit for {c.precision} with "
-            f"{c.activation_checkpointing} checkpointing: re-run 'advisor profile' so it times "
-            "this precision"
-        )
-
-    def _rank_slowdown(self, model: TimeModel, world_size: int) -> tuple[float | None, str]:
-        """(a CPU rank's slowdown on its share of the threads, where it was measured).
-
-        The group's own measurement, else the same precision's with the other checkpointing:
-        how far a step gains from more threads is a property of the precision's kernels (on
-        this 2-vCPU host fp32 1.5-1.8, bf16 1.5-1.7 for both checkpointing settings, fp16 1.1),
-        and the probe's budget often leaves the slow fp16 groups room for only one of them.
-        """
-        own = model.rank_slowdown(world_size)
-        if own is not None:
-            return own, ""
-        for other in self.fits.time:
-            if (
-                other.precision == model.precision
-                and other.parallelism == "single"
-                and other.activation_checkpointing != model.activation_checkpointing
-            ):
-                borrowed = other.rank_slowdown(world_size)
-                if borrowed is not None:
-                    return borrowed, f"{other.precision}/{other.activation_checkpointing}"
-        return None, ""
-
-
-@dataclass(frozen=True, kw_only=True, slots=True)
-class MeasuredComm:
-    """Collective times from the profile's alpha-beta fits (Hockney model).
-
-    A world size without its own fit borrows the nearest one's: bus bandwidth, busbw =
-    factor(n) · bytes / t, is what a ring sustains per link whatever the rank count (nccl-tests
-    doc/PERFORMANCE.md), so beta scales by factor(n) / factor(m); the latency is kept.
-    """
-
-    fits: tuple[CommFit, ...]
-
-    def _fit(self, collective: str, world_size: int) -> tuple[CommFit, float]:
-        exact = [f for f in self.fits if (f.collective, f.world_size) == (collective, world_size)]
-        if exact and exact[0].beta_s_per_byte > 0:
-            return exact[0], exact[0].beta_s_per_byte
-        if exact:
-            # A line with no positive slope knows the latency, not the bandwidth: any message
-            # size would come out free. Typical of a probe stopped at small sizes.
-            raise Unpredictable(
-                f"the {exact[0].backend} {collective} fit on {world_size} ranks has no positive "
-                f"bandwidth (measured up to {exact[0].max_bytes} B only): re-run 'advisor "
-                "profile' with a larger --budget-s so the communication probe reaches MB sizes"
-            )
-        others = [f for f in self.fits if f.collective == collective and f.beta_s_per_byte > 0]
-        if not others:
-            raise Unpredictable(
-                f"the profile has no {collective} measurement: re-run 'advisor profile "
-                f"--world-size {world_size}' to measure communication"
-            )
-        nearest = min(others, key=lambda f: (abs(f.world_size - world_size), -f.world_size))
-        scale = bus_bandwidth_factor(collective, world_size) / bus_bandwidth_factor(
-            collective, nearest.world_size
-        )
-        return nearest, nearest.beta_s_per_byte * scale
-
-    def collective_s(self, collective: str, world_size: int, num_bytes: float) -> float:
-        fit, beta = self._fit(collective, world_size)
-        if beta == fit.beta_s_per_byte:
-            return predict_collective_time(fit, num_bytes)
-        return max(fit.alpha_s + beta * num_bytes, fit.min_time_s)
-
-    def describe(self, collective: str, world_size: int) -> str:
-        fit, _ = self._fit(collective, world_size)
-        if fit.world_size == world_size:
-            return f"measured {fit.backend} {collective} alpha-beta fit on {world_size} ranks"
-        return (
-            f"{fit.backend} {collective} fit measured on {fit.world_size} ranks, rescaled to "
-            f"{world_size} by the bus-bandwidth factor (nccl-tests PERFORMANCE.md)"
-        )
 
 
 # -- formulas ---------------------------------------------------------------------------------
@@ -693,6 +520,12 @@ def machine_from_profile(profile: Profile) -> Machine:
     profiled (not the total: other processes hold the rest); a GPU against its memory."""
     device = profile.device
     cpu = device.kind == "cpu"
+    # The reverse of how the profiler sizes its probes (profilers/profiler.py run_profile): a
+    # probe runs isolated, so an oom there is recorded and profiling goes on. The plan is for
+    # the training run, where an OOM is fatal: on a CPU host the RAM other processes held when
+    # profiled stays theirs, so only what was available counts; a GPU is taken to be the job's
+    # own when it trains, its context and workspaces being the measured fixed overhead that
+    # every prediction adds.
     return Machine(
         kind=device.kind,
         name=device.name,

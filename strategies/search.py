@@ -24,39 +24,48 @@ candidates in short chunks and Optuna pops each waiting trial atomically (a row 
 PostgreSQL; SQLite has none, so two workers may pop one trial together and the second tell is
 dropped). A candidate is priced once or, when two workers enqueue it at the same moment, twice
 (deterministically the same; measured: 5-10% of 116 candidates with two workers).
-Every worker ranks ALL trials of the study, so they agree on the result.
+Every worker ranks ALL trials of the study, so they agree on the result. Opening the storage,
+stale trials, the enumeration sampler and the trial parameters are :mod:`strategies.study`'s.
 """
 
 from __future__ import annotations
 
-import contextlib
-import datetime
-import functools
 import hashlib
 import json
 import random
 import time
 import warnings
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol, cast
+from typing import TYPE_CHECKING, Any
 
 from profilers.rundir import RunDir
 from strategies.budgets import DEFAULT_TRIALS
 from strategies.cost import CostModel, GiB, Prediction
-from strategies.errors import StrategyError, Unpredictable
+from strategies.errors import Unpredictable
 from strategies.space import Candidate, SearchSpace
+from strategies.study import (
+    ATTR,
+    EnumerationSampler,
+    candidate_from_params,
+    enumeration_sampler_class,
+    fail_stale,
+    finished_trials,
+    open_study,
+    quiet_optuna,
+    redact,
+    suggest_candidate,
+    trial_key,
+    trial_params,
+)
 
 if TYPE_CHECKING:
     import optuna
 
 ENUMERATE_MAX = 256
 CHUNK = 16  # candidates enqueued at a time: keeps Optuna's waiting-queue scans short
-STALE_RUNNING_S = 600.0  # a RUNNING trial this old was left by a killed worker
 TAKEOVER_S = 5.0  # enumeration re-prices a candidate RUNNING elsewhere for this long
-OPEN_ATTEMPTS = 6
-ATTR = "advisor"  # the one user attribute each trial carries (one storage write)
 
 Progress = Callable[[str], None]
 
@@ -156,7 +165,7 @@ class SearchResult:
             "num_evaluated": len(self.evaluations),
             "num_feasible": sum(e.feasible for e in self.evaluations),
             "study_name": self.study_name,
-            "storage": _redact(self.storage),
+            "storage": redact(self.storage),
             "trials_before": self.trials_before,
             "trials_told": self.trials_told,
             "wall_s": self.wall_s,
@@ -213,12 +222,12 @@ def run_search(
     started = time.perf_counter()
     mode, budget = choose_mode(space.size, trials)
     say = progress or (lambda _message: None)
-    with _quiet_optuna():
-        enumerator = _enumeration_sampler_class()() if mode == "enumerate" else None
-        study = _open_study(storage, study_name, seed, enumerator)
-        _fail_stale(study)
-        before = _finished(study)
-        done = {_key(t, space) for t in before} - {None}
+    with quiet_optuna():
+        enumerator = enumeration_sampler_class()() if mode == "enumerate" else None
+        study = open_study(storage, study_name, seed, enumerator)
+        fail_stale(study)
+        before = finished_trials(study)
+        done = {trial_key(t, space) for t in before} - {None}
         say(
             f"{mode} {space.size} candidates in study {study_name}"
             + (f" ({len(done)} already told)" if done else "")
@@ -227,7 +236,7 @@ def run_search(
             told = _enumerate(study, space, model, done, enumerator, say)
         else:
             told = _sample(study, space, model, done, budget, say)
-        finished = _finished(study)
+        finished = finished_trials(study)
     evaluations = _collect(finished, space, model)
     notes = []
     if mode == "enumerate":
@@ -258,7 +267,7 @@ def _enumerate(
     space: SearchSpace,
     model: CostModel,
     done: set[str | None],
-    enumerator: _EnumerationSampler,
+    enumerator: EnumerationSampler,
     say: Progress,
 ) -> int:
     """Enqueue missing candidates a chunk at a time and pop waiting trials until every
@@ -278,9 +287,9 @@ def _enumerate(
         complete, queued = set(), set()
         for t in study.get_trials(deepcopy=False):
             if t.state == TrialState.COMPLETE:
-                complete.add(_key(t, space))
+                complete.add(trial_key(t, space))
             elif t.state in (TrialState.WAITING, TrialState.RUNNING):
-                queued.add(_key(t, space))
+                queued.add(trial_key(t, space))
         candidates = [c for c in candidates if c.key not in complete]
         if not candidates:
             break
@@ -293,13 +302,13 @@ def _enumerate(
             fresh, waited = candidates, 0.0
         chunk = rng.sample(fresh, max(1, min(CHUNK, len(fresh) // 4)))
         for candidate in chunk:
-            study.enqueue_trial(_params(candidate))
+            study.enqueue_trial(trial_params(candidate))
         # Pop waiting trials (ours or another worker's) until the queue is empty. When the
         # other worker empties it between the check and the ask, Optuna creates a fresh trial:
         # the enumeration sampler gives it a candidate of this chunk instead of a random one.
         spare = [c for c in fresh if c not in chunk] or chunk
         while study.get_trials(deepcopy=False, states=(TrialState.WAITING,)):
-            enumerator.next_params = _params(spare.pop() if len(spare) > 1 else spare[0])
+            enumerator.next_params = trial_params(spare.pop() if len(spare) > 1 else spare[0])
             told += _tell(study, study.ask(), space, model) is not None
         if told * 4 // max(1, total) > reported:  # a line per quarter of the space, not per chunk
             reported = told * 4 // max(1, total)
@@ -355,7 +364,7 @@ def _tell(
 def _price_and_tell(
     study: optuna.Study, trial: optuna.Trial, space: SearchSpace, model: CostModel
 ) -> str:
-    candidate = _suggest(trial, space)
+    candidate = suggest_candidate(trial, space)
     result = evaluate(model, candidate)
     prediction = result.prediction
     if prediction is None:
@@ -380,87 +389,6 @@ def _price_and_tell(
     return candidate.key
 
 
-# -- parameters ---------------------------------------------------------------------------------
-
-
-def _layout_name(parallelism: str, world_size: int) -> str:
-    return f"{parallelism}/{world_size}"
-
-
-def _micro_name(world_size: int) -> str:
-    # Conditional parameter: the micro-batch sizes allowed depend on the world size.
-    return f"micro_batch_size_w{world_size}"
-
-
-def _params(candidate: Candidate) -> dict[str, Any]:
-    return {
-        "precision": candidate.precision,
-        "activation_checkpointing": candidate.activation_checkpointing,
-        "layout": _layout_name(candidate.parallelism, candidate.world_size),
-        _micro_name(candidate.world_size): candidate.micro_batch_size,
-        "num_workers": candidate.num_workers,
-    }
-
-
-def _suggest(trial: optuna.Trial, space: SearchSpace) -> Candidate:
-    precision = trial.suggest_categorical("precision", list(space.precisions))
-    checkpointing = trial.suggest_categorical("activation_checkpointing", list(space.checkpointing))
-    layout = trial.suggest_categorical("layout", [_layout_name(p, w) for p, w in space.layouts])
-    parallelism, world = layout.split("/")
-    world_size = int(world)
-    micro = trial.suggest_categorical(
-        _micro_name(world_size), list(space.micro_batch_sizes(world_size))
-    )
-    workers = trial.suggest_categorical("num_workers", list(space.num_workers))
-    return Candidate(
-        precision=str(precision),
-        activation_checkpointing=str(checkpointing),
-        parallelism=parallelism,
-        world_size=world_size,
-        micro_batch_size=int(micro),
-        grad_accum_steps=space.global_batch_size // (world_size * int(micro)),
-        num_workers=int(workers),
-    )
-
-
-def _candidate_from_params(params: Mapping[str, Any], space: SearchSpace) -> Candidate | None:
-    try:
-        parallelism, world = str(params["layout"]).split("/")
-        world_size = int(world)
-        micro = int(params[_micro_name(world_size)])
-        candidate = Candidate(
-            precision=str(params["precision"]),
-            activation_checkpointing=str(params["activation_checkpointing"]),
-            parallelism=parallelism,
-            world_size=world_size,
-            micro_batch_size=micro,
-            grad_accum_steps=space.global_batch_size // (world_size * micro),
-            num_workers=int(params["num_workers"]),
-        )
-    except (KeyError, ValueError, ZeroDivisionError):
-        return None
-    return candidate if space.contains(candidate) else None
-
-
-# -- study plumbing -------------------------------------------------------------------------------
-
-
-def _key(trial: optuna.trial.FrozenTrial, space: SearchSpace) -> str | None:
-    """The candidate key of a trial in any state (told, waiting in the queue, or running)."""
-    attr = trial.user_attrs.get(ATTR)
-    if isinstance(attr, dict) and "key" in attr:
-        return str(attr["key"])
-    params = trial.system_attrs.get("fixed_params") or trial.params
-    candidate = _candidate_from_params(params, space) if isinstance(params, dict) else None
-    return candidate.key if candidate else None
-
-
-def _finished(study: optuna.Study) -> list[optuna.trial.FrozenTrial]:
-    from optuna.trial import TrialState
-
-    return list(study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)))
-
-
 def _collect(
     trials: Sequence[optuna.trial.FrozenTrial], space: SearchSpace, model: CostModel
 ) -> list[Evaluation]:
@@ -468,7 +396,7 @@ def _collect(
     the cost model is deterministic, so every worker gets the same ones."""
     seen: dict[str, Evaluation] = {}
     for trial in sorted(trials, key=lambda t: t.number):
-        candidate = _candidate_from_params(trial.params, space)
+        candidate = candidate_from_params(trial.params, space)
         if candidate is None or candidate.key in seen:
             continue
         result = evaluate(model, candidate)
@@ -479,139 +407,3 @@ def _collect(
             trial_number=trial.number,
         )
     return list(seen.values())
-
-
-def _fail_stale(study: optuna.Study) -> None:
-    """Finish RUNNING trials a killed worker left behind (pricing takes milliseconds: a trial
-    still running after :data:`STALE_RUNNING_S` has no live worker)."""
-    from optuna.trial import TrialState
-
-    now = datetime.datetime.now()
-    for trial in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
-        start = trial.datetime_start
-        if start is not None and (now - start).total_seconds() > STALE_RUNNING_S:
-            with contextlib.suppress(Exception):  # another worker may finish it first
-                study.tell(trial.number, state=TrialState.FAIL, skip_if_finished=True)
-
-
-def _constraints(trial: optuna.trial.FrozenTrial) -> Sequence[float]:
-    attr = trial.user_attrs.get(ATTR, {})
-    return list(attr.get("constraint", [0.0])) if isinstance(attr, dict) else [0.0]
-
-
-class _EnumerationSampler(Protocol):
-    next_params: dict[str, Any]
-
-
-@functools.cache
-def _enumeration_sampler_class() -> type:
-    """Optuna's BaseSampler for an enumerating study, built on first use (this module does not
-    import Optuna at import time). Enqueued trials carry their parameters; a trial Optuna
-    creates afresh takes ``next_params``, a candidate chosen by the loop."""
-    import optuna
-
-    class EnumerationSampler(optuna.samplers.BaseSampler):
-        def __init__(self) -> None:
-            self.next_params: dict[str, Any] = {}
-
-        def infer_relative_search_space(self, study: Any, trial: Any) -> dict[str, Any]:
-            return {}
-
-        def sample_relative(self, study: Any, trial: Any, search_space: Any) -> dict[str, Any]:
-            return {}
-
-        def sample_independent(
-            self, study: Any, trial: Any, param_name: str, param_distribution: Any
-        ) -> Any:
-            if param_name in self.next_params:
-                return self.next_params[param_name]
-            return param_distribution.choices[0]  # a name the chosen layout does not use
-
-    return EnumerationSampler
-
-
-def _open_study(
-    storage: str, study_name: str, seed: int, enumerator: _EnumerationSampler | None
-) -> optuna.Study:
-    import optuna
-
-    for attempt in range(OPEN_ATTEMPTS):
-        try:
-            rdb = optuna.storages.RDBStorage(storage, engine_kwargs=_engine_kwargs(storage))
-            break
-        except Exception as exc:  # sqlalchemy/driver errors: a bad URL, no server, no driver
-            # Workers starting together on a fresh database race to create Optuna's tables
-            # ("already exists", unique-key violations): the loser retries and finds them made.
-            text = " ".join(str(exc).split())
-            racing = type(exc).__name__ == "IntegrityError" or any(
-                m in text for m in ("already exists", "duplicate key", "locked")
-            )
-            if racing and attempt + 1 < OPEN_ATTEMPTS:
-                time.sleep(0.2 * (attempt + 1))
-                continue
-            raise StrategyError(
-                f"cannot open the study storage {_redact(storage)!r}: {type(exc).__name__}: "
-                f"{text[:200]} (an Optuna RDB URL such as sqlite:///study.db or "
-                "postgresql+psycopg2://user:pw@host/db)"
-            ) from None
-    if storage.startswith("sqlite"):
-        _use_wal(rdb)
-    sampler: optuna.samplers.BaseSampler
-    if enumerator is not None:
-        sampler = cast("optuna.samplers.BaseSampler", enumerator)
-    elif hasattr(optuna.trial.Trial, "set_constraint"):
-        sampler = optuna.samplers.TPESampler(seed=seed)
-    else:
-        sampler = optuna.samplers.TPESampler(seed=seed, constraints_func=_constraints)
-    return optuna.create_study(
-        storage=rdb,
-        study_name=study_name,
-        sampler=sampler,
-        direction="maximize",
-        load_if_exists=True,
-    )
-
-
-def _engine_kwargs(storage: str) -> dict[str, Any]:
-    if storage.startswith("sqlite"):
-        # Concurrent workers on one file wait for the lock instead of failing at once.
-        return {"connect_args": {"timeout": 60}}
-    return {"pool_pre_ping": True}
-
-
-def _use_wal(rdb: optuna.storages.RDBStorage) -> None:
-    """SQLite in WAL mode with synchronous=NORMAL: a commit no longer fsyncs (measured: ~140
-    -> ~30 ms per trial here); the database stays consistent after a crash (SQLite docs, "WAL
-    mode"), at worst losing the last trials, which a resumed search re-tells."""
-    from sqlalchemy import event
-
-    def on_connect(connection: Any, _record: Any) -> None:
-        cursor = connection.cursor()
-        cursor.execute("PRAGMA journal_mode=WAL")
-        cursor.execute("PRAGMA synchronous=NORMAL")
-        cursor.close()
-
-    event.listen(rdb.engine, "connect", on_connect)
-    rdb.engine.dispose()  # reconnect through the listener
-
-
-@contextlib.contextmanager
-def _quiet_optuna() -> Iterator[None]:
-    import optuna
-
-    level = optuna.logging.get_verbosity()
-    optuna.logging.set_verbosity(optuna.logging.WARNING)
-    try:
-        yield
-    finally:
-        optuna.logging.set_verbosity(level)
-
-
-def _redact(url: str) -> str:
-    """The URL without its password, for plan.json and messages."""
-    scheme, sep, rest = url.partition("://")
-    if not sep or "@" not in rest:
-        return url
-    credentials, _, host = rest.rpartition("@")
-    user = credentials.split(":", 1)[0]
-    return f"{scheme}://{user}:***@{host}" if ":" in credentials else url

@@ -1,0 +1,143 @@
+"""Why the plan chose what it chose: the reasons plan.json lists, one line each.
+
+The search's notes and counts, the chosen candidate (measured or only predicted), candidates
+that could not be validated, the best alternative for each knob, and the baseline.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from strategies.cost import CostModel, GiB
+from strategies.plan_records import Baseline, Measurement, Validation
+from strategies.search import Evaluation, SearchResult, rank
+from strategies.space import SearchSpace
+
+
+def _fmt_tps(value: float) -> str:
+    return f"{value:,.0f} tok/s"
+
+
+def plan_reasons(
+    winner: Evaluation,
+    winner_measured: Measurement | None,
+    ranked: Sequence[Evaluation],
+    result: SearchResult,
+    space: SearchSpace,
+    model: CostModel,
+    validations: Sequence[Validation],
+    baseline: Baseline,
+) -> list[str]:
+    """plan.json's ``reasons``, one line each, in the order the module docstring lists."""
+    out: list[str] = []
+    p = winner.prediction
+    assert p is not None
+    budget = model.budget_bytes
+    num_feasible = len(ranked)
+    out.extend(result.summary()["notes"])
+    out.append(
+        f"{num_feasible} of {len(result.evaluations)} candidates fit the budget of "
+        f"{budget / GiB:.2f} GiB ({model.memory_budget:g} × {model.machine.memory_bytes / GiB:.2f}"
+        f" GiB, {model.machine.name})"
+    )
+    unpredictable: dict[str, int] = {}
+    for e in result.evaluations:
+        if e.prediction is None:
+            unpredictable[e.reason] = unpredictable.get(e.reason, 0) + 1
+    for reason, count in sorted(unpredictable.items(), key=lambda item: -item[1]):
+        out.append(f"{count} candidates could not be predicted: {reason}")
+    for excluded in space.excluded:
+        out.append(f"not considered: {excluded}")
+    if winner_measured is not None:
+        num_ok = sum(v.measured.ok for v in validations)
+        visits = winner_measured.visits
+        over = f" over {visits} separate runs" if visits > 1 else ""
+        out.append(
+            f"chosen: {winner.candidate.label()}: measured "
+            f"{_fmt_tps(winner_measured.tokens_per_s or 0)}{over} (predicted "
+            f"{_fmt_tps(p.tokens_per_s)}), the fastest of {num_ok} validated candidates"
+        )
+    else:
+        why = "what-if estimates are never measured" if p.estimate else "no candidate was validated"
+        out.append(
+            f"chosen: {winner.candidate.label()}: predicted {_fmt_tps(p.tokens_per_s)} "
+            f"(not validated: {why})"
+        )
+    top = ranked[0]
+    if top.candidate.key != winner.candidate.key:
+        out.append(
+            f"the top predicted candidate ({top.candidate.label()}, {_fmt_tps(top.tokens_per_s)}) "
+            "measured slower than the chosen one: the measurement wins"
+        )
+    best_measured = winner_measured.tokens_per_s if winner_measured else None
+    for v in validations:
+        if v.measured.ok:
+            continue
+        faster = best_measured is None or v.predicted.tokens_per_s > best_measured
+        note = " and is predicted faster than the chosen one" if faster and winner_measured else ""
+        out.append(
+            f"{v.candidate.label()}: not validated ({v.measured.status}: {v.measured.reason}){note}"
+        )
+    out.extend(_knob_reasons(winner, result.evaluations))
+    if baseline.candidate is not None and baseline.predicted is not None:
+        speed = (
+            f"expected speed-up {baseline.expected_speedup:.2f}×"
+            if baseline.expected_speedup
+            else ""
+        )
+        if baseline.measured_speedup is not None:
+            speed += f", measured {baseline.measured_speedup:.2f}×"
+        out.append(
+            f"baseline ({baseline.reason}: {baseline.candidate.label()}): predicted "
+            f"{_fmt_tps(baseline.predicted.tokens_per_s)}; {speed}"
+        )
+    else:
+        out.append(f"baseline: {baseline.reason}")
+    return out
+
+
+def _knob_reasons(winner: Evaluation, evaluations: Sequence[Evaluation]) -> list[str]:
+    """For each knob, the best candidate that differs from the winner in it (and agrees on the
+    other knobs; a different world size also splits the batch differently), and why it lost."""
+    groups = {
+        "precision": ("precision",),
+        "activation checkpointing": ("activation_checkpointing",),
+        "parallelism": ("parallelism", "world_size"),
+        "micro-batch/accumulation": ("micro_batch_size", "grad_accum_steps"),
+        "loader workers": ("num_workers",),
+    }
+    batch = groups["micro-batch/accumulation"]
+    w = winner.candidate
+    out = []
+    for name, fields in groups.items():
+        fixed = [
+            f
+            for g in groups.values()
+            if g != fields and not (fields == groups["parallelism"] and g == batch)
+            for f in g
+        ]
+        differing = [
+            e
+            for e in evaluations
+            if any(getattr(e.candidate, f) != getattr(w, f) for f in fields)
+            and all(getattr(e.candidate, f) == getattr(w, f) for f in fixed)
+        ]
+        if not differing:
+            continue
+        mine = ", ".join(str(getattr(w, f)) for f in fields)
+        feasible = rank(differing)
+        if feasible:
+            alt = feasible[0]
+            ratio = alt.tokens_per_s / winner.tokens_per_s if winner.tokens_per_s else 0.0
+            out.append(
+                f"{name} {mine}: the best alternative ({alt.candidate.label()}) is predicted "
+                f"{_fmt_tps(alt.tokens_per_s)}, {ratio:.2f}× the chosen config"
+            )
+        else:
+            alt = differing[0]
+            why = "is over the budget" if alt.prediction is not None else "cannot be predicted"
+            out.append(
+                f"{name} {mine}: no alternative is feasible; e.g. {alt.candidate.label()} {why}: "
+                f"{alt.reason}"
+            )
+    return out
