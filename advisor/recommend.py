@@ -29,9 +29,9 @@ from profilers.rundir import profile_path
 from strategies.budgets import DEFAULT_VALIDATE_ROUNDS, DEFAULT_VALIDATE_TOP_K
 from strategies.config import ConfigError, TrainConfig
 from strategies.cost import CostModel, cost_model_from_profile
-from strategies.plan import Measurement, Plan, decide, naive_baseline, top_candidates
-from strategies.search import default_storage, run_search, study_name_for
-from strategies.space import SearchRequest, build_space
+from strategies.plan import Baseline, Measurement, Plan, decide, naive_baseline, top_candidates
+from strategies.search import SearchResult, default_storage, run_search, study_name_for
+from strategies.space import SearchRequest, SearchSpace, build_space
 from strategies.whatif import resolve_target, whatif_cost_model
 
 
@@ -157,6 +157,47 @@ def recommend(
     target = resolve_target(request)[0] if request.target is not None else None
     model, label = cost_model_for(prof, request)
     space = build_space(prof, request, target=target)
+    result = _search(profile, request, model, space, storage=storage, out=out, progress=say)
+    baseline = naive_baseline(model, request.global_batch_size)
+    measurements = _validate_finalists(
+        prof,
+        model,
+        base,
+        result,
+        baseline,
+        top_k=validate_top_k,
+        rounds=validation_rounds,
+        validators=validators,
+        device=device,
+        progress=say,
+    )
+    plan = decide(
+        base=base,
+        model=model,
+        space=space,
+        result=result,
+        measurements=measurements,
+        baseline=baseline,
+        label=label,
+        profile_info=_profile_info(profile, prof, request),
+    )
+    if out is not None:
+        plan.save(out)
+    return plan
+
+
+def _search(
+    profile: str | Path | Profile,
+    request: SearchRequest,
+    model: CostModel,
+    space: SearchSpace,
+    *,
+    storage: str | None,
+    out: Path | None,
+    progress: Callable[[str], None],
+) -> SearchResult:
+    """The search step of :func:`recommend`: the study at ``storage`` (default
+    ``sqlite:///OUT/study.db``), named after the profile and the request unless named."""
     if storage is None:
         if out is None:
             raise UsageProblem("pass --out DIR (for DIR/study.db) or --storage URL")
@@ -170,13 +211,31 @@ def recommend(
         study_name=name,
         trials=request.trials,
         seed=request.seed,
-        progress=say,
+        progress=progress,
     )
-    say(f"search: {result.mode} of {result.space_size} candidates in {result.wall_s:.1f} s")
-    baseline = naive_baseline(model, request.global_batch_size)
+    progress(f"search: {result.mode} of {result.space_size} candidates in {result.wall_s:.1f} s")
+    return result
+
+
+def _validate_finalists(
+    prof: Profile,
+    model: CostModel,
+    base: TrainConfig,
+    result: SearchResult,
+    baseline: Baseline,
+    *,
+    top_k: int,
+    rounds: int,
+    validators: Sequence[Validator] | None,
+    device: str,
+    progress: Callable[[str], None],
+) -> dict[str, Measurement]:
+    """The validation step of :func:`recommend`: the finalists (strategies.plan.top_candidates,
+    and the baseline) measured through :func:`validate_rounds`, keyed by candidate key; none
+    when ``top_k`` is 0 or the model is a what-if estimate."""
     measurements: dict[str, Measurement] = {}
-    top = top_candidates(result, validate_top_k)
-    if top and validate_top_k and not model.machine.estimate:
+    top = top_candidates(result, top_k)
+    if top and top_k and not model.machine.estimate:
         chosen = list(top)
         if baseline.candidate and all(e.candidate.key != baseline.candidate.key for e in chosen):
             from strategies.search import evaluate
@@ -185,30 +244,25 @@ def recommend(
         configs = [e.candidate.apply(base) for e in chosen]
         predictions = [e.prediction for e in chosen if e.prediction is not None]
         if validators is None:
-            validators = default_validators(prof, model, device=device, progress=say)
+            validators = default_validators(prof, model, device=device, progress=progress)
         measured = validate_rounds(
-            configs, predictions, validators, rounds=validation_rounds, progress=say
+            configs, predictions, validators, rounds=rounds, progress=progress
         )
         for e, m in zip(chosen, measured, strict=True):
             measurements[e.candidate.key] = m
-    plan = decide(
-        base=base,
-        model=model,
-        space=space,
-        result=result,
-        measurements=measurements,
-        baseline=baseline,
-        label=label,
-        profile_info={
-            "path": str(profile) if not isinstance(profile, Profile) else "",
-            "device": prof.device.name,
-            "created": prof.created,
-            "request": request.to_dict(),
-        },
-    )
-    if out is not None:
-        plan.save(out)
-    return plan
+    return measurements
+
+
+def _profile_info(
+    profile: str | Path | Profile, prof: Profile, request: SearchRequest
+) -> dict[str, Any]:
+    """What plan.json records of the profile and the request."""
+    return {
+        "path": str(profile) if not isinstance(profile, Profile) else "",
+        "device": prof.device.name,
+        "created": prof.created,
+        "request": request.to_dict(),
+    }
 
 
 def predict(

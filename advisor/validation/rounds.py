@@ -1,0 +1,128 @@
+"""Routing configs to validators, and repeated visits of the close contenders.
+
+:func:`validate_rounds` is what recommend calls: every finalist once through :func:`route`, then
+the close contenders (within :data:`TIE_MARGIN` of the fastest) again, at different moments and
+in alternating order, their samples pooled, so that a near tie is decided by more than one
+moment of a shared host.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import statistics
+from collections.abc import Callable, Sequence
+
+from advisor.validation.validator import Validator
+from strategies.budgets import DEFAULT_VALIDATE_ROUNDS, TIE_MARGIN
+from strategies.config import TrainConfig
+from strategies.cost import Prediction
+from strategies.plan import Measurement
+
+
+def route(
+    configs: Sequence[TrainConfig],
+    predictions: Sequence[Prediction],
+    validators: Sequence[Validator],
+) -> list[Measurement]:
+    """Measure each config with the first validator that accepts it (batched per validator)."""
+    results: list[Measurement | None] = [None] * len(configs)
+    batches: dict[int, list[int]] = {}
+    for i, config in enumerate(configs):
+        refusals = []
+        for j, validator in enumerate(validators):
+            why = validator.unsupported_reason(config)
+            if why is None:
+                batches.setdefault(j, []).append(i)
+                break
+            refusals.append(why)
+        else:
+            reason = "; ".join(refusals) or "no validator"
+            results[i] = Measurement(status="not_validated", reason=reason)
+    for j, indices in batches.items():
+        measured = validators[j].validate(
+            [configs[i] for i in indices], [predictions[i] for i in indices]
+        )
+        for i, m in zip(indices, measured, strict=True):
+            results[i] = m
+    return [m if m is not None else Measurement(status="error", reason="lost") for m in results]
+
+
+# -- close contenders: more visits, at different moments ---------------------------------------
+# (TIE_MARGIN and DEFAULT_VALIDATE_ROUNDS, with their measurements: strategies.budgets)
+
+
+def merge_measurements(first: Measurement, again: Measurement) -> Measurement:
+    """One measurement from two visits of the same config: the samples pooled (throughput from
+    their median), the larger memory peak, the walls summed. A failed visit wins: a config that
+    ran out of memory or crashed once is not one to recommend."""
+    visits = first.visits + again.visits
+    wall = first.wall_s + again.wall_s
+    if not first.ok:
+        return dataclasses.replace(first, visits=visits, wall_s=wall)
+    if not again.ok:
+        reason = f"visit {visits}: {again.reason}"
+        if first.tokens_per_s:
+            reason += f" (earlier visits measured {first.tokens_per_s:,.0f} tok/s)"
+        return dataclasses.replace(again, reason=reason, visits=visits, wall_s=wall)
+    assert first.step_time_s and first.tokens_per_s
+    tokens_per_step = first.tokens_per_s * first.step_time_s
+    samples = first.step_samples_s + again.step_samples_s
+    step = statistics.median(samples)
+    return dataclasses.replace(
+        first,
+        step_time_s=step,
+        tokens_per_s=tokens_per_step / step,
+        peak_memory_bytes=max(first.peak_memory_bytes or 0, again.peak_memory_bytes or 0),
+        step_samples_s=samples,
+        wall_s=wall,
+        visits=visits,
+    )
+
+
+def contenders(measurements: Sequence[Measurement], margin: float = TIE_MARGIN) -> list[int]:
+    """Indices of the measured configs within ``margin`` of the fastest, fastest first."""
+    ok = [(m.tokens_per_s or 0.0, i) for i, m in enumerate(measurements) if m.ok]
+    if not ok:
+        return []
+    best = max(t for t, _ in ok)
+    return [i for t, i in sorted(ok, reverse=True) if t >= (1.0 - margin) * best]
+
+
+def validate_rounds(
+    configs: Sequence[TrainConfig],
+    predictions: Sequence[Prediction],
+    validators: Sequence[Validator],
+    *,
+    rounds: int = DEFAULT_VALIDATE_ROUNDS,
+    margin: float = TIE_MARGIN,
+    progress: Callable[[str], None] | None = None,
+) -> list[Measurement]:
+    """:func:`route` every config once, then up to ``rounds - 1`` more visits of the close
+    contenders (within ``margin`` of the fastest), each round in the reverse order of the one
+    before, samples pooled.
+
+    One short visit measures the host's state at that moment as much as the config: two configs
+    a few percent apart can swap places from one minute to the next (a multi-threaded process
+    suffers more from a busy neighbour than single-threaded ranks do). Visiting the contenders
+    again, in reverse order each round, spreads that drift over all of them, like the
+    profiler's interleaved timing does within one process. Stops early when a round leaves
+    fewer than two contenders (one candidate clearly ahead).
+    """
+    if rounds < 1:
+        raise ValueError(f"rounds must be at least 1, got {rounds}")
+    say = progress or (lambda _m: None)
+    results = route(configs, predictions, validators)
+    order = list(range(len(configs)))
+    for r in range(1, rounds):
+        close = set(contenders(results, margin))
+        if len(close) < 2:
+            break
+        order = [i for i in reversed(order) if i in close]
+        say(
+            f"validation round {r + 1}/{rounds}: {len(close)} configs within {margin:.0%} of "
+            "the fastest, measuring them again"
+        )
+        again = route([configs[i] for i in order], [predictions[i] for i in order], validators)
+        for i, m in zip(order, again, strict=True):
+            results[i] = merge_measurements(results[i], m)
+    return results
