@@ -13,6 +13,7 @@ ALLOWED_PROFILERS = {
     "profilers.comm_records",
     "profilers.defaults",
     "profilers.device",
+    "profilers.device_records",
     "profilers.fit",
     "profilers.flops",
     "profilers.hardware",
