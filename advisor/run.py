@@ -31,7 +31,7 @@ from advisor.trainer.options import (
     run_steps,
 )
 from profilers.defaults import DEFAULT_MEMORY_BUDGET, DEFAULT_PROFILE_BUDGET_S
-from profilers.rundir import RunDir
+from profilers.rundir import RunDir, write_atomically
 from strategies.budgets import DEFAULT_VALIDATE_ROUNDS, DEFAULT_VALIDATE_TOP_K
 from strategies.commands import Command
 from strategies.config import (
@@ -378,9 +378,7 @@ class _RunLog:
             "detail": stage.detail,
             "elapsed_s": round(stage.elapsed_s, 3),
         }
-        tmp = self.path.with_suffix(".json.tmp")
-        tmp.write_text(json.dumps(self.data, indent=1, default=str) + "\n")
-        tmp.replace(self.path)
+        write_atomically(self.path, json.dumps(self.data, indent=1, default=str) + "\n")
 
 
 def run(request: RunRequest, out: Path, progress: RunProgress | None = None) -> RunResult:

@@ -8,7 +8,6 @@ provenance and per-probe status this module adds. Every nested record keeps its 
 
 from __future__ import annotations
 
-import csv
 import dataclasses
 import json
 from collections.abc import Mapping, Sequence
@@ -21,7 +20,7 @@ from profilers.device import DeviceInfo
 from profilers.flops import FlopCount
 from profilers.memory_model import MemoryModel
 from profilers.memory_records import CpuStepMemory, CudaStepMemory, MemoryTrace
-from profilers.rundir import RunDir, profile_path
+from profilers.rundir import RunDir, profile_path, write_atomically, write_csv_atomically
 from profilers.throughput import StepTiming, TimeModel
 from profilers.workload import ModelFacts
 
@@ -279,24 +278,14 @@ class Profile:
         """Write ``profile.json`` and ``probes.csv`` into ``directory``."""
         directory.mkdir(parents=True, exist_ok=True)
         run = RunDir(directory)
-        json_path = run.profile
-        tmp = json_path.with_suffix(".json.tmp")
-        tmp.write_text(json.dumps(self.to_dict(), indent=1) + "\n")
-        tmp.replace(json_path)
-        csv_path = run.probes
-        write_probes_csv(csv_path, self.probes)
-        return json_path, csv_path
+        write_atomically(run.profile, json.dumps(self.to_dict(), indent=1) + "\n")
+        write_probes_csv(run.probes, self.probes)
+        return run.profile, run.probes
 
 
 def write_probes_csv(path: Path, rows: Sequence[ProbeRow]) -> None:
     names = [f.name for f in dataclasses.fields(ProbeRow)]
-    tmp = path.with_suffix(".csv.tmp")
-    with open(tmp, "w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=names)
-        writer.writeheader()
-        for row in rows:
-            writer.writerow(row.to_dict())
-    tmp.replace(path)
+    write_csv_atomically(path, names, (row.to_dict() for row in rows))
 
 
 def load_profile(path: str | Path) -> Profile:

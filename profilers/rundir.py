@@ -23,9 +23,14 @@ nothing but the standard library.
 
 from __future__ import annotations
 
+import csv
+import io
+import os
 import re
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 PROFILE = "profile.json"
 PROBES = "probes.csv"
@@ -127,3 +132,33 @@ def profile_path(path: str | Path) -> Path:
     """A profile.json given as the file or as the directory that holds it."""
     path = Path(path)
     return path / PROFILE if path.is_dir() else path
+
+
+# -- writing ------------------------------------------------------------------------------------
+
+
+def write_atomically(path: Path, data: str | bytes, *, durable: bool = False) -> None:
+    """Write ``path`` so that it holds either its old content or the complete new one, never
+    half of it: a temporary file beside it (named per process, so ranks never share one), then
+    a rename. ``durable``: also fsync the file before the rename (checkpoint pointers, resumed
+    metrics), so a power loss cannot leave the new name pointing at unwritten data. Text is
+    written as given (no newline translation)."""
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    with open(tmp, "wb") as f:
+        f.write(data.encode("utf-8") if isinstance(data, str) else data)
+        if durable:
+            f.flush()
+            os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def write_csv_atomically(
+    path: Path, columns: Sequence[str], rows: Iterable[Mapping[str, Any]]
+) -> None:
+    """A tidy CSV (probes.csv, trials.csv): the header, then one line per row, None as ""."""
+    text = io.StringIO(newline="")
+    writer = csv.DictWriter(text, fieldnames=list(columns))
+    writer.writeheader()
+    for row in rows:
+        writer.writerow({k: "" if v is None else v for k, v in row.items()})
+    write_atomically(path, text.getvalue())

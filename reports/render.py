@@ -19,7 +19,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from profilers.rundir import RunDir
+from profilers.rundir import RunDir, write_atomically
 from reports.runfiles import load_run
 from reports.view import ReportView, build_view
 
@@ -96,7 +96,5 @@ def write_report(run_dir: str | Path, out: str | Path | None = None) -> Path:
     run = load_run(run_dir)
     html = render(build_view(run))
     path = Path(out) if out is not None else RunDir(run.root).report
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(html, encoding="utf-8")
-    tmp.replace(path)
+    write_atomically(path, html)
     return path

@@ -8,7 +8,6 @@ decides; this module only holds and writes what it decided.
 
 from __future__ import annotations
 
-import csv
 import dataclasses
 import json
 from collections.abc import Mapping
@@ -16,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from profilers.rundir import RunDir
+from profilers.rundir import RunDir, write_atomically, write_csv_atomically
 from strategies.config import TrainConfig
 from strategies.cost import Prediction
 from strategies.errors import StrategyError
@@ -231,13 +230,9 @@ class Plan:
         """Write ``plan.json`` and ``trials.csv`` atomically (temp file + rename)."""
         directory.mkdir(parents=True, exist_ok=True)
         run = RunDir(directory)
-        plan_path = run.plan
-        tmp = plan_path.with_suffix(".json.tmp")
-        tmp.write_text(json.dumps(self.to_dict(), indent=1) + "\n")
-        tmp.replace(plan_path)
-        trials_path = run.trials
-        write_trials_csv(trials_path, self)
-        return plan_path, trials_path
+        write_atomically(run.plan, json.dumps(self.to_dict(), indent=1) + "\n")
+        write_trials_csv(run.trials, self)
+        return run.plan, run.trials
 
 
 # -- trials.csv -----------------------------------------------------------------------------------
@@ -300,10 +295,4 @@ def trial_rows(plan: Plan) -> list[dict[str, Any]]:
 
 
 def write_trials_csv(path: Path, plan: Plan) -> None:
-    tmp = path.with_suffix(".csv.tmp")
-    with open(tmp, "w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=list(TRIAL_COLUMNS))
-        writer.writeheader()
-        for row in trial_rows(plan):
-            writer.writerow({k: "" if v is None else v for k, v in row.items()})
-    tmp.replace(path)
+    write_csv_atomically(path, TRIAL_COLUMNS, trial_rows(plan))

@@ -23,9 +23,10 @@ from pathlib import Path
 
 import numpy as np
 
-from advisor.data.token_source import BYTE_VOCAB, VAL_FRACTION, TokenSource, atomic_write, cache_dir
+from advisor.data.token_source import BYTE_VOCAB, VAL_FRACTION, TokenSource, cache_dir
 from advisor.data.tokenized import tokenize_source
 from advisor.errors import UsageProblem
+from profilers.rundir import write_atomically
 
 
 def stdlib_files() -> list[Path]:
@@ -52,8 +53,8 @@ def _stdlib_source() -> TokenSource:
             rel = str(path.relative_to(root))
             bucket = int(hashlib.sha1(rel.encode()).hexdigest(), 16) % 10
             parts["val" if bucket == 0 else "train"].append(path.read_bytes() + b"\n\n")
-        atomic_write(train_path, b"".join(parts["train"]))
-        atomic_write(val_path, b"".join(parts["val"]))
+        write_atomically(train_path, b"".join(parts["train"]))
+        write_atomically(val_path, b"".join(parts["val"]))
     return TokenSource(
         spec="stdlib",
         kind="stdlib",

@@ -8,9 +8,10 @@ from typing import Any
 
 import numpy as np
 
-from advisor.data.token_source import VAL_FRACTION, TokenSource, atomic_write, cache_dir
+from advisor.data.token_source import VAL_FRACTION, TokenSource, cache_dir
 from advisor.errors import UsageProblem, one_line
 from advisor.models.hf import import_transformers
+from profilers.rundir import write_atomically
 
 CHUNK_CHARS = 1 << 20  # tokenize in ~1 MB pieces to bound memory
 
@@ -72,8 +73,8 @@ def tokenize_source(source: TokenSource, tokenizer_path: str) -> TokenSource:
                 name: _encode(tokenizer, Path(p).read_bytes().decode("utf-8", errors="replace"))
                 for name, p in zip(("train", "val"), source.paths, strict=True)
             }
-        atomic_write(train_path, np.asarray(splits["train"], dtype=dtype).tobytes())
-        atomic_write(val_path, np.asarray(splits["val"], dtype=dtype).tobytes())
+        write_atomically(train_path, np.asarray(splits["train"], dtype=dtype).tobytes())
+        write_atomically(val_path, np.asarray(splits["val"], dtype=dtype).tobytes())
     return TokenSource(
         spec=source.spec,
         kind="tokenized",

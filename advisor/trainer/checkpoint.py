@@ -17,7 +17,12 @@ from typing import Any
 import numpy as np
 import torch
 
-from profilers.rundir import CHECKPOINT_NAME, LATEST_CHECKPOINT, checkpoint_name
+from profilers.rundir import (
+    CHECKPOINT_NAME,
+    LATEST_CHECKPOINT,
+    checkpoint_name,
+    write_atomically,
+)
 
 FORMAT_VERSION = 1
 
@@ -62,15 +67,6 @@ def atomic_save(obj: Any, path: Path) -> None:
     _fsync_dir(path.parent)
 
 
-def atomic_write_text(path: Path, text: str) -> None:
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    with open(tmp, "w") as f:
-        f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-
-
 @dataclass(frozen=True)
 class CheckpointDir:
     """``checkpoints/step_NNNNNNNN/`` directories, each written under a temporary name and
@@ -110,7 +106,7 @@ class CheckpointDir:
             shutil.rmtree(target)
         os.replace(staging, target)
         _fsync_dir(self.path)
-        atomic_write_text(self.path / LATEST_CHECKPOINT, target.name + "\n")
+        write_atomically(self.path / LATEST_CHECKPOINT, target.name + "\n", durable=True)
         self._prune()
         return target
 

@@ -23,7 +23,7 @@ import torch
 from advisor.data import StepSampler, TokenSource, WindowDataset, make_loader, resolve_data
 from advisor.errors import AdvisorError, TrainingDiverged, UsageProblem
 from advisor.launch import die_with_parent
-from advisor.trainer.checkpoint import CheckpointDir, atomic_write_text, rng_state, set_rng_state
+from advisor.trainer.checkpoint import CheckpointDir, rng_state, set_rng_state
 from advisor.trainer.dist import (
     DistContext,
     init_distributed,
@@ -37,7 +37,7 @@ from advisor.trainer.state import barrier, load_model_state, save_model_state
 from advisor.trainer.step import AdvisorStep
 from advisor.workload import AdvisorWorkload
 from profilers.metrics_record import EvalRecord, TrainRecord, read_metrics
-from profilers.rundir import TrainDir
+from profilers.rundir import TrainDir, write_atomically
 from profilers.workload import Batch, ModelFacts
 from strategies.config import TrainConfig
 
@@ -344,7 +344,7 @@ class Trainer:
         self.out.mkdir(parents=True, exist_ok=True)
         if resumed:
             self.metrics.truncate_after(start)
-        atomic_write_text(
+        write_atomically(
             self.files.train_config,
             json.dumps(
                 {
@@ -357,6 +357,7 @@ class Trainer:
                 indent=2,
             )
             + "\n",
+            durable=True,
         )
 
     def _loop(self, start: int, progress: Progress, stop: _StopFlag) -> None:

@@ -14,8 +14,8 @@ from typing import Any, TextIO
 
 import torch
 
-from advisor.trainer.checkpoint import atomic_write_text
 from profilers.metrics_record import MetricsRecord, encode
+from profilers.rundir import write_atomically
 
 
 class MetricsLog:
@@ -37,7 +37,7 @@ class MetricsLog:
                 continue  # a line cut by a kill: drop it
             if record.get("step", 0) <= step:
                 kept.append(line)
-        atomic_write_text(self.path, "".join(f"{line}\n" for line in kept))
+        write_atomically(self.path, "".join(f"{line}\n" for line in kept), durable=True)
 
     def write(self, record: MetricsRecord) -> None:
         if self._file is None:
