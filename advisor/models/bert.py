@@ -8,6 +8,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from advisor.models.common import check_heads, check_length, init_parameters
+
 
 @dataclass(kw_only=True)
 class BertConfig:
@@ -50,11 +52,7 @@ class BertLayer(nn.Module):
 class BertForMLM(nn.Module):
     def __init__(self, cfg: BertConfig) -> None:
         super().__init__()
-        if cfg.n_embd % cfg.n_head:
-            raise ValueError(
-                f"n_embd ({cfg.n_embd}) must be divisible by n_head ({cfg.n_head}): fix the "
-                "--model-arg values"
-            )
+        check_heads(cfg.n_embd, cfg.n_head)
         self.config = cfg
         self.word_embeddings = nn.Embedding(cfg.vocab_size, cfg.n_embd)
         self.position_embeddings = nn.Embedding(cfg.max_position, cfg.n_embd)
@@ -72,23 +70,12 @@ class BertForMLM(nn.Module):
     def tie_weights(self) -> None:
         self.decoder.weight = self.word_embeddings.weight
 
-    @torch.no_grad()
     def init_weights(self) -> None:
-        for name, p in self.named_parameters():
-            if p.dim() >= 2:
-                nn.init.trunc_normal_(p, std=0.02)
-            elif name.endswith("bias"):
-                nn.init.zeros_(p)
-            else:
-                nn.init.ones_(p)
+        init_parameters(self, lambda _name, p: nn.init.trunc_normal_(p, std=0.02))
 
     def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
         t = input_ids.shape[1]
-        if t > self.config.max_position:
-            raise ValueError(
-                f"sequence length {t} exceeds the model's max_position {self.config.max_position}:"
-                f" use a shorter --seq-len or --model-arg max_position={t}"
-            )
+        check_length(t, self.config.max_position, "max_position")
         pos = torch.arange(t, device=input_ids.device)
         x = self.drop(self.ln_emb(self.word_embeddings(input_ids) + self.position_embeddings(pos)))
         for block in self.blocks:

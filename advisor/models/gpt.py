@@ -14,6 +14,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from advisor.models.common import check_heads, check_length, init_parameters
+
 
 @dataclass(kw_only=True)
 class GPTConfig:
@@ -73,11 +75,7 @@ class Block(nn.Module):
 class GPT(nn.Module):
     def __init__(self, cfg: GPTConfig) -> None:
         super().__init__()
-        if cfg.n_embd % cfg.n_head:
-            raise ValueError(
-                f"n_embd ({cfg.n_embd}) must be divisible by n_head ({cfg.n_head}): fix the "
-                "--model-arg values"
-            )
+        check_heads(cfg.n_embd, cfg.n_head)
         self.config = cfg
         self.wte = nn.Embedding(cfg.vocab_size, cfg.n_embd)
         self.wpe = nn.Embedding(cfg.block_size, cfg.n_embd)
@@ -93,29 +91,18 @@ class GPT(nn.Module):
         if self.config.tie_weights:
             self.lm_head.weight = self.wte.weight
 
-    @torch.no_grad()
     def init_weights(self) -> None:
         # GPT-2: N(0, 0.02), residual projections scaled by 1/sqrt(2 * n_layer).
-        for name, p in self.named_parameters():
-            if p.dim() >= 2:
-                std = (
-                    0.02 / math.sqrt(2 * self.config.n_layer)
-                    if name.endswith("c_proj.weight")
-                    else 0.02
-                )
-                nn.init.normal_(p, mean=0.0, std=std)
-            elif name.endswith("bias"):
-                nn.init.zeros_(p)
-            else:
-                nn.init.ones_(p)
+        residual = 0.02 / math.sqrt(2 * self.config.n_layer)
+
+        def matrix(name: str, p: nn.Parameter) -> None:
+            nn.init.normal_(p, mean=0.0, std=residual if name.endswith("c_proj.weight") else 0.02)
+
+        init_parameters(self, matrix)
 
     def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
         t = input_ids.shape[1]
-        if t > self.config.block_size:
-            raise ValueError(
-                f"sequence length {t} exceeds the model's block_size {self.config.block_size}: "
-                f"use a shorter --seq-len or --model-arg block_size={t}"
-            )
+        check_length(t, self.config.block_size, "block_size")
         pos = torch.arange(t, device=input_ids.device)
         x = self.drop(self.wte(input_ids) + self.wpe(pos))
         for block in self.blocks:

@@ -9,6 +9,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from advisor.models.common import check_length, init_parameters
+
 
 @dataclass(kw_only=True)
 class LlamaConfig:
@@ -128,21 +130,16 @@ class Llama(nn.Module):
         cfg = self.config
         rope = self.get_buffer("rope")
         rope.copy_(rope_tables(cfg.n_embd // cfg.n_head, cfg.max_seq_len, cfg.rope_theta))
-        for name, p in self.named_parameters():
-            if p.dim() >= 2:
-                out_proj = name.endswith(("wo.weight", "w2.weight"))
-                std = 0.02 / math.sqrt(2 * cfg.n_layer) if out_proj else 0.02
-                nn.init.normal_(p, mean=0.0, std=std)
-            else:
-                nn.init.ones_(p)
+        residual = 0.02 / math.sqrt(2 * cfg.n_layer)
+
+        def matrix(name: str, p: nn.Parameter) -> None:
+            out_proj = name.endswith(("wo.weight", "w2.weight"))
+            nn.init.normal_(p, mean=0.0, std=residual if out_proj else 0.02)
+
+        init_parameters(self, matrix)
 
     def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
-        t = input_ids.shape[1]
-        if t > self.config.max_seq_len:
-            raise ValueError(
-                f"sequence length {t} exceeds the model's max_seq_len {self.config.max_seq_len}: "
-                f"use a shorter --seq-len or --model-arg max_seq_len={t}"
-            )
+        check_length(input_ids.shape[1], self.config.max_seq_len, "max_seq_len")
         x = self.tok_embeddings(input_ids)
         for block in self.blocks:
             x = block(x, self.rope)

@@ -109,42 +109,33 @@ def _build_preset(name: str, args: dict[str, Any], meta: bool) -> ModelAdapter:
     except (ValueError, TypeError, RuntimeError) as exc:
         raise UsageProblem(f"cannot build {name} with {args}: {one_line(exc)}") from None
     c: Any = cfg
+    shared: dict[str, Any] = dict(
+        module=module,
+        name=name,
+        family=preset.family,
+        blocks_path="blocks",
+        vocab_size=c.vocab_size,
+        hidden_size=c.n_embd,
+        num_heads=c.n_head,
+    )
     if preset.family == "gpt":
         return ModelAdapter(
-            module=module,
-            name=name,
-            family="gpt",
+            **shared,
             objective="causal_lm",
-            blocks_path="blocks",
-            vocab_size=c.vocab_size,
-            hidden_size=c.n_embd,
-            num_heads=c.n_head,
             max_seq_len=c.block_size,
             ffn_hidden_size=4 * c.n_embd,
         )
     if preset.family == "bert":
         return ModelAdapter(
-            module=module,
-            name=name,
-            family="bert",
+            **shared,
             objective="mlm",
-            blocks_path="blocks",
-            vocab_size=c.vocab_size,
-            hidden_size=c.n_embd,
-            num_heads=c.n_head,
             max_seq_len=c.max_position,
             ffn_hidden_size=c.ffn_hidden,
             mask_token_id=c.mask_token_id if c.mask_token_id is not None else c.vocab_size - 1,
         )
     return ModelAdapter(
-        module=module,
-        name=name,
-        family="llama",
+        **shared,
         objective="causal_lm",
-        blocks_path="blocks",
-        vocab_size=c.vocab_size,
-        hidden_size=c.n_embd,
-        num_heads=c.n_head,
         max_seq_len=c.max_seq_len,
         ffn_hidden_size=c.ffn_hidden,
         num_kv_heads=c.n_kv_head,
