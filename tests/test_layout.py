@@ -52,6 +52,18 @@ def _imports(path: Path) -> Iterator[tuple[str, ast.ImportFrom | ast.Import]]:
                 yield (full if full in MODULES else node.module), node
 
 
+def imported_names(path: Path) -> set[str]:
+    """The modules a file's import statements name, as written (``from m import x`` names m);
+    for the per-package purity tests (tests/strategies, tests/reports)."""
+    names: set[str] = set()
+    for _name, node in _imports(path):
+        if isinstance(node, ast.Import):
+            names.update(alias.name for alias in node.names)
+        elif node.module:
+            names.add(node.module)
+    return names
+
+
 def _graph() -> dict[str, set[str]]:
     graph: dict[str, set[str]] = {m: set() for m in MODULES}
     for module, path in MODULES.items():
@@ -112,6 +124,40 @@ def test_imports_run_one_way() -> None:
         mine = rank[module.split(".")[0]]
         for target in targets:
             assert rank[target.split(".")[0]] <= mine, f"{module} imports {target} (upwards)"
+
+
+# profilers modules that hold records and arithmetic only (no torch at import time, no probe):
+# all that strategies and reports may import from the package below them.
+PROFILER_RECORDS = {
+    "profilers.comm_records",
+    "profilers.defaults",
+    "profilers.device",
+    "profilers.device_records",
+    "profilers.fit",
+    "profilers.flops",
+    "profilers.hardware",
+    "profilers.memory_model",
+    "profilers.memory_records",
+    "profilers.metrics_record",
+    "profilers.profile_record",
+    "profilers.rundir",
+    "profilers.throughput",
+    "profilers.workload",
+}
+
+
+@pytest.mark.parametrize("package", ["strategies", "reports"])
+def test_pure_packages_import_no_torch_and_no_probe(package: str) -> None:
+    """strategies is arithmetic over records, reports reads run files: neither imports torch,
+    advisor, or probe code (DESIGN.md); each may import profilers' records."""
+    files = sorted((ROOT / package).rglob("*.py"))
+    assert files
+    for path in files:
+        for name in imported_names(path):
+            top = name.split(".")[0]
+            assert top not in ("torch", "advisor"), f"{path.name} imports {name}"
+            if top == "profilers":
+                assert name in PROFILER_RECORDS, f"{path.name} imports probe code {name}"
 
 
 def test_no_module_imports_a_package_that_imports_it_back() -> None:

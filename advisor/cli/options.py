@@ -161,6 +161,11 @@ def explicit_config(params: Mapping[str, Any]) -> dict[str, Any]:
     return out
 
 
+def pick(params: Mapping[str, Any], *names: str) -> dict[str, Any]:
+    """The named parameters as they were parsed (option names are the library's field names)."""
+    return {name: params[name] for name in names}
+
+
 def workload(params: Mapping[str, Any]) -> dict[str, Any]:
     """model, model_args, data, tokenizer, seq_len from :data:`model_options` and --seq-len,
     defaults filled in (profile, run)."""

@@ -12,6 +12,7 @@ from advisor.cli.options import (
     config_options,
     explicit_config,
     memory_budget_option,
+    pick,
     profile_path_option,
     whatif_options,
 )
@@ -39,11 +40,6 @@ def predict(**params: Any) -> None:
     )
     config = compose_config(base, explicit_config(params))
     result = run_predict(
-        profile,
-        config,
-        memory_budget=params["memory_budget"],
-        target=params["target"],
-        nodes=params["nodes"],
-        network=params["network"],
+        profile, config, **pick(params, "memory_budget", "target", "nodes", "network")
     )
     click.echo(json.dumps(result, indent=1))

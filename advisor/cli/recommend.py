@@ -13,6 +13,7 @@ from advisor.cli.options import (
     global_batch_option,
     memory_budget_option,
     out_option,
+    pick,
     profile_path_option,
     quiet_option,
     search_options,
@@ -58,14 +59,8 @@ def recommend(**params: Any) -> None:
             click.echo(message, err=True)
 
     request = SearchRequest(
-        global_batch_size=params["global_batch_size"],
-        memory_budget=params["memory_budget"],
-        world_size=params["world_size"],
-        trials=params["trials"],
-        target=params["target"],
-        nodes=params["nodes"],
-        network=params["network"],
-        study_name=params["study_name"],
+        **pick(params, "global_batch_size", "memory_budget", "world_size", "trials"),
+        **pick(params, "target", "nodes", "network", "study_name"),
     )
     plan = run_recommend(
         profile,

@@ -19,8 +19,6 @@ from __future__ import annotations
 import json
 import os
 import random
-from collections.abc import Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -32,52 +30,39 @@ from strategies.config import TrainConfig
 from strategies.cost import Prediction
 from strategies.plan import Measurement
 from strategies.space import SearchRequest
+from tests.reports.runs import FakeValidator
 from tests.strategies.profiles import MB, SEQ_LEN, GiB, hand_profile, time_model
 
 GOLDEN = Path(__file__).resolve().parents[1] / "data" / "golden"
 UPDATE = os.environ.get("ADVISOR_UPDATE_GOLDEN") == "1"
 
 
-@dataclass(frozen=True)
-class ScriptedValidator:
+class ScriptedValidator(FakeValidator):
     """Measures every config as a fixed function of its prediction: some measure faster than
     predicted, some slower, one fails, so the decision's rules all take part."""
 
-    name: str = "scripted"
+    name = "scripted"
 
-    def unsupported_reason(self, config: TrainConfig) -> str | None:
-        return None
-
-    def validate(
-        self, configs: Sequence[TrainConfig], predictions: Sequence[Prediction]
-    ) -> list[Measurement]:
-        out = []
-        for config, prediction in zip(configs, predictions, strict=True):
-            if config.parallelism == "fsdp":
-                out.append(Measurement(status="oom", reason="scripted: out of memory"))
-                continue
-            factor = (
-                1.0
-                + 0.07 * (config.micro_batch_size % 3)
-                - 0.05 * (config.activation_checkpointing == "full")
-            )
-            step = prediction.step_time_s * factor
-            samples = (step * 0.98, step, step * 1.03)
-            traced = prediction.traced_bytes or 0
-            out.append(
-                Measurement(
-                    status="ok",
-                    step_time_s=step,
-                    tokens_per_s=config.tokens_per_step / step,
-                    peak_memory_bytes=int(traced * 1.02),
-                    memory_kind="scripted",
-                    step_samples_s=samples,
-                    device="cpu",
-                    validator=self.name,
-                    wall_s=1.5,
-                )
-            )
-        return out
+    def measure(self, config: TrainConfig, prediction: Prediction) -> Measurement:
+        if config.parallelism == "fsdp":
+            return Measurement(status="oom", reason="scripted: out of memory")
+        factor = (
+            1.0
+            + 0.07 * (config.micro_batch_size % 3)
+            - 0.05 * (config.activation_checkpointing == "full")
+        )
+        step = prediction.step_time_s * factor
+        return Measurement(
+            status="ok",
+            step_time_s=step,
+            tokens_per_s=config.tokens_per_step / step,
+            peak_memory_bytes=int((prediction.traced_bytes or 0) * 1.02),
+            memory_kind="scripted",
+            step_samples_s=(step * 0.98, step, step * 1.03),
+            device="cpu",
+            validator=self.name,
+            wall_s=1.5,
+        )
 
 
 def _cpu_profile() -> Profile:
@@ -131,47 +116,30 @@ SCENARIOS: dict[str, tuple[Any, SearchRequest, bool]] = {
     ),
 }
 
+
+def _config(micro: int, accum: int, world: int, **knobs: Any) -> TrainConfig:
+    """The hand profile's workload with these knobs (global batch = micro x accum x world)."""
+    return TrainConfig(
+        model="gpt-tiny",
+        seq_len=SEQ_LEN,
+        global_batch_size=micro * accum * world,
+        micro_batch_size=micro,
+        grad_accum_steps=accum,
+        world_size=world,
+        **knobs,
+    )
+
+
 PREDICTIONS: dict[str, tuple[Any, TrainConfig, dict[str, Any]]] = {
-    "cpu-ddp-accum": (
-        _cpu_profile,
-        TrainConfig(
-            model="gpt-tiny",
-            seq_len=SEQ_LEN,
-            global_batch_size=16,
-            micro_batch_size=2,
-            grad_accum_steps=4,
-            parallelism="ddp",
-            world_size=2,
-        ),
-        {},
-    ),
+    "cpu-ddp-accum": (_cpu_profile, _config(2, 4, 2, parallelism="ddp"), {}),
     "gpu-fsdp-full": (
         _gpu_profile,
-        TrainConfig(
-            model="gpt-tiny",
-            seq_len=SEQ_LEN,
-            global_batch_size=64,
-            micro_batch_size=8,
-            grad_accum_steps=2,
-            precision="bf16",
-            activation_checkpointing="full",
-            parallelism="fsdp",
-            world_size=4,
-        ),
+        _config(8, 2, 4, precision="bf16", activation_checkpointing="full", parallelism="fsdp"),
         {"memory_budget": 0.8},
     ),
     "whatif-fsdp": (
         _cpu_profile,
-        TrainConfig(
-            model="gpt-tiny",
-            seq_len=SEQ_LEN,
-            global_batch_size=256,
-            micro_batch_size=4,
-            grad_accum_steps=8,
-            precision="bf16",
-            parallelism="fsdp",
-            world_size=8,
-        ),
+        _config(4, 8, 8, precision="bf16", parallelism="fsdp"),
         {"target": "a100-80gb"},
     ),
 }
