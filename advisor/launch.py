@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import os
-import shlex
 import signal
 import sys
 import time
@@ -18,6 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from advisor.errors import AdvisorError, UsageProblem
+from strategies.commands import torchrun_args, torchrun_command
 
 # Set by our launcher in every rank it starts (ranks started by a user's own torchrun lack it).
 LAUNCHED_ENV = "ADVISOR_LAUNCHED"
@@ -52,17 +52,13 @@ class LaunchSpec:
 
     def torchrun_args(self, node_rank: int | None = None) -> list[str]:
         """The launcher's own options (what goes between ``torchrun`` and ``-m advisor``)."""
-        args = [f"--nnodes={self.nnodes}", f"--nproc-per-node={self.nproc_per_node}"]
-        if self.rdzv_endpoint:
-            args += [
-                "--rdzv-backend=c10d",
-                f"--rdzv-endpoint={self.rdzv_endpoint}",
-                f"--rdzv-id={self.rdzv_id}",
-                f"--node-rank={self.node_rank if node_rank is None else node_rank}",
-            ]
-        else:
-            args.append("--standalone")
-        return args
+        return torchrun_args(
+            self.nproc_per_node,
+            nnodes=self.nnodes,
+            node_rank=self.node_rank if node_rank is None else node_rank,
+            rdzv_endpoint=self.rdzv_endpoint or None,
+            rdzv_id=self.rdzv_id,
+        )
 
 
 def under_torchrun() -> bool:
@@ -71,10 +67,7 @@ def under_torchrun() -> bool:
 
 def node_commands(spec: LaunchSpec, advisor_args: list[str]) -> list[str]:
     """The exact command to run on each node (printed for multi-node jobs)."""
-    tail = shlex.join(["-m", "advisor", *advisor_args])
-    return [
-        f"torchrun {shlex.join(spec.torchrun_args(node))} {tail}" for node in range(spec.nnodes)
-    ]
+    return [torchrun_command(spec.torchrun_args(node), advisor_args) for node in range(spec.nnodes)]
 
 
 def launch(spec: LaunchSpec, advisor_args: list[str]) -> None:

@@ -15,7 +15,7 @@ from reports.common import mapping
 from reports.fmt import num
 from reports.model import CodeBlock, Section, Table, cell
 from reports.runfiles import RunFiles
-from strategies.commands import Command
+from strategies.commands import Command, torchrun_args, torchrun_command
 from strategies.config import (
     CONFIG_FLAG_KEYS,
     DEFAULT_DATA,
@@ -67,23 +67,12 @@ def _with_workload(name: str, w: Mapping[str, Any]) -> Command:
 
 def _torchrun(world: int, train_args: list[str]) -> tuple[str, ...]:
     """The training launched by hand: one node, and two nodes when the ranks split evenly."""
-    tail = ["-m", "advisor", *train_args]
-    out = [shlex.join(["torchrun", "--standalone", f"--nproc-per-node={world}", *tail])]
+    out = [torchrun_command(torchrun_args(world), train_args)]
     if world > 1 and world % 2 == 0:
-        out.append(
-            shlex.join(
-                [
-                    "torchrun",
-                    "--nnodes=2",
-                    f"--nproc-per-node={world // 2}",
-                    "--rdzv-backend=c10d",
-                    "--rdzv-endpoint=NODE0_HOST:29500",
-                    "--rdzv-id=advisor",
-                    "--node-rank=R",
-                    *tail,
-                ]
-            )
+        two_nodes = torchrun_args(
+            world // 2, nnodes=2, node_rank="R", rdzv_endpoint="NODE0_HOST:29500"
         )
+        out.append(torchrun_command(two_nodes, train_args))
     return tuple(out)
 
 

@@ -110,3 +110,30 @@ class Command:
 def command(name: str) -> Command:
     """A new ``advisor NAME ...`` command line."""
     return Command(name)
+
+
+def torchrun_args(
+    nproc_per_node: int,
+    *,
+    nnodes: int = 1,
+    node_rank: int | str = 0,
+    rdzv_endpoint: str | None = None,
+    rdzv_id: str = "advisor",
+) -> list[str]:
+    """torchrun's own options (what goes between ``torchrun`` and ``-m advisor``): standalone
+    on one node, else a c10d rendezvous at ``rdzv_endpoint`` (node 0's HOST:PORT)."""
+    if rdzv_endpoint is None:
+        return ["--standalone", f"--nproc-per-node={nproc_per_node}"]
+    return [
+        f"--nnodes={nnodes}",
+        f"--nproc-per-node={nproc_per_node}",
+        "--rdzv-backend=c10d",
+        f"--rdzv-endpoint={rdzv_endpoint}",
+        f"--rdzv-id={rdzv_id}",
+        f"--node-rank={node_rank}",
+    ]
+
+
+def torchrun_command(launcher_args: Sequence[str], advisor_args: Sequence[str]) -> str:
+    """``torchrun LAUNCHER_ARGS -m advisor ADVISOR_ARGS``, quoted for a POSIX shell."""
+    return shlex.join(["torchrun", *launcher_args, "-m", PROGRAM, *advisor_args])
