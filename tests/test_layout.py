@@ -250,3 +250,22 @@ def test_run_file_names_are_written_only_by_their_owner() -> None:
 )
 def test_what_counts_as_a_run_file_literal(text: str, flagged: bool) -> None:
     assert _is_path_literal(text) is flagged
+
+
+def test_no_user_visible_text_names_an_issue() -> None:
+    """Messages and help texts speak to users, not to the project's issue tracker."""
+    pattern = re.compile(r"\bissue\s*#?\d", re.IGNORECASE)
+    offenders = []
+    for package in PACKAGES:
+        for path in sorted((ROOT / package).rglob("*.py")):
+            tree = ast.parse(path.read_text(), filename=str(path))
+            docstrings = _docstrings(tree)
+            for node in ast.walk(tree):
+                if (
+                    isinstance(node, ast.Constant)
+                    and isinstance(node.value, str)
+                    and id(node) not in docstrings
+                    and pattern.search(node.value)
+                ):
+                    offenders.append(f"{path.relative_to(ROOT)}:{node.lineno}")
+    assert offenders == []
