@@ -36,15 +36,8 @@ def device_phase(run: ProbeRun) -> DeviceInfo:
     info = probe_device(
         run.options.device, budget_s=max(MIN_DEVICE_BUDGET_S, run.clock.share("device"))
     )
-    run.rows.append(
-        probe_rows.measured(
-            "device",
-            None,
-            wall_s=time.perf_counter() - t0,
-            name=info.name,
-            value=info.total_memory_bytes,
-            unit="bytes",
-        )
+    run.measured(
+        "device", None, since=t0, name=info.name, value=info.total_memory_bytes, unit="bytes"
     )
     return info
 
@@ -78,29 +71,13 @@ def model_phase(run: ProbeRun) -> ModelPhase:
     run.clock.share("model")
     t0 = time.perf_counter()
     facts = run.workload.facts()
-    run.rows.append(
-        probe_rows.measured(
-            "model",
-            None,
-            wall_s=time.perf_counter() - t0,
-            name=facts.name,
-            value=facts.num_params,
-            unit="params",
-        )
-    )
+    run.measured("model", None, since=t0, name=facts.name, value=facts.num_params, unit="params")
     t0 = time.perf_counter()
     flops: FlopCount | None
     try:
         flops = count_step_flops(run.workload, run.spec("fp32", "none", 1))
-        run.rows.append(
-            probe_rows.measured(
-                "flops",
-                None,
-                wall_s=time.perf_counter() - t0,
-                value=flops.model_flops_per_token,
-                unit="flops/token",
-            )
-        )
+        per_token = flops.model_flops_per_token
+        run.measured("flops", None, since=t0, value=per_token, unit="flops/token")
     except Exception as exc:
         flops = None
         run.rows.append(probe_rows.raised("flops", None, exc, wall_s=time.perf_counter() - t0))

@@ -86,15 +86,7 @@ def trace_phase(
             run.rows.append(probe_rows.raised("memory", spec, exc, wall_s=time.perf_counter() - t0))
             continue
         traces.append(trace)
-        run.rows.append(
-            probe_rows.measured(
-                "memory",
-                spec,
-                wall_s=time.perf_counter() - t0,
-                value=trace.peak_bytes,
-                unit="bytes",
-            )
-        )
+        run.measured("memory", spec, since=t0, value=trace.peak_bytes, unit="bytes")
     return traces
 
 

@@ -10,10 +10,12 @@ row and profiling goes on.
 from __future__ import annotations
 
 import dataclasses
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from profilers import probe_rows
 from profilers.budget import Clock, Progress
 from profilers.defaults import DEFAULT_MEMORY_BUDGET, DEFAULT_PROFILE_BUDGET_S
 from profilers.isolate import Isolation, Outcome, run_isolated
@@ -67,6 +69,23 @@ class ProbeRun:
             activation_checkpointing=checkpointing,
             micro_batch_size=micro,
             grad_accum_steps=accum,
+        )
+
+    def measured(
+        self,
+        probe: str,
+        spec: StepSpec | None,
+        *,
+        since: float,
+        value: float | None,
+        unit: str,
+        name: str | None = None,
+    ) -> None:
+        """Record an ``ok`` in-process probe whose wall time ran from ``since`` (a
+        ``time.perf_counter()`` reading) until now."""
+        wall_s = time.perf_counter() - since
+        self.rows.append(
+            probe_rows.measured(probe, spec, wall_s=wall_s, value=value, unit=unit, name=name)
         )
 
     def isolated(self, fn: Callable[..., Any], *args: Any, timeout_s: float) -> Outcome:
