@@ -7,14 +7,8 @@ from dataclasses import dataclass
 from typing import Any
 
 import reports.fmt as fmt
-from reports.common import (
-    candidate,
-    mapping,
-    ok_measurement,
-    plan_candidate,
-    prediction,
-    same_candidate,
-)
+from reports.common import candidate, mapping, ok_measurement, plan_candidate, same_candidate
+from reports.common import prediction as read_prediction
 from reports.fmt import num
 from reports.model import Fact, Section, Table, cell, num_cell
 from reports.training import MEMORY_KINDS, TrainingStats
@@ -158,7 +152,7 @@ def build_summary(plan: Mapping[str, Any] | None, stats: TrainingStats | None) -
 
 def _comparison(plan: Mapping[str, Any], stats: TrainingStats | None) -> Table:
     p = mapping(plan.get("predicted"))
-    predicted = prediction(p)
+    predicted = read_prediction(p)
     traced = predicted.traced_bytes if predicted is not None else None
     rows = [
         (

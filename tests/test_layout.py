@@ -216,13 +216,10 @@ def _is_path_literal(text: str) -> bool:
     return bool(CHECKPOINT_LITERAL.match(text))
 
 
-def test_run_file_names_are_written_only_by_their_owner() -> None:
-    owner = ROOT / "profilers" / "rundir.py"
-    offenders = []
-    for top in SOURCES:
+def _strings(tops: tuple[str, ...]) -> Iterator[tuple[str, int, str]]:
+    """(file, line, text) of every string literal that is not a docstring, under ``tops``."""
+    for top in tops:
         for path in sorted((ROOT / top).rglob("*.py")):
-            if path == owner:
-                continue
             tree = ast.parse(path.read_text(), filename=str(path))
             docstrings = _docstrings(tree)
             for node in ast.walk(tree):
@@ -230,9 +227,17 @@ def test_run_file_names_are_written_only_by_their_owner() -> None:
                     isinstance(node, ast.Constant)
                     and isinstance(node.value, str)
                     and id(node) not in docstrings
-                    and _is_path_literal(node.value)
                 ):
-                    offenders.append(f"{path.relative_to(ROOT)}:{node.lineno} {node.value!r}")
+                    yield str(path.relative_to(ROOT)), node.lineno, node.value
+
+
+def test_run_file_names_are_written_only_by_their_owner() -> None:
+    owner = str((ROOT / "profilers" / "rundir.py").relative_to(ROOT))
+    offenders = [
+        f"{path}:{line} {text!r}"
+        for path, line, text in _strings(SOURCES)
+        if path != owner and _is_path_literal(text)
+    ]
     assert offenders == [], "run-file names outside profilers/rundir.py: " + ", ".join(offenders)
 
 
@@ -255,17 +260,5 @@ def test_what_counts_as_a_run_file_literal(text: str, flagged: bool) -> None:
 def test_no_user_visible_text_names_an_issue() -> None:
     """Messages and help texts speak to users, not to the project's issue tracker."""
     pattern = re.compile(r"\bissue\s*#?\d", re.IGNORECASE)
-    offenders = []
-    for package in PACKAGES:
-        for path in sorted((ROOT / package).rglob("*.py")):
-            tree = ast.parse(path.read_text(), filename=str(path))
-            docstrings = _docstrings(tree)
-            for node in ast.walk(tree):
-                if (
-                    isinstance(node, ast.Constant)
-                    and isinstance(node.value, str)
-                    and id(node) not in docstrings
-                    and pattern.search(node.value)
-                ):
-                    offenders.append(f"{path.relative_to(ROOT)}:{node.lineno}")
+    offenders = [f"{p}:{line}" for p, line, text in _strings(PACKAGES) if pattern.search(text)]
     assert offenders == []
