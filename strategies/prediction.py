@@ -13,18 +13,20 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from typing import Any
 
+from profilers.metrics_record import finite_number
+
 MiB = 2**20
 GiB = 2**30
 
 
-def _int(data: Mapping[str, Any], key: str) -> int:
-    value = data.get(key)
-    return int(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else 0
-
-
 def _float(data: Mapping[str, Any], key: str) -> float:
-    value = data.get(key)
-    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else 0.0
+    """A number read from a plan tolerantly, as every run-file value is: 0 when missing or
+    not finite."""
+    return finite_number(data.get(key)) or 0.0
+
+
+def _int(data: Mapping[str, Any], key: str) -> int:
+    return int(_float(data, key))
 
 
 def _mapping(value: Any) -> Mapping[str, Any]:
