@@ -206,6 +206,8 @@ def _trace(workload: Workload, spec: StepSpec, *, cuda_rounding: bool) -> Memory
             step = workload.build_step(spec, "cpu", from_meta=True)
             tracker = _fsdp_tracker(step)
             breakdown = _fsdp_breakdown
+        with tracker:
+            tracker.calibrate_grad_sums()
         gradient_bytes = 0
         for iteration in range(2):  # the second iteration is measured: optimizer state exists
             tracker.reset_mod_stats()
@@ -271,8 +273,11 @@ _FSDP_CATEGORY_FIELDS = {
 def _fsdp_tracker(step: TrainStep) -> Any:
     from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker
 
-    class _FSDPStepMemTracker(FSDPMemTracker):
-        """FSDPMemTracker that accepts gradient accumulation (as ``_StepMemTracker`` does).
+    from profilers.memory_grad_sums import GradSumsInPlace
+
+    class _FSDPStepMemTracker(GradSumsInPlace, FSDPMemTracker):
+        """FSDPMemTracker that accepts gradient accumulation (as ``_StepMemTracker`` does)
+        and sums gradients in place where the engine would.
 
         A second forward of the root in one tracked region raises ("multiple iterative
         calls"): it guards the per-module stats, which are not read here, so a new root
@@ -294,6 +299,12 @@ def _fsdp_tracker(step: TrainStep) -> Any:
                 return inner(*args, **kwargs)
 
             return restart_per_micro_batch
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+            in_place = self._grad_sum_dispatch(func, types, args, kwargs)
+            if in_place is not None:
+                func, args = in_place
+            return super().__torch_dispatch__(func, types, args, kwargs)
 
     return _FSDPStepMemTracker(step.model, step.optimizer)
 

@@ -6,6 +6,9 @@ two iterations and measure the second, so the optimizer state exists as it does 
 Each phase runs in its own ``with tracker:`` block because entering a MemTracker resets its peak
 to what is live at that moment: the two peaks come out separately, with no bookkeeping of ours.
 
+Autograd sums a gradient that arrives by two paths in place; a fake tensor it would sum out of
+place, so the tracker replays the engine's choice (``memory_grad_sums``).
+
 What it does not see: memory a kernel allocates below the dispatcher (the fake kernels have
 none to allocate), CUDA context and library workspaces, allocator fragmentation. Those are
 measured on the device (``memory_truth.measure_cuda``).
@@ -28,6 +31,7 @@ import torch.distributed._tools.mem_tracker as mem_tracker_module
 from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.distributed._tools.mem_tracker import MemTracker
 
+from profilers.memory_grad_sums import GradSumsInPlace
 from profilers.memory_records import MemoryBreakdown, MemoryTrace
 from profilers.workload import StepSpec, Workload
 
@@ -64,8 +68,8 @@ class _CudaRoundedWeakRefInfo(mem_tracker_module._WeakRefInfo):
         return cuda_block_bytes(self.size * self.element_size)
 
 
-class _StepMemTracker(MemTracker):
-    """MemTracker that accepts gradient accumulation.
+class _StepMemTracker(GradSumsInPlace, MemTracker):
+    """MemTracker that accepts gradient accumulation and sums gradients as the engine does.
 
     MemTracker refuses a second forward of the root module in one tracked region ("multiple
     iterative calls"), which is what every micro-batch after the first is. Its per-module stats
@@ -83,6 +87,12 @@ class _StepMemTracker(MemTracker):
             self.reset_mod_stats()
         super()._pre_fw_hook(module, inputs)
 
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+        in_place = self._grad_sum_dispatch(func, types, args, kwargs)
+        if in_place is not None:
+            func, args = in_place
+        return super().__torch_dispatch__(func, types, args, kwargs)
+
 
 def trace(workload: Workload, spec: StepSpec, *, cuda_rounding: bool) -> MemoryTrace:
     started = time.perf_counter()
@@ -96,6 +106,8 @@ def trace(workload: Workload, spec: StepSpec, *, cuda_rounding: bool) -> MemoryT
         step = workload.build_step(spec, "cpu", from_meta=True)
         tracker = _StepMemTracker()
         tracker.track_external(step.model, step.optimizer)
+        with tracker:
+            tracker.calibrate_grad_sums()
         for _ in range(2):  # the second iteration is measured: optimizer state exists
             tracker.reset_mod_stats()
             with tracker:
