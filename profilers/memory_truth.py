@@ -44,8 +44,9 @@ def measure_cpu(workload: Workload, spec: StepSpec) -> CpuStepMemory:
         del batches, loss, step
     assert prof.profiler is not None and prof.profiler.kineto_results is not None
     events = list(_walk(prof.profiler.kineto_results.experimental_event_tree()))
-    forward_backward = _window_peak(events, _FORWARD_BACKWARD)
-    optimizer_step = _window_peak(events, _OPTIMIZER_STEP)
+    start = _level_at_start(events)
+    forward_backward = _window_peak(events, _FORWARD_BACKWARD) - start
+    optimizer_step = _window_peak(events, _OPTIMIZER_STEP) - start
     return CpuStepMemory(
         spec=spec,
         peak_bytes=max(forward_backward, optimizer_step),
@@ -70,6 +71,28 @@ def _walk(roots: list[_ProfilerEvent]) -> Iterator[_ProfilerEvent]:
         stack.extend(event.children)
 
 
+def _level_at_start(events: list[_ProfilerEvent]) -> int:
+    """The CPU count before this session's first allocation.
+
+    The count is process-wide and outlives a profiling session: a block allocated while some
+    earlier session ran and freed after it stays in the count for good (40 kB kept across two
+    sessions read 40 kB at the start of the next). The step's own level is above this.
+    """
+    first = min(
+        (e for e in events if _is_cpu_allocation(e)), key=lambda e: e.start_time_ns, default=None
+    )
+    if first is None:
+        return 0
+    fields = first.extra_fields
+    return fields.total_allocated - fields.alloc_size  # type: ignore[union-attr]
+
+
+def _is_cpu_allocation(event: _ProfilerEvent) -> bool:
+    return (
+        event.tag == _EventType.Allocation and event.extra_fields.device.type == "cpu"  # type: ignore[union-attr]
+    )
+
+
 def _window_peak(events: list[_ProfilerEvent], label: str) -> int:
     """Max CPU ``total_allocated`` from the start to the end of the ``label`` range.
 
@@ -81,9 +104,7 @@ def _window_peak(events: list[_ProfilerEvent], label: str) -> int:
     allocations = sorted(
         (e.start_time_ns, e.extra_fields.total_allocated)  # type: ignore[union-attr]
         for e in events
-        if e.tag == _EventType.Allocation
-        and e.extra_fields.device.type == "cpu"  # type: ignore[union-attr]
-        and e.start_time_ns <= end
+        if _is_cpu_allocation(e) and e.start_time_ns <= end
     )
     before = [total for t, total in allocations if t < start]
     inside = [total for t, total in allocations if t >= start]
