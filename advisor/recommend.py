@@ -276,8 +276,9 @@ def predict(
 ) -> dict[str, Any]:
     """What ``config`` would cost on the profiled device (or, with ``target``, an estimate).
 
-    Returns ``{"config", "predicted": {peak_memory_bytes, step_time_s, tokens_per_s, fits,
-    breakdown ...}, "estimate", "label"}``. Raises strategies' Unpredictable when the profile
+    Returns ``{"config", "predicted": {peak_memory_bytes, step_time_s, tokens_per_s,
+    step_time_s_interval, tokens_per_s_interval (90%), uncertainty, fits, breakdown ...},
+    "estimate", "label"}``. Raises strategies' Unpredictable when the profile
     lacks a measurement the config needs.
     """
     prof = read_profile(profile)

@@ -325,6 +325,15 @@ class ValidationRow:
     predicted_memory_bytes: float | None  # comparable with measured_memory_bytes
     measured_memory_bytes: float | None
     memory_kind: str
+    predicted_tokens_per_s_interval: tuple[float, float] | None = None  # 90%
+
+    @property
+    def inside_interval(self) -> bool | None:
+        """Whether the measured tokens/s fell inside the predicted 90% interval."""
+        interval, measured = self.predicted_tokens_per_s_interval, self.measured_tokens_per_s
+        if interval is None or measured is None:
+            return None
+        return interval[0] <= measured <= interval[1]
 
     @property
     def throughput_error(self) -> float | None:
@@ -358,6 +367,7 @@ def _validation_row(c: Candidate, p: Prediction, m: Mapping[str, Any], role: str
         predicted_memory_bytes=float(p.traced_bytes or p.peak_memory_bytes),
         measured_memory_bytes=num(m.get("peak_memory_bytes")) if ok else None,
         memory_kind=str(m.get("memory_kind") or ""),
+        predicted_tokens_per_s_interval=p.tokens_per_s_interval,
     )
 
 
@@ -416,7 +426,7 @@ def _validation_chart(rows: Sequence[ValidationRow]) -> Chart:
                 label="predicted",
                 role="predicted",
                 values=tuple(r.predicted_tokens_per_s for r in rows),
-                hover=tuple(fmt.rate(r.predicted_tokens_per_s) for r in rows),
+                hover=tuple(_predicted_rate(r) for r in rows),
             ),
             Series(
                 label="measured",
@@ -436,6 +446,21 @@ def _validation_chart(rows: Sequence[ValidationRow]) -> Chart:
     )
 
 
+def _predicted_rate(r: ValidationRow) -> str:
+    interval = r.predicted_tokens_per_s_interval
+    point = fmt.rate(r.predicted_tokens_per_s)
+    if interval is None:
+        return point
+    return f"{point} ({fmt.rate(interval[0])} – {fmt.rate(interval[1])})"
+
+
+def _inside_cell(r: ValidationRow) -> Cell:
+    inside = r.inside_interval
+    if inside is None:
+        return cell("")
+    return cell("yes" if inside else "no", cls="" if inside else "bad")
+
+
 def _validation_table(rows: Sequence[ValidationRow]) -> Table:
     table_rows = []
     for r in rows:
@@ -448,8 +473,9 @@ def _validation_table(rows: Sequence[ValidationRow]) -> Table:
                     r.status.replace("_", " ") + (f": {r.reason}" if r.reason else ""),
                     cls="bad" if bad else "",
                 ),
-                num_cell(fmt.rate(r.predicted_tokens_per_s), r.predicted_tokens_per_s),
+                num_cell(_predicted_rate(r), r.predicted_tokens_per_s, hint="90% interval"),
                 num_cell(fmt.rate(r.measured_tokens_per_s), r.measured_tokens_per_s),
+                _inside_cell(r),
                 num_cell(fmt.percent(r.throughput_error, True), r.throughput_error),
                 num_cell(fmt.seconds(r.predicted_step_time_s), r.predicted_step_time_s),
                 num_cell(fmt.seconds(r.measured_step_time_s), r.measured_step_time_s),
@@ -466,8 +492,9 @@ def _validation_table(rows: Sequence[ValidationRow]) -> Table:
             "config",
             "role",
             "status",
-            "pred. tok/s",
+            "pred. tok/s (90%)",
             "meas. tok/s",
+            "inside",
             "error",
             "pred. step",
             "meas. step",
@@ -501,6 +528,10 @@ def validation_section(rows: Sequence[ValidationRow], plan: Mapping[str, Any] | 
             f"Throughput predictions were off by {fmt.percent(min(errors))} to "
             f"{fmt.percent(max(errors))} (positive: predicted faster than measured)."
         )
+    inside = [r.inside_interval for r in rows if r.inside_interval is not None]
+    if inside:
+        lead.append(f"{sum(inside)} of {len(inside)} measured within the predicted 90% interval.")
+    lead += _uncertainty_lead(prediction(mapping(plan).get("predicted")) if plan else None)
     return Section(
         id="validation",
         title="Predicted vs measured",
@@ -508,3 +539,15 @@ def validation_section(rows: Sequence[ValidationRow], plan: Mapping[str, Any] | 
         charts=nonempty([_validation_chart(rows)]),
         tables=(_validation_table(rows),),
     )
+
+
+def _uncertainty_lead(predicted: Prediction | None) -> list[str]:
+    """What the chosen config's interval is made of (strategies.uncertainty)."""
+    if predicted is None or predicted.uncertainty is None:
+        return []
+    u = predicted.uncertainty
+    parts = ", ".join(f"{name} {sigma:.1%}" for name, sigma, _ in u.terms)
+    return [
+        f"The chosen config's interval is ×/÷ {u.factor():.2f} around the prediction: "
+        f"relative error {u.sigma:.1%} from {parts} (standard deviations, in quadrature)."
+    ]

@@ -17,7 +17,9 @@ DEFAULT_TRIALS = 128
 # The best K predicted candidates are measured with short real runs (plus the baseline).
 DEFAULT_VALIDATE_TOP_K = 3
 
-# A layout's best candidate is validated too when predicted within this fraction of the best.
+# A layout's best candidate is validated too when its 90% interval reaches the best
+# prediction's (strategies.uncertainty); this fraction of the best is the fallback for
+# predictions without intervals (hand-made ones).
 # The cost model's errors are shared within a layout and differ between layouts (regret
 # benchmark, 2-vCPU host, median signed step-time error: single -4..+4%, ddp×2 -1..+9%, fsdp×2
 # -23..-18%), and one profile's single-device timing moved gpt-tiny bf16 mb 8 from 9,077 to

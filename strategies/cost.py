@@ -51,6 +51,7 @@ from strategies.sources import (
     affine_seconds,
 )
 from strategies.space import Candidate
+from strategies.uncertainty import Uncertainty, fit_terms, host_term, source_term
 
 __all__ = [
     "CommSource",
@@ -190,6 +191,9 @@ class CostModel:
     rounding_allowance_bytes: int = 0
     ddp_bucket_cap_bytes: int = DDP_BUCKET_CAP_BYTES
     assumptions: tuple[str, ...] = ()
+    # How busy the host was when profiled (load average, CPUs): said with the interval.
+    host_load_1m: float | None = None
+    host_cpus: int | None = None
 
     @property
     def seq_len(self) -> int:
@@ -255,7 +259,8 @@ class CostModel:
         """Memory and time of ``candidate``; :class:`Unpredictable` if the profile can't say."""
         assumptions = list(self.assumptions)
         memory = self._memory(candidate, assumptions)
-        time = self._time(candidate, assumptions)
+        compute = self.time.compute(candidate)
+        time = self._time(candidate, compute, assumptions)
         tokens = candidate.global_batch_size * self.seq_len
         return Prediction(
             peak_memory_bytes=memory.per_rank_bytes,
@@ -265,7 +270,25 @@ class CostModel:
             tokens_per_s=tokens / time.step_s,
             estimate=self.machine.estimate,
             breakdown=Breakdown(memory=memory, time=time, assumptions=tuple(assumptions)),
+            uncertainty=self._uncertainty(candidate, compute, time),
         )
+
+    def _uncertainty(self, c: Candidate, compute: ComputeTime, time: TimeTerms) -> Uncertainty:
+        """The parts of the step time's error (strategies.uncertainty)."""
+        terms = []
+        if compute.fit is not None and time.step_s > 0:
+            weight = time.micro_batches * time.forward_backward_s / time.step_s
+            terms += fit_terms(compute.fit, c.micro_batch_size, min(weight, 1.0))
+        shared = self.machine.shared_host and not self.machine.estimate
+        terms.append(host_term(shared, self.host_load_1m, self.host_cpus))
+        if self.machine.estimate:
+            terms.append(source_term("what_if"))
+        if compute.derived:
+            terms.append(source_term("derived_checkpointing"))
+        if c.parallelism != "single" and not compute.parallel_measured:
+            kind = f"cpu_{c.parallelism}" if shared else "gpu_collectives"
+            terms.append(source_term(kind))
+        return Uncertainty(terms=tuple(terms))
 
     # -- memory ----------------------------------------------------------------------------
     def _memory(self, c: Candidate, assumptions: list[str]) -> MemoryTerms:
@@ -375,8 +398,7 @@ class CostModel:
         return max(fb, opt), terms
 
     # -- time --------------------------------------------------------------------------------
-    def _time(self, c: Candidate, assumptions: list[str]) -> TimeTerms:
-        compute = self.time.compute(c)
+    def _time(self, c: Candidate, compute: ComputeTime, assumptions: list[str]) -> TimeTerms:
         world, accum = c.world_size, c.grad_accum_steps
         shared = self.machine.shared_host and world > 1 and not compute.parallel_measured
         sharing = world if shared else 1
@@ -553,4 +575,6 @@ def cost_model_from_profile(profile: Profile, memory_budget: float) -> CostModel
         memory_budget=memory_budget,
         flops=profile.flops,
         input_tokens_per_s=input_rates(profile),
+        host_load_1m=profile.device.host_load_1m,
+        host_cpus=profile.device.cpu.num_usable_cores,
     )

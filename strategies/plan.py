@@ -36,6 +36,7 @@ from strategies.plan_records import (
 )
 from strategies.search import Evaluation, SearchResult, evaluate
 from strategies.space import Candidate, SearchSpace
+from strategies.uncertainty import interval_overlaps
 
 __all__ = [
     "LAYOUT_MARGIN",
@@ -140,16 +141,25 @@ def top_candidates(
     result: SearchResult, k: int, *, layout_margin: float = LAYOUT_MARGIN
 ) -> list[Evaluation]:
     """What validation measures: the ``k`` best predicted feasible candidates, then the best
-    predicted of each parallelism layout not among them if it is within ``layout_margin`` of
-    the best prediction (none when ``k`` is 0)."""
+    predicted of each parallelism layout not among them if it may be the fastest: its 90%
+    tokens/s interval reaches the best prediction's (strategies.uncertainty). Predictions
+    without intervals (hand-made ones) use ``layout_margin`` of the best prediction instead.
+    None when ``k`` is 0."""
     ranked = result.ranked()
     top = ranked[: max(k, 0)]
     if not top:
         return top
     layouts = {e.candidate.parallelism for e in top}
-    floor = (1.0 - layout_margin) * top[0].tokens_per_s
+    best = top[0]
+    floor = (1.0 - layout_margin) * best.tokens_per_s
     for e in ranked[len(top) :]:
-        if e.candidate.parallelism not in layouts and e.tokens_per_s >= floor:
+        if e.candidate.parallelism in layouts:
+            continue
+        overlap = interval_overlaps(
+            e.prediction.tokens_per_s_interval if e.prediction else None,
+            best.prediction.tokens_per_s_interval if best.prediction else None,
+        )
+        if overlap if overlap is not None else e.tokens_per_s >= floor:
             top.append(e)
             layouts.add(e.candidate.parallelism)
     return top

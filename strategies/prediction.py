@@ -14,6 +14,7 @@ from dataclasses import dataclass, field, fields
 from typing import Any
 
 from profilers.metrics_record import finite_number
+from strategies.uncertainty import Uncertainty
 
 MiB = 2**20
 GiB = 2**30
@@ -363,10 +364,27 @@ class Prediction:
     tokens_per_s: float
     estimate: bool = False
     breakdown: Breakdown = field(default_factory=Breakdown)
+    uncertainty: Uncertainty | None = None
 
     @property
     def fits(self) -> bool:
         return self.budgeted_bytes <= self.budget_bytes
+
+    @property
+    def step_time_interval_s(self) -> tuple[float, float] | None:
+        """The step time's 90% interval (strategies.uncertainty), if known."""
+        if self.uncertainty is None:
+            return None
+        return self.uncertainty.step_time_interval(self.step_time_s)
+
+    @property
+    def tokens_per_s_interval(self) -> tuple[float, float] | None:
+        """Tokens/s over the same interval (a slower step is fewer tokens per second)."""
+        interval = self.step_time_interval_s
+        if interval is None:
+            return None
+        tokens = self.tokens_per_s * self.step_time_s
+        return tokens / interval[1], tokens / interval[0]
 
     @property
     def traced_bytes(self) -> int | None:
@@ -382,8 +400,19 @@ class Prediction:
             "fits": self.fits,
             "step_time_s": self.step_time_s,
             "tokens_per_s": self.tokens_per_s,
+            **self._interval_dict(),
             "estimate": self.estimate,
             "breakdown": self.breakdown.to_dict(),
+        }
+
+    def _interval_dict(self) -> dict[str, Any]:
+        step, tokens = self.step_time_interval_s, self.tokens_per_s_interval
+        if self.uncertainty is None or step is None or tokens is None:
+            return {}
+        return {
+            "step_time_s_interval": list(step),
+            "tokens_per_s_interval": list(tokens),
+            "uncertainty": self.uncertainty.to_dict(),
         }
 
     @classmethod
@@ -396,4 +425,9 @@ class Prediction:
             tokens_per_s=float(data["tokens_per_s"]),
             estimate=bool(data.get("estimate", False)),
             breakdown=Breakdown.from_dict(_mapping(data.get("breakdown"))),
+            uncertainty=(
+                Uncertainty.from_dict(_mapping(data["uncertainty"]))
+                if data.get("uncertainty")
+                else None
+            ),
         )

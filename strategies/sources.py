@@ -48,6 +48,10 @@ class ComputeTime:
     # where it was measured when not in this candidate's own group ("" = its own).
     rank_slowdown: float | None = None
     rank_slowdown_from: str = ""
+    # What its uncertainty is read from: the time fit used (None for an estimate) and whether
+    # the time was derived rather than timed (strategies.uncertainty).
+    fit: AffineFit | None = None
+    derived: bool = False
 
 
 class TimeSource(Protocol):
@@ -114,6 +118,7 @@ class MeasuredTime:
                     optimizer_s=model.optimizer_s,
                     source=f"measured {c.parallelism}×{c.world_size} fit",
                     parallel_measured=True,
+                    fit=model.forward_backward,
                 )
         model = self.fits.time_model(c.precision, c.activation_checkpointing)
         if model is not None:
@@ -124,6 +129,7 @@ class MeasuredTime:
                 source="measured single-device fit",
                 rank_slowdown=slowdown,
                 rank_slowdown_from=slowdown_from,
+                fit=model.forward_backward,
             )
         base = self.fits.time_model(c.precision, "none")
         counted = self.flops.flops_per_token if self.flops else {}
@@ -136,6 +142,8 @@ class MeasuredTime:
                 optimizer_s=base.optimizer_s,
                 rank_slowdown=slowdown,
                 rank_slowdown_from=slowdown_from,
+                fit=base.forward_backward,
+                derived=True,
                 source=(
                     f"derived: the {c.precision}/none fit × {ratio:.3f}, the counted FLOPs ratio "
                     f"of {c.activation_checkpointing} checkpointing (recompute)"

@@ -285,8 +285,8 @@ validation_options = _stack(
         default=DEFAULT_VALIDATE_TOP_K,
         show_default=True,
         help="Measure the K best predicted configs with short real runs (and the baseline, and "
-        f"the best of a layout missing from them within {LAYOUT_MARGIN:.0%} of the best "
-        "prediction).",
+        "the best of a layout missing from them whose 90% interval reaches the best "
+        f"prediction's; within {LAYOUT_MARGIN:.0%} of it for predictions without intervals).",
     ),
     click.option(
         "--validate-rounds",

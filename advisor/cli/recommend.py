@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
@@ -22,6 +22,9 @@ from advisor.cli.options import (
 )
 from profilers.rundir import RunDir
 from strategies.commands import Command
+
+if TYPE_CHECKING:
+    from strategies.prediction import Prediction
 
 GiB = 2**30
 
@@ -88,7 +91,7 @@ def print_plan(plan: Any, out: Path) -> None:
         title=f"best of {plan.search.get('num_evaluated', 0)} candidates "
         f"({plan.search.get('mode', '')})"
     )
-    for column in ("", "prec", "ckpt", "layout", "mb×ga", "GiB", "pred tok/s", "meas tok/s"):
+    for column in ("", "prec", "ckpt", "layout", "mb×ga", "GiB", "pred tok/s (90%)", "meas tok/s"):
         table.add_column(column, justify="right" if column.endswith(("s", "GiB")) else "left")
     rows = [(plan.candidate, plan.predicted)] + [
         (a.candidate, a.prediction) for a in plan.alternatives if a.prediction is not None
@@ -108,7 +111,7 @@ def print_plan(plan: Any, out: Path) -> None:
             candidate.layout,
             f"{candidate.micro_batch_size}×{candidate.grad_accum_steps}",
             f"{predicted.peak_memory_bytes / GiB:.2f}",
-            f"{predicted.tokens_per_s:,.0f}",
+            _with_interval(predicted),
             shown,
         )
     console.print(table)
@@ -127,3 +130,10 @@ def print_plan(plan: Any, out: Path) -> None:
     if not plan.estimate:
         train = Command("train").option("plan", run.plan).option("out", run.train.root)
         click.echo(f"train it: {train.shell()}")
+
+
+def _with_interval(predicted: Prediction) -> str:
+    """Predicted tokens/s and its 90% interval, when the prediction has one."""
+    interval = predicted.tokens_per_s_interval
+    point = f"{predicted.tokens_per_s:,.0f}"
+    return point if interval is None else f"{point} ({interval[0]:,.0f}–{interval[1]:,.0f})"

@@ -143,6 +143,23 @@ def test_validation_rows_compare_like_for_like(hand_run: Path) -> None:
     assert len(chart.categories) == len(rows)
 
 
+def test_validation_shows_each_prediction_interval_and_whether_it_held(hand_run: Path) -> None:
+    plan = json.loads((hand_run / "plan.json").read_text())
+    view = build_view(hand_run)
+    validated = [r for r in view.validations if r.role != "training"]
+    assert all(r.predicted_tokens_per_s_interval is not None for r in validated)
+    # The fake validator measures 90% of the predicted throughput; the hand profile's interval
+    # (host drift only: its fits have no residual freedom) is ×/÷ 1.09, so none held.
+    assert [r.inside_interval for r in validated] == [False] * len(validated)
+    section = view.section("validation")
+    assert f"0 of {len(validated)} measured within the predicted 90% interval." in section.lead
+    factor = plan["predicted"]["uncertainty"]["relative_sd"]
+    assert any(f"relative error {factor:.1%} from host" in line for line in section.lead)
+    assert "inside" in section.tables[0].columns
+    low, high = plan["predicted"]["tokens_per_s_interval"]
+    assert low < plan["predicted"]["tokens_per_s"] < high
+
+
 def test_training_stats_and_curves(hand_run: Path) -> None:
     view = build_view(hand_run)
     stats = view.training

@@ -1,0 +1,166 @@
+"""Predicted step times carry a 90% interval made of named parts (strategies/uncertainty.py)."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import pytest
+
+from profilers.fit import fit_affine
+from profilers.profile_record import Profile
+from strategies.config import TrainConfig
+from strategies.cost import CostModel, cost_model_from_profile
+from strategies.plan import top_candidates
+from strategies.prediction import Prediction
+from strategies.search import Evaluation, SearchResult
+from strategies.space import Candidate
+from strategies.uncertainty import (
+    HOST_DRIFT_DEDICATED,
+    HOST_DRIFT_SHARED,
+    Uncertainty,
+    fit_terms,
+    host_term,
+    interval_overlaps,
+    source_term,
+)
+from tests.strategies.profiles import SEQ_LEN, hand_profile
+
+# Four sizes, three samples each, a few percent of scatter about t = 0.01 + 0.002·b.
+_XS = [b for b in (1, 2, 4, 8) for _ in range(3)]
+_NOISE = [0.97, 1.0, 1.03, 1.02, 0.99, 0.98, 0.96, 1.04, 1.0, 1.01, 0.98, 1.01]
+NOISY = fit_affine(_XS, [(0.01 + 0.002 * b) * e for b, e in zip(_XS, _NOISE, strict=True)])
+
+
+def _terms(x: float) -> dict[str, float]:
+    return {name: sigma for name, sigma, _ in fit_terms(NOISY, x, 1.0)}
+
+
+def test_the_fit_term_grows_with_distance_from_the_probed_sizes() -> None:
+    inside, edge, far = _terms(3), _terms(8), _terms(32)
+    assert inside["fit"] < edge["fit"] < far["fit"]
+    assert inside["sample"] == edge["sample"] == far["sample"]  # one measurement's scatter
+    assert 0.01 < inside["sample"] < 0.05  # the samples scatter by a few percent
+
+
+def test_a_fit_without_residual_freedom_has_no_fit_terms() -> None:
+    assert fit_terms(fit_affine([2, 8], [0.1, 0.2]), 4, 1.0) == []
+
+
+def test_the_fit_terms_scale_with_the_share_of_the_step() -> None:
+    full = {n: s for n, s, _ in fit_terms(NOISY, 4, 1.0)}
+    half = {n: s for n, s, _ in fit_terms(NOISY, 4, 0.5)}
+    assert half["sample"] == pytest.approx(full["sample"] / 2)
+
+
+def test_the_interval_is_a_factor_either_side_and_its_parts_add_in_quadrature() -> None:
+    u = Uncertainty(terms=(("a", 0.03, ""), ("b", 0.04, "")))
+    assert u.sigma == pytest.approx(0.05)
+    low, high = u.step_time_interval(2.0)
+    assert low * high == pytest.approx(4.0)  # symmetric in log space
+    assert high / 2.0 == pytest.approx(math.exp(1.6448536 * 0.05))
+    assert Uncertainty.from_dict(u.to_dict()) == u
+
+
+def test_host_drift_is_measured_for_shared_hosts_and_assumed_for_owned_devices() -> None:
+    name, sigma, source = host_term(True, 3.5, 2)
+    assert (name, sigma) == ("host", HOST_DRIFT_SHARED) and "load 3.5 on 2 CPUs" in source
+    name, sigma, source = host_term(False, None, None)
+    assert sigma == HOST_DRIFT_DEDICATED and "assumed" in source
+
+
+def _prediction(model: CostModel, **config: object) -> Prediction:
+    return model.predict_config(TrainConfig(model="gpt-tiny", seq_len=SEQ_LEN, **config))  # type: ignore[arg-type]
+
+
+def test_every_measured_prediction_carries_an_interval(model: CostModel) -> None:
+    p = _prediction(model, micro_batch_size=4, grad_accum_steps=2, precision="fp32")
+    assert p.uncertainty is not None
+    low, high = p.step_time_interval_s or (0.0, 0.0)
+    assert low < p.step_time_s < high
+    t_low, t_high = p.tokens_per_s_interval or (0.0, 0.0)
+    assert t_low < p.tokens_per_s < t_high
+    assert t_low * high == pytest.approx(p.tokens_per_s * p.step_time_s)
+    data = p.to_dict()
+    assert data["step_time_s_interval"] == [low, high]
+    assert Prediction.from_dict(data).step_time_interval_s == (low, high)
+
+
+def test_what_was_not_measured_widens_the_interval(profile: Profile) -> None:
+    model = cost_model_from_profile(profile, memory_budget=0.9)
+    single = _prediction(model, micro_batch_size=4, grad_accum_steps=2)
+    ddp = _prediction(
+        model, micro_batch_size=2, grad_accum_steps=2, world_size=2, parallelism="ddp"
+    )
+    fsdp = _prediction(
+        model, micro_batch_size=2, grad_accum_steps=2, world_size=2, parallelism="fsdp"
+    )
+    assert single.uncertainty and ddp.uncertainty and fsdp.uncertainty
+    assert single.uncertainty.sigma < ddp.uncertainty.sigma < fsdp.uncertainty.sigma
+    sources = {source for _, _, source in ddp.uncertainty.terms}
+    assert source_term("cpu_ddp")[2] in sources
+
+
+def test_a_derived_checkpointing_time_says_so() -> None:
+    profile = hand_profile(timed_checkpointing=("none",))
+    model = cost_model_from_profile(profile, memory_budget=0.9)
+    p = _prediction(model, micro_batch_size=4, grad_accum_steps=2, activation_checkpointing="full")
+    assert p.uncertainty is not None
+    assert source_term("derived_checkpointing") in p.uncertainty.terms
+
+
+def _evaluation(layout: str, micro: int, tokens_per_s: float, sigma: float | None) -> Evaluation:
+    world = 1 if layout == "single" else 2
+    candidate = Candidate(
+        precision="fp32", activation_checkpointing="none", parallelism=layout,
+        world_size=world, micro_batch_size=micro, grad_accum_steps=8 // (micro * world),
+    )  # fmt: skip
+    prediction = Prediction(
+        peak_memory_bytes=1, budgeted_bytes=1, budget_bytes=2, step_time_s=1.0,
+        tokens_per_s=tokens_per_s,
+        uncertainty=None if sigma is None else Uncertainty(terms=(("host", sigma, ""),)),
+    )  # fmt: skip
+    return Evaluation(candidate=candidate, prediction=prediction)
+
+
+def _searched(*evaluations: Evaluation) -> SearchResult:
+    return SearchResult(
+        mode="enumerate", space_size=len(evaluations), trial_budget=len(evaluations),
+        evaluations=evaluations, study_name="s", storage="sqlite:///x.db", trials_before=0,
+        trials_told=len(evaluations), wall_s=0.0,
+    )  # fmt: skip
+
+
+def test_a_layout_whose_interval_reaches_the_best_is_a_contender() -> None:
+    # fsdp is 30% behind, beyond the fixed 15% margin, but both intervals are wide (σ 10%:
+    # ×/÷ 1.18): its upper bound reaches the best's lower bound.
+    wide = _searched(
+        _evaluation("ddp", 4, 1000.0, 0.10),
+        _evaluation("fsdp", 4, 720.0, 0.10),
+    )
+    assert [e.candidate.parallelism for e in top_candidates(wide, 1)] == ["ddp", "fsdp"]
+    # Narrow intervals (σ 1%): the single config 10% behind cannot be the fastest.
+    narrow = _searched(
+        _evaluation("ddp", 4, 1000.0, 0.01),
+        _evaluation("single", 8, 900.0, 0.01),
+    )
+    assert [e.candidate.parallelism for e in top_candidates(narrow, 1)] == ["ddp"]
+    # Without intervals (hand-made predictions) the fixed margin decides, as before.
+    bare = _searched(_evaluation("ddp", 4, 1000.0, None), _evaluation("single", 8, 900.0, None))
+    assert [e.candidate.parallelism for e in top_candidates(bare, 1)] == ["ddp", "single"]
+
+
+def test_interval_overlap() -> None:
+    assert interval_overlaps((80.0, 95.0), (90.0, 110.0)) is True
+    assert interval_overlaps((70.0, 85.0), (90.0, 110.0)) is False
+    assert interval_overlaps(None, (90.0, 110.0)) is None
+
+
+def test_a_what_if_prediction_is_an_estimate_with_its_own_term(model: CostModel) -> None:
+    what_if = dataclasses.replace(
+        model, machine=dataclasses.replace(model.machine, estimate=True, shared_host=False)
+    )
+    p = _prediction(what_if, micro_batch_size=4, grad_accum_steps=2)
+    assert p.uncertainty is not None
+    assert source_term("what_if") in p.uncertainty.terms
+    assert host_term(False, None, None)[1] in [s for _, s, _ in p.uncertainty.terms]
