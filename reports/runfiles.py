@@ -9,6 +9,7 @@ but cannot be read becomes a ``problem`` shown on the page instead of an excepti
 from __future__ import annotations
 
 import csv
+import dataclasses
 import json
 import math
 from collections.abc import Mapping
@@ -39,6 +40,9 @@ class RunFiles:
     train_dir: Path | None = None
     has_study: bool = False
     problems: tuple[str, ...] = field(default_factory=tuple)
+    # Stages run.json records as failed (stage → its one-line error), unless a later command
+    # redid the stage: its output is newer than run.json.
+    failed_stages: Mapping[str, str] = field(default_factory=dict)
 
     @property
     def train_records(self) -> list[TrainRecord]:
@@ -119,6 +123,40 @@ def find_train_dir(root: Path) -> Path | None:
     return None
 
 
+def _mtime(path: Path) -> float | None:
+    try:
+        return path.stat().st_mtime
+    except OSError:
+        return None
+
+
+def failed_stages(
+    run_info: Mapping[str, Any] | None, files: RunDir, train: TrainDir | None
+) -> dict[str, str]:
+    """The stages of ``advisor run`` that failed (stage → the one-line error run.json keeps),
+    in run order. A failure is dropped when the stage's output is newer than run.json: a later
+    command (``advisor recommend``, ``advisor train --resume``) redid it since."""
+    stages = (run_info or {}).get("stages")
+    if not isinstance(stages, Mapping):
+        return {}
+    outputs = {
+        "profile": files.profile,
+        "recommend": files.plan,
+        "train": (train or files.train).metrics,
+    }
+    logged = _mtime(files.run_log)
+    out: dict[str, str] = {}
+    for name, output in outputs.items():
+        record = stages.get(name)
+        if not isinstance(record, Mapping) or record.get("status") != "failed":
+            continue
+        made = _mtime(output)
+        if made is not None and (logged is None or made > logged):
+            continue
+        out[name] = " ".join(str(record.get("detail") or "").split()) or "no reason recorded"
+    return out
+
+
 def load_run(root: str | Path) -> RunFiles:
     """Read every run file under ``root``; ReportError when there is no run there at all."""
     root = Path(root)
@@ -143,6 +181,7 @@ def load_run(root: str | Path) -> RunFiles:
         has_study=files.study.is_file(),
         problems=tuple(problems),
     )
+    run = dataclasses.replace(run, failed_stages=failed_stages(run.run_info, files, train))
     if run.empty and not problems:
         raise ReportError(
             f"{root} holds no run files ({PROFILE}, {PLAN}, {TRAIN}/{METRICS}): run "

@@ -26,6 +26,7 @@ from reports.charts import Chart
 from reports.comm import comm_section
 from reports.common import mapping
 from reports.facts import facts_section
+from reports.failures import StageFailure, stage_failures, with_failure_notes
 from reports.memory import MemoryBar, memory_section
 from reports.model import Section
 from reports.reproduce import Commands, reproduce_section
@@ -44,6 +45,7 @@ class Stage:
     name: str
     done: bool
     detail: str
+    failed: bool = False  # run.json says this stage of ``advisor run`` failed
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -62,6 +64,7 @@ class ReportView:
     training: TrainingStats | None
     commands: Commands
     estimate_label: str = ""
+    failures: tuple[StageFailure, ...] = ()  # failed stages of ``advisor run``, in run order
 
     @property
     def charts(self) -> tuple[Chart, ...]:
@@ -83,7 +86,8 @@ def _stages(run: RunFiles, stats: TrainingStats | None) -> tuple[Stage, ...]:
         training = (
             f"{stats.steps}" + (f"/{stats.total_steps}" if stats.total_steps else "") + " steps"
         )
-    return (
+    failed = run.failed_stages
+    stages = (
         Stage(
             name="profile",
             done=run.profile is not None,
@@ -97,6 +101,17 @@ def _stages(run: RunFiles, stats: TrainingStats | None) -> tuple[Stage, ...]:
             else "missing",
         ),
         Stage(name="train", done=stats is not None and stats.complete, detail=training),
+    )
+    return tuple(
+        dataclasses.replace(
+            s,
+            done=False,
+            failed=True,
+            detail="failed" + (f" after {s.detail}" if s.name == "train" and stats else ""),
+        )
+        if s.name in failed
+        else s
+        for s in stages
     )
 
 
@@ -132,6 +147,8 @@ def build_view(run: RunFiles | str | Path, *, now: datetime.datetime | None = No
         dataclasses.replace(s, note=s.note.replace("RUN", shlex.quote(str(run.root))))
         for s in sections
     )
+    failures = stage_failures(run)
+    sections = with_failure_notes(sections, failures)  # after RUN: the notes hold real paths
     workload = (
         mapping(mapping(profile).get("workload")) or config or mapping(mapping(plan).get("config"))
     )
@@ -155,6 +172,7 @@ def build_view(run: RunFiles | str | Path, *, now: datetime.datetime | None = No
         training=stats,
         commands=commands,
         estimate_label=summary.estimate_label if summary else "",
+        failures=failures,
     )
 
 

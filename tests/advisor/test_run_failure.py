@@ -1,0 +1,142 @@
+"""``advisor run`` when a stage fails: the report is still written, and it says which stage
+failed, why, and how to continue (README, "advisor run")."""
+
+from __future__ import annotations
+
+import html
+import json
+import os
+import shlex
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner, Result
+
+from advisor.cli import main
+from reports.view import build_view, notes
+from tests.reports.runs import make_hand_run
+
+# The workload of the hand-made profile (tests/strategies/profiles.py): resuming with these
+# flags reuses it, so the search runs for real on it without probing anything.
+HAND_WORKLOAD = ("--model", "gpt-tiny", "--data", "synthetic", "--seq-len", "64")
+MISLEADING = "no recommendation yet: run 'advisor recommend"
+
+
+def invoke(*args: str) -> Result:
+    return CliRunner().invoke(main, list(args))
+
+
+def page(root: Path) -> str:
+    """The report's text as a reader sees it (entities decoded)."""
+    return html.unescape((root / "report.html").read_text())
+
+
+@pytest.fixture
+def failed_recommend(tmp_path: Path) -> tuple[Path, Result]:
+    """A run whose recommend stage fails: the hand profile fits no candidate in 0.1% of RAM."""
+    out = make_hand_run(tmp_path / "run", plan=False)
+    result = invoke(
+        "run", *HAND_WORKLOAD, "--memory-budget", "0.001", "--quiet", "--out", str(out), "--resume"
+    )
+    return out, result
+
+
+def test_a_failed_recommend_still_writes_the_report(failed_recommend: tuple[Path, Result]) -> None:
+    out, result = failed_recommend
+    assert result.exit_code == 2  # the search's own "nothing fits": bad input, exit 2
+    errors = [line for line in result.stderr.splitlines() if line.startswith("error: ")]
+    assert len(errors) == 1 and "Traceback" not in result.stderr
+    assert errors[0].startswith("error: nothing fits the memory budget")
+    assert f"the report of the partial run: {out / 'report.html'}" in result.stderr
+    stages = json.loads((out / "run.json").read_text())["stages"]
+    assert {k: v["status"] for k, v in stages.items()} == {
+        "profile": "skipped",
+        "recommend": "failed",
+        "report": "done",
+    }
+    assert stages["recommend"]["detail"] == errors[0].removeprefix("error: ")
+    assert (out / "report.html").is_file()
+
+
+def test_the_report_says_the_stage_failed_why_and_the_fix(
+    failed_recommend: tuple[Path, Result],
+) -> None:
+    out, _ = failed_recommend
+    reason = json.loads((out / "run.json").read_text())["stages"]["recommend"]["detail"]
+    text = page(out)
+    assert "recommend: failed" in text and "recommend: missing" not in text
+    assert f"Recommendation failed: {reason}" in text
+    assert "try a larger --memory-budget" in text  # the error's own fix
+    command = json.loads((out / "run.json").read_text())["command"]
+    assert shlex.join([*command, "--resume"]) in text  # how to continue once it is fixed
+    assert MISLEADING not in text
+    view = build_view(out)
+    assert not [n for n in notes(view).values() if "'advisor recommend" in n]  # no dead end
+    assert [(s.name, s.failed) for s in view.stages] == [
+        ("profile", False),
+        ("recommend", True),
+        ("train", False),
+    ]
+    assert [f.stage for f in view.failures] == ["recommend"]
+    for section in ("memory", "candidates", "validation", "training"):
+        assert notes(view)[section] == (
+            "Nothing to show: the recommend stage of this run failed (see Summary)."
+        )
+
+
+def test_a_later_recommend_supersedes_the_recorded_failure(
+    failed_recommend: tuple[Path, Result], tmp_path: Path
+) -> None:
+    """The user followed the fix with 'advisor recommend': its plan is newer than run.json,
+    so the page shows the plan, not the old failure."""
+    out, _ = failed_recommend
+    log = out / "run.json"
+    stamp = log.stat().st_mtime - 60
+    os.utime(log, (stamp, stamp))  # run.json written a minute before the plan below
+    done = make_hand_run(tmp_path / "fixed", steps=None)
+    (out / "plan.json").write_bytes((done / "plan.json").read_bytes())
+    view = build_view(out)
+    assert not view.failures and not any(s.failed for s in view.stages)
+    assert view.summary is not None and "summary" not in notes(view)
+    # run.json newer than the plan (an older plan than the failure): the failure stands.
+    os.utime(log, None)
+    stamp = log.stat().st_mtime - 60
+    os.utime(out / "plan.json", (stamp, stamp))
+    view = build_view(out)
+    assert [f.stage for f in view.failures] == ["recommend"]
+    assert notes(view)["summary"].startswith("Recommendation failed: nothing fits")
+
+
+def test_a_failed_training_is_reported_with_its_reason(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The train stage's child fails: the report marks it failed, with the child's last line;
+    the run's training flags reach the child (--keep-checkpoints among them)."""
+    out = make_hand_run(tmp_path / "run", steps=None)  # a profile and a plan the run reuses
+    children: list[list[str]] = []
+
+    def failing_child(args: list[str]) -> tuple[int, str]:
+        children.append(args)
+        return 1, "error: loss became nan at step 3; no checkpoint was saved yet. Lower --lr"
+
+    monkeypatch.setattr("advisor.run._run_advisor", failing_child)
+    result = invoke(
+        "run", *HAND_WORKLOAD, "--steps", "5", "--keep-checkpoints", "1", "--quiet",
+        "--out", str(out), "--resume",
+    )  # fmt: skip
+    assert result.exit_code == 1
+    assert result.stderr.endswith(
+        "error: training failed (exit 1): loss became nan at step 3; no checkpoint was saved "
+        "yet. Lower --lr\n"
+    )
+    [args] = children
+    assert args[:5] == ["train", "--plan", str(out / "plan.json"), "--out", str(out / "train")]
+    assert args[args.index("--keep-checkpoints") + 1] == "1"
+    assert args[args.index("--steps") + 1] == "5"
+    text = page(out)
+    assert "train: failed" in text
+    assert (
+        "Training failed (exit 1): loss became nan at step 3; no checkpoint was saved yet. "
+        "Lower --lr. Fix what the message names"
+    ) in text
+    assert "No training yet: run 'advisor train" not in text
