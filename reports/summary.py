@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -12,6 +12,7 @@ from reports.common import prediction as read_prediction
 from reports.fmt import num
 from reports.model import Fact, Section, Table, cell, num_cell
 from reports.training import MEMORY_KINDS, TrainingStats
+from strategies.prediction import Prediction
 
 KNOB_PREFIXES = (
     "precision ",
@@ -157,8 +158,16 @@ def _comparison(plan: Mapping[str, Any], stats: TrainingStats | None) -> Table:
     rows = [
         (
             cell("predicted (cost model)"),
-            num_cell(fmt.rate(p.get("tokens_per_s")), num(p.get("tokens_per_s"))),
-            num_cell(fmt.seconds(p.get("step_time_s")), num(p.get("step_time_s"))),
+            num_cell(
+                _with_interval(fmt.rate, p.get("tokens_per_s"), predicted, tokens=True),
+                num(p.get("tokens_per_s")),
+                hint="90% interval",
+            ),
+            num_cell(
+                _with_interval(fmt.seconds, p.get("step_time_s"), predicted, tokens=False),
+                num(p.get("step_time_s")),
+                hint="90% interval",
+            ),
             num_cell(fmt.size(p.get("peak_memory_bytes")), num(p.get("peak_memory_bytes"))),
             cell(
                 f"per rank with overhead; traced tensors {fmt.size(traced)}"
@@ -274,3 +283,15 @@ def summary_section(
         details_title="Everything the search noted" if summary.notes else "",
         details=summary.notes,
     )
+
+
+def _with_interval(
+    show: Callable[[Any], str], value: Any, predicted: Prediction | None, *, tokens: bool
+) -> str:
+    """A predicted value and, when the prediction has one, its 90% interval."""
+    if predicted is None:
+        return show(value)
+    interval = predicted.tokens_per_s_interval if tokens else predicted.step_time_interval_s
+    if interval is None:
+        return show(value)
+    return f"{show(value)} ({show(interval[0])} – {show(interval[1])})"
