@@ -2,8 +2,8 @@
 
 For each model, ``run_profile`` (the orchestrator behind ``advisor profile``, its normal settings,
 communication off: it predicts nothing on one device) writes the fits the search trusts:
-``MemoryModel`` per (precision, checkpointing), fitted on fake-tensor traces at micro-batch 1 and
-4, and ``TimeModel``, fitted on real steps at the two sizes the throughput probe chose. Then, at
+``MemoryModel`` per (precision, checkpointing), fitted on fake-tensor traces at micro-batch 1, 4
+and 8, and ``TimeModel``, fitted on real steps at the two sizes the throughput probe chose. Then, at
 micro-batch sizes the probes did NOT run (3, 6, 12), the truth is measured:
 
 * memory: the CPU allocator's own peak over one real step (the second: optimizer state exists),
@@ -25,10 +25,18 @@ writes. The load average is recorded before and after every phase; step times on
 with the other tenants' load (see ``spread``: the interquartile range of the truth samples over
 their median), and that noise is part of what a short probe has to live with.
 
+Two settings, measured with this same method in one invocation (``--settings both``, the
+default; model by model, their order alternating between models): *favourable* -- every
+process (probes and truth) on one OMP thread (``--threads``), a 240 s profile budget -- and
+*defaults* -- what ``advisor profile`` does with no options: torch's default thread count (every
+core) and ``profilers.defaults.DEFAULT_PROFILE_BUDGET_S`` (120 s). The truth of each is measured
+under its own settings, each model of each in a fresh process (the thread count must be set
+before torch is imported); the results hold one labelled section per settings.
+
 Run ``python benchmarks/profiler_accuracy.py`` (full: gpt-tiny, llama-tiny, bert-tiny x fp32,
-bf16, fp16 x none/full checkpointing at seq_len 128; ~40 min on 2 busy vCPUs) or ``--quick``
-(gpt-tiny, fp32/bf16, seq_len 64, sizes 3 and 6; a few minutes; results go to a temporary
-directory unless ``--out`` is given).
+bf16, fp16 x none/full checkpointing at seq_len 128, both settings) or ``--quick`` (gpt-tiny,
+fp32/bf16, seq_len 64, sizes 3 and 6, 60 s profiles; results go to a temporary directory unless
+``--out`` is given); ``--settings favourable`` or ``--settings defaults`` measures one.
 """
 
 from __future__ import annotations
@@ -42,7 +50,7 @@ import statistics
 import sys
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
@@ -69,6 +77,21 @@ class Settings:
     repeats: int  # children per group for the time truth
     truth_s: float  # target seconds of timed steps per group per child (sets the rounds)
     max_rounds: int
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> Settings:
+        """Back from ``dataclasses.asdict`` through JSON (lists become tuples again)."""
+        return cls(
+            models=tuple(data["models"]),
+            precisions=tuple(data["precisions"]),
+            checkpointing=tuple(data["checkpointing"]),
+            sizes=tuple(int(b) for b in data["sizes"]),
+            seq_len=int(data["seq_len"]),
+            budget_s=float(data["budget_s"]),
+            repeats=int(data["repeats"]),
+            truth_s=float(data["truth_s"]),
+            max_rounds=int(data["max_rounds"]),
+        )
 
 
 FULL = Settings(
@@ -318,6 +341,97 @@ def bench_model(model: str, settings: Settings) -> dict[str, Any]:
     }
 
 
+# -- settings: favourable and the product's defaults ----------------------------------------------
+
+
+@dataclass(frozen=True, kw_only=True)
+class Variant:
+    """The settings the profile and the truth run under; nothing else of the method changes.
+
+    ``favourable``: one OMP thread per process (steady on a shared host) and a generous profile
+    budget. ``defaults``: what ``advisor profile`` does when given no options: torch's own
+    thread count (every core) and ``DEFAULT_PROFILE_BUDGET_S``.
+    """
+
+    name: str
+    threads: int | None  # OMP/MKL threads of every process; None: torch's default
+    budget_s: float  # each model's profile budget
+
+    def label(self) -> str:
+        threads = "torch's default threads" if self.threads is None else f"{self.threads} thread(s)"
+        return f"{self.name} ({threads} per process, profile budget {self.budget_s:g} s)"
+
+    def env(self, base: Mapping[str, str]) -> dict[str, str]:
+        """The environment of this variant's processes (children inherit it)."""
+        env = {k: v for k, v in base.items() if k not in THREAD_VARIABLES}
+        if self.threads is not None:
+            env.update({k: str(self.threads) for k in THREAD_VARIABLES})
+        return env
+
+
+THREAD_VARIABLES = ("OMP_NUM_THREADS", "MKL_NUM_THREADS")
+VARIANT_NAMES = ("favourable", "defaults")
+SETTINGS_CHOICES = (*VARIANT_NAMES, "both")
+
+
+def resolve_variants(
+    choice: str, settings: Settings, threads: int, budget_s: float | None, quick: bool
+) -> list[Variant]:
+    """The variants ``--settings`` asks for. ``--threads`` and ``--budget-s`` shape the
+    favourable one only (defaults are the product's); ``--quick`` caps the defaults' budget
+    at the quick profile's so that a smoke run stays short."""
+    from profilers.defaults import DEFAULT_PROFILE_BUDGET_S
+
+    favourable = Variant(
+        name="favourable", threads=threads or None, budget_s=budget_s or settings.budget_s
+    )
+    default_budget = DEFAULT_PROFILE_BUDGET_S
+    if quick:
+        default_budget = min(default_budget, settings.budget_s)
+    defaults = Variant(name="defaults", threads=None, budget_s=default_budget)
+    chosen = {"favourable": [favourable], "defaults": [defaults], "both": [favourable, defaults]}
+    if choice not in chosen:
+        raise ValueError(f"--settings must be one of {', '.join(SETTINGS_CHOICES)}, got {choice!r}")
+    return chosen[choice]
+
+
+def interleaved_order(models: Sequence[str], variants: Sequence[Variant]) -> list[tuple[str, str]]:
+    """(variant, model) in the order they run: model by model, the variants' order alternating
+    from one model to the next, so a slow drift of the host's load favours neither variant."""
+    order = []
+    for i, model in enumerate(models):
+        names = [v.name for v in variants]
+        order += [(name, model) for name in (names if i % 2 == 0 else names[::-1])]
+    return order
+
+
+def run_child(model: str, settings: Settings, variant: Variant, workdir: Path) -> dict[str, Any]:
+    """One model under one variant, in a fresh interpreter with the variant's environment (the
+    thread count has to be set before torch is imported, and every probe child inherits it)."""
+    import subprocess
+
+    out = workdir / f"{variant.name}-{model.replace('/', '_').replace(':', '_')}.json"
+    cmd = [sys.executable, str(Path(__file__).resolve()), "--child-model", model]
+    cmd += ["--child-settings", json.dumps(dataclasses.asdict(settings)), "--child-out", str(out)]
+    say(f"{model}: settings {variant.label()}")
+    done = subprocess.run(cmd, cwd=REPO, env=variant.env(os.environ))
+    if done.returncode != 0 or not out.is_file():
+        return {"model": model, "error": f"the benchmark child exited with {done.returncode}"}
+    result: dict[str, Any] = json.loads(out.read_text())
+    return result
+
+
+def child_main(model: str, settings_json: str, out: Path) -> None:
+    """In the child: ``bench_model`` as before, plus the process's thread facts."""
+    import torch
+
+    bench = bench_model(model, Settings.from_dict(json.loads(settings_json)))
+    bench["torch_threads"] = torch.get_num_threads()
+    bench["omp_num_threads"] = os.environ.get("OMP_NUM_THREADS")
+    bench["torch"] = torch.__version__
+    out.write_text(json.dumps(bench) + "\n")
+
+
 # -- reporting -------------------------------------------------------------------------------------
 
 
@@ -360,6 +474,24 @@ def summarize(rows: Sequence[dict[str, Any]], precisions: Sequence[str]) -> list
     return out
 
 
+def variant_results(
+    variant: Variant, benches: Sequence[dict[str, Any]], precisions: Sequence[str]
+) -> dict[str, Any]:
+    """One variant's section of the results: its settings, summary and per-model tables."""
+    ok = [b for b in benches if "error" not in b]
+    rows = [row for bench in ok for row in bench["rows"]]
+    threads = sorted({b["torch_threads"] for b in ok if "torch_threads" in b})
+    return {
+        "name": variant.name,
+        "label": variant.label(),
+        "threads": variant.threads,
+        "torch_threads": threads[0] if len(threads) == 1 else threads,
+        "budget_s": variant.budget_s,
+        "summary": summarize(rows, precisions),
+        "models": list(benches),
+    }
+
+
 def pct(value: float | None) -> str:
     return "—" if value is None else f"{100 * value:+.1f}%"
 
@@ -368,15 +500,94 @@ def abs_pct(value: float | None) -> str:
     return "—" if value is None else f"{100 * value:.1f}%"
 
 
+SUMMARY_HEADER = (
+    "| settings | precision | memory median | memory max | memory ≤ 5% | time (profile) median "
+    "| max | ≤ 10% | time (same session) median | max | ≤ 10% | drift median (min–max) |"
+)
+
+
+def summary_rows(name: str, summary: Sequence[dict[str, Any]]) -> list[str]:
+    lines = []
+    for s in summary:
+        m, t, same = s["memory"], s["time"], s["time_same_session"]
+        drift = (
+            f"{same['median_drift']:.2f} ({same['min_drift']:.2f}–{same['max_drift']:.2f})"
+            if same["median_drift"] is not None
+            else "—"
+        )
+        lines.append(
+            f"| {name} | {s['precision']} | {abs_pct(m['median_abs_error'])} | "
+            f"{abs_pct(m['max_abs_error'])} | {m['within_target']}/{m['num']} | "
+            f"{abs_pct(t['median_abs_error'])} | {abs_pct(t['max_abs_error'])} | "
+            f"{t['within_target']}/{t['num']} | {abs_pct(same['median_abs_error'])} | "
+            f"{abs_pct(same['max_abs_error'])} | {same['within_target']}/{same['num']} | {drift} |"
+        )
+    return lines
+
+
+def model_section(bench: dict[str, Any], heading: str) -> list[str]:
+    if "error" in bench:
+        return ["", f"{heading} {bench['model']}", "", f"Not measured: {bench['error']}."]
+    prof = bench["profile"]
+    lines = [
+        "",
+        f"{heading} {bench['model']}",
+        "",
+        f"Profile: {prof['elapsed_s']:.0f} s of {prof['budget_s']:g} s, load "
+        f"{prof['load_before']:.1f} → {prof['load_after']:.1f}; time truth load "
+        + " → ".join(f"{x:.1f}" for x in bench["time_truth_load"])
+        + ".",
+        "",
+        "| precision | ckpt | b | memory probed at | predicted MiB | measured MiB | error "
+        "| time probed at | predicted s | measured s (spread, n) | error "
+        "| same-session error | drift |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in bench["rows"]:
+        m, t = r["memory"], r["time"]
+        mem = (
+            f"{m['predicted_bytes'] / 2**20:.2f} | {m['measured_bytes'] / 2**20:.2f} | "
+            f"{pct(m['error'])}{'*' if m['extrapolated'] else ''}"
+            if m["error"] is not None
+            else f"— | — | {m.get('note', '')}"
+        )
+        tim = (
+            f"{t['predicted_s']:.3f} | {t['measured_s']:.3f} ({100 * t['spread']:.0f}%, "
+            f"{t['num_samples']}) | {pct(t['error'])}{'*' if t['extrapolated'] else ''} | "
+            f"{pct(t.get('same_session_error'))} | "
+            + (f"{t['drift']:.2f}" if t.get("drift") is not None else "—")
+            if t["error"] is not None
+            else f"— | — | {t.get('note', '')} | — | —"
+        )
+        lines.append(
+            f"| {r['precision']} | {r['activation_checkpointing']} | {r['micro_batch_size']} | "
+            f"{r['memory_probed_sizes']} | {mem} | {r['time_probed_sizes']} | {tim} |"
+        )
+    skipped = [p for p in prof["throughput_probes"] if p["status"] != "ok"]
+    if skipped:
+        lines += ["", "Throughput probes not ok in the profile: "]
+        lines += [f"- {p['name']}: {p['status']} ({p['reason']})" for p in skipped]
+    return lines
+
+
 def render(results: dict[str, Any]) -> str:
     lines = ["# Profiler accuracy", ""]
     meta = results["meta"]
+    variants = results["by_settings"]
     lines += [
-        f"{meta['cpu']}, {meta['num_cpus']} CPUs, torch {meta['torch']} with "
-        f"{meta['torch_threads']} thread(s) per process, seq_len "
-        f"{meta['settings']['seq_len']}, profile budget {meta['settings']['budget_s']:g} s per "
-        f"model, total {meta['total_min']:.1f} min. Load average (1 min) at start "
-        f"{meta['load_start']:.1f}, end {meta['load_end']:.1f}.",
+        f"{meta['cpu']}, {meta['num_cpus']} CPUs, torch {meta['torch']}, seq_len "
+        f"{meta['settings']['seq_len']}, total {meta['total_min']:.1f} min. Load average "
+        f"(1 min) at start {meta['load_start']:.1f}, end {meta['load_end']:.1f}. Settings: "
+        + "; ".join(
+            f"**{v['label']}**"
+            + (f" (torch.get_num_threads() = {v['torch_threads']})" if v["torch_threads"] else "")
+            for v in variants
+        )
+        + (
+            ". Run model by model, the settings' order alternating between models."
+            if len(variants) > 1
+            else "."
+        ),
         "",
         "Error = (predicted − measured) / measured at micro-batch sizes the probes did not run. "
         f"Targets: |memory| ≤ {MEMORY_TARGET:.0%}, |time| ≤ {TIME_TARGET:.0%}. "
@@ -388,83 +599,50 @@ def render(results: dict[str, Any]) -> str:
         "the host's drift between the profile and the truth. *Drift* = the probed sizes' step "
         "time now over the profile's (1.00 = the host ran as fast as during the profile).",
         "",
+        "Settings: *favourable* runs every process (probes and truth) on the given OMP thread "
+        "count with a long profile budget; *defaults* is what `advisor profile` does with no "
+        "options: torch's default threads (every core) and its default budget. The truth is "
+        "measured under the same settings as the profile it checks.",
+        "",
         "## Summary (|error|)",
         "",
-        "| precision | memory median | memory max | memory ≤ 5% | time (profile) median | max "
-        "| ≤ 10% | time (same session) median | max | ≤ 10% | drift median (min–max) |",
-        "|---|---|---|---|---|---|---|---|---|---|---|",
+        SUMMARY_HEADER,
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
-    for s in results["summary"]:
-        m, t, same = s["memory"], s["time"], s["time_same_session"]
-        drift = (
-            f"{same['median_drift']:.2f} ({same['min_drift']:.2f}–{same['max_drift']:.2f})"
-            if same["median_drift"] is not None
-            else "—"
-        )
-        lines.append(
-            f"| {s['precision']} | {abs_pct(m['median_abs_error'])} | {abs_pct(m['max_abs_error'])}"
-            f" | {m['within_target']}/{m['num']} | {abs_pct(t['median_abs_error'])} | "
-            f"{abs_pct(t['max_abs_error'])} | {t['within_target']}/{t['num']} | "
-            f"{abs_pct(same['median_abs_error'])} | {abs_pct(same['max_abs_error'])} | "
-            f"{same['within_target']}/{same['num']} | {drift} |"
-        )
-    for bench in results["models"]:
-        prof = bench["profile"]
-        lines += [
-            "",
-            f"## {bench['model']}",
-            "",
-            f"Profile: {prof['elapsed_s']:.0f} s of {prof['budget_s']:g} s, load "
-            f"{prof['load_before']:.1f} → {prof['load_after']:.1f}; time truth load "
-            + " → ".join(f"{x:.1f}" for x in bench["time_truth_load"])
-            + ".",
-            "",
-            "| precision | ckpt | b | memory probed at | predicted MiB | measured MiB | error "
-            "| time probed at | predicted s | measured s (spread, n) | error "
-            "| same-session error | drift |",
-            "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
-        ]
-        for r in bench["rows"]:
-            m, t = r["memory"], r["time"]
-            mem = (
-                f"{m['predicted_bytes'] / 2**20:.2f} | {m['measured_bytes'] / 2**20:.2f} | "
-                f"{pct(m['error'])}{'*' if m['extrapolated'] else ''}"
-                if m["error"] is not None
-                else f"— | — | {m.get('note', '')}"
-            )
-            tim = (
-                f"{t['predicted_s']:.3f} | {t['measured_s']:.3f} ({100 * t['spread']:.0f}%, "
-                f"{t['num_samples']}) | {pct(t['error'])}{'*' if t['extrapolated'] else ''} | "
-                f"{pct(t.get('same_session_error'))} | "
-                + (f"{t['drift']:.2f}" if t.get("drift") is not None else "—")
-                if t["error"] is not None
-                else f"— | — | {t.get('note', '')} | — | —"
-            )
-            lines.append(
-                f"| {r['precision']} | {r['activation_checkpointing']} | {r['micro_batch_size']} | "
-                f"{r['memory_probed_sizes']} | {mem} | {r['time_probed_sizes']} | {tim} |"
-            )
-        skipped = [p for p in prof["throughput_probes"] if p["status"] != "ok"]
-        if skipped:
-            lines += ["", "Throughput probes not ok in the profile: "]
-            lines += [f"- {p['name']}: {p['status']} ({p['reason']})" for p in skipped]
+    for v in variants:
+        lines += summary_rows(v["name"], v["summary"])
+    for v in variants:
+        lines += ["", f"## Settings: {v['label']}"]
+        for bench in v["models"]:
+            lines += model_section(bench, "###")
     return "\n".join(lines) + "\n"
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
     parser.add_argument(
         "--quick", action="store_true", help="Smoke run: gpt-tiny, fp32/bf16, sizes 3 and 6."
     )
+    parser.add_argument(
+        "--settings",
+        choices=SETTINGS_CHOICES,
+        default="both",
+        help="favourable: --threads per process and a long profile budget (--budget-s); "
+        "defaults: what `advisor profile` does with no options (torch's default threads, its "
+        "default budget); both (default): each model under each, in one invocation.",
+    )
     parser.add_argument("--models", nargs="+", default=None, help="Model specs to profile.")
     parser.add_argument("--precisions", nargs="+", default=None, help="Subset of fp32 bf16 fp16.")
-    parser.add_argument("--budget-s", type=float, default=None, help="Profile budget per model.")
+    parser.add_argument(
+        "--budget-s", type=float, default=None, help="Profile budget per model (favourable)."
+    )
     parser.add_argument(
         "--threads",
         type=int,
         default=1,
-        help="OMP/MKL threads for every process, probes included (default 1: two threads on a "
-        "shared 2-vCPU host stall at each barrier when a co-tenant runs; 0 keeps torch's default).",
+        help="OMP/MKL threads for every process of the favourable settings, probes included "
+        "(default 1: two threads on a shared 2-vCPU host stall at each barrier when a "
+        "co-tenant runs; 0 keeps torch's default).",
     )
     parser.add_argument(
         "--out",
@@ -473,42 +651,51 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         help=f"Results prefix (writes PREFIX.json and PREFIX.md; default {DEFAULT_PREFIX} for "
         "the full run, a temporary directory with --quick).",
     )
+    # Internal: one model under one variant, in a fresh process.
+    parser.add_argument("--child-model", help=argparse.SUPPRESS)
+    parser.add_argument("--child-settings", help=argparse.SUPPRESS)
+    parser.add_argument("--child-out", type=Path, help=argparse.SUPPRESS)
     return parser.parse_args(argv)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
-    if args.threads:  # before torch is imported, inherited by every child (probes, truth)
-        os.environ["OMP_NUM_THREADS"] = os.environ["MKL_NUM_THREADS"] = str(args.threads)
-    import torch
+    if args.child_model is not None:
+        child_main(args.child_model, args.child_settings, args.child_out)
+        return 0
 
     settings = QUICK if args.quick else FULL
     if args.models:
         settings = dataclasses.replace(settings, models=tuple(args.models))
     if args.precisions:
         settings = dataclasses.replace(settings, precisions=tuple(args.precisions))
-    if args.budget_s:
-        settings = dataclasses.replace(settings, budget_s=args.budget_s)
+    variants = resolve_variants(args.settings, settings, args.threads, args.budget_s, args.quick)
     started, load_start = time.perf_counter(), load()
-    benches = [bench_model(model, settings) for model in settings.models]
-    rows = [row for bench in benches for row in bench["rows"]]
+    benches: dict[str, list[dict[str, Any]]] = {v.name: [] for v in variants}
+    by_name = {v.name: v for v in variants}
+    order = interleaved_order(settings.models, variants)
+    with tempfile.TemporaryDirectory(prefix="profiler_accuracy-") as tmp:
+        for name, model in order:
+            variant = by_name[name]
+            child_settings = dataclasses.replace(settings, budget_s=variant.budget_s)
+            benches[name].append(run_child(model, child_settings, variant, Path(tmp)))
+    ok = [b for bs in benches.values() for b in bs if "error" not in b]
     results = {
         "meta": {
             "quick": args.quick,
             "settings": dataclasses.asdict(settings),
-            "cpu": benches[0]["device"],
+            "settings_choice": args.settings,
+            "order": [list(x) for x in order],
+            "cpu": ok[0]["device"] if ok else "?",
             "num_cpus": os.cpu_count(),
-            "torch_threads": torch.get_num_threads(),
-            "omp_num_threads": os.environ.get("OMP_NUM_THREADS"),
-            "torch": torch.__version__,
+            "torch": ok[0]["torch"] if ok else "?",
             "python": platform.python_version(),
             "load_start": load_start,
             "load_end": load(),
             "total_min": (time.perf_counter() - started) / 60,
             "targets": {"memory": MEMORY_TARGET, "time": TIME_TARGET},
         },
-        "summary": summarize(rows, settings.precisions),
-        "models": benches,
+        "by_settings": [variant_results(v, benches[v.name], settings.precisions) for v in variants],
     }
     prefix = args.out
     if prefix is None:
@@ -523,7 +710,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     prefix.with_suffix(".md").write_text(table)
     print(table)
     print(f"wrote {prefix.with_suffix('.json')} and {prefix.with_suffix('.md')}", file=sys.stderr)
-    return 0
+    return 0 if ok else 1
 
 
 if __name__ == "__main__":

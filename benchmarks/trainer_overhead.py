@@ -2,33 +2,45 @@
 
 Both sides do the same work with the same TrainConfig: the same model (built with
 ``advisor.models.build_model`` under the same seed, so the weights are identical), the same token
-windows, precision, micro-batch, accumulation, activation checkpointing, fused AdamW and
-warm-up+cosine schedule, and the same number of optimizer steps. The hand-written loop is what
-nanoGPT does (direct indexing into the token memmap, autocast, loss / accum, backward, clip,
-AdamW, ``zero_grad(set_to_none=True)``, ``loss.item()`` per step); it uses neither AdvisorStep nor
-the Trainer. Identical work is checked, not assumed: the per-step losses of each pair are compared.
+windows, precision, micro-batch, accumulation, activation checkpointing, AdamW and
+warm-up+cosine schedule, and the same number of optimizer steps. The hand-written loops
+(``overhead_loops.py``) are what nanoGPT does (direct indexing into the token memmap, autocast,
+loss / accum, backward, clip, AdamW, ``zero_grad(set_to_none=True)``, ``loss.item()`` per step);
+they use neither AdvisorStep nor the Trainer. Identical work is checked, not assumed: the
+per-step losses of each pair are compared.
+
+Three layouts at one global batch: a single process, and DDP and FSDP2 at world size 2 on
+CPU (gloo), one process per rank. Distributed advisor runs go through the product's own
+launch: ``advisor train --plan CONFIG`` sees a ddp/fsdp plan and starts torchrun itself
+(``advisor.launch``: ``torch.distributed.run`` with the product's torchrun arguments); the
+hand-written loops run under ``python -m torch.distributed.run`` with the same arguments.
 
 Method: every run is a fresh subprocess (same interpreter, same ``torch.set_num_threads`` and
-OMP/MKL thread variables), so neither side inherits the other's warm caches or allocator state.
-Runs are interleaved in pairs whose order alternates (A B, B A, A B, ...) so slow drift in the
-load of this shared machine cancels, and the statistic is the median over pairs of the ratio of
-steady-state tokens/s (advisor / hand-written). Steady state = wall time from the end of step
-``W`` to the end of the last step, where the end of a step is the moment its ``loss.item()``
-returned (advisor's ``elapsed_s`` in metrics.jsonl; the same ``perf_counter`` point in the hand
-loop), so everything the loops do per step -- data loading, metrics.jsonl writes, progress --
-is inside the window. Eval and checkpointing: advisor always evaluates and saves once after the
-last step; both loops do exactly that (and nothing else), after the measured window.
+OMP/MKL thread variables, per rank for ddp/fsdp), so neither side inherits the other's warm
+caches or allocator state. Runs are interleaved in pairs whose order alternates (A B, B A, ...)
+so slow drift in the load of this shared machine cancels, and the statistic is the median over
+pairs of the ratio of steady-state tokens/s (advisor / hand-written). Steady state = wall time
+from the end of step ``W`` to the end of the last step, where the end of a step is the moment its
+``loss.item()`` returned on rank 0 (advisor's ``elapsed_s`` in metrics.jsonl; the same
+``perf_counter`` point in the hand loop), so everything the loops do per step -- data loading,
+metrics.jsonl writes, progress, advisor's per-step peak-memory gather -- is inside the window.
+Eval and checkpointing: advisor always evaluates and saves once after the last step; both
+loops do exactly that (and nothing else), after the measured window.
 
 This host's two vCPUs are shared with other tenants, so wall-clock pairs can differ by 30-60%
 for reasons neither loop controls. Each run therefore also records process CPU time at the same
-step ends (advisor's through a one-line wrapper around ``MetricsLog.write``): the CPU-time ratio
-measures the per-step work each loop does and barely moves with the load; the CPU share
-(CPU s / wall s) of each run says how contended it was. Runs use one thread by default: a
-2-thread OpenMP team on this host stalls whenever another tenant takes one of the cores
-(the same small matmul measured anywhere from 0.4 to 32 ms).
+step ends on every rank (advisor's through a wrapper around the trainer's step method that
+reads ``time.process_time()`` when it returns): the CPU-time ratio measures the per-step work
+each loop does and barely moves with the load; the CPU share (CPU s / (wall s x processes)) of
+each run says how contended it was. Processes use one thread by default: a 2-thread OpenMP
+team on this host stalls whenever another tenant takes one of the cores.
 
-Run ``python benchmarks/trainer_overhead.py`` (full, ~20 min on 2 busy vCPUs) or ``--quick``
-(a smoke run on a shrunken model, well under a minute).
+Every run's raw lists (step end times, CPU times per rank, losses) go to PREFIX_runs.jsonl as
+it finishes; the results (PREFIX.json, PREFIX.md) are derived from that log alone
+(``overhead_analysis.py``), and ``--analyze PREFIX_runs.jsonl`` derives them again.
+
+Run ``python benchmarks/trainer_overhead.py`` (full) or ``--quick`` (a smoke run on a shrunken
+model); ``--layouts single`` is the single-process comparison alone.
 """
 
 from __future__ import annotations
@@ -39,17 +51,29 @@ import math
 import os
 import platform
 import shutil
-import statistics
 import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field, replace
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, TextIO
 
-from profilers.metrics_record import TrainRecord, read_metrics
+# Run as a script (also by torchrun's ranks) only benchmarks/ is on the path: the repository
+# root makes `benchmarks.` importable (a second entry when imported from the tests is harmless).
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from benchmarks.overhead_analysis import (
+    LAYOUTS,
+    analyze,
+    pair_order,
+    render_markdown,
+    run_result,
+    step_durations,
+)
+from benchmarks.overhead_loops import hand_file, run_hand
+from profilers.metrics_record import read_metrics
 from profilers.rundir import TrainDir
 from strategies.commands import Command
 from strategies.config import (
@@ -60,10 +84,11 @@ from strategies.config import (
     load_plan_config,
 )
 
-REPO = Path(__file__).resolve().parents[1]
+SCRIPT = Path(__file__).resolve()
+REPO = SCRIPT.parents[1]
 DEFAULT_PREFIX = REPO / "benchmarks" / "results" / "trainer_overhead"
-TARGET_RATIO = 0.97
-SIDES = ("advisor", "hand")
+DEFAULT_WORLD_SIZE = 2
+CHILDREN = ("advisor", "advisor-rank", "hand")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -80,6 +105,13 @@ class BenchConfig:
     grad_accum_steps: int = 1
     precision: str = "fp32"
     activation_checkpointing: str = "none"
+    parallelism: str = "single"
+    world_size: int = 1
+    base: str = ""  # the single-process config this one was derived from ("": itself)
+
+    @property
+    def global_batch_size(self) -> int:
+        return self.micro_batch_size * self.grad_accum_steps * self.world_size
 
     def train_config(self) -> TrainConfig:
         """The full TrainConfig both sides run (validated by strategies.config)."""
@@ -90,9 +122,41 @@ class BenchConfig:
             seq_len=self.seq_len,
             micro_batch_size=self.micro_batch_size,
             grad_accum_steps=self.grad_accum_steps,
-            global_batch_size=self.micro_batch_size * self.grad_accum_steps,
+            global_batch_size=self.global_batch_size,
             precision=self.precision,
             activation_checkpointing=self.activation_checkpointing,
+            parallelism=self.parallelism,
+            world_size=self.world_size,
+        )
+
+    def for_layout(self, layout: str, world_size: int) -> BenchConfig:
+        """The same global batch on ``world_size`` ranks of ``layout`` (ddp, fsdp): each rank
+        takes 1/world of the accumulation steps when they divide, else of the micro-batch."""
+        if layout == "single":
+            return self
+        if layout not in LAYOUTS or world_size < 2:
+            raise ValueError(f"layout {layout!r} at world size {world_size}: use ddp or fsdp, >= 2")
+        mb, accum = self.micro_batch_size, self.grad_accum_steps
+        if accum % world_size == 0:
+            accum //= world_size
+        elif mb % world_size == 0:
+            mb //= world_size
+        else:
+            raise ValueError(
+                f"{self.name}: neither accumulation {accum} nor micro-batch {mb} divides by "
+                f"world size {world_size}"
+            )
+        name = f"{self.model}-{self.precision}-{layout}{world_size}-mb{mb}"
+        name += f"-accum{accum}" if accum > 1 else ""
+        name += "-ac" if self.activation_checkpointing != "none" else ""
+        return replace(
+            self,
+            name=name,
+            micro_batch_size=mb,
+            grad_accum_steps=accum,
+            parallelism=layout,
+            world_size=world_size,
+            base=self.name,
         )
 
 
@@ -111,19 +175,77 @@ CONFIGS = (
 QUICK_MODEL_ARGS = {"n_layer": 2, "n_embd": 64, "n_head": 2}
 
 
-# -- children: one training run each, in a fresh process ---------------------------------------
+def bench_configs(
+    names: Sequence[str] | None, layouts: Sequence[str], world_size: int, quick: bool
+) -> list[BenchConfig]:
+    """Every (base config, layout) to run, grouped by base config, layouts in the given order."""
+    bases = [c for c in CONFIGS if not names or c.name in names]
+    if quick:
+        bases = [replace(c, model_args=dict(QUICK_MODEL_ARGS)) for c in bases]
+    return [base.for_layout(layout, world_size) for base in bases for layout in layouts]
+
+
+# -- children: one training run (or one rank of one) each, in a fresh process -------------------
 def _set_threads(threads: int) -> None:
     import torch
 
     torch.set_num_threads(threads)
 
 
-def run_advisor_child(config_path: Path, steps: int, out: Path, quiet: bool) -> None:
-    """``advisor train`` through its real CLI entry point (click parsing included)."""
-    from advisor.cli import main
+def cpu_file(out: Path, rank: int) -> Path:
+    """Where an advisor rank leaves its process CPU time at the end of each step."""
+    return out / f"cpu-rank{rank}.json"
 
-    # eval-every 0: eval only after the last step; checkpoint-every = steps: only the final save.
-    args = (
+
+def record_step_cpu_times(out: Path) -> Callable[[], None]:
+    """Read process CPU time whenever the trainer's step method returns (every rank; the
+    moment ``elapsed_s`` was read); returns the function that saves the list. The wrapper adds
+    one ``process_time()`` call per step (~1 us) and changes nothing else the trainer does."""
+    from advisor.trainer.loop import Trainer
+
+    cpu: list[float] = []
+    original = Trainer._train_step
+
+    def _train_step(self: Trainer, *args: Any, **kwargs: Any) -> Any:
+        result = original(self, *args, **kwargs)
+        cpu.append(time.process_time())
+        return result
+
+    Trainer._train_step = _train_step  # type: ignore[method-assign]
+
+    def save() -> None:
+        if out.is_dir():
+            cpu_file(out, int(os.environ.get("RANK", "0"))).write_text(json.dumps(cpu))
+
+    return save
+
+
+def route_ranks_through_this_file(out: Path, threads: int) -> None:
+    """Make the product's launcher start each rank as ``python THIS --child advisor-rank ...
+    -- ARGS`` instead of ``python -m advisor ARGS``: the same torchrun arguments, environment and
+    rank arguments (``advisor.launch.launch``, unchanged), and the rank entry calls the same
+    ``advisor.cli.main(ARGS)`` that ``python -m advisor`` calls, after installing the CPU-time
+    reader (which must live in the rank's own process)."""
+    import torch.distributed.run as torchrun
+
+    original = torchrun.run
+
+    def run(args: argparse.Namespace) -> None:
+        if not (args.module and args.training_script == "advisor"):
+            raise RuntimeError(f"unexpected torchrun program {args.training_script!r}")
+        args.module = False
+        args.training_script = str(SCRIPT)
+        own = ["--child", "advisor-rank", "--threads", str(threads), "--run-dir", str(out)]
+        args.training_script_args = [*own, "--", *args.training_script_args]
+        original(args)
+
+    torchrun.run = run
+
+
+def advisor_train_args(config_path: Path, steps: int, out: Path, quiet: bool) -> list[str]:
+    """``advisor train`` as the benchmark runs it: eval only after the last step
+    (``--eval-every 0``), the only checkpoint the final one (``--checkpoint-every STEPS``)."""
+    return (
         Command("train")
         .option("plan", config_path)
         .option("steps", steps)
@@ -134,179 +256,82 @@ def run_advisor_child(config_path: Path, steps: int, out: Path, quiet: bool) -> 
         .switch("quiet", quiet)
         .args()
     )
-    # Process CPU time at each train record, for the contention-robust statistic. The wrapper
-    # adds one process_time() call per step (~1 us) and changes nothing else the loop does.
-    from advisor.trainer.metrics import MetricsLog
 
-    cpu: list[float] = []
-    original = MetricsLog.write
 
-    def write(self: MetricsLog, record: Any) -> None:
-        if isinstance(record, TrainRecord):
-            cpu.append(time.process_time())
-        original(self, record)
+def run_advisor_child(
+    config_path: Path, steps: int, out: Path, quiet: bool, threads: int, distributed: bool
+) -> None:
+    """``advisor train`` through its real CLI entry point (click parsing included). A ddp/fsdp
+    plan makes it launch its ranks through torchrun, as a user's ``advisor train`` does."""
+    from advisor.cli import main
 
-    MetricsLog.write = write  # type: ignore[method-assign]
+    args = advisor_train_args(config_path, steps, out, quiet)
+    if distributed:
+        route_ranks_through_this_file(out, threads)
+        main(args)
+        return
+    save = record_step_cpu_times(out)
     try:
         main(args)
     finally:
-        if out.is_dir():
-            (out / "cpu.json").write_text(json.dumps(cpu))
+        save()
 
 
-def run_hand_child(config_path: Path, steps: int, out: Path) -> None:
-    """The minimal nanoGPT-style loop; writes ``out/hand.json`` (step end times, losses).
+def run_advisor_rank(out: Path, args: list[str]) -> None:
+    """One rank of a distributed ``advisor train`` (what ``python -m advisor ARGS`` runs)."""
+    from advisor.cli import main
 
-    Deliberately none of advisor's step, trainer, loader, optimizer or schedule code: it is the
-    hand-written baseline they are measured against. Shared: the model builder, the data source,
-    and WindowDataset to check the first batch and for the final eval.
-    """
-    import contextlib
-
-    import numpy as np
-    import torch
-    import torch.nn.functional as F
-    from torch import nn
-    from torch.utils.checkpoint import checkpoint
-
-    from advisor.data import WindowDataset, resolve_data
-    from advisor.data.loader import _STREAM_WINDOW, mix
-    from advisor.models import build_model
-
-    cfg = load_plan_config(config_path)
-    seq_len, mb, accum = cfg.seq_len, cfg.micro_batch_size, cfg.grad_accum_steps
-    global_batch = mb * accum
-
-    torch.manual_seed(cfg.seed)
-    adapter = build_model(cfg.model, cfg.model_args)
-    model = adapter.module
-    vocab = adapter.vocab_size
-
-    class Checkpointed(nn.Module):
-        def __init__(self, block: nn.Module) -> None:
-            super().__init__()
-            self.block = block
-
-        def forward(self, x: torch.Tensor) -> torch.Tensor:
-            out: torch.Tensor = checkpoint(self.block, x, use_reentrant=False)
-            return out
-
-    if cfg.activation_checkpointing == "full":
-        blocks = adapter.blocks()
-        for i, block in enumerate(blocks):
-            blocks[i] = Checkpointed(block)
-    model.train()
-
-    # Data: the run's sample g is the window at hash(seed, g) -- the positions advisor's
-    # WindowDataset draws; computed up front like nanoGPT's torch.randint, read per step below.
-    source = resolve_data(
-        cfg.data, tokenizer=cfg.tokenizer, model_vocab=vocab, min_tokens=seq_len + 1
-    )
-    data = source.tokens("train")
-    span = len(data) - seq_len
-    starts = [mix(cfg.seed, g, _STREAM_WINDOW) % span for g in range(steps * global_batch)]
-
-    def get_batch(step: int, micro: int) -> tuple[torch.Tensor, torch.Tensor]:
-        first = step * global_batch + micro * mb
-        ix = starts[first : first + mb]
-        x = torch.from_numpy(np.stack([data[i : i + seq_len] for i in ix]).astype(np.int64))
-        y = torch.from_numpy(np.stack([data[i + 1 : i + 1 + seq_len] for i in ix]).astype(np.int64))
-        return x, y
-
-    # Guard against silently different data: the first micro-batch must be advisor's.
-    objective = adapter.make_objective(source.vocab_size)
-    reference = WindowDataset(source, "train", seq_len, cfg.seed, objective)
-    x0, y0 = get_batch(0, 0)
-    for k in range(mb):
-        item = reference[k]
-        assert torch.equal(x0[k], item["input_ids"]) and torch.equal(y0[k], item["labels"])
-
-    params = [p for p in model.parameters() if p.requires_grad]
-    groups = [
-        {"params": [p for p in params if p.dim() >= 2], "weight_decay": cfg.weight_decay},
-        {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0},
-    ]
-    base_lr, min_lr, warmup = cfg.lr, cfg.min_lr, cfg.warmup_steps
-    optimizer = torch.optim.AdamW(groups, lr=base_lr, betas=(0.9, 0.95), eps=1e-8, fused=True)
-    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(cfg.precision)
-    ctx: Any = contextlib.nullcontext() if dtype is None else torch.autocast("cpu", dtype=dtype)
-    scaler = torch.amp.GradScaler("cpu", enabled=cfg.precision == "fp16")
-
-    def get_lr(it: int) -> float:  # linear warm-up, then cosine to min_lr (nanoGPT)
-        if it < warmup:
-            lr = base_lr * (it + 1) / warmup
-        else:
-            progress = min(1.0, (it - warmup) / max(1, steps - warmup))
-            lr = min_lr + 0.5 * (1.0 + math.cos(math.pi * progress)) * (base_lr - min_lr)
-        return base_lr * (lr / base_lr)  # as LambdaLR forms it: base x factor, same bits
-
-    times: list[float] = []
-    cpu: list[float] = []  # process CPU time at each step end (not part of the loop's work)
-    losses: list[float] = []
-    t0 = time.perf_counter()
-    for it in range(steps):
-        lr = get_lr(it)
-        for group in optimizer.param_groups:
-            group["lr"] = lr
-        total = torch.zeros(())
-        for micro in range(accum):
-            x, y = get_batch(it, micro)
-            with ctx:
-                logits = model(x)
-            loss = F.cross_entropy(logits.float().view(-1, vocab), y.view(-1)) / accum
-            scaler.scale(loss).backward()
-            total += loss.detach()
-        scaler.unscale_(optimizer)
-        if cfg.grad_clip > 0:
-            torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
-        scaler.step(optimizer)
-        scaler.update()
-        optimizer.zero_grad(set_to_none=True)
-        losses.append(total.item())  # the one host sync per step
-        times.append(time.perf_counter() - t0)
-        cpu.append(time.process_time())
-
-    # What advisor does once after its last step (outside the measured window): an eval over
-    # 10 validation micro-batches and a checkpoint of model + optimizer.
-    val = WindowDataset(source, "val", seq_len, cfg.seed, objective)
-    model.eval()
-    with torch.no_grad():
-        for i in range(10):
-            items = [val[j] for j in range(i * mb, (i + 1) * mb)]
-            xv = torch.stack([item["input_ids"] for item in items])
-            yv = torch.stack([item["labels"] for item in items])
-            with ctx:
-                logits = model(xv)
-            F.cross_entropy(logits.float().view(-1, vocab), yv.view(-1))
-    out.mkdir(parents=True, exist_ok=True)
-    torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict()}, out / "ckpt.pt")
-    (out / "hand.json").write_text(json.dumps({"times": times, "cpu": cpu, "losses": losses}))
+    save = record_step_cpu_times(out)
+    try:
+        main(args)
+    finally:
+        save()
 
 
-# -- parent: orchestration and statistics --------------------------------------------------------
-@dataclass(frozen=True, kw_only=True)
-class RunResult:
-    side: str
-    pair: int
-    position: int  # 0: ran first in its pair
-    tokens_per_s: float  # steady-state window, wall clock
-    tokens_per_cpu_s: float  # same window, process CPU time
-    cpu_share: float  # CPU s / wall s in the window: < 1 when other tenants took the core
-    median_step_tokens_per_s: float
-    window_s: float
-    process_s: float
-    losses: list[float]
-
-
+# -- parent: orchestration -----------------------------------------------------------------------
 def _thread_env(threads: int) -> dict[str, str]:
     return {**os.environ, "OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads)}
 
 
-def launch(side: str, config_path: Path, steps: int, out: Path, threads: int, quiet: bool) -> float:
-    """Run one side in a fresh interpreter; returns the process wall time."""
-    cmd = [sys.executable, str(Path(__file__).resolve()), "--child", side]
-    cmd += ["--config-file", str(config_path), "--steps", str(steps), "--run-dir", str(out)]
-    cmd += ["--threads", str(threads)] + (["--advisor-quiet"] if quiet else [])
+def torchrun_prefix(world_size: int) -> list[str]:
+    """``python -m torch.distributed.run`` with the arguments the product's launcher uses."""
+    from advisor.launch import LaunchSpec
+
+    spec = LaunchSpec(world_size=world_size)
+    return [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        *spec.torchrun_args(),
+        f"--monitor-interval={spec.monitor_interval_s}",
+        "--max-restarts=0",
+    ]
+
+
+def child_command(
+    side: str, config_path: Path, steps: int, out: Path, threads: int, quiet: bool, world: int
+) -> list[str]:
+    """The command line of one run. advisor: always one process (its CLI launches torchrun for
+    a distributed plan); hand-written: torchrun's ranks for world size > 1."""
+    own = [str(SCRIPT), "--child", side, "--config-file", str(config_path), "--steps", str(steps)]
+    own += ["--run-dir", str(out), "--threads", str(threads)]
+    own += ["--advisor-quiet"] if quiet else []
+    if side == "hand" and world > 1:
+        return [*torchrun_prefix(world), *own]
+    return [sys.executable, *own]
+
+
+def launch(
+    side: str,
+    config_path: Path,
+    steps: int,
+    out: Path,
+    threads: int,
+    quiet: bool,
+    world: int,
+) -> float:
+    """Run one side in fresh process(es); returns the wall time from spawn to exit."""
+    cmd = child_command(side, config_path, steps, out, threads, quiet, world)
     log = out.with_suffix(".log")
     started = time.perf_counter()
     with open(log, "w") as f:
@@ -317,60 +342,49 @@ def launch(side: str, config_path: Path, steps: int, out: Path, threads: int, qu
     return time.perf_counter() - started
 
 
-def read_run(side: str, out: Path) -> tuple[list[float], list[float], list[float]]:
-    """(wall time and CPU time at the end of each step, loss of each step), steps in order."""
+def read_run(
+    side: str, out: Path, world: int
+) -> tuple[list[float], list[list[float]], list[float]]:
+    """(wall time at the end of each step on rank 0, process CPU time at the end of each step on
+    each rank, loss of each step), steps in order."""
     if side == "hand":
-        data = json.loads((out / "hand.json").read_text())
-        return data["times"], data["cpu"], data["losses"]
+        ranks = [json.loads(hand_file(out, r).read_text()) for r in range(world)]
+        return ranks[0]["times"], [r["cpu"] for r in ranks], ranks[0]["losses"]
     train = sorted(read_metrics(TrainDir(out).metrics).train, key=lambda r: r.step)
-    cpu = json.loads((out / "cpu.json").read_text())
-    # A step without either value is left out: the step count check in one_run reports it.
+    cpu = [json.loads(cpu_file(out, r).read_text()) for r in range(world)]
+    # A step without either value is left out: the analysis' step count check reports it.
     times = [r.elapsed_s for r in train if r.elapsed_s is not None]
     return times, cpu, [r.loss for r in train if r.loss is not None]
 
 
-def step_durations(times: Sequence[float], warmup: int) -> list[float]:
-    """Durations of steps warmup+1..N (``times[k]`` = end of step k+1; warmup >= 1)."""
-    return [b - a for a, b in zip(times[warmup - 1 : -1], times[warmup:], strict=True)]
+class RunsLog:
+    """PREFIX_runs.jsonl: every record of this invocation, appended and fsynced as it happens
+    (a kill loses at most the run in flight); also kept in memory for the analysis."""
 
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.records: list[dict[str, Any]] = []
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self._file: TextIO = open(path, "w")  # noqa: SIM115 - open for the whole invocation
 
-def one_run(
-    side: str,
-    pair: int,
-    position: int,
-    config_path: Path,
-    steps: int,
-    warmup: int,
-    tokens_per_step: int,
-    threads: int,
-    quiet: bool,
-    workdir: Path,
-) -> RunResult:
-    out = workdir / f"{side}-{pair}"
-    process_s = launch(side, config_path, steps, out, threads, quiet)
-    times, cpu, losses = read_run(side, out)
-    shutil.rmtree(out)  # checkpoints: tens of MB per run
-    if len(times) != steps or len(cpu) != steps:
-        raise RuntimeError(f"{side} run logged {len(times)}/{len(cpu)} steps, expected {steps}")
-    tokens = (steps - warmup) * tokens_per_step
-    window = times[-1] - times[warmup - 1]
-    cpu_window = cpu[-1] - cpu[warmup - 1]
-    return RunResult(
-        side=side,
-        pair=pair,
-        position=position,
-        tokens_per_s=tokens / window,
-        tokens_per_cpu_s=tokens / cpu_window,
-        cpu_share=cpu_window / window,
-        median_step_tokens_per_s=tokens_per_step / statistics.median(step_durations(times, warmup)),
-        window_s=window,
-        process_s=process_s,
-        losses=losses,
-    )
+    def write(self, record: dict[str, Any]) -> None:
+        self.records.append(record)
+        self._file.write(json.dumps(record) + "\n")
+        self._file.flush()
+        os.fsync(self._file.fileno())
+
+    def close(self) -> None:
+        self._file.close()
 
 
 def calibrate_steps(
-    config_path: Path, warmup: int, seconds: float, threads: int, workdir: Path, cap: int
+    config_path: Path,
+    warmup: int,
+    seconds: float,
+    threads: int,
+    world: int,
+    workdir: Path,
+    cap: int,
 ) -> tuple[int, float]:
     """Measured steps so an uncontended run's steady window lasts at least ``seconds``.
 
@@ -378,24 +392,22 @@ def calibrate_steps(
     shorten every run of the config.
     """
     probe = warmup + 4
-    launch("hand", config_path, probe, workdir / "calibrate", threads, quiet=True)
-    times, _, _ = read_run("hand", workdir / "calibrate")
+    out = workdir / "calibrate"
+    launch("hand", config_path, probe, out, threads, quiet=True, world=world)
+    times, _, _ = read_run("hand", out, world)
+    shutil.rmtree(out)
     step_s = min(step_durations(times, warmup))
     return min(cap, max(3, math.ceil(seconds / step_s))), step_s
 
 
-def _spread(values: Sequence[float]) -> dict[str, float]:
-    med = statistics.median(values)
-    return {
-        "median": med,
-        "min": min(values),
-        "max": max(values),
-        "spread_pct": 100.0 * (max(values) - min(values)) / med,
-    }
+def say(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)
 
 
-def bench_config(bench: BenchConfig, args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
+def bench_config(bench: BenchConfig, args: argparse.Namespace, workdir: Path, log: RunsLog) -> None:
+    """Calibrate (unless --steps), then run the interleaved pairs; every record goes to ``log``."""
     config = bench.train_config()
+    world = config.world_size
     workdir = workdir / bench.name
     workdir.mkdir()
     config_path = workdir / "config.json"  # the TrainConfig both sides run (advisor: --plan)
@@ -405,92 +417,83 @@ def bench_config(bench: BenchConfig, args: argparse.Namespace, workdir: Path) ->
     measured = args.steps
     if measured is None:
         measured, calibration_step_s = calibrate_steps(
-            config_path, args.warmup_steps, args.seconds, args.threads, workdir, args.max_steps
+            config_path,
+            args.warmup_steps,
+            args.seconds,
+            args.threads,
+            world,
+            workdir,
+            args.max_steps,
         )
     steps = args.warmup_steps + measured
-    print(
-        f"[{bench.name}] {args.pairs} pairs x {steps} steps ({args.warmup_steps} warm-up excluded)"
-        + (f", calibrated at {calibration_step_s:.3f} s/step" if calibration_step_s else ""),
-        file=sys.stderr,
-        flush=True,
+    log.write(
+        {
+            "record": "config",
+            "name": bench.name,
+            "base": bench.base or bench.name,
+            "layout": bench.parallelism,
+            "world_size": world,
+            "train_config": config.to_dict(),
+            "threads": args.threads,
+            "steps": steps,
+            "warmup_steps_excluded": args.warmup_steps,
+            "tokens_per_step": tokens_per_step,
+            "calibration_step_s": calibration_step_s,
+        }
     )
-    runs: list[RunResult] = []
-    pairs: list[dict[str, Any]] = []
+    say(
+        f"[{bench.name}] {args.pairs} pairs x {steps} steps ({args.warmup_steps} warm-up excluded)"
+        + (f", calibrated at {calibration_step_s:.3f} s/step" if calibration_step_s else "")
+    )
     for pair in range(args.pairs):
-        order = SIDES if pair % 2 == 0 else SIDES[::-1]
-        result = {}
-        for position, side in enumerate(order):
-            run = one_run(
-                side,
-                pair,
-                position,
-                config_path,
-                steps,
-                args.warmup_steps,
-                tokens_per_step,
-                args.threads,
-                args.advisor_quiet,
-                workdir,
+        for position, side in enumerate(pair_order(pair)):
+            out = workdir / f"{side}-{pair}"
+            try:
+                process_s = launch(
+                    side, config_path, steps, out, args.threads, args.advisor_quiet, world
+                )
+                times, cpu, losses = read_run(side, out, world)
+                record = {
+                    "record": "run",
+                    "config": bench.name,
+                    "side": side,
+                    "pair": pair,
+                    "position": position,
+                    "steps": steps,
+                    "warmup": args.warmup_steps,
+                    "tokens_per_step": tokens_per_step,
+                    "times": times,
+                    "cpu": cpu,
+                    "losses": losses,
+                    "process_s": process_s,
+                }
+                run_result(record)  # complete? (every step timed on every rank)
+            except (RuntimeError, OSError, ValueError, KeyError) as exc:
+                log.write(
+                    {
+                        "record": "failure",
+                        "config": bench.name,
+                        "side": side,
+                        "pair": pair,
+                        "reason": str(exc)[-2000:],
+                    }
+                )
+                say(f"[{bench.name}] pair {pair}: {side} run FAILED: {str(exc)[-500:]}")
+                continue
+            finally:
+                shutil.rmtree(out, ignore_errors=True)  # checkpoints: tens of MB per run
+            log.write(record)
+        entry = analyze(log.records)["configs"][-1]
+        done = [p for p in entry["pairs"] if p["pair"] == pair]
+        if done:
+            p = done[0]
+            say(
+                f"[{bench.name}] pair {pair}: advisor {p['advisor_tokens_per_s']:,.0f} tok/s, "
+                f"hand {p['hand_tokens_per_s']:,.0f} tok/s, ratio {p['ratio']:.3f} (CPU-time "
+                f"{p['cpu_ratio']:.3f}; CPU share {p['advisor_cpu_share']:.2f}/"
+                f"{p['hand_cpu_share']:.2f}), max |dloss| {p['max_abs_loss_diff']:.2e} "
+                f"({p['identical_loss_steps']}/{p['loss_steps']} steps identical)"
             )
-            runs.append(run)
-            result[side] = run
-        adv, hand = result["advisor"], result["hand"]
-        ratio = adv.tokens_per_s / hand.tokens_per_s
-        cpu_ratio = adv.tokens_per_cpu_s / hand.tokens_per_cpu_s
-        loss_diff = max(abs(a - b) for a, b in zip(adv.losses, hand.losses, strict=True))
-        pairs.append(
-            {
-                "pair": pair,
-                "order": list(order),
-                "ratio": ratio,
-                "cpu_ratio": cpu_ratio,
-                "advisor_tokens_per_s": adv.tokens_per_s,
-                "hand_tokens_per_s": hand.tokens_per_s,
-                "advisor_cpu_share": adv.cpu_share,
-                "hand_cpu_share": hand.cpu_share,
-                "max_abs_loss_diff": loss_diff,
-            }
-        )
-        print(
-            f"[{bench.name}] pair {pair}: advisor {adv.tokens_per_s:,.0f} tok/s, hand "
-            f"{hand.tokens_per_s:,.0f} tok/s, ratio {ratio:.3f} (CPU-time {cpu_ratio:.3f}; CPU "
-            f"share {adv.cpu_share:.2f}/{hand.cpu_share:.2f}), max |dloss| {loss_diff:.2e}",
-            file=sys.stderr,
-            flush=True,
-        )
-    ratios = [p["ratio"] for p in pairs]
-    summary = {
-        "ratio": _spread(ratios),
-        "cpu_ratio": _spread([p["cpu_ratio"] for p in pairs]),
-        "min_cpu_share": min(r.cpu_share for r in runs),
-        "advisor_tokens_per_s": _spread([r.tokens_per_s for r in runs if r.side == "advisor"]),
-        "hand_tokens_per_s": _spread([r.tokens_per_s for r in runs if r.side == "hand"]),
-        "advisor_tokens_per_cpu_s": _spread(
-            [r.tokens_per_cpu_s for r in runs if r.side == "advisor"]
-        ),
-        "hand_tokens_per_cpu_s": _spread([r.tokens_per_cpu_s for r in runs if r.side == "hand"]),
-        "advisor_median_step_tokens_per_s": statistics.median(
-            r.median_step_tokens_per_s for r in runs if r.side == "advisor"
-        ),
-        "hand_median_step_tokens_per_s": statistics.median(
-            r.median_step_tokens_per_s for r in runs if r.side == "hand"
-        ),
-        "max_abs_loss_diff": max(p["max_abs_loss_diff"] for p in pairs),
-        "meets_target": statistics.median(ratios) >= TARGET_RATIO,
-        "meets_target_cpu_time": statistics.median(p["cpu_ratio"] for p in pairs) >= TARGET_RATIO,
-    }
-    return {
-        "name": bench.name,
-        "train_config": config.to_dict(),
-        "threads": args.threads,
-        "steps": steps,
-        "warmup_steps_excluded": args.warmup_steps,
-        "tokens_per_step": tokens_per_step,
-        "calibration_step_s": calibration_step_s,
-        "pairs": pairs,
-        "runs": [{k: v for k, v in asdict(r).items() if k != "losses"} for r in runs],
-        "summary": summary,
-    }
 
 
 def _environment(threads: int) -> dict[str, Any]:
@@ -506,60 +509,47 @@ def _environment(threads: int) -> dict[str, Any]:
     }
 
 
-def render_markdown(results: dict[str, Any]) -> str:
-    lines = [
-        "| config | model | seq | micro-batch | accum | precision | act. ckpt | threads | steps "
-        "(warm-up) | advisor tok/s median (min–max) | hand-written tok/s median (min–max) | "
-        "ratio median (min–max) | CPU-time ratio median (min–max) | min CPU share | pairs | "
-        "max abs loss diff | ≥ 0.97 (wall / CPU) |",
-        "|" + "---|" * 17,
-    ]
-    for c in results["configs"]:
-        t, s = c["train_config"], c["summary"]
-        model = t["model"] + (
-            " " + ",".join(f"{k}={v}" for k, v in t["model_args"].items())
-            if t["model_args"]
-            else ""
+def runs_path(prefix: Path) -> Path:
+    """PREFIX_runs.jsonl beside PREFIX.json and PREFIX.md."""
+    return prefix.with_name(prefix.name + "_runs.jsonl")
+
+
+def write_results(prefix: Path, results: dict[str, Any]) -> str:
+    prefix.parent.mkdir(parents=True, exist_ok=True)
+    table = render_markdown(results)
+    prefix.with_suffix(".json").write_text(json.dumps(results, indent=2) + "\n")
+    prefix.with_suffix(".md").write_text("# Trainer overhead\n\n" + table)
+    return table
+
+
+def parse_layouts(text: str) -> tuple[str, ...]:
+    """``single,ddp,fsdp`` -> the layouts, in that order, without repeats."""
+    layouts = tuple(dict.fromkeys(x.strip() for x in text.split(",") if x.strip()))
+    unknown = [x for x in layouts if x not in LAYOUTS]
+    if not layouts or unknown:
+        raise argparse.ArgumentTypeError(
+            f"layouts must be a comma-separated subset of {','.join(LAYOUTS)}, got {text!r}"
         )
-        a, h, r, cr = (
-            s["advisor_tokens_per_s"],
-            s["hand_tokens_per_s"],
-            s["ratio"],
-            s["cpu_ratio"],
-        )
-        lines.append(
-            f"| {c['name']} | {model} | {t['seq_len']} | {t['micro_batch_size']} | "
-            f"{t['grad_accum_steps']} | {t['precision']} | {t['activation_checkpointing']} | "
-            f"{c['threads']} | {c['steps']} ({c['warmup_steps_excluded']}) | "
-            f"{a['median']:,.0f} ({a['min']:,.0f}–{a['max']:,.0f}) | "
-            f"{h['median']:,.0f} ({h['min']:,.0f}–{h['max']:,.0f}) | "
-            f"**{r['median']:.3f}** ({r['min']:.3f}–{r['max']:.3f}) | "
-            f"{cr['median']:.3f} ({cr['min']:.3f}–{cr['max']:.3f}) | {s['min_cpu_share']:.2f} | "
-            f"{len(c['pairs'])} | "
-            f"{s['max_abs_loss_diff']:.1e} | {'yes' if s['meets_target'] else 'NO'} / "
-            f"{'yes' if s['meets_target_cpu_time'] else 'NO'} |"
-        )
-    m = results["method"]
-    lines += [
-        "",
-        "Ratio = advisor / hand-written steady-state tokens/s (wall clock), per interleaved pair "
-        "(order alternates), median over pairs. CPU-time ratio: the same with process CPU "
-        "seconds, which other tenants of a shared host barely move; CPU share = CPU s / wall s "
-        "of a run's window (< 1: the run waited for a core). Each run is a fresh process; "
-        "advisor progress "
-        f"display {'off (--quiet)' if m['advisor_quiet'] else 'on (plain lines to a file)'}; "
-        "eval and checkpoint once after the last step in both loops. "
-        f"torch {results['environment']['torch']}, {results['environment']['cpu_count']} CPUs, "
-        f"load average at start {results['environment']['loadavg_start'][0]:.1f}, "
-        f"total {results['total_s'] / 60:.1f} min.",
-    ]
-    return "\n".join(lines) + "\n"
+    return layouts
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="Smoke run: small model, 1 pair.")
     parser.add_argument("--pairs", type=int, default=None, help="Interleaved pairs (default 5).")
+    parser.add_argument(
+        "--layouts",
+        type=parse_layouts,
+        default=LAYOUTS,
+        help="Comma-separated layouts to compare: single (one process), ddp, fsdp (world size "
+        f"--world-size, gloo, under torchrun). Default: {','.join(LAYOUTS)}.",
+    )
+    parser.add_argument(
+        "--world-size",
+        type=int,
+        default=DEFAULT_WORLD_SIZE,
+        help=f"Ranks of the ddp/fsdp runs (default {DEFAULT_WORLD_SIZE}); the global batch stays.",
+    )
     parser.add_argument(
         "--seconds",
         type=float,
@@ -577,15 +567,15 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         "--threads",
         type=int,
         default=1,
-        help="torch.set_num_threads (and OMP/MKL_NUM_THREADS) in every run. Default 1: on a "
-        "shared 2-vCPU host a 2-thread OpenMP team stalls whenever another tenant takes a core, "
-        "making runs 3-30x slower and incomparable.",
+        help="torch.set_num_threads (and OMP/MKL_NUM_THREADS) in every process (every rank). "
+        "Default 1: on a shared 2-vCPU host a 2-thread OpenMP team stalls whenever another "
+        "tenant takes a core, making runs 3-30x slower and incomparable.",
     )
     parser.add_argument(
         "--config",
         action="append",
         choices=[c.name for c in CONFIGS],
-        help="Run only this config (repeatable; default all).",
+        help="Run only this config (repeatable; default all); --layouts says where.",
     )
     parser.add_argument(
         "--advisor-quiet",
@@ -596,15 +586,25 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         "--out",
         type=Path,
         default=None,
-        help=f"Results prefix (writes PREFIX.json and PREFIX.md; default {DEFAULT_PREFIX} for "
-        "the full run, a temporary directory with --quick).",
+        help=f"Results prefix (writes PREFIX.json, PREFIX.md and PREFIX_runs.jsonl; default "
+        f"{DEFAULT_PREFIX} for the full run, a temporary directory with --quick).",
     )
-    # Internal: one training run in this (fresh) process.
-    parser.add_argument("--child", choices=SIDES, help=argparse.SUPPRESS)
+    parser.add_argument(
+        "--analyze",
+        type=Path,
+        default=None,
+        metavar="RUNS_JSONL",
+        help="Run nothing: derive the results again from a runs log (its last session), print "
+        "the table, and write PREFIX.json and PREFIX.md if --out is given.",
+    )
+    # Internal: one training run (or one rank of one) in this (fresh) process.
+    parser.add_argument("--child", choices=CHILDREN, help=argparse.SUPPRESS)
     parser.add_argument("--config-file", type=Path, help=argparse.SUPPRESS)
     parser.add_argument("--run-dir", type=Path, help=argparse.SUPPRESS)
-    args = parser.parse_args(argv)
-    if args.child is None:
+    own, rest = split_rank_args(list(sys.argv[1:] if argv is None else argv))
+    args = parser.parse_args(own)
+    args.rank_args = rest
+    if args.child is None and args.analyze is None:
         if args.pairs is None:
             args.pairs = 1 if args.quick else 5
         if args.warmup_steps is None:
@@ -613,7 +613,17 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
             args.steps = 8
         if args.pairs < 1 or args.warmup_steps < 1 or (args.steps is not None and args.steps < 2):
             parser.error("--pairs and --warmup-steps must be >= 1 and --steps >= 2")
+        if args.world_size < 2 and set(args.layouts) - {"single"}:
+            parser.error("--world-size must be >= 2 for ddp and fsdp")
     return args
+
+
+def split_rank_args(argv: list[str]) -> tuple[list[str], list[str]]:
+    """This file's own arguments, and an advisor rank's (everything after ``--``)."""
+    if "--" in argv:
+        cut = argv.index("--")
+        return argv[:cut], argv[cut + 1 :]
+    return argv, []
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -621,38 +631,31 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.child is not None:
         _set_threads(args.threads)
         if args.child == "advisor":
-            run_advisor_child(args.config_file, args.steps, args.run_dir, args.advisor_quiet)
+            distributed = load_plan_config(args.config_file).parallelism != "single"
+            run_advisor_child(
+                args.config_file,
+                args.steps,
+                args.run_dir,
+                args.advisor_quiet,
+                args.threads,
+                distributed,
+            )
+        elif args.child == "advisor-rank":
+            run_advisor_rank(args.run_dir, args.rank_args)
         else:
-            run_hand_child(args.config_file, args.steps, args.run_dir)
+            run_hand(args.config_file, args.steps, args.run_dir)
         return 0
 
-    configs = [c for c in CONFIGS if not args.config or c.name in args.config]
-    if args.quick:
-        configs = [replace(c, model_args=dict(QUICK_MODEL_ARGS)) for c in configs]
-    started = time.perf_counter()
-    environment = _environment(args.threads)
-    with tempfile.TemporaryDirectory(prefix="trainer_overhead-") as tmp:
-        results_per_config = [bench_config(c, args, Path(tmp)) for c in configs]
-    environment["loadavg_end"] = list(os.getloadavg())
-    results = {
-        "benchmark": "trainer_overhead",
-        "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-        "quick": args.quick,
-        "target_ratio": TARGET_RATIO,
-        "method": {
-            "pairs": args.pairs,
-            "order": "alternating per pair: (advisor, hand), (hand, advisor), ...",
-            "statistic": "median over pairs of advisor/hand steady-state tokens/s",
-            "steady_state": "wall time from the end of the last warm-up step to the end of the "
-            "last step (end = loss.item() returned)",
-            "advisor_quiet": args.advisor_quiet,
-            "eval_and_checkpoint": "once, after the last step, in both loops",
-            "fresh_process_per_run": True,
-        },
-        "environment": environment,
-        "configs": results_per_config,
-        "total_s": time.perf_counter() - started,
-    }
+    if args.analyze is not None:
+        records = [json.loads(line) for line in args.analyze.read_text().splitlines() if line]
+        results = analyze(records)
+        table = (
+            write_results(args.out, results) if args.out is not None else render_markdown(results)
+        )
+        print(table)
+        return 0
+
+    configs = bench_configs(args.config, args.layouts, args.world_size, args.quick)
     prefix = args.out
     if prefix is None:
         prefix = (
@@ -660,12 +663,49 @@ def main(argv: Sequence[str] | None = None) -> int:
             if args.quick
             else DEFAULT_PREFIX
         )
-    prefix.parent.mkdir(parents=True, exist_ok=True)
-    table = render_markdown(results)
-    prefix.with_suffix(".json").write_text(json.dumps(results, indent=2) + "\n")
-    prefix.with_suffix(".md").write_text("# Trainer overhead\n\n" + table)
+    started = time.perf_counter()
+    log = RunsLog(runs_path(prefix))
+    log.write(
+        {
+            "record": "session",
+            "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+            "quick": args.quick,
+            "argv": list(sys.argv[1:] if argv is None else argv),
+            "method": {
+                "pairs": args.pairs,
+                "layouts": list(args.layouts),
+                "world_size": args.world_size,
+                "order": "alternating per pair: (advisor, hand), (hand, advisor), ...",
+                "statistic": "median over pairs of advisor/hand steady-state tokens/s",
+                "steady_state": "wall time from the end of the last warm-up step to the end of "
+                "the last step (end = loss.item() returned on rank 0)",
+                "cpu_time": "process CPU time at the same step ends, summed over the ranks",
+                "advisor_quiet": args.advisor_quiet,
+                "eval_and_checkpoint": "once, after the last step, in both loops",
+                "fresh_process_per_run": True,
+                "distributed_launch": "advisor: its CLI's own torchrun launch; hand-written: "
+                "python -m torch.distributed.run with the same arguments; gloo",
+            },
+            "environment": _environment(args.threads),
+        }
+    )
+    try:
+        with tempfile.TemporaryDirectory(prefix="trainer_overhead-") as tmp:
+            for bench in configs:
+                bench_config(bench, args, Path(tmp), log)
+                write_results(prefix, analyze(log.records))  # partial until the end record
+        log.write(
+            {
+                "record": "end",
+                "total_s": time.perf_counter() - started,
+                "loadavg_end": list(os.getloadavg()),
+            }
+        )
+    finally:
+        log.close()
+    table = write_results(prefix, analyze(log.records))
     print(table)
-    print(f"wrote {prefix.with_suffix('.json')} and {prefix.with_suffix('.md')}", file=sys.stderr)
+    say(f"wrote {prefix.with_suffix('.json')}, {prefix.with_suffix('.md')} and {log.path}")
     return 0
 
 
