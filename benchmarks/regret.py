@@ -1,1102 +1,926 @@
-"""Regret of ``advisor recommend``: its advised config against an exhaustive, measured grid.
+"""Regret of ``advisor recommend``: the advised config against a grid measured before the advice.
 
-For each model, on this machine, at one global batch and sequence length:
+One invocation is one **session**. For each model × global batch (a *case*), in this order:
 
-1. **Advisor, as a user runs it.** ``advisor profile`` (default settings) then ``advisor recommend
-   --global-batch-size G --world-size W`` (default validation), both through the real CLI in
-   subprocesses, timed end to end (interpreter start-up included).
-2. **The exhaustive grid.** Every candidate of the search space that ``recommend`` considers,
-   built with the same ``strategies.space.build_space`` from the profile (precision the device
-   runs x checkpointing none/full x every micro-batch x accumulation split x single, ddp x W,
-   fsdp x W), measured for real with the building blocks of recommend's own validators:
+1. **The reference grid, measured first.** Every config of the space the advisor searches
+   (precision × activation checkpointing × every micro-batch/accumulation split × single,
+   ddp×W, fsdp×W, at the fixed global batch) is measured by ONE instrument, whatever its
+   layout: a short ``advisor train`` run in a subprocess, the way a user runs a plan (a
+   single-device config trains in that process, ddp/fsdp ones go through advisor's torchrun
+   launcher), ``--steps WARMUP+STEPS --eval-every 0``, no checkpoint before the end. Read from
+   its metrics.jsonl with ``advisor.validation.LauncherValidator.measurement`` (the product's
+   own validation reading): the median ``step_time_s`` of the steps after the warm-up, and the
+   largest rank's resident peak. The train directory is deleted once read.
+   The grid runs in ``--passes`` passes; every config is visited exactly once per pass, in
+   alternating order (pass 1 a seeded shuffle, pass 2 its reverse, pass 3 a new shuffle, ...).
+   No config gets a visit the others do not get; there is no refinement step.
+2. **The advisor, as a user runs it**, after the grid: ``advisor profile`` then ``advisor
+   recommend --global-batch-size G --world-size W`` through the real CLI, timed; then the
+   **memory-bound case**: ``advisor recommend --memory-budget F`` where F × the profiled RAM is
+   a budget set by a rule fixed in advance from the grid's measured peaks: midway between the
+   smallest peak and the unconstrained best config's peak (every rank counted, as the budget
+   counts them), so the unconstrained best does not fit.
+3. **Regret** = the advised config's grid-measured tokens/s / the grid's best (memory-bound:
+   the best config that *measured* within the budget), with the advised config's rank in the
+   grid. An advised config that is not in the grid is reported as such and measured after the
+   advice with the same instrument the same number of times, on a separate line, never mixed
+   into the reference. Also: the cost model (``advisor.recommend.predict``) against every grid
+   config, per layout, and the calibration of its predicted intervals when predictions carry
+   ``step_time_s_interval`` / ``tokens_per_s_interval``.
 
-   * single-device configs: an isolated child (``profilers.isolate.run_isolated``, the
-     LocalValidator's isolation) measures the allocator's peak over one real step
-     (``measure_cpu_step_memory``, first round only) and then times steps with the probes'
-     ``StepTimer`` (synthetic batches, warm-up discarded);
-   * ddp/fsdp configs: a short ``advisor train`` under torchrun through
-     ``advisor.validation.LauncherValidator`` itself (median ``step_time_s`` after the warm-up,
-     largest rank's resident peak).
+Models: the headline is the **held-out** set, models that played no part in choosing the
+advisor's constants and margins: ``bert-tiny`` (built in), ``hf-gpt2`` (``hf:`` from
+tests/data/hf_tiny_gpt2, widened and given a byte vocabulary, see MODELS) and ``parallel-lm``
+(``benchmarks/models/parallel_lm.py:parallel_lm``, a user's ``FILE.py:factory``), each at global
+batches 8 and 16. ``gpt-tiny`` and ``llama-tiny`` are the **tuning** set (the margins were
+chosen on them), labelled so wherever they appear.
 
-   The grid runs in rounds; each round visits every config once, in a fresh seeded order, so
-   slow drift of a shared host spreads over all configs; a config's throughput is the median
-   of all its timed steps over the rounds. Slow configs are bounded by a per-config time
-   budget, not a fixed step count: each visit takes timed steps until ``--config-budget-s``
-   seconds of them are spent (at least ``--min-steps``, at most ``--max-steps``; one warm-up
-   step instead of two when a step alone eats half the budget). fp16 autocast is ~20x slower
-   than fp32 on this CPU, so a fixed count would let 20 of the 60 configs dominate the wall
-   time. Distributed visits size their step count in advance (torchrun runs a fixed number)
-   from the config's own earlier visits, else the single-device steps of the same precision and
-   checkpointing (never from the cost model under test), else ``--min-steps``.
-3. **Report.** Measured tokens/s of the advised config / the grid's best (target >= 0.97);
-   advisor wall time (profile included) / the grid's wall time (target <= 0.10); the advised
-   config's measured memory against the budget; and the cost model (``advisor.recommend.predict``,
-   the library behind ``advisor predict``) against every measured grid config, most of which
-   no probe ran: median and max relative error of step time and memory, per layout.
+Every session writes its raw logs to a committed place,
+``benchmarks/results/regret_sessions/<UTC timestamp>/``: ``session.json`` (settings,
+environment, the cases and their grids), ``visits.jsonl`` (every visit: case, kind, pass,
+order index, config, step times, peaks, status, wall time) and ``advisor.jsonl`` (per case: the
+commands, wall times, advised configs, budgets, the profiled overheads and the cost model's
+prediction of every grid config), plus ``summary.md``/``summary.json`` derived from them.
+``regret_sessions/summary.md`` reads EVERY session present and reports per model × global
+batch × budget each session's ratio and rank, min/median/max of the ratio across sessions, the
+host's visit-to-visit spread, and a plain statement wherever that spread exceeds the gap to the
+0.97 target. Profiles, plans and studies go to the git-ignored ``results/regret_work/``.
 
-Robustness: a failed visit is recorded (status and reason), never fatal; every finished visit
-is appended to ``PREFIX_work/units.jsonl`` and the results files are rewritten after each, so a
-kill loses at most the visit in flight; ``--resume`` continues from the log (the advisor phase
-of a model is kept once it finished).
+Cost on this 2-vCPU host (measured while shared with other work, load average 1.5-3; see
+benchmarks/README.md), visits of 2+3 steps: an fp32 visit costs 6-11 s single-device, 9-16 s
+ddp×2 and 10-16 s fsdp×2, mostly the start-up of the subprocess and its ranks; bf16 and fp16
+steps are 20-50x slower on this AVX2 CPU (0.7-3.8 s a step), their visits 11-24 s. A case has
+60 configs at global batch 8 (world size 2) and 78 at 16, a third of them per precision: a
+pass costs ~3-4 min (gbs 8) or ~4-6 min (gbs 16) with ``--precisions fp32``, ~13-15 min or
+~20-25 min with all three. The advisor phase costs the profile's budget (120 s) plus two
+recommends (~0.5-1 min each). A full default session is ~4 h; ``--precisions fp32`` ~70 min;
+``--precisions fp32 --global-batch-sizes 8`` ~30-40 min.
 
-Run ``python benchmarks/regret.py`` (full: gpt-tiny and llama-tiny, 3 rounds; hours on 2 vCPUs,
-see benchmarks/README.md) or ``--quick`` (a shrunken gpt-tiny, a 40 s profile, 1 round over a
-handful of configs; ~3 min; results go to a temporary directory unless ``--out`` is given).
+    python benchmarks/regret.py --quick      # smoke: bert-tiny, fp32, global batch 4, ~4 min
+    python benchmarks/regret.py --precisions fp32 --global-batch-sizes 8   # ~40 min session
+    python benchmarks/regret.py              # full: 3 held-out models x gbs 8, 16, 2 passes
+    python benchmarks/regret.py --models gpt-tiny llama-tiny   # the tuning set, labelled so
+    python benchmarks/regret.py --resume     # continue the latest unfinished session
+    python benchmarks/regret.py --summarize  # re-read every session, rewrite the summary
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
-import csv
-import dataclasses
 import json
 import math
 import os
 import platform
-import random
-import shutil
 import signal
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from profilers.defaults import DEFAULT_MEMORY_BUDGET
-from profilers.rundir import RunDir
-from strategies.commands import Command
-from strategies.config import DEFAULT_DATA
-from strategies.space import KNOBS
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script: the repo root
+
+from benchmarks import regret_analysis as analysis
+from benchmarks import regret_report as report
 
 if TYPE_CHECKING:
-    from profilers.profile_record import Profile
-    from profilers.workload import StepSpec
     from strategies.config import TrainConfig
-    from strategies.plan import Plan
     from strategies.space import Candidate
 
 REPO = Path(__file__).resolve().parents[1]
-DEFAULT_PREFIX = REPO / "benchmarks" / "results" / "regret"
-THROUGHPUT_TARGET = 0.97  # advised measured tokens/s over the grid's best
-WALL_TARGET = 0.10  # advisor wall time (profile + recommend) over the grid's
-# Refinement visits are logged as rounds 1000, 1001 ... so that a resume with more --rounds
-# never mistakes one for a grid round's visit.
-REFINE_ROUND_BASE = 1000
-DEFAULT_MODELS = ("gpt-tiny", "llama-tiny")
-QUICK_MODEL_ARGS = {"n_layer": 2, "n_embd": 64, "n_head": 2}
-LAYOUTS = ("single", "ddp", "fsdp")
-GiB = 2**30
+SESSIONS = REPO / "benchmarks" / "results" / "regret_sessions"
+SCRATCH = REPO / "benchmarks" / "results" / "regret_work"  # git-ignored: profiles, plans, studies
+ALL_PRECISIONS = ("fp32", "bf16", "fp16")
+ALL_CHECKPOINTING = ("none", "full")
+MiB = 2**20
+
+
+@dataclass(frozen=True)
+class ModelEntry:
+    spec: str
+    args: Mapping[str, Any]
+    role: str  # held-out | tuning | other
+    note: str
+
+
+MODELS: dict[str, ModelEntry] = {
+    "bert-tiny": ModelEntry("bert-tiny", {}, "held-out", "built-in BERT encoder, masked-LM"),
+    # The test config is 2 x 32 wide with a 128-token vocabulary and 64 positions: widened to a
+    # size of the other models' order and given the byte vocabulary and the positions that
+    # advisor's default data (bytes, seq 128) needs. Fixed before any run of this benchmark.
+    "hf-gpt2": ModelEntry(
+        "hf:tests/data/hf_tiny_gpt2",
+        {"vocab_size": 256, "n_positions": 512, "n_embd": 128, "n_layer": 4, "n_head": 4},
+        "held-out",
+        "Hugging Face GPT-2 built from a local config (transformers' own code)",
+    ),
+    "parallel-lm": ModelEntry(
+        "benchmarks/models/parallel_lm.py:parallel_lm",
+        {},
+        "held-out",
+        "a user's FILE.py:factory decoder (parallel attention/MLP blocks)",
+    ),
+    "gpt-tiny": ModelEntry("gpt-tiny", {}, "tuning", "the advisor's margins were tuned on it"),
+    "llama-tiny": ModelEntry("llama-tiny", {}, "tuning", "the advisor's margins were tuned on it"),
+}
+HELD_OUT = tuple(name for name, m in MODELS.items() if m.role == "held-out")
+
+
+def model_entry(name: str) -> ModelEntry:
+    """A named entry of MODELS, or any other model spec (role "other")."""
+    return MODELS.get(name) or ModelEntry(name, {}, "other", "not part of the headline")
 
 
 @dataclass(frozen=True, kw_only=True)
 class Settings:
-    """What the benchmark measures and how hard; stored with the work log so a resume matches."""
+    """What a session measures and how; stored in session.json, and reused by --resume."""
 
-    models: tuple[str, ...]
-    model_args: Mapping[str, Any] = field(default_factory=dict)
-    global_batch_size: int = 8
+    models: tuple[str, ...] = HELD_OUT
+    global_batch_sizes: tuple[int, ...] = (8, 16)
+    passes: int = 2
+    precisions: tuple[str, ...] = ALL_PRECISIONS
+    checkpointing: tuple[str, ...] = ALL_CHECKPOINTING
     seq_len: int = 128
     world_size: int = 2
-    memory_budget: float = DEFAULT_MEMORY_BUDGET  # recommend's default --memory-budget
-    rounds: int = 3
-    refine_rounds: int = 6  # extra visits of the configs near the grid's best (and the advised)
-    refine_margin: float = 0.10
-    config_budget_s: float = 10.0  # timed seconds per config per round
-    warmup: int = 2
-    min_steps: int = 2
-    max_steps: int = 10
+    warmup: int = 2  # the product's validation defaults: 2 warm-up + 3 timed steps
+    steps: int = 3
+    memory_bound: bool = True
     profile_budget_s: float | None = None  # None: advisor profile's default
-    threads: int | None = None  # None: what recommend's validators use (torch's default)
-    quick: bool = False
+    visit_timeout_s: float = 900.0
     seed: int = 0
+    quick: bool = False
 
     def to_dict(self) -> dict[str, Any]:
-        out = dataclasses.asdict(self)
-        out["models"] = list(self.models)
-        out["model_args"] = dict(self.model_args)
-        return out
+        return asdict(self)
 
-    def identity(self) -> dict[str, Any]:
-        """The keys a resumed run must share with the log it continues."""
-        keep = (
-            *("model_args", "global_batch_size", "seq_len", "world_size", "memory_budget"),
-            *("config_budget_s", "warmup", "min_steps", "max_steps", "threads", "quick"),
-        )
-        return {k: v for k, v in self.to_dict().items() if k in keep}
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> Settings:
+        kwargs = dict(data)
+        for name in ("models", "global_batch_sizes", "precisions", "checkpointing"):
+            kwargs[name] = tuple(kwargs[name])
+        return cls(**kwargs)
 
 
-def model_label(model: str, model_args: Mapping[str, Any]) -> str:
-    args = ",".join(f"{k}={v}" for k, v in sorted(model_args.items()))
-    return f"{model}[{args}]" if args else model
+@dataclass(frozen=True, kw_only=True)
+class Case:
+    """One model at one global batch: its grid and how sessions compare it (``group``)."""
+
+    id: str
+    name: str
+    model: ModelEntry
+    global_batch_size: int
+    group: str
+    candidates: tuple[Candidate, ...] = field(repr=False)
+
+    @property
+    def keys(self) -> list[str]:
+        return [c.key for c in self.candidates]
+
+    def record(self, passes: int) -> dict[str, Any]:
+        return {
+            "id": self.id,
+            "group": self.group,
+            "model": self.name,
+            "spec": self.model.spec,
+            "model_args": dict(self.model.args),
+            "role": self.model.role,
+            "global_batch_size": self.global_batch_size,
+            "passes": passes,
+            "keys": self.keys,
+        }
 
 
-def _slug(text: str) -> str:
-    return "".join(c if c.isalnum() or c in "-_." else "_" for c in text)
+def build_cases(settings: Settings) -> list[Case]:
+    """Every model × global batch, with the grid: the product of the knobs, built by
+    ``strategies.space.SearchSpace`` as ``build_space`` builds the advisor's (world sizes
+    1..W, every divisor split), without a profile: the grid exists before any advice."""
+    from strategies.space import SearchSpace, layouts_for
+
+    cases = []
+    for name in settings.models:
+        entry = model_entry(name)
+        for gbs in settings.global_batch_sizes:
+            space = SearchSpace(
+                global_batch_size=gbs,
+                precisions=settings.precisions,
+                checkpointing=settings.checkpointing,
+                layouts=layouts_for(gbs, range(1, settings.world_size + 1)),
+            )
+            candidates = space.candidates()
+            args = ",".join(f"{k}={v}" for k, v in sorted(entry.args.items()))
+            group = (
+                f"{entry.spec}[{args}] seq {settings.seq_len}, world size {settings.world_size}, "
+                f"{'+'.join(settings.precisions)}, checkpointing {'+'.join(settings.checkpointing)}"
+                f", {settings.warmup}+{settings.steps} steps a visit"
+                + (", quick" if settings.quick else "")
+            )
+            cases.append(
+                Case(
+                    id=f"{name.replace('/', '_').replace(':', '_')}-gbs{gbs}",
+                    name=name,
+                    model=entry,
+                    global_batch_size=gbs,
+                    group=group,
+                    candidates=tuple(candidates),
+                )
+            )
+    return cases
 
 
-# -- child: one visit of a single-device config ---------------------------------------------------
+# --quick: fp32 without checkpointing at global batch 4: 3 single + 2 ddp + 2 fsdp = 7 configs.
+QUICK = Settings(
+    models=("bert-tiny",),
+    global_batch_sizes=(4,),
+    passes=2,
+    precisions=("fp32",),
+    checkpointing=("none",),
+    warmup=1,
+    steps=2,
+    profile_budget_s=60.0,  # less leaves no time for the communication probe: no ddp/fsdp fits
+    quick=True,
+)
 
 
-def measure_single(
-    workload_args: Mapping[str, Any],
-    spec: StepSpec,
-    *,
-    with_memory: bool,
-    warmup: int,
-    budget_s: float,
-    min_steps: int,
-    max_steps: int,
-) -> dict[str, Any]:
-    """Runs in an isolated child: the allocator's peak (optional), then budget-bounded timed steps.
+def base_config(case: Case, settings: Settings) -> TrainConfig:
+    """What every config of the case shares: advisor's defaults, the model and the shape."""
+    from strategies.config import DEFAULT_DATA, TrainConfig
 
-    The pieces are LocalValidator's (``advisor.validation.measure_configs``): the trainer's own
-    step through AdvisorWorkload on synthetic batches, ``measure_cpu_step_memory`` for the peak,
-    ``StepTimer`` for the steps. Only the step count differs: timed steps continue while the
-    next one (estimated by the median so far) still fits ``budget_s``.
-    """
-    from typing import cast
-
-    from advisor.workload import AdvisorWorkload
-    from profilers.isolate import quiet_native_output
-    from profilers.memory import measure_cpu_step_memory
-    from profilers.throughput import StepTimer
-    from profilers.workload import Workload
-
-    workload = cast(
-        "Workload",
-        AdvisorWorkload(
-            model=workload_args["model"],
-            model_args=dict(workload_args["model_args"]),
-            data="synthetic",
-            tokenizer=None,
-        ),
+    return TrainConfig(
+        model=case.model.spec,
+        model_args=dict(case.model.args),
+        data=DEFAULT_DATA,
+        seq_len=settings.seq_len,
+        global_batch_size=case.global_batch_size,
+        micro_batch_size=case.global_batch_size,
     )
-    out: dict[str, Any] = {}
-    if with_memory:
-        started = time.perf_counter()
-        with quiet_native_output():
-            memory = measure_cpu_step_memory(workload, spec)
-        out["peak_memory_bytes"] = memory.peak_bytes
-        out["memory_s"] = time.perf_counter() - started
-    with StepTimer(workload, spec, "cpu") as timer:
-        for i in range(warmup):
-            t0 = time.perf_counter()
-            timer.warm_up(1)
-            if i == 0 and time.perf_counter() - t0 > budget_s / 2:
-                break  # a slow config: one warm-up step, the budget goes to timed steps
-        spent: list[float] = []
-        while len(spent) < max_steps:
-            if len(spent) >= min_steps and sum(spent) + statistics.median(spent) > budget_s:
-                break
-            fb, opt = timer.sample()
-            spent.append(fb + opt)
-        timing = timer.timing()
-    out.update(
-        step_s=list(timing.step_s),
-        forward_backward_s=list(timing.forward_backward_s),
-        optimizer_s=list(timing.optimizer_s),
-        num_warmup=timing.num_warmup,
-    )
-    return out
 
 
-# -- the work log ---------------------------------------------------------------------------------
+# -- child processes ------------------------------------------------------------------------------
 
 
-class WorkLog:
-    """``units.jsonl``: one line per finished grid visit, appended and fsynced as it ends."""
-
-    def __init__(self, path: Path, *, retry_failed: bool = False) -> None:
-        self.path, self.retry_failed = path, retry_failed
-        self.units: list[dict[str, Any]] = []
-        if path.exists():
-            for line in path.read_text().splitlines():
-                with contextlib.suppress(json.JSONDecodeError):  # a line cut by a kill
-                    self.units.append(json.loads(line))
-
-    def done(self, model: str, round_index: int, key: str) -> bool:
-        """Visited in that round (a failed visit counts, unless failures are to be retried)."""
-        return any(
-            (u["model"], u["round"], u["key"]) == (model, round_index, key)
-            and (u["status"] == "ok" or not self.retry_failed)
-            for u in self.units
-        )
-
-    def of(self, model: str) -> list[dict[str, Any]]:
-        return [u for u in self.units if u["model"] == model]
-
-    def append(self, unit: dict[str, Any]) -> None:
-        with open(self.path, "a") as f:
-            f.write(json.dumps(unit) + "\n")
-            f.flush()
-            os.fsync(f.fileno())
-        self.units.append(unit)
-
-
-# -- phase 1: advisor profile + recommend, as a user runs them ---------------------------------
-
-
-def _run_cli(args: Sequence[str], log: Path) -> tuple[int, float]:
-    """``python -m advisor ARGS`` with output to ``log``; (exit code, wall seconds). Interrupted,
-    the command gets SIGTERM first, so it can stop the probes it started."""
+def run_command(argv: Sequence[str], log: Path, timeout_s: float) -> tuple[int | None, float]:
+    """Run ``argv`` from the repository root (relative model paths resolve there) in its own
+    process group, output to ``log``: (exit code, or None on timeout; wall seconds). On a
+    timeout or an interrupt the whole group (torchrun and its ranks) gets SIGTERM, then
+    SIGKILL."""
     started = time.perf_counter()
-    with open(log, "w") as f:
-        proc = subprocess.Popen([sys.executable, "-m", "advisor", *args], stdout=f, stderr=f)
+    with open(log, "w") as out:
+        proc = subprocess.Popen(
+            list(argv),
+            cwd=REPO,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        )
         try:
-            code = proc.wait()
+            code: int | None = proc.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            _stop_group(proc)
+            code = None
         except BaseException:
-            proc.terminate()
-            try:
-                proc.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+            _stop_group(proc)
             raise
     return code, time.perf_counter() - started
 
 
-def _tail(log: Path, lines: int = 3) -> str:
-    text = log.read_text().strip().splitlines() if log.exists() else []
-    return " | ".join(text[-lines:])[-400:]
+def _stop_group(proc: subprocess.Popen[Any]) -> None:
+    for sig, wait_s in ((signal.SIGTERM, 15.0), (signal.SIGKILL, 5.0)):
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, sig)
+        try:
+            proc.wait(timeout=wait_s)
+            return
+        except subprocess.TimeoutExpired:
+            continue
 
 
-def run_advisor(model: str, settings: Settings, workdir: Path) -> dict[str, Any]:
-    """Profile and recommend into ``workdir`` (kept once finished: a resume reuses it)."""
-    record_path = workdir / "advisor.json"
-    if record_path.exists():
-        earlier = dict(json.loads(record_path.read_text()))
-        if earlier.get("recommend_status") == "ok":
-            return earlier  # a failed phase is redone on resume
-    if workdir.exists():
-        shutil.rmtree(workdir)  # a half-finished phase from a killed run: redo it whole
-    workdir.mkdir(parents=True)
-    run_dir = workdir / "run"
-    profile_cmd = (
-        Command("profile")
-        .model(model, settings.model_args)
-        .option("seq_len", settings.seq_len)
-        .option("out", run_dir)
-        .switch("quiet", True)
-        .option("budget_s", settings.profile_budget_s)
-    )
-    recommend_cmd = (
-        Command("recommend")
-        .option("profile", run_dir)
-        .option("global_batch_size", settings.global_batch_size)
-        .option("world_size", settings.world_size)
-        .option("out", run_dir)
-        .switch("quiet", True)
-        .option("memory_budget", settings.memory_budget, default=DEFAULT_MEMORY_BUDGET)
-    )
-    record: dict[str, Any] = {
-        "profile_command": profile_cmd.shell(),
-        "recommend_command": recommend_cmd.shell(),
-        "loadavg_start": list(os.getloadavg()),
-        "run_dir": str(run_dir),
-    }
-    _say(f"[{model}] advisor profile ...")
-    code, record["profile_s"] = _run_cli(profile_cmd.args(), workdir / "profile.log")
-    record["profile_status"] = (
-        "ok" if code == 0 else f"exit {code}: {_tail(workdir / 'profile.log')}"
-    )
-    if code == 0:
-        _say(f"[{model}] profiled in {record['profile_s']:.0f} s; advisor recommend ...")
-        code, record["recommend_s"] = _run_cli(recommend_cmd.args(), workdir / "recommend.log")
-        record["recommend_status"] = (
-            "ok" if code == 0 else f"exit {code}: {_tail(workdir / 'recommend.log')}"
+def _last_line(log: Path) -> str:
+    lines = [ln for ln in log.read_text(errors="replace").splitlines() if ln.strip()]
+    return lines[-1].removeprefix("error: ")[:300] if lines else ""
+
+
+def _advisor(*args: str) -> list[str]:
+    return [sys.executable, "-m", "advisor", *args]
+
+
+# -- the instrument: one short `advisor train` run -------------------------------------------------
+
+
+def measure_config(
+    config: TrainConfig, *, warmup: int, steps: int, timeout_s: float, scratch: Path
+) -> dict[str, Any]:
+    """One visit: ``advisor train`` of ``config`` for warm-up + timed steps, read as the
+    product's validation reads it (``LauncherValidator.measurement``: median ``step_time_s``
+    after the warm-up, the largest rank's peak). No overhead is subtracted here (the raw
+    resident peak is logged); the analysis subtracts the profiled overheads where it compares
+    with the trace. The run's directory is deleted once read."""
+    import shutil
+
+    from advisor.trainer.options import RunOptions
+    from advisor.validation import LauncherValidator
+    from profilers.metrics_record import TrainRecord, read_metrics
+    from profilers.rundir import TrainDir
+
+    shutil.rmtree(scratch, ignore_errors=True)
+    scratch.mkdir(parents=True)
+    try:
+        plan = scratch / "visit-config.json"
+        plan.write_text(json.dumps({"config": config.to_dict()}))
+        out = scratch / "run"
+        options = RunOptions(
+            out=out,
+            steps=warmup + steps,
+            eval_every=0,
+            eval_batches=1,
+            checkpoint_every=10**9,
+            keep_checkpoints=1,
+            device="cpu",
+            progress=False,
         )
-        record["advisor_s"] = record["profile_s"] + record["recommend_s"]
-        _say(
-            f"[{model}] recommended in {record['recommend_s']:.0f} s ({record['recommend_status']})"
+        log = scratch / "visit.log"
+        code, wall = run_command(_advisor(*options.train_args(plan)), log, timeout_s)
+        if code is None:
+            return {"status": "timeout", "reason": f"no result after {timeout_s:.0f} s"}
+        if code != 0:
+            reason = _last_line(log) or f"exit {code}"
+            return {
+                "status": "oom" if "out of memory" in reason.lower() else "error",
+                "reason": reason,
+            }
+        records = read_metrics(TrainDir(out).metrics).records
+        validator = LauncherValidator(
+            device="cpu", max_world_size=config.world_size, warmup=warmup, rounds=steps
         )
-    else:
-        _say(f"[{model}] advisor profile failed: {record['profile_status']}")
-    record["loadavg_end"] = list(os.getloadavg())
-    record_path.write_text(json.dumps(record, indent=1) + "\n")
-    return record
+        measured = validator.measurement(config, records, wall)
+        train = [r for r in records if isinstance(r, TrainRecord)]
+        timed = [
+            r
+            for r in train
+            if r.step > warmup and r.step_time_s is not None and r.peak_memory_bytes is not None
+        ]
+        return {
+            "status": measured.status,
+            "reason": measured.reason,
+            "warmup_step_s": [_round(r.step_time_s) for r in train if r.step <= warmup],
+            "step_s": [_round(s) for s in measured.step_samples_s],
+            "peak_bytes": [int(r.peak_memory_bytes or 0) for r in timed],
+            "rank_peak_bytes": [
+                list(r.peak_memory_bytes_per_rank) for r in timed if r.peak_memory_bytes_per_rank
+            ],
+            "process_s": round(wall, 2),
+        }
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
 
 
-def load_profile_and_plan(record: Mapping[str, Any]) -> tuple[Profile | None, Plan | None]:
-    from profilers.profile_record import load_profile
-    from strategies.plan import Plan
-
-    run_dir = RunDir(Path(record["run_dir"]))
-    profile = plan = None
-    if record.get("profile_status") == "ok":
-        profile = load_profile(run_dir.profile)
-    if record.get("recommend_status") == "ok":
-        plan = Plan.from_dict(json.loads(run_dir.plan.read_text()))
-    return profile, plan
+def _round(value: float | None) -> float | None:
+    return None if value is None else round(float(value), 5)
 
 
-# -- phase 2: the grid ------------------------------------------------------------------------
+# -- the session: logs on disk -------------------------------------------------------------------
 
 
-def base_config(model: str, settings: Settings) -> TrainConfig:
-    """What every candidate shares: the fields advisor.recommend.base_config takes from the
-    profile's workload (model, args, data, seq_len) and the request's global batch. Built from
-    the settings, not the profile, since the grid also runs when the profile failed; the data
-    is ``advisor profile``'s default, which the profile ran on."""
-    from strategies.config import TrainConfig
+def _now() -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
 
-    return TrainConfig(
-        model=model,
-        model_args=dict(settings.model_args),
-        data=DEFAULT_DATA,
-        seq_len=settings.seq_len,
-        global_batch_size=settings.global_batch_size,
-        micro_batch_size=settings.global_batch_size,
+
+def _append(path: Path, record: Mapping[str, Any]) -> None:
+    with open(path, "a") as f:
+        f.write(json.dumps(record, separators=(",", ":")) + "\n")
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def read_jsonl(path: Path) -> list[dict[str, Any]]:
+    out: list[dict[str, Any]] = []
+    if path.is_file():
+        for line in path.read_text().splitlines():
+            with contextlib.suppress(json.JSONDecodeError):  # a line cut by a kill
+                out.append(json.loads(line))
+    return out
+
+
+def _write_atomic(path: Path, text: str) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(text)
+    tmp.replace(path)
+
+
+class Session:
+    """One invocation's directory: session.json, visits.jsonl, advisor.jsonl (+ summaries)."""
+
+    def __init__(self, root: Path, name: str, settings: Settings) -> None:
+        self.root, self.name, self.settings = root, name, settings
+        self.dir = root / name
+        self.visits_path = self.dir / "visits.jsonl"
+        self.advisor_path = self.dir / "advisor.jsonl"
+        self.meta_path = self.dir / "session.json"
+        self.visits = read_jsonl(self.visits_path)
+        self.advisor = read_jsonl(self.advisor_path)
+        self.cases = build_cases(settings)
+        self.scratch = (
+            self.dir / "_work"
+            if settings.quick and not str(root).startswith(str(SESSIONS))
+            else SCRATCH / name
+        )
+
+    def start(self, environment: Mapping[str, Any]) -> None:
+        self.dir.mkdir(parents=True, exist_ok=True)
+        meta = json.loads(self.meta_path.read_text()) if self.meta_path.is_file() else {}
+        if not meta:
+            meta = {
+                "benchmark": "regret",
+                "method": 2,
+                "session": self.name,
+                "started": _now(),
+                "finished": None,
+                "settings": self.settings.to_dict(),
+                "environment": dict(environment),
+                "cases": [c.record(self.settings.passes) for c in self.cases],
+                "invocations": [],
+            }
+        meta["invocations"].append({"started": _now(), "loadavg": list(os.getloadavg())})
+        _write_atomic(self.meta_path, json.dumps(meta, indent=1) + "\n")
+
+    def finish(self) -> None:
+        meta = json.loads(self.meta_path.read_text())
+        meta["finished"] = _now()
+        meta["environment"]["loadavg_end"] = list(os.getloadavg())
+        _write_atomic(self.meta_path, json.dumps(meta, indent=1) + "\n")
+
+    def visited(self, case: str, kind: str, pass_index: int, key: str) -> bool:
+        return any(
+            (v["case"], v["kind"], v["pass"], v["key"]) == (case, kind, pass_index, key)
+            for v in self.visits
+        )
+
+    def advisor_of(self, case: str) -> dict[str, Any] | None:
+        found = [a for a in self.advisor if a["case"] == case]
+        return found[-1] if found else None
+
+    def add_visit(self, record: Mapping[str, Any]) -> None:
+        _append(self.visits_path, record)
+        self.visits.append(dict(record))
+
+    def add_advisor(self, record: Mapping[str, Any]) -> None:
+        _append(self.advisor_path, record)
+        self.advisor.append(dict(record))
+
+
+def new_session_name(root: Path) -> str:
+    name = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+    while (root / name).exists():  # two sessions started within a second
+        time.sleep(1.0)
+        name = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+    return name
+
+
+def latest_unfinished(root: Path) -> str | None:
+    for path in sorted(root.glob("*/session.json"), reverse=True):
+        if not json.loads(path.read_text()).get("finished"):
+            return path.parent.name
+    return None
+
+
+# -- progress ------------------------------------------------------------------------------------
+
+
+class Progress:
+    """Lines on stderr: where the session is, and a rough estimate of what is left (the mean
+    wall time of this invocation's visits times the visits left, plus the advisor phases)."""
+
+    def __init__(self, session: Session) -> None:
+        self.session = session
+        self.started = time.perf_counter()
+        self.visit_walls: list[float] = []
+        self.advisor_walls: list[float] = []
+
+    def left_s(self) -> float | None:
+        s = self.session
+        todo = sum(
+            1
+            for c in s.cases
+            for p in range(s.settings.passes)
+            for k in c.keys
+            if not s.visited(c.id, "grid", p, k)
+        )
+        phases = sum(1 for c in s.cases if s.advisor_of(c.id) is None)
+        if not self.visit_walls:
+            return None
+        phase_s = (
+            statistics.fmean(self.advisor_walls)
+            if self.advisor_walls
+            else (s.settings.profile_budget_s or 120.0) + 120.0
+        )
+        return todo * statistics.fmean(self.visit_walls) + phases * phase_s
+
+    def say(self, message: str) -> None:
+        elapsed = time.perf_counter() - self.started
+        left = self.left_s()
+        tail = f"{_clock(elapsed)} elapsed" + (f", ~{_clock(left)} left" if left else "")
+        print(f"{message}  [{tail}]", file=sys.stderr, flush=True)
+
+
+def _clock(seconds: float) -> str:
+    minutes, sec = divmod(int(seconds), 60)
+    hours, minutes = divmod(minutes, 60)
+    return f"{hours}:{minutes:02d}:{sec:02d}" if hours else f"{minutes}:{sec:02d}"
+
+
+def _visit_line(v: Mapping[str, Any]) -> str:
+    if v["status"] != "ok":
+        return f"{v['key']}: {v['status']} ({v.get('reason', '')[:120]}), {v['wall_s']:.0f} s"
+    tps = analysis.visit_tokens_per_s(v)
+    peak = max(v["peak_bytes"]) if v.get("peak_bytes") else 0
+    return (
+        f"{v['key']}: {statistics.median(v['step_s']):.3f} s/step, {tps:,.0f} tok/s, "
+        f"peak {peak / MiB:,.0f} MiB x{v['world_size']}, {v['wall_s']:.0f} s"
     )
 
 
-def grid_candidates(profile: Profile | None, settings: Settings) -> tuple[list[Candidate], str]:
-    """(every candidate recommend considers, where the list came from).
-
-    With a profile: ``build_space`` exactly as ``recommend`` calls it. Without one (the profile
-    failed) the product of every precision, checkpointing and layout, i.e. the same space on a
-    device that runs all three precisions.
-    """
-    from profilers.workload import CHECKPOINTING, PRECISIONS
-    from strategies.space import SearchRequest, SearchSpace, build_space, layouts_for
-
-    request = SearchRequest(
-        global_batch_size=settings.global_batch_size,
-        memory_budget=settings.memory_budget,
-        world_size=settings.world_size,
-    )
-    if profile is not None:
-        return build_space(profile, request).candidates(), "strategies.space.build_space"
-    space = SearchSpace(
-        global_batch_size=settings.global_batch_size,
-        precisions=PRECISIONS,
-        checkpointing=CHECKPOINTING,
-        layouts=layouts_for(settings.global_batch_size, range(1, settings.world_size + 1)),
-    )
-    return space.candidates(), "every precision x checkpointing x layout (no profile)"
-
-
-def quick_subset(candidates: Sequence[Candidate], advised: str | None) -> list[Candidate]:
-    """--quick: fp32 at the largest micro-batch on every layout, fp32 2 x accumulation and bf16
-    on one device, and the advised config wherever it is."""
-
-    def wanted(c: Candidate) -> bool:
-        if c.key == advised:
-            return True
-        if c.activation_checkpointing != "none":
-            return False
-        per_rank = c.global_batch_size // c.world_size
-        if c.precision == "fp32":
-            return c.micro_batch_size == per_rank or (
-                c.parallelism == "single" and c.micro_batch_size == 2
-            )
-        return c.precision == "bf16" and c.parallelism == "single" and c.grad_accum_steps == 1
-
-    return [c for c in candidates if wanted(c)]
-
-
-def round_order(candidates: Sequence[Candidate], round_index: int, seed: int) -> list[Candidate]:
-    """A fresh seeded order each round (drift spreads over every config). In the first round the
-    single-device configs go first: their step times size the distributed visits."""
-    order = list(candidates)
-    random.Random(f"{seed}-{round_index}").shuffle(order)
-    if round_index == 0:
-        order.sort(key=lambda c: c.parallelism != "single")  # stable: keeps the shuffle
-    return order
-
-
-def estimate_step_s(
-    candidate: Candidate, units: Sequence[dict[str, Any]]
-) -> tuple[float | None, str]:
-    """A step-time guess that only sizes a distributed visit (step count, timeout). Never the
-    cost model's: the grid must not lean on what it is there to check."""
-    own = [s for u in units if u["key"] == candidate.key for s in u.get("step_s") or ()]
-    if own:
-        return statistics.median(own), "its earlier visits"
-    same = [
-        s
-        for u in units
-        if u["layout"] == "single"
-        and (u["precision"], u["activation_checkpointing"])
-        == (candidate.precision, candidate.activation_checkpointing)
-        for s in u.get("step_s") or ()
-    ]
-    if same:
-        # Two ranks with one thread each on this host's cores, plus communication.
-        return 1.5 * statistics.median(same), "single-device steps of its precision"
-    return None, "nothing: min-steps timed steps after one warm-up step"
+# -- phases --------------------------------------------------------------------------------------
 
 
 def visit(
-    model: str,
+    session: Session,
+    case: Case,
     candidate: Candidate,
-    config: TrainConfig,
-    round_index: int,
     *,
-    with_memory: bool,
-    estimate_s: float | None,
-    settings: Settings,
+    kind: str,
+    pass_index: int,
+    order_index: int,
 ) -> dict[str, Any]:
-    """Measure one config once; a failure is a status and a reason, never an exception."""
-    unit: dict[str, Any] = {
-        "model": model,
-        "round": round_index,
+    """Measure one config once with the instrument and log it; a failure is a status."""
+    settings = session.settings
+    record: dict[str, Any] = {
+        "case": case.id,
+        "kind": kind,
+        "pass": pass_index,
+        "order_index": order_index,
         "key": candidate.key,
         "layout": candidate.parallelism,
-        "precision": candidate.precision,
-        "activation_checkpointing": candidate.activation_checkpointing,
-        "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-        "loadavg": list(os.getloadavg()),
-        "estimate_s": estimate_s,
+        "world_size": candidate.world_size,
+        "tokens_per_step": case.global_batch_size * settings.seq_len,
+        "warmup": settings.warmup,
+        "steps": settings.steps,
+        "started": _now(),
+        "loadavg": [round(x, 2) for x in os.getloadavg()],
     }
     started = time.perf_counter()
     try:
-        if candidate.parallelism == "single":
-            unit.update(_visit_single(config, with_memory=with_memory, settings=settings))
-        else:
-            unit.update(_visit_launcher(config, estimate_s, settings=settings))
-    except Exception as exc:  # a bug in a visit costs that visit, not the grid
-        unit.update(status="error", reason=f"{type(exc).__name__}: {exc}"[:300])
-    unit["wall_s"] = time.perf_counter() - started
-    return unit
-
-
-def _visit_single(config: TrainConfig, *, with_memory: bool, settings: Settings) -> dict[str, Any]:
-    from profilers.isolate import Isolation, run_isolated
-
-    # Start-up (spawn, import torch, build) + the memory pass + warm-up + the budget; a single
-    # step can exceed the budget (min_steps), so the limit is generous: it only catches hangs.
-    timeout = 300.0 + 10 * settings.config_budget_s * (settings.min_steps + settings.warmup + 2)
-    outcome = run_isolated(
-        Isolation(timeout_s=timeout, num_threads=settings.threads),
-        measure_single,
-        {"model": config.model, "model_args": dict(config.model_args)},
-        config.step_spec(),
-        with_memory=with_memory,
-        warmup=settings.warmup,
-        budget_s=settings.config_budget_s,
-        min_steps=settings.min_steps,
-        max_steps=settings.max_steps,
-    )
-    out: dict[str, Any] = {"validator": "local (isolated child)", "process_s": outcome.wall_s}
-    if not outcome.ok:
-        return {**out, "status": outcome.status, "reason": outcome.reason}
-    value = dict(outcome.value)
-    if "peak_memory_bytes" in value:
-        value["memory_kind"] = "cpu: allocator peak (torch.profiler), process overhead excluded"
-    return {**out, "status": "ok", "reason": "", **value}
-
-
-def _visit_launcher(
-    config: TrainConfig, estimate_s: float | None, *, settings: Settings
-) -> dict[str, Any]:
-    from advisor.validation import LauncherValidator
-    from strategies.prediction import Prediction
-
-    budget = settings.config_budget_s
-    if estimate_s is None:
-        warmup, steps, timeout_step_s = 1, settings.min_steps, 60.0
-    else:
-        warmup = settings.warmup if estimate_s * 2 <= budget else 1
-        steps = max(settings.min_steps, min(settings.max_steps, math.floor(budget / estimate_s)))
-        # The guess can be off by a few x on a busy host; the timeout only catches hangs.
-        timeout_step_s = max(3 * estimate_s, 10.0)
-    validator = LauncherValidator(
-        device="cpu",
-        max_world_size=config.world_size,
-        fixed_overhead_bytes=0,  # raw resident peak here; the profiled overhead comes off later
-        warmup=warmup,
-        rounds=steps,
-    )
-    # LauncherValidator sizes its timeout from the prediction's step time; nothing else is read.
-    sizing = Prediction(
-        peak_memory_bytes=0,
-        budgeted_bytes=0,
-        budget_bytes=0,
-        step_time_s=timeout_step_s,
-        tokens_per_s=0.0,
-    )
-    measured = validator.validate([config], [sizing])[0]
-    out: dict[str, Any] = {
-        "validator": "advisor.validation.LauncherValidator (advisor train under torchrun)",
-        "status": measured.status,
-        "reason": measured.reason,
-        "num_warmup": warmup,
-        "planned_steps": steps,
-        "process_s": measured.wall_s,
-    }
-    if measured.ok:
-        out.update(
-            step_s=list(measured.step_samples_s),
-            peak_memory_bytes=measured.peak_memory_bytes,
-            memory_kind="cpu: largest rank's resident peak (VmHWM), process overhead included",
+        record.update(
+            measure_config(
+                candidate.apply(base_config(case, settings)),
+                warmup=settings.warmup,
+                steps=settings.steps,
+                timeout_s=settings.visit_timeout_s,
+                scratch=session.scratch / "visit",
+            )
         )
-    return out
+    except (KeyboardInterrupt, SystemExit):
+        raise
+    except Exception as exc:  # a bug in one visit costs that visit, not the session
+        record.update(status="error", reason=f"{type(exc).__name__}: {exc}"[:300])
+    record["wall_s"] = round(time.perf_counter() - started, 2)
+    session.add_visit(record)
+    return record
 
 
-def predictions_by_key(
-    profile: Profile | None, model: str, candidates: Sequence[Candidate], settings: Settings
-) -> dict[str, dict[str, Any]]:
-    """``advisor.recommend.predict`` (the library behind ``advisor predict``) for every config:
-    ``{"predicted": ...}`` or ``{"error": reason}``."""
-    if profile is None:
-        return {}
+def run_grid(session: Session, case: Case, progress: Progress, label: str) -> None:
+    """Every pass over the grid, in alternating order; visits already logged are skipped."""
+    by_key = {c.key: c for c in case.candidates}
+    passes = session.settings.passes
+    seed = f"{session.settings.seed}/{case.id}"
+    for p, i, key in analysis.grid_schedule(case.keys, passes, seed):
+        if session.visited(case.id, "grid", p, key):
+            continue
+        v = visit(session, case, by_key[key], kind="grid", pass_index=p, order_index=i)
+        progress.visit_walls.append(v["wall_s"])
+        progress.say(f"{label} pass {p + 1}/{passes} {i + 1}/{len(by_key)} {_visit_line(v)}")
+
+
+def run_advisor(session: Session, case: Case, progress: Progress, label: str) -> dict[str, Any]:
+    """``advisor profile`` + ``advisor recommend`` (unconstrained, then memory-bound), through
+    the CLI, after the case's grid; logged as one advisor.jsonl line when all of it is done
+    (a phase cut by a kill is redone whole on --resume)."""
+    import shutil
+
+    from profilers.rundir import RunDir
+    from strategies.commands import Command
+
+    settings = session.settings
+    work = session.scratch / case.id
+    shutil.rmtree(work, ignore_errors=True)
+    work.mkdir(parents=True)
+    profile_dir = work / "profile"
+    command = (
+        Command("profile")
+        .model(case.model.spec, case.model.args)
+        .option("seq_len", settings.seq_len)
+        .option("out", profile_dir)
+        .option("budget_s", settings.profile_budget_s)
+        .switch("quiet", True)
+    )
+    if tuple(settings.precisions) != ALL_PRECISIONS:  # the advisor searches what the grid holds
+        command.repeated("precision", settings.precisions)
+    progress.say(f"{label} advisor profile ...")
+    budget = settings.profile_budget_s or 120.0
+    code, wall = run_command(_advisor(*command.args()), work / "profile.log", 5 * budget + 600)
+    record: dict[str, Any] = {
+        "case": case.id,
+        "started": _now(),
+        "profile": {
+            "command": command.shell(),
+            "wall_s": round(wall, 1),
+            "status": "ok" if code == 0 else f"exit {code}: {_last_line(work / 'profile.log')}",
+        },
+        "recommend": {},
+    }
+    if code == 0:
+        from profilers.profile_record import load_profile
+        from strategies.cost import machine_from_profile
+
+        profile = load_profile(RunDir(profile_dir).profile)
+        machine = machine_from_profile(profile)
+        record["machine_memory_bytes"] = machine.memory_bytes
+        record["overheads"] = {
+            "fixed": profile.memory_overhead.fixed_bytes,
+            "parallel": dict(profile.memory_overhead.parallel_bytes),
+        }
+        record["predictions"] = predictions(profile, case, settings)
+        progress.say(f"{label} profiled in {wall:.0f} s; advisor recommend ...")
+        record["recommend"]["unconstrained"] = recommend(
+            case, settings, profile_dir, work / "unconstrained", fraction=None
+        )
+        stats = analysis.config_stats(
+            v for v in session.visits if v["case"] == case.id and v["kind"] == "grid"
+        )
+        rule = analysis.memory_bound_budget(stats)
+        fraction = (
+            analysis.budget_fraction(rule.budget_bytes, machine.memory_bytes)
+            if rule.budget_bytes is not None
+            else None
+        )
+        if not settings.memory_bound:
+            record["recommend"]["memory-bound"] = {"status": "skipped", "reason": "not asked for"}
+        elif rule.budget_bytes is None or fraction is None:
+            record["recommend"]["memory-bound"] = {
+                "status": "skipped",
+                "reason": rule.reason if rule.budget_bytes is None else "budget above the RAM",
+            }
+        else:
+            progress.say(
+                f"{label} advisor recommend --memory-budget {fraction:.6g} "
+                f"({rule.budget_bytes / MiB:,.0f} MiB) ..."
+            )
+            rec = recommend(case, settings, profile_dir, work / "memory-bound", fraction=fraction)
+            rec["budget_bytes"] = math.floor(fraction * machine.memory_bytes)
+            rec["rule"] = rule.to_dict()
+            record["recommend"]["memory-bound"] = rec
+    record["finished"] = _now()
+    record["advisor_s"] = {
+        kind: round(record["profile"]["wall_s"] + r.get("wall_s", 0.0), 1)
+        for kind, r in record["recommend"].items()
+        if "wall_s" in r
+    }
+    session.add_advisor(record)
+    progress.advisor_walls.append(
+        record["profile"]["wall_s"]
+        + sum(r.get("wall_s", 0.0) for r in record["recommend"].values())
+    )
+    for kind, r in record["recommend"].items():
+        progress.say(f"{label} {kind}: {r.get('status')} -> {r.get('key', r.get('reason', ''))}")
+    return record
+
+
+def recommend(
+    case: Case, settings: Settings, profile_dir: Path, out: Path, *, fraction: float | None
+) -> dict[str, Any]:
+    """One ``advisor recommend`` (default validation), timed; the advised config and what the
+    advisor said about it."""
+    from profilers.rundir import RunDir
+    from strategies.commands import Command
+    from strategies.plan import Plan
+
+    out.mkdir(parents=True)
+    command = (
+        Command("recommend")
+        .option("profile", profile_dir)
+        .option("global_batch_size", case.global_batch_size)
+        .option("world_size", settings.world_size)
+        .option("memory_budget", fraction)
+        .option("out", out)
+        .switch("quiet", True)
+    )
+    log = out.parent / f"{out.name}.log"
+    code, wall = run_command(_advisor(*command.args()), log, 3600.0)
+    rec: dict[str, Any] = {"command": command.shell(), "wall_s": round(wall, 1)}
+    if fraction is not None:
+        rec["memory_budget"] = fraction
+    if code != 0:
+        rec["status"] = f"exit {code}: {_last_line(log)}"
+        return rec
+    try:
+        plan = Plan.from_dict(json.loads(RunDir(out).plan.read_text()))
+    except Exception as exc:  # recommend exited 0 but its plan cannot be read
+        rec["status"] = f"unreadable plan: {type(exc).__name__}: {exc}"[:300]
+        return rec
+    measured = plan.measured
+    rec.update(
+        status="ok",
+        key=plan.candidate.key,
+        label=plan.candidate.label(),
+        predicted={
+            k: plan.predicted.to_dict()[k]
+            for k in ("step_time_s", "tokens_per_s", "peak_memory_bytes", "budgeted_bytes")
+        },
+        advisor_budget_bytes=plan.predicted.budget_bytes,
+        measured_by_recommend=(
+            {
+                "status": measured.status,
+                "tokens_per_s": measured.tokens_per_s,
+                "visits": measured.visits,
+                "validator": measured.validator,
+            }
+            if measured is not None
+            else None
+        ),
+        validated=[
+            {
+                "key": v.candidate.key,
+                "status": v.measured.status,
+                "tokens_per_s": v.measured.tokens_per_s,
+                "visits": v.measured.visits,
+            }
+            for v in plan.validated
+        ],
+    )
+    return rec
+
+
+def predictions(profile: Any, case: Case, settings: Settings) -> dict[str, dict[str, Any]]:
+    """The cost model (``advisor.recommend.predict``, the library behind ``advisor predict``)
+    for every grid config, compact; a predicted interval is kept when the prediction has one."""
     from advisor.recommend import predict
     from strategies.errors import StrategyError
 
-    base = base_config(model, settings)
-    out: dict[str, dict[str, Any]] = {}
-    for c in candidates:
-        try:
-            out[c.key] = predict(profile, c.apply(base), memory_budget=settings.memory_budget)
-        except StrategyError as exc:  # Unpredictable: the profile lacks what this config needs
-            out[c.key] = {"error": str(exc)[:300]}
-    return out
-
-
-def run_grid(
-    model: str,
-    candidates: Sequence[Candidate],
-    settings: Settings,
-    log: WorkLog,
-    on_unit: Callable[[], None],
-) -> None:
-    """Every round, every config not yet visited in it; ``on_unit`` after each visit."""
-    base = base_config(model, settings)
-    total = len(candidates)
-    for r in range(settings.rounds):
-        for i, c in enumerate(round_order(candidates, r, settings.seed)):
-            if log.done(model, r, c.key):
-                continue
-            with_memory = c.parallelism == "single" and not any(
-                u["key"] == c.key and u.get("peak_memory_bytes") is not None for u in log.of(model)
-            )
-            unit = _logged_visit(model, c, base, r, log, with_memory=with_memory, settings=settings)
-            _say(f"[{model} round {r + 1}/{settings.rounds} {i + 1}/{total}] {_unit_line(unit)}")
-            on_unit()
-
-
-def _logged_visit(
-    model: str,
-    candidate: Candidate,
-    base: TrainConfig,
-    round_index: int,
-    log: WorkLog,
-    *,
-    with_memory: bool,
-    settings: Settings,
-    refine: bool = False,
-) -> dict[str, Any]:
-    """One visit (a distributed one sized from the log's earlier visits), appended to the log."""
-    estimate, source = (None, "")
-    if candidate.parallelism != "single":
-        estimate, source = estimate_step_s(candidate, log.of(model))
-    unit = visit(
-        model,
-        candidate,
-        candidate.apply(base),
-        round_index,
-        with_memory=with_memory,
-        estimate_s=estimate,
-        settings=settings,
-    )
-    unit["estimate_source"] = source
-    if refine:
-        unit["refine"] = True
-    log.append(unit)
-    return unit
-
-
-def pooled_tokens_per_s(
-    units: Sequence[Mapping[str, Any]], settings: Settings, *, grid_only: bool = False
-) -> dict[str, float]:
-    """Each config's throughput: global tokens over the median of all its timed steps (of the
-    grid rounds only, with ``grid_only``)."""
-    samples: dict[str, list[float]] = {}
-    for u in units:
-        if u["status"] != "ok" or not u.get("step_s"):
-            continue
-        if grid_only and u.get("refine"):
-            continue
-        samples.setdefault(u["key"], []).extend(u["step_s"])
-    tokens = settings.global_batch_size * settings.seq_len
-    return {k: tokens / statistics.median(v) for k, v in samples.items()}
-
-
-def refine_set(
-    candidates: Sequence[Candidate],
-    units: Sequence[Mapping[str, Any]],
-    settings: Settings,
-    advised: str | None,
-) -> list[Candidate]:
-    """The configs the refinement visits: within ``refine_margin`` of the grid rounds' best,
-    and the advised one. Decided from the grid rounds alone, so a resumed refinement visits the
-    same set."""
-    tps = pooled_tokens_per_s(units, settings, grid_only=True)
-    if not tps:
-        return []
-    best = max(tps.values())
-    near = {k for k, t in tps.items() if t >= (1 - settings.refine_margin) * best}
-    if advised is not None:
-        near.add(advised)
-    return [c for c in candidates if c.key in near]
-
-
-def run_refinement(
-    model: str,
-    candidates: Sequence[Candidate],
-    settings: Settings,
-    log: WorkLog,
-    on_unit: Callable[[], None],
-    advised: str | None,
-) -> None:
-    """``refine_rounds`` more visits of the configs near the best (rounds REFINE_ROUND_BASE
-    and up): one round's visit reads the host's moment as much as the config (the grid's own
-    three rounds each put a different config first), and a target of 3% needs a reference
-    tighter than that. Wall time is reported apart from the grid's: an exhaustive search would
-    not include it."""
-    if not settings.refine_rounds:
-        return
-    chosen = refine_set(candidates, log.of(model), settings, advised)
-    if len(chosen) < 2:
-        return
-    base = base_config(model, settings)
-    _say(
-        f"[{model}] refinement: {len(chosen)} configs within {settings.refine_margin:.0%} of the "
-        f"grid's best (or advised) x {settings.refine_rounds} more visits"
-    )
-    for k in range(settings.refine_rounds):
-        r = REFINE_ROUND_BASE + k
-        for i, c in enumerate(round_order(chosen, r, settings.seed)):
-            if log.done(model, r, c.key):
-                continue
-            unit = _logged_visit(
-                model, c, base, r, log, with_memory=False, settings=settings, refine=True
-            )
-            _say(
-                f"[{model} refine {k + 1}/{settings.refine_rounds} {i + 1}/{len(chosen)}] "
-                f"{_unit_line(unit)}"
-            )
-            on_unit()
-
-
-def _unit_line(unit: Mapping[str, Any]) -> str:
-    head = f"{unit['key']}: "
-    if unit["status"] != "ok":
-        return head + f"{unit['status']} ({unit.get('reason', '')}) in {unit['wall_s']:.0f} s"
-    steps = unit["step_s"]
-    text = f"median step {statistics.median(steps):.3f} s over {len(steps)} steps"
-    if unit.get("peak_memory_bytes") is not None:
-        text += f", peak {unit['peak_memory_bytes'] / 2**20:,.0f} MiB"
-    return head + text + f", {unit['wall_s']:.0f} s"
-
-
-# -- phase 3: analysis ---------------------------------------------------------------------------
-
-
-def _rel_stats(errors: Sequence[float]) -> dict[str, Any]:
-    if not errors:
-        return {"n": 0, "median_abs": None, "max_abs": None, "median": None}
-    return {
-        "n": len(errors),
-        "median_abs": statistics.median(abs(e) for e in errors),
-        "max_abs": max(abs(e) for e in errors),
-        "median": statistics.median(errors),
-    }
-
-
-def grid_rows(
-    model: str,
-    candidates: Sequence[Candidate],
-    units: Sequence[dict[str, Any]],
-    profile: Profile | None,
-    plan: Plan | None,
-    predictions: Mapping[str, Mapping[str, Any]],
-    settings: Settings,
-) -> list[dict[str, Any]]:
-    """One row per grid config: what was measured, what the cost model predicts, their errors."""
-    from strategies.plan import Measurement, Validation
-    from strategies.prediction import Prediction
-
-    fixed = profile.memory_overhead.fixed_bytes if profile is not None else 0
-    rank_extra = dict(profile.memory_overhead.parallel_bytes) if profile is not None else {}
-
-    # (layout, precision, checkpointing, micro-batch) the throughput probe timed: the fit passes
-    # through those points; every other config is an interpolation or an extrapolation of it.
     def point(k: Any) -> str:  # a StepSpec or a Candidate
-        layout = f"{k.parallelism}{k.world_size}"
-        return f"{k.precision}/{k.activation_checkpointing}/{layout}/mb{k.micro_batch_size}"
+        return (
+            f"{k.precision}/{k.activation_checkpointing}/{k.parallelism}{k.world_size}/"
+            f"mb{k.micro_batch_size}"
+        )
 
-    probed = {point(t.spec) for t in (profile.throughput if profile is not None else ())}
-    validated = {v.candidate.key: v.measured for v in plan.validated} if plan else {}
-    advised = plan.candidate.key if plan else None
-    tokens = settings.global_batch_size * settings.seq_len
-    rows = []
-    for c in candidates:
-        mine = sorted((u for u in units if u["key"] == c.key), key=lambda u: u["round"])
-        ok = [u for u in mine if u["status"] == "ok" and u.get("step_s")]
-        samples = [s for u in ok for s in u["step_s"]]
-        raw_peaks = [u["peak_memory_bytes"] for u in mine if u.get("peak_memory_bytes") is not None]
-        row: dict[str, Any] = {
-            "model": model,
-            "key": c.key,
-            **c.to_dict(),
-            "layout": c.parallelism,
-            "visits": len(mine),
-            "visits_ok": len(ok),
-            "status": "ok" if samples else (mine[-1]["status"] if mine else "pending"),
-            "reason": "" if samples or not mine else mine[-1].get("reason", ""),
-            "timed_steps": len(samples),
-            "step_time_s": statistics.median(samples) if samples else None,
-            "tokens_per_s": tokens / statistics.median(samples) if samples else None,
-            "round_tokens_per_s": [tokens / statistics.median(u["step_s"]) for u in ok],
-            "raw_peak_memory_bytes": max(raw_peaks) if raw_peaks else None,
-            "visits_wall_s": sum(u["wall_s"] for u in mine),
-            "probed_time": point(c) in probed,
-            "validated_by_recommend": c.key in validated,
-            "recommend_measured_tokens_per_s": (
-                validated[c.key].tokens_per_s if c.key in validated else None
-            ),
-            "advised": c.key == advised,
+    probed = {point(t.spec) for t in profile.throughput}
+    base = base_config(case, settings)
+    out: dict[str, dict[str, Any]] = {}
+    for c in case.candidates:
+        try:
+            found = predict(profile, c.apply(base))
+        except StrategyError as exc:  # the profile lacks what this config needs
+            out[c.key] = {"error": str(exc)[:200]}
+            continue
+        except Exception as exc:  # a bug in the cost model costs this row, not the session
+            out[c.key] = {"error": f"{type(exc).__name__}: {exc}"[:200]}
+            continue
+        p = found["predicted"]
+        memory = (p.get("breakdown") or {}).get("memory") or {}
+        time_terms = (p.get("breakdown") or {}).get("time") or {}
+        row = {
+            "step_time_s": p["step_time_s"],
+            "tokens_per_s": p["tokens_per_s"],
+            "peak_memory_bytes": p["peak_memory_bytes"],
+            "budgeted_bytes": p["budgeted_bytes"],
+            "traced_bytes": memory.get("traced_bytes"),
+            "compute_source": time_terms.get("compute_source", ""),
+            "probed": point(c) in probed,
         }
-        # Like for like with the traced peak (Validation.memory_error): the allocator's peak on
-        # one device; a rank's resident peak minus the profiled per-process and per-rank
-        # overheads, as LauncherValidator reports it. In the budget's terms
-        # (Prediction.budgeted_bytes): the overheads included, every rank of a CPU host counted.
-        peak = row["raw_peak_memory_bytes"]
-        if peak is not None:
-            single = c.parallelism == "single"
-            overhead = fixed + rank_extra.get(c.parallelism, 0)
-            row["peak_memory_bytes"] = peak if single else max(0, peak - overhead)
-            row["budgeted_bytes"] = (peak + fixed) if single else peak * c.world_size
-        else:
-            row["peak_memory_bytes"] = row["budgeted_bytes"] = None
-        pred = predictions.get(c.key, {})
-        row["prediction_error"] = pred.get("error", "" if pred else "no profile")
-        if "predicted" in pred:
-            p = Prediction.from_dict(pred["predicted"])
-            row.update(
-                predicted_step_time_s=p.step_time_s,
-                predicted_tokens_per_s=p.tokens_per_s,
-                predicted_peak_memory_bytes=p.peak_memory_bytes,
-                predicted_traced_bytes=p.traced_bytes,
-                predicted_budgeted_bytes=p.budgeted_bytes,
-                budget_bytes=p.budget_bytes,
-                predicted_fits=p.fits,
-                compute_source=p.breakdown.time.compute_source if p.breakdown.time else "",
-            )
-            measured = Measurement(
-                status="ok" if samples else "error",
-                step_time_s=row["step_time_s"],
-                tokens_per_s=row["tokens_per_s"],
-                peak_memory_bytes=row["peak_memory_bytes"],
-            )
-            v = Validation(candidate=c, predicted=p, measured=measured)
-            row["time_error"] = v.time_error if samples else None
-            row["memory_error"] = v.memory_error if row["peak_memory_bytes"] else None
-        rows.append(row)
-    return rows
-
-
-def summarize(
-    rows: Sequence[dict[str, Any]],
-    advisor: Mapping[str, Any],
-    units: Sequence[dict[str, Any]],
-    settings: Settings,
-) -> dict[str, Any]:
-    ok = [r for r in rows if r["tokens_per_s"] is not None]
-    budget = next((r["budget_bytes"] for r in rows if r.get("budget_bytes")), None)
-    eligible = [r for r in ok if budget is None or (r["budgeted_bytes"] or 0) <= budget]
-    ranked = sorted(eligible, key=lambda r: -r["tokens_per_s"])
-    best = ranked[0] if ranked else None
-    advised = next((r for r in rows if r["advised"]), None)
-    out: dict[str, Any] = {
-        "configs": len(rows),
-        "configs_measured": len(ok),
-        "configs_failed": [
-            {"key": r["key"], "status": r["status"], "reason": r["reason"]}
-            for r in rows
-            if r["status"] not in ("ok", "pending")
-        ],
-        "configs_pending": sum(r["status"] == "pending" for r in rows),
-        "best": {"key": best["key"], "tokens_per_s": best["tokens_per_s"]} if best else None,
-        "top": [{"key": r["key"], "tokens_per_s": r["tokens_per_s"]} for r in ranked[:10]],
-    }
-    ratio = None
-    if advised is not None and advised["tokens_per_s"] is not None and best is not None:
-        ratio = advised["tokens_per_s"] / best["tokens_per_s"]
-    out["advised"] = None
-    if advised is not None:
-        out["advised"] = {
-            "key": advised["key"],
-            "tokens_per_s": advised["tokens_per_s"],
-            "round_tokens_per_s": advised["round_tokens_per_s"],
-            "rank": next((i + 1 for i, r in enumerate(ranked) if r["key"] == advised["key"]), None),
-            "recommend_measured_tokens_per_s": advised["recommend_measured_tokens_per_s"],
-            "predicted_tokens_per_s": advised.get("predicted_tokens_per_s"),
-            "budgeted_bytes": advised["budgeted_bytes"],
-            "budget_bytes": budget,
-            "within_budget": (
-                None
-                if advised["budgeted_bytes"] is None or budget is None
-                else advised["budgeted_bytes"] <= budget
-            ),
-        }
-    out["throughput_ratio"] = ratio
-    out["meets_throughput_target"] = None if ratio is None else ratio >= THROUGHPUT_TARGET
-    # The same ratio from the grid rounds alone (before the refinement visits), for comparison.
-    grid_tps = pooled_tokens_per_s(units, settings, grid_only=True)
-    eligible_keys = {r["key"] for r in eligible}
-    grid_best = max((t for k, t in grid_tps.items() if k in eligible_keys), default=None)
-    out["throughput_ratio_grid_rounds"] = (
-        grid_tps[advised["key"]] / grid_best
-        if advised is not None and advised["key"] in grid_tps and grid_best
-        else None
-    )
-    refined = [u for u in units if u.get("refine")]
-    out["refined_configs"] = sorted({u["key"] for u in refined})
-    out["refine_wall_s"] = sum(u["wall_s"] for u in refined)
-    # Grid wall = every visit from spawn to reap (start-up, memory pass, warm-up, timed steps,
-    # teardown): what measuring the space costs, whatever runs were interrupted and resumed.
-    rounds: dict[int, float] = {}
-    for u in units:
-        if not u.get("refine"):  # refinement visits are not part of the search's cost
-            rounds[u["round"]] = rounds.get(u["round"], 0.0) + u["wall_s"]
-    grid_s = sum(rounds.values())
-    out["grid_wall_s"] = grid_s
-    out["grid_round_wall_s"] = [rounds[k] for k in sorted(rounds)]
-    advisor_s = advisor.get("advisor_s")
-    out["advisor_s"] = advisor_s
-    out["wall_ratio"] = advisor_s / grid_s if advisor_s and grid_s else None
-    first = rounds.get(0)
-    # The cheapest exhaustive search by this method is one round (with the memory pass).
-    out["wall_ratio_one_round"] = advisor_s / first if advisor_s and first else None
-    out["meets_wall_target"] = (
-        None if out["wall_ratio"] is None else out["wall_ratio"] <= WALL_TARGET
-    )
-    out["loadavg_range"] = (
-        [min(u["loadavg"][0] for u in units), max(u["loadavg"][0] for u in units)]
-        if units
-        else None
-    )
-    errors: dict[str, Any] = {}
-    for group in (*LAYOUTS, "all"):
-        members = [r for r in rows if group in ("all", r["layout"])]
-        unprobed = [r for r in members if not r["probed_time"]]
-        errors[group] = {
-            "time": _rel_stats(
-                [r["time_error"] for r in members if r.get("time_error") is not None]
-            ),
-            "memory": _rel_stats(
-                [r["memory_error"] for r in members if r.get("memory_error") is not None]
-            ),
-            "time_unprobed": _rel_stats(
-                [r["time_error"] for r in unprobed if r.get("time_error") is not None]
-            ),
-            "unpredictable": sum(bool(r["prediction_error"]) for r in members),
-        }
-    out["prediction_errors"] = errors
+        for name in ("step_time_s_interval", "tokens_per_s_interval"):
+            interval = p.get(name, found.get(name))
+            if interval is not None:
+                row[name] = list(interval)
+        out[c.key] = row
     return out
 
 
-# -- output -------------------------------------------------------------------------------------
+def run_extra(session: Session, case: Case, progress: Progress, label: str) -> None:
+    """An advised config that is not in the grid: the same instrument, as many visits as a
+    grid config had, logged as kind "extra" (never part of the reference)."""
+    from strategies.space import Candidate
 
-CSV_COLUMNS = (
-    "model",
-    "key",
-    *(k for k in KNOBS if k != "num_workers"),  # never a column: 0 on a CPU host
-    "status",
-    "reason",
-    "visits",
-    "visits_ok",
-    "timed_steps",
-    "step_time_s",
-    "tokens_per_s",
-    "round_tokens_per_s",
-    "raw_peak_memory_bytes",
-    "peak_memory_bytes",
-    "budgeted_bytes",
-    "budget_bytes",
-    "predicted_step_time_s",
-    "predicted_tokens_per_s",
-    "predicted_peak_memory_bytes",
-    "predicted_traced_bytes",
-    "predicted_budgeted_bytes",
-    "predicted_fits",
-    "time_error",
-    "memory_error",
-    "prediction_error",
-    "compute_source",
-    "probed_time",
-    "validated_by_recommend",
-    "recommend_measured_tokens_per_s",
-    "advised",
-    "visits_wall_s",
-)
+    record = session.advisor_of(case.id) or {}
+    keys = set(case.keys)
+    wanted: list[str] = []
+    for rec in (record.get("recommend") or {}).values():
+        key = rec.get("key")
+        if rec.get("status") == "ok" and key and key not in keys and key not in wanted:
+            wanted.append(key)
+    for key in wanted:
+        candidate = _candidate_from_key(key, Candidate)
+        for p in range(session.settings.passes):
+            if session.visited(case.id, "extra", p, key):
+                continue
+            v = visit(session, case, candidate, kind="extra", pass_index=p, order_index=0)
+            progress.say(f"{label} advised, not in the grid, visit {p + 1}: {_visit_line(v)}")
 
 
-def _pct(value: float | None, signed: bool = False) -> str:
-    if value is None:
-        return "–"
-    return f"{100 * value:+.0f}%" if signed else f"{100 * value:.0f}%"
-
-
-def _tps(value: float | None) -> str:
-    return "–" if value is None else f"{value:,.0f}"
-
-
-def _yes(value: bool | None) -> str:
-    return "–" if value is None else ("yes" if value else "NO")
-
-
-def _work_s(results: Mapping[str, Any]) -> float:
-    """Seconds of measuring behind the results, across resumed invocations."""
-    return sum(
-        (m["summary"]["advisor_s"] or 0) + m["summary"]["grid_wall_s"]
-        for m in results["models"]
-        if "summary" in m
+def _candidate_from_key(key: str, cls: Any) -> Any:
+    """``fp32/none/ddp2/mb4xga1/nw0`` -> Candidate (the inverse of Candidate.key)."""
+    precision, checkpointing, layout, split, workers = key.split("/")
+    parallelism = layout.rstrip("0123456789")
+    micro, accum = split.removeprefix("mb").split("xga")
+    return cls(
+        precision=precision,
+        activation_checkpointing=checkpointing,
+        parallelism=parallelism,
+        world_size=int(layout[len(parallelism) :]),
+        micro_batch_size=int(micro),
+        grad_accum_steps=int(accum),
+        num_workers=int(workers.removeprefix("nw")),
     )
 
 
-def render_markdown(results: Mapping[str, Any]) -> str:
-    done = [m for m in results["models"] if "summary" in m]
-    lines = [
-        "| model | configs measured | advised (rank) | advised tok/s | grid best | best tok/s | "
-        f"ratio (≥ {THROUGHPUT_TARGET}) | advisor s (profile + recommend) | grid s (1st round) "
-        f"| wall ratio (≤ {WALL_TARGET}) | advised memory / budget |",
-        "|" + "---|" * 11,
-    ]
-    for m in done:
-        s = m["summary"]
-        a, best = s["advised"] or {}, s["best"] or {}
-        adv = m["advisor"]
-        advisor_s = (
-            f"{s['advisor_s']:.0f} ({adv['profile_s']:.0f} + {adv['recommend_s']:.0f})"
-            if s["advisor_s"]
-            else adv.get("recommend_status") or adv.get("profile_status", "–")
+def run_session(session: Session, progress: Progress) -> None:
+    for n, case in enumerate(session.cases, 1):
+        label = f"[{n}/{len(session.cases)} {case.name} gbs {case.global_batch_size}]"
+        progress.say(
+            f"{label} grid: {len(case.candidates)} configs x {session.settings.passes} passes "
+            f"({case.model.role})"
         )
-        first = s["grid_round_wall_s"][0] if s["grid_round_wall_s"] else None
-        memory = "–"
-        if a.get("budgeted_bytes") is not None and a.get("budget_bytes"):
-            memory = (
-                f"{a['budgeted_bytes'] / GiB:.2f} / {a['budget_bytes'] / GiB:.1f} GiB "
-                f"({_yes(a['within_budget'])})"
+        run_grid(session, case, progress, label)
+        if session.advisor_of(case.id) is None:
+            run_advisor(session, case, progress, label)
+        run_extra(session, case, progress, label)
+        write_summaries(session.root, session.name)
+
+
+# -- summaries -----------------------------------------------------------------------------------
+
+
+def analyse_session(path: Path) -> tuple[dict[str, Any], list[analysis.CaseResult]]:
+    """(session.json, one CaseResult per case) from a session directory's raw logs."""
+    meta = json.loads((path / "session.json").read_text())
+    visits = read_jsonl(path / "visits.jsonl")
+    advisor_records = read_jsonl(path / "advisor.jsonl")
+    results = []
+    for case in meta["cases"]:
+        found = [a for a in advisor_records if a["case"] == case["id"]]
+        results.append(
+            analysis.analyse_case(
+                session=meta["session"],
+                case=case,
+                visits=[v for v in visits if v["case"] == case["id"]],
+                advisor=found[-1] if found else None,
             )
-        lines.append(
-            f"| {m['label']} | {s['configs_measured']}/{s['configs']} | "
-            f"{a.get('key', '–')} ({a.get('rank') or '–'}) | {_tps(a.get('tokens_per_s'))} | "
-            f"{best.get('key', '–')} | {_tps(best.get('tokens_per_s'))} | "
-            f"**{'–' if s['throughput_ratio'] is None else format(s['throughput_ratio'], '.3f')}**"
-            f" ({_yes(s['meets_throughput_target'])}) | {advisor_s} | {s['grid_wall_s']:.0f} "
-            f"({'–' if first is None else format(first, '.0f')}) | "
-            f"**{'–' if s['wall_ratio'] is None else format(s['wall_ratio'], '.3f')}** "
-            f"({_yes(s['meets_wall_target'])}) | {memory} |"
         )
-    for m in done:
-        s = m["summary"]
-        if s.get("refined_configs"):
-            before = s.get("throughput_ratio_grid_rounds")
-            lines.append(
-                f"\n{m['label']}: the {len(s['refined_configs'])} configs within "
-                f"{results['settings']['refine_margin']:.0%} of the grid's best (and the advised "
-                f"one) were visited {results['settings']['refine_rounds']} more times after the "
-                f"advisor ran ({s['refine_wall_s']:.0f} s, not in the grid's wall); from the grid "
-                f"rounds alone the ratio is {'–' if before is None else format(before, '.3f')}."
+    return meta, results
+
+
+def write_summaries(root: Path, current: str | None) -> str:
+    """The ``current`` session's summary (every session's, when None) and the summary of every
+    session under ``root``; returns the latter's markdown."""
+    sessions = []
+    for path in sorted(p.parent for p in root.glob("*/session.json")):
+        meta, cases = analyse_session(path)
+        sessions.append((meta, cases))
+        if current is None or path.name == current:
+            body = report.session_markdown(meta, cases)
+            _write_atomic(path / "summary.md", body)
+            _write_atomic(
+                path / "summary.json",
+                json.dumps([c.to_dict() for c in cases], indent=1, default=str) + "\n",
             )
-    lines += [
-        "",
-        "Predicted (cost model, `advisor predict`) vs measured, relative error "
-        "(predicted / measured − 1): median |error| / max |error| (median signed error).",
-        "",
-        "| model | layout | configs | step time | step time, unprobed configs | memory | "
-        "unpredictable |",
-        "|---|---|---|---|---|---|---|",
-    ]
-    for m in done:
-        for group, e in m["summary"]["prediction_errors"].items():
-
-            def cell(stats: Mapping[str, Any]) -> str:
-                if not stats["n"]:
-                    return "–"
-                return (
-                    f"{_pct(stats['median_abs'])} / {_pct(stats['max_abs'])} "
-                    f"({_pct(stats['median'], signed=True)}, n={stats['n']})"
-                )
-
-            n = sum(1 for r in m["rows"] if group in ("all", r["layout"]))
-            lines.append(
-                f"| {m['label']} | {group} | {n} | {cell(e['time'])} | {cell(e['time_unprobed'])} "
-                f"| {cell(e['memory'])} | {e['unpredictable']} |"
-            )
-    lines += ["", "Fastest measured configs (tokens/s):", ""]
-    for m in done:
-        top = m["summary"]["top"][:5]
-        shown = ", ".join(f"{t['key']} {t['tokens_per_s']:,.0f}" for t in top) or "–"
-        lines.append(f"- {m['label']}: {shown}")
-        failed = m["summary"]["configs_failed"]
-        if failed:
-            lines.append(
-                "  - failed: "
-                + "; ".join(f"{f['key']} {f['status']} ({f['reason'][:80]})" for f in failed)
-            )
-    st, env = results["settings"], results["environment"]
-    lines += [
-        "",
-        f"Global batch {st['global_batch_size']} × seq {st['seq_len']}, world size up to "
-        f"{st['world_size']}; {st['rounds']} round(s), each config visited once per round in a "
-        f"fresh seeded order; per visit timed steps until {st['config_budget_s']:g} s of them "
-        f"(min {st['min_steps']}, max {st['max_steps']}) after up to {st['warmup']} warm-up steps; "
-        "throughput = median over all timed steps. Memory: single = allocator peak, ddp/fsdp = "
-        "largest rank's resident peak minus the profiled process overhead (like for like with "
-        "the trace); budget check in the budget's terms (overhead included, every rank). "
-        f"torch {env['torch']}, {env['cpu_count']} CPUs ({env['cpu']}), load average "
-        f"{env['loadavg_start'][0]:.1f} at start, {(env.get('loadavg_end') or [math.nan])[0]:.1f} "
-        f"at end; advisor + grid {_work_s(results) / 60:.0f} min of measuring "
-        f"(this invocation {results['total_s'] / 60:.0f} min)"
-        + (" (PARTIAL: still running or interrupted)" if results["partial"] else "")
-        + (" (QUICK: subset of configs, shrunken model)" if results["quick"] else "")
-        + ".",
-    ]
-    return "\n".join(lines) + "\n"
-
-
-def write_outputs(prefix: Path, results: Mapping[str, Any]) -> None:
-    """regret.json, regret_grid.csv and regret.md, each written atomically."""
-    prefix.parent.mkdir(parents=True, exist_ok=True)
-
-    def atomic(path: Path, text: str) -> None:
-        tmp = path.with_name(path.name + ".tmp")
-        tmp.write_text(text)
-        tmp.replace(path)
-
-    atomic(prefix.with_suffix(".json"), json.dumps(results, indent=1, default=str) + "\n")
-    grid = prefix.with_name(prefix.name + "_grid.csv")
-    tmp = grid.with_name(grid.name + ".tmp")
-    with open(tmp, "w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=CSV_COLUMNS, extrasaction="ignore")
-        writer.writeheader()
-        for m in results["models"]:
-            for row in m.get("rows", ()):
-                writer.writerow(
-                    {
-                        k: json.dumps(v) if isinstance(v, list) else ("" if v is None else v)
-                        for k, v in row.items()
-                    }
-                )
-    tmp.replace(grid)
-    atomic(
-        prefix.with_suffix(".md"), "# Regret of `advisor recommend`\n\n" + render_markdown(results)
+    groups = analysis.summarize_sessions(c for _m, cases in sessions for c in cases)
+    text = report.all_sessions_markdown(sessions, groups)
+    _write_atomic(root / "summary.md", text)
+    _write_atomic(
+        root / "summary.json",
+        json.dumps([g.to_dict() for g in groups], indent=1, default=str) + "\n",
     )
+    return text
 
 
-def _environment() -> dict[str, Any]:
+# -- main ----------------------------------------------------------------------------------------
+
+
+def environment() -> dict[str, Any]:
     import torch
 
     from profilers.device import read_cpu_info
+
+    def git(*args: str) -> str:
+        try:
+            done = subprocess.run(
+                ["git", *args], cwd=REPO, capture_output=True, text=True, timeout=30
+            )
+        except (OSError, subprocess.TimeoutExpired):
+            return ""
+        return done.stdout.strip()
 
     return {
         "python": platform.python_version(),
@@ -1105,272 +929,189 @@ def _environment() -> dict[str, Any]:
         "cpu": read_cpu_info().model_name,
         "cpu_count": os.cpu_count(),
         "loadavg_start": list(os.getloadavg()),
+        "git_commit": git("rev-parse", "HEAD"),
+        "git_dirty_files": len(git("--no-optional-locks", "status", "--porcelain").splitlines()),
     }
 
 
-def _say(message: str) -> None:
-    print(message, file=sys.stderr, flush=True)
-
-
-# -- main ------------------------------------------------------------------------------------
-
-
-def parse_args(argv: Sequence[str] | None = None) -> tuple[Settings, argparse.Namespace]:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        description=(__doc__ or "").split("\n\n")[0],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog="Models: "
+        + "; ".join(f"{k} = {v.spec} ({v.role})" for k, v in MODELS.items())
+        + ". Any other advisor model spec is accepted (role 'other').",
+    )
     parser.add_argument(
         "--quick",
         action="store_true",
-        help="Smoke run: gpt-tiny shrunken by --model-arg, 40 s profile, 1 round, ~6 configs.",
+        help="Smoke run: bert-tiny, global batch 4, fp32, no checkpointing (7 configs), 2 passes "
+        "of 1+2 steps, 60 s profile; a temporary directory unless --out. ~4 min.",
     )
     parser.add_argument(
-        "--model",
-        action="append",
-        help=f"Model spec (repeatable; default {', '.join(DEFAULT_MODELS)}; --quick: gpt-tiny).",
+        "--models", nargs="+", default=None, help=f"Default: {' '.join(HELD_OUT)} (held out)."
     )
     parser.add_argument(
-        "--model-arg",
-        action="append",
+        "--global-batch-sizes", nargs="+", type=int, default=None, help="Default: 8 16."
+    )
+    parser.add_argument("--passes", type=int, default=None, help="Visits per config (default 2).")
+    parser.add_argument(
+        "--precisions",
+        nargs="+",
+        choices=ALL_PRECISIONS,
         default=None,
-        help="KEY=VALUE (JSON value) for every model, as advisor's --model-arg. --quick "
-        f"default: {', '.join(f'{k}={v}' for k, v in QUICK_MODEL_ARGS.items())}.",
-    )
-    parser.add_argument("--global-batch-size", type=int, default=8, help="Sequences per step.")
-    parser.add_argument("--seq-len", type=int, default=128, help="Tokens per sequence.")
-    parser.add_argument("--world-size", type=int, default=2, help="recommend's --world-size.")
-    parser.add_argument(
-        "--rounds", type=int, default=None, help="Grid rounds (default 3; quick 1)."
+        help="Precisions of the grid; the advisor is profiled with the same ones (advisor "
+        "profile --precision). Default: all three.",
     )
     parser.add_argument(
-        "--refine-rounds",
-        type=int,
+        "--checkpointing",
+        nargs="+",
+        choices=ALL_CHECKPOINTING,
         default=None,
-        help="Extra visits, after the grid rounds, of the configs within --refine-margin of "
-        "the grid's best and of the advised config (default 6; quick 1).",
+        help="Checkpointing values of the grid (default both). The advisor still searches "
+        "both: an advice outside the grid is then measured apart.",
+    )
+    parser.add_argument("--seq-len", type=int, default=None, help="Default 128.")
+    parser.add_argument("--world-size", type=int, default=None, help="Most ranks (default 2).")
+    parser.add_argument("--warmup", type=int, default=None, help="Warm-up steps a visit (2).")
+    parser.add_argument("--steps", type=int, default=None, help="Timed steps a visit (3).")
+    parser.add_argument(
+        "--profile-budget-s", type=float, default=None, help="advisor profile --budget-s."
     )
     parser.add_argument(
-        "--refine-margin",
-        type=float,
-        default=0.10,
-        help="Which configs the refinement visits: within this fraction of the best (0.10).",
+        "--no-memory-bound", action="store_true", help="Skip the memory-bound recommend."
     )
-    parser.add_argument(
-        "--config-budget-s",
-        type=float,
-        default=None,
-        help="Timed seconds per config per round (default 10; quick 2): bounds slow configs.",
-    )
-    parser.add_argument("--warmup", type=int, default=None, help="Warm-up steps (2; quick 1).")
-    parser.add_argument("--min-steps", type=int, default=2, help="Timed steps per visit, at least.")
-    parser.add_argument(
-        "--max-steps", type=int, default=None, help="Timed steps per visit, at most (10; quick 4)."
-    )
-    parser.add_argument(
-        "--profile-budget-s",
-        type=float,
-        default=None,
-        help="advisor profile --budget-s (default: advisor's own default; quick 40).",
-    )
-    parser.add_argument(
-        "--threads",
-        type=int,
-        default=None,
-        help="Threads of the single-device children (default: torch's, as recommend's "
-        "validation; torchrun ranks always get cores / ranks from advisor's launcher).",
-    )
-    parser.add_argument("--seed", type=int, default=0, help="Seed of the per-round visit orders.")
+    parser.add_argument("--seed", type=int, default=None, help="Seed of the pass orders (0).")
     parser.add_argument(
         "--out",
         type=Path,
         default=None,
-        help=f"Results prefix: PREFIX.json, PREFIX_grid.csv, PREFIX.md and the work log "
-        f"PREFIX_work/ (default {DEFAULT_PREFIX.relative_to(REPO)}; --quick: a temp dir).",
+        help=f"Sessions directory (default {SESSIONS.relative_to(REPO)}; --quick: a temporary "
+        "one).",
     )
     parser.add_argument(
-        "--resume", action="store_true", help="Continue from PREFIX_work/ (same settings)."
+        "--resume",
+        nargs="?",
+        const="",  # the latest unfinished session
+        default=None,
+        metavar="SESSION",
+        help="Continue a session (default: the latest unfinished one) with its own settings.",
     )
     parser.add_argument(
-        "--fresh", action="store_true", help="Delete PREFIX_work/ first and start over."
-    )
-    parser.add_argument(
-        "--retry-failed",
+        "--summarize",
         action="store_true",
-        help="With --resume: visit failed configs again (default: keep the failure).",
+        help="Measure nothing: re-read every session under --out and rewrite the summary.",
     )
-    args = parser.parse_args(argv)
-    quick = args.quick
-    model_args = dict(QUICK_MODEL_ARGS) if quick else {}
-    if args.model_arg:
-        from advisor.errors import UsageProblem
-        from advisor.models import parse_model_args
+    return parser.parse_args(argv)
 
-        try:
-            model_args = parse_model_args(args.model_arg)
-        except UsageProblem as exc:
-            parser.error(str(exc))
-    settings = Settings(
-        models=tuple(args.model or (("gpt-tiny",) if quick else DEFAULT_MODELS)),
-        model_args=model_args,
-        global_batch_size=args.global_batch_size,
-        seq_len=args.seq_len,
-        world_size=args.world_size,
-        rounds=args.rounds or (1 if quick else 3),
-        refine_rounds=(
-            args.refine_rounds if args.refine_rounds is not None else (1 if quick else 6)
-        ),
-        refine_margin=args.refine_margin,
-        config_budget_s=args.config_budget_s or (2.0 if quick else 10.0),
-        warmup=args.warmup if args.warmup is not None else (1 if quick else 2),
-        min_steps=args.min_steps,
-        max_steps=args.max_steps or (4 if quick else 10),
-        profile_budget_s=args.profile_budget_s or (40.0 if quick else None),
-        threads=args.threads,
-        quick=quick,
-        seed=args.seed,
-    )
-    if settings.rounds < 1 or settings.min_steps < 1 or settings.max_steps < settings.min_steps:
-        parser.error("--rounds and --min-steps must be >= 1, and --max-steps >= --min-steps")
-    if settings.refine_rounds < 0 or not 0 <= settings.refine_margin < 1:
-        parser.error("--refine-rounds must be >= 0 and --refine-margin in [0, 1)")
-    if settings.warmup < 0 or settings.config_budget_s <= 0:
-        parser.error("--warmup must be >= 0 and --config-budget-s positive")
-    if args.resume and args.fresh:
-        parser.error("--resume and --fresh exclude each other")
-    return settings, args
+
+def settings_from(args: argparse.Namespace) -> Settings:
+    base = QUICK if args.quick else Settings()
+    given = {
+        "models": tuple(args.models) if args.models else None,
+        "global_batch_sizes": tuple(args.global_batch_sizes) if args.global_batch_sizes else None,
+        "passes": args.passes,
+        "precisions": tuple(dict.fromkeys(args.precisions)) if args.precisions else None,
+        "checkpointing": tuple(dict.fromkeys(args.checkpointing)) if args.checkpointing else None,
+        "seq_len": args.seq_len,
+        "world_size": args.world_size,
+        "warmup": args.warmup,
+        "steps": args.steps,
+        "profile_budget_s": args.profile_budget_s,
+        "seed": args.seed,
+    }
+    changes = {k: v for k, v in given.items() if v is not None}
+    if args.no_memory_bound:
+        changes["memory_bound"] = False
+    settings = Settings(**{**base.to_dict(), **changes})
+    problems = []
+    if settings.passes < 1 or settings.steps < 1 or settings.warmup < 0:
+        problems.append("--passes and --steps must be >= 1 and --warmup >= 0")
+    if settings.world_size < 1 or any(g < 1 for g in settings.global_batch_sizes):
+        problems.append("--world-size and every global batch must be >= 1")
+    problems += [p for name in settings.models if (p := model_problem(name))]
+    if problems:
+        print("error: " + "; ".join(problems), file=sys.stderr)
+        raise SystemExit(2)
+    return settings
+
+
+def model_problem(name: str) -> str:
+    """Why ``name`` cannot be built (checked once, on ``meta``, before any visit), or ""."""
+    from advisor.errors import UsageProblem
+    from advisor.models import build_model
+
+    entry = model_entry(name)
+    cwd = Path.cwd()
+    try:
+        os.chdir(REPO)  # relative model paths resolve from the repository root, as in a visit
+        build_model(entry.spec, entry.args, meta=True)
+    except UsageProblem as exc:
+        return f"--models {name}: {exc}"
+    finally:
+        os.chdir(cwd)
+    return ""
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    settings, args = parse_args(argv)
-    prefix: Path = args.out or (
-        Path(tempfile.mkdtemp(prefix="regret-quick-")) / "regret"
-        if settings.quick
-        else DEFAULT_PREFIX
+    args = parse_args(argv)
+    root: Path = args.out or (
+        Path(tempfile.mkdtemp(prefix="regret-quick-"))
+        if args.quick and not args.summarize
+        else SESSIONS
     )
-    work = prefix.with_name(prefix.name + "_work")
-    if work.exists() and args.fresh:
-        shutil.rmtree(work)
-    settings_path = work / "settings.json"
-    if work.exists() and not args.resume:
-        print(
-            f"{work} holds an earlier run: pass --resume to continue it or --fresh to start over",
-            file=sys.stderr,
-        )
-        return 2
-    if args.resume and settings_path.exists():
-        earlier = json.loads(settings_path.read_text())
-        if earlier.get("identity") != json.loads(json.dumps(settings.identity())):
-            print(
-                f"{work} was started with other settings ({earlier.get('identity')}): resume "
-                "with the same flags, or --fresh",
-                file=sys.stderr,
-            )
+    root = root.resolve()
+    if args.summarize:
+        if not any(root.glob("*/session.json")):
+            print(f"error: no session under {root}", file=sys.stderr)
             return 2
-    work.mkdir(parents=True, exist_ok=True)
-    if not settings_path.exists():
-        settings_path.write_text(
-            json.dumps({"settings": settings.to_dict(), "identity": settings.identity()}, indent=1)
-        )
-    log = WorkLog(work / "units.jsonl", retry_failed=args.retry_failed)
-    started = time.perf_counter()
-    environment = _environment()
-    models: list[dict[str, Any]] = []
-
-    def results(partial: bool) -> dict[str, Any]:
-        return {
-            "benchmark": "regret",
-            "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-            "quick": settings.quick,
-            "partial": partial,
-            "targets": {"throughput_ratio": THROUGHPUT_TARGET, "wall_ratio": WALL_TARGET},
-            "settings": settings.to_dict(),
-            "environment": environment,
-            "models": models,
-            "total_s": time.perf_counter() - started,
-            "work_dir": str(work),
-        }
+        print(write_summaries(root, None))
+        return 0
+    if args.resume is not None:
+        name = args.resume or latest_unfinished(root)
+        if name is None or not (root / name / "session.json").is_file():
+            print(f"error: no session to resume under {root}", file=sys.stderr)
+            return 2
+        meta = json.loads((root / name / "session.json").read_text())
+        settings = Settings.from_dict(meta["settings"])
+        print(f"resuming session {name} with its own settings", file=sys.stderr)
+    else:
+        settings = settings_from(args)
+        root.mkdir(parents=True, exist_ok=True)
+        name = new_session_name(root)
+    session = Session(root, name, settings)
+    session.start(environment())
+    progress = Progress(session)
+    total = sum(len(c.candidates) for c in session.cases) * settings.passes
+    progress.say(
+        f"session {root / name}: {len(session.cases)} case(s), {total} grid visits "
+        f"({settings.warmup}+{settings.steps} steps each), scratch in {session.scratch}"
+    )
 
     def stop(signum: int, _frame: Any) -> None:
         raise KeyboardInterrupt(f"signal {signum}")
 
-    # SIGTERM unwinds like Ctrl-C: the visit in flight kills its child (run_isolated) or its
-    # torchrun launcher (subprocess.run), the partial results are written, --resume continues.
     signal.signal(signal.SIGTERM, stop)
     try:
-        run_models(settings, log, models, results, prefix)
+        run_session(session, progress)
     except KeyboardInterrupt:
-        write_outputs(prefix, results(partial=True))
-        _say(f"interrupted: partial results in {prefix}.*; continue with --resume --out {prefix}")
+        write_summaries(root, name)
+        print(
+            f"interrupted: the logs in {root / name} keep every finished visit; continue with "
+            f"python benchmarks/regret.py --resume {name}"
+            + (f" --out {root}" if root != SESSIONS.resolve() else ""),
+            file=sys.stderr,
+        )
         return 130
-    environment["loadavg_end"] = list(os.getloadavg())
-    final = results(partial=False)
-    write_outputs(prefix, final)
-    table = render_markdown(final)
-    print(table)
-    _say(
-        f"wrote {prefix.with_suffix('.json')}, {prefix.with_name(prefix.name + '_grid.csv')} and "
-        f"{prefix.with_suffix('.md')} (work log: {work})"
+    session.finish()
+    write_summaries(root, name)
+    print((session.dir / "summary.md").read_text())
+    print(
+        f"session logs: {session.dir}; summary of every session: {root / 'summary.md'}; "
+        f"this invocation {_clock(time.perf_counter() - progress.started)}",
+        file=sys.stderr,
     )
     return 0
-
-
-def run_models(
-    settings: Settings,
-    log: WorkLog,
-    models: list[dict[str, Any]],
-    results: Callable[[bool], dict[str, Any]],
-    prefix: Path,
-) -> None:
-    """Every model in turn: the advisor phase, then its grid; outputs rewritten after each visit."""
-    for model in settings.models:
-        label = model_label(model, settings.model_args)
-        advisor = run_advisor(model, settings, log.path.parent / _slug(label))
-        profile, plan = load_profile_and_plan(advisor)
-        candidates, space_source = grid_candidates(profile, settings)
-        if settings.quick:
-            candidates = quick_subset(candidates, plan.candidate.key if plan else None)
-        predictions = predictions_by_key(profile, model, candidates, settings)
-        entry: dict[str, Any] = {
-            "model": model,
-            "model_args": dict(settings.model_args),
-            "label": label,
-            "advisor": advisor,
-            "space_source": space_source,
-            "plan": (
-                {
-                    "config": plan.config.to_dict(),
-                    "key": plan.candidate.key,
-                    "predicted": plan.predicted.to_dict(),
-                    "measured": plan.measured.to_dict() if plan.measured else None,
-                    "validated": [v.to_dict() for v in plan.validated],
-                    "reasons": list(plan.reasons),
-                }
-                if plan
-                else None
-            ),
-        }
-        models.append(entry)
-
-        def refresh(
-            entry: dict[str, Any] = entry,
-            model: str = model,
-            candidates: list[Candidate] = candidates,
-            profile: Profile | None = profile,
-            plan: Plan | None = plan,
-            predictions: dict[str, dict[str, Any]] = predictions,
-            partial: bool = True,
-        ) -> None:
-            units = log.of(model)
-            rows = grid_rows(model, candidates, units, profile, plan, predictions, settings)
-            entry["rows"] = rows
-            entry["summary"] = summarize(rows, entry["advisor"], units, settings)
-            write_outputs(prefix, results(partial))
-
-        refresh()
-        _say(f"[{model}] grid: {len(candidates)} configs x {settings.rounds} round(s)")
-        run_grid(model, candidates, settings, log, refresh)
-        run_refinement(
-            model, candidates, settings, log, refresh, plan.candidate.key if plan else None
-        )
-        refresh()
 
 
 if __name__ == "__main__":
