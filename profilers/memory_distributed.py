@@ -300,12 +300,6 @@ def _fsdp_tracker(step: TrainStep) -> Any:
 
             return restart_per_micro_batch
 
-        def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
-            in_place = self._grad_sum_dispatch(func, types, args, kwargs)
-            if in_place is not None:
-                func, args = in_place
-            return super().__torch_dispatch__(func, types, args, kwargs)
-
     return _FSDPStepMemTracker(step.model, step.optimizer)
 
 

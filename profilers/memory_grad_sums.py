@@ -33,7 +33,8 @@ _ADD_ = torch.ops.aten.add_.Tensor
 
 
 class GradSumsInPlace:
-    """Mixin for a ``TorchDispatchMode``: call ``_grad_sum_dispatch`` first in its dispatch."""
+    """Mixin for a ``TorchDispatchMode``, listed before it (``class T(GradSumsInPlace, Mode)``):
+    its ``__torch_dispatch__`` rewrites an in-place sum, then hands every op to the mode's."""
 
     _sums_graph_task: int = -1
     _sums_node_outputs: frozenset[int] = frozenset()
@@ -63,6 +64,12 @@ class GradSumsInPlace:
                 max(count for count, _ in observed),
                 max(storage for _, storage in observed),
             )
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+        in_place = self._grad_sum_dispatch(func, types, args, kwargs)
+        if in_place is not None:
+            func, args = in_place
+        return super().__torch_dispatch__(func, types, args, kwargs)
 
     def _grad_sum_dispatch(
         self, func: Any, types: Any, args: tuple[Any, ...], kwargs: dict[str, Any] | None

@@ -87,12 +87,6 @@ class _StepMemTracker(GradSumsInPlace, MemTracker):
             self.reset_mod_stats()
         super()._pre_fw_hook(module, inputs)
 
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
-        in_place = self._grad_sum_dispatch(func, types, args, kwargs)
-        if in_place is not None:
-            func, args = in_place
-        return super().__torch_dispatch__(func, types, args, kwargs)
-
 
 def trace(workload: Workload, spec: StepSpec, *, cuda_rounding: bool) -> MemoryTrace:
     started = time.perf_counter()

@@ -447,11 +447,7 @@ def _validation_chart(rows: Sequence[ValidationRow]) -> Chart:
 
 
 def _predicted_rate(r: ValidationRow) -> str:
-    interval = r.predicted_tokens_per_s_interval
-    point = fmt.rate(r.predicted_tokens_per_s)
-    if interval is None:
-        return point
-    return f"{point} ({fmt.rate(interval[0])} – {fmt.rate(interval[1])})"
+    return fmt.with_interval(fmt.rate, r.predicted_tokens_per_s, r.predicted_tokens_per_s_interval)
 
 
 def _inside_cell(r: ValidationRow) -> Cell:

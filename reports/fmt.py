@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from profilers.metrics_record import finite_number
@@ -36,6 +37,16 @@ def rate(tokens_per_s: Any) -> str:
     if x >= 1e4:
         return f"{x / 1e3:.1f}k tok/s"
     return f"{x:,.0f} tok/s"
+
+
+def with_interval(
+    show: Callable[[Any], str], value: Any, interval: tuple[float, float] | None
+) -> str:
+    """A value and, when there is one, its interval: ``5,689 tok/s (5,197 – 6,228 tok/s)``
+    written with ``show`` on each end."""
+    if interval is None:
+        return show(value)
+    return f"{show(value)} ({show(interval[0])} – {show(interval[1])})"
 
 
 def seconds(value: Any) -> str:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -12,7 +12,6 @@ from reports.common import prediction as read_prediction
 from reports.fmt import num
 from reports.model import Fact, Section, Table, cell, num_cell
 from reports.training import MEMORY_KINDS, TrainingStats
-from strategies.prediction import Prediction
 
 KNOB_PREFIXES = (
     "precision ",
@@ -159,12 +158,20 @@ def _comparison(plan: Mapping[str, Any], stats: TrainingStats | None) -> Table:
         (
             cell("predicted (cost model)"),
             num_cell(
-                _with_interval(fmt.rate, p.get("tokens_per_s"), predicted, tokens=True),
+                fmt.with_interval(
+                    fmt.rate,
+                    p.get("tokens_per_s"),
+                    predicted.tokens_per_s_interval if predicted else None,
+                ),
                 num(p.get("tokens_per_s")),
                 hint="90% interval",
             ),
             num_cell(
-                _with_interval(fmt.seconds, p.get("step_time_s"), predicted, tokens=False),
+                fmt.with_interval(
+                    fmt.seconds,
+                    p.get("step_time_s"),
+                    predicted.step_time_interval_s if predicted else None,
+                ),
                 num(p.get("step_time_s")),
                 hint="90% interval",
             ),
@@ -283,15 +290,3 @@ def summary_section(
         details_title="Everything the search noted" if summary.notes else "",
         details=summary.notes,
     )
-
-
-def _with_interval(
-    show: Callable[[Any], str], value: Any, predicted: Prediction | None, *, tokens: bool
-) -> str:
-    """A predicted value and, when the prediction has one, its 90% interval."""
-    if predicted is None:
-        return show(value)
-    interval = predicted.tokens_per_s_interval if tokens else predicted.step_time_interval_s
-    if interval is None:
-        return show(value)
-    return f"{show(value)} ({show(interval[0])} – {show(interval[1])})"

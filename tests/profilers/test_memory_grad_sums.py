@@ -18,20 +18,27 @@ from profilers.memory_tracing import _StepMemTracker
 from profilers.memory_truth import _walk
 
 
-class _Recorder(GradSumsInPlace, TorchDispatchMode):
-    """Records the ops it dispatches, after the mixin's rewrite."""
+class _Running(TorchDispatchMode):
+    """Runs every op and records it (what reaches the mode after the mixin's rewrite)."""
 
     def __init__(self) -> None:
         super().__init__()
         self.ops: list[Any] = []
+        self.recording = True
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
-        in_place = self._grad_sum_dispatch(func, types, args, kwargs)
-        if in_place is not None:
-            func, args = in_place
-        if self._sums_calibration is None:
+        if self.recording:
             self.ops.append(func)
         return func(*args, **(kwargs or {}))
+
+
+class _Recorder(GradSumsInPlace, _Running):
+    def calibrate_grad_sums(self) -> None:
+        self.recording = False
+        try:
+            super().calibrate_grad_sums()
+        finally:
+            self.recording = True
 
 
 def _tied(weight: torch.Tensor) -> torch.Tensor:

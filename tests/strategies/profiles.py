@@ -13,6 +13,10 @@ from profilers.memory_model import MemoryModel
 from profilers.profile_record import Fits, InputSample, MemoryOverhead, Profile
 from profilers.throughput import TimeModel
 from profilers.workload import ModelFacts
+from strategies.prediction import Prediction
+from strategies.search import Evaluation, SearchResult
+from strategies.space import Candidate
+from strategies.uncertainty import Uncertainty
 
 MB = 10**6
 GiB = 2**30
@@ -211,3 +215,32 @@ def hand_profile(
         input=tuple(inputs),
         fits=Fits(memory=memory, time=time + tuple(extra_time), communication=comm),
     )
+
+
+def priced(
+    parallelism: str, micro: int, tokens_per_s: float, *, uncertainty: Uncertainty | None = None
+) -> Evaluation:
+    """A hand-priced candidate at global batch 8 (world size 2 unless single)."""
+    world = 1 if parallelism == "single" else 2
+    candidate = Candidate(
+        precision="bf16",
+        activation_checkpointing="none",
+        parallelism=parallelism,
+        world_size=world,
+        micro_batch_size=micro,
+        grad_accum_steps=8 // (micro * world),
+    )
+    prediction = Prediction(
+        peak_memory_bytes=1, budgeted_bytes=1, budget_bytes=2, step_time_s=1.0,
+        tokens_per_s=tokens_per_s, uncertainty=uncertainty,
+    )  # fmt: skip
+    return Evaluation(candidate=candidate, prediction=prediction)
+
+
+def searched(*evaluations: Evaluation) -> SearchResult:
+    """An enumerated search that priced exactly ``evaluations``."""
+    return SearchResult(
+        mode="enumerate", space_size=len(evaluations), trial_budget=len(evaluations),
+        evaluations=evaluations, study_name="s", storage="sqlite:///x.db", trials_before=0,
+        trials_told=len(evaluations), wall_s=0.0,
+    )  # fmt: skip

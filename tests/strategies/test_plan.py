@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from strategies.config import TrainConfig
-from strategies.cost import CostModel, Prediction, cost_model_from_profile
+from strategies.cost import CostModel, cost_model_from_profile
 from strategies.errors import NothingFits
 from strategies.plan import (
     TRIAL_COLUMNS,
@@ -19,9 +19,9 @@ from strategies.plan import (
     naive_baseline,
     top_candidates,
 )
-from strategies.search import Evaluation, SearchResult, evaluate
-from strategies.space import Candidate, SearchRequest, SearchSpace, build_space
-from tests.strategies.profiles import MB, SEQ_LEN, GiB, hand_profile
+from strategies.search import SearchResult, evaluate
+from strategies.space import SearchRequest, SearchSpace, build_space
+from tests.strategies.profiles import MB, SEQ_LEN, GiB, hand_profile, priced, searched
 
 BASE = TrainConfig(model="gpt-tiny", seq_len=SEQ_LEN)
 
@@ -204,41 +204,16 @@ def test_budget_is_a_fraction_of_available_ram_on_cpu() -> None:
     assert model.budget_bytes == 5 * GiB
 
 
-def _priced(parallelism: str, micro: int, tokens_per_s: float) -> Evaluation:
-    world = 1 if parallelism == "single" else 2
-    candidate = Candidate(
-        precision="bf16",
-        activation_checkpointing="none",
-        parallelism=parallelism,
-        world_size=world,
-        micro_batch_size=micro,
-        grad_accum_steps=8 // (micro * world),
-    )
-    prediction = Prediction(
-        peak_memory_bytes=1, budgeted_bytes=1, budget_bytes=2, step_time_s=1.0,
-        tokens_per_s=tokens_per_s,
-    )  # fmt: skip
-    return Evaluation(candidate=candidate, prediction=prediction)
-
-
-def _searched(*evaluations: Evaluation) -> SearchResult:
-    return SearchResult(
-        mode="enumerate", space_size=len(evaluations), trial_budget=len(evaluations),
-        evaluations=evaluations, study_name="s", storage="sqlite:///x.db", trials_before=0,
-        trials_told=len(evaluations), wall_s=0.0,
-    )  # fmt: skip
-
-
 def test_finalists_include_the_best_of_a_layout_the_top_k_left_out_when_close() -> None:
     """Top 3 all distributed; the best single config, 10% behind, is validated too; the best
     fsdp one, 20% behind, is not (outside the 15% margin); k=0 validates nothing."""
-    result = _searched(
-        _priced("ddp", 4, 1000.0),
-        _priced("ddp", 2, 980.0),
-        _priced("ddp", 1, 950.0),
-        _priced("single", 8, 900.0),
-        _priced("single", 4, 890.0),
-        _priced("fsdp", 4, 800.0),
+    result = searched(
+        priced("ddp", 4, 1000.0),
+        priced("ddp", 2, 980.0),
+        priced("ddp", 1, 950.0),
+        priced("single", 8, 900.0),
+        priced("single", 4, 890.0),
+        priced("fsdp", 4, 800.0),
     )
     top = top_candidates(result, 3)
     assert [(e.candidate.parallelism, e.candidate.micro_batch_size) for e in top] == [

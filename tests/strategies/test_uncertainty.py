@@ -13,8 +13,7 @@ from strategies.config import TrainConfig
 from strategies.cost import CostModel, cost_model_from_profile
 from strategies.plan import top_candidates
 from strategies.prediction import Prediction
-from strategies.search import Evaluation, SearchResult
-from strategies.space import Candidate
+from strategies.search import Evaluation
 from strategies.uncertainty import (
     HOST_DRIFT_DEDICATED,
     HOST_DRIFT_SHARED,
@@ -24,7 +23,7 @@ from strategies.uncertainty import (
     interval_overlaps,
     source_term,
 )
-from tests.strategies.profiles import SEQ_LEN, hand_profile
+from tests.strategies.profiles import SEQ_LEN, hand_profile, priced, searched
 
 # Four sizes, three samples each, a few percent of scatter about t = 0.01 + 0.002·b.
 _XS = [b for b in (1, 2, 4, 8) for _ in range(3)]
@@ -110,43 +109,26 @@ def test_a_derived_checkpointing_time_says_so() -> None:
 
 
 def _evaluation(layout: str, micro: int, tokens_per_s: float, sigma: float | None) -> Evaluation:
-    world = 1 if layout == "single" else 2
-    candidate = Candidate(
-        precision="fp32", activation_checkpointing="none", parallelism=layout,
-        world_size=world, micro_batch_size=micro, grad_accum_steps=8 // (micro * world),
-    )  # fmt: skip
-    prediction = Prediction(
-        peak_memory_bytes=1, budgeted_bytes=1, budget_bytes=2, step_time_s=1.0,
-        tokens_per_s=tokens_per_s,
-        uncertainty=None if sigma is None else Uncertainty(terms=(("host", sigma, ""),)),
-    )  # fmt: skip
-    return Evaluation(candidate=candidate, prediction=prediction)
-
-
-def _searched(*evaluations: Evaluation) -> SearchResult:
-    return SearchResult(
-        mode="enumerate", space_size=len(evaluations), trial_budget=len(evaluations),
-        evaluations=evaluations, study_name="s", storage="sqlite:///x.db", trials_before=0,
-        trials_told=len(evaluations), wall_s=0.0,
-    )  # fmt: skip
+    spread = None if sigma is None else Uncertainty(terms=(("host", sigma, ""),))
+    return priced(layout, micro, tokens_per_s, uncertainty=spread)
 
 
 def test_a_layout_whose_interval_reaches_the_best_is_a_contender() -> None:
     # fsdp is 30% behind, beyond the fixed 15% margin, but both intervals are wide (σ 10%:
     # ×/÷ 1.18): its upper bound reaches the best's lower bound.
-    wide = _searched(
+    wide = searched(
         _evaluation("ddp", 4, 1000.0, 0.10),
         _evaluation("fsdp", 4, 720.0, 0.10),
     )
     assert [e.candidate.parallelism for e in top_candidates(wide, 1)] == ["ddp", "fsdp"]
     # Narrow intervals (σ 1%): the single config 10% behind cannot be the fastest.
-    narrow = _searched(
+    narrow = searched(
         _evaluation("ddp", 4, 1000.0, 0.01),
         _evaluation("single", 8, 900.0, 0.01),
     )
     assert [e.candidate.parallelism for e in top_candidates(narrow, 1)] == ["ddp"]
     # Without intervals (hand-made predictions) the fixed margin decides, as before.
-    bare = _searched(_evaluation("ddp", 4, 1000.0, None), _evaluation("single", 8, 900.0, None))
+    bare = searched(_evaluation("ddp", 4, 1000.0, None), _evaluation("single", 8, 900.0, None))
     assert [e.candidate.parallelism for e in top_candidates(bare, 1)] == ["ddp", "single"]
 
 
