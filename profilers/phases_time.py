@@ -1,9 +1,9 @@
 """Timed real steps: per precision x checkpointing, one child each, two micro-batch sizes.
 
-fp32 groups first (the search's baseline), then the others while the budget lasts; each group
-gets an equal part of what is left. Inside its child a group times a small size, then a larger
-one chosen to fit its time (:func:`_timing_child`), and on a multi-thread CPU the larger size
-once more on half the threads (what a rank that shares the cores sees).
+:mod:`profilers.phases_core` decides which groups are timed, in which order and with how much
+time. Inside its child a group times a small size, then a larger one chosen to fit its time
+(:func:`_timing_child`), and on a multi-thread CPU the larger size once more on half the threads
+(what a rank that shares the cores sees).
 """
 
 from __future__ import annotations
@@ -16,8 +16,7 @@ from typing import Any
 from profilers import probe_rows
 from profilers.device import DeviceInfo
 from profilers.memory_model import MemoryModel
-from profilers.phases_memory import memory_model_for
-from profilers.probe_run import CHILD_START_S, MIN_CHILD_SHARE_S, ProbeRun
+from profilers.probe_run import CHILD_START_S, ProbeRun
 from profilers.throughput import StepTiming
 from profilers.workload import StepSpec, Workload
 
@@ -54,34 +53,6 @@ def timed_sizes(
             largest //= 2
     largest = max(largest, 2)
     return (max(1, largest // 4), largest)
-
-
-def throughput_phase(
-    run: ProbeRun,
-    precisions: Sequence[str],
-    models: Sequence[MemoryModel],
-    capacity: int,
-    device: DeviceInfo,
-) -> list[StepTiming]:
-    """Timings of every precision x checkpointing group, fp32 and no checkpointing first."""
-    share = run.clock.share("throughput")
-    deadline = time.perf_counter() + share
-    groups = [(p, c) for p in precisions for c in run.options.checkpointing]
-    groups.sort(key=lambda pc: (pc[0] != "fp32", pc[1] != "none"))
-    timings: list[StepTiming] = []
-    for i, (p, c) in enumerate(groups):
-        b1, b_max = timed_sizes(run, memory_model_for(models, p, c), capacity, _slowdown(device, p))
-        small = run.spec(p, c, b1)
-        remaining = deadline - time.perf_counter()
-        # Every group gets a child's minimum while time remains; the first (fp32) always.
-        floor = MIN_CHILD_SHARE_S if i == 0 else min(remaining, MIN_CHILD_SHARE_S)
-        per_group = max(remaining / (len(groups) - i), floor)
-        if per_group < MIN_CHILD_SHARE_S:
-            run.rows.append(probe_rows.skipped("throughput", small, "time budget spent"))
-            continue
-        run.clock.say(f"throughput: timing {p}/{c} from b={b1}")
-        timings += _time_group(run, small, b_max, per_group)
-    return timings
 
 
 def _slowdown(device: DeviceInfo, precision: str) -> float:
@@ -161,7 +132,9 @@ def _timing_child(
             b2, rounds = fitting[-1], candidate_rounds
             break
     specs = [small, dataclasses.replace(small, micro_batch_size=b2)]
-    timings = measure_interleaved(workload, specs, device, rounds=rounds, warmup=1)
+    timings = measure_interleaved(
+        workload, specs, device, rounds=rounds, warmup=1, deadline=started + budget_s
+    )
     left = budget_s - (time.perf_counter() - started)
     again = _split_target([t.median_step_s for t in timings], left) if split else None
     if again is not None:

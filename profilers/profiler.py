@@ -1,11 +1,13 @@
 """Run every probe on one workload within a time budget and assemble the Profile.
 
-Order: device facts and micro-benchmarks, model facts and FLOPs, fake-traced memory (no
-allocation: every precision x checkpointing at two micro-batch sizes and once with
-accumulation), real memory checks of configs that fit (what tracing cannot see), timed steps per
-precision x checkpointing (isolated, interleaved across two micro-batch sizes), collectives,
-and the input pipeline. Each probe that runs real steps runs in a child process with a timeout:
-an OOM, crash or hang becomes a row with its status and reason, and profiling goes on.
+Order: device facts and micro-benchmarks, model facts and FLOPs, then the search's core group
+by group (each precision x checkpointing: fake-traced memory at two micro-batch sizes, no
+allocation, then timed steps, isolated, interleaved across two sizes; fp32 first, a group the
+budget cannot complete skipped whole with the budget that would cover it), the refinements
+(accumulation and smaller traced sizes), real memory checks of configs that fit (what tracing
+cannot see), collectives, and the input pipeline. Each probe that runs real steps runs in a
+child process with a timeout: an OOM, crash or hang becomes a row with its status and reason,
+and profiling goes on.
 
 :func:`run_profile` reads top-down in that order. Each phase lives in a ``profilers.phases_*``
 module and shares one :class:`profilers.probe_run.ProbeRun` (options, budget clock, rows); the
@@ -23,10 +25,11 @@ from typing import Any, Protocol, TypeVar
 
 from profilers.budget import Progress as Progress
 from profilers.phases_comm import communication_phase
+from profilers.phases_core import core_phase, refine_phase
 from profilers.phases_distributed import distributed_trace_phase
 from profilers.phases_facts import device_phase, model_phase, usable_precisions
 from profilers.phases_input import input_phase
-from profilers.phases_memory import memory_check_phase, trace_phase
+from profilers.phases_memory import memory_check_phase
 from profilers.phases_time import _SPLIT_COST_STEPS as _SPLIT_COST_STEPS
 from profilers.phases_time import (
     CPU_MAX_TIMED_MICRO_BATCH as CPU_MAX_TIMED_MICRO_BATCH,
@@ -37,7 +40,6 @@ from profilers.phases_time import (
 from profilers.phases_time import _doublings as _doublings
 from profilers.phases_time import _split_target as _split_target
 from profilers.phases_time import _timing_child as _timing_child
-from profilers.phases_time import throughput_phase
 from profilers.probe_rows import fit_gap, one_line
 from profilers.probe_run import CHILD_START_S as CHILD_START_S
 from profilers.probe_run import ProbeRun
@@ -66,12 +68,12 @@ def run_profile(
     # profiling goes on. The plan's budget makes the reverse choice (RAM available when
     # profiled, total GPU memory): strategies/cost.py machine_from_profile owns that one.
     capacity = device.free_memory_bytes if target == "cuda" else device.total_memory_bytes
-    # Memory at two sizes, then step times (the search's core), then the refinements.
-    traces = trace_phase(run, precisions, target, accumulation=False)
-    models = _fit_groups(fit_memory_models, traces, [], "memory")
-    timings = throughput_phase(run, precisions, models, capacity, device)
+    # The search's core, group by group (memory at two sizes, then step times), then the
+    # refinements while the budget lasts.
+    core = core_phase(run, precisions, target, capacity, device, model.flops)
+    timings = core.timings
     time_models = _fit_groups(fit_step_times, timings, run.rows, "throughput")
-    traces += trace_phase(run, precisions, target, accumulation=True)
+    traces = core.traces + refine_phase(run, core, target)
     models = _fit_groups(fit_memory_models, traces, [], "memory")
     checks = memory_check_phase(run, models, precisions, capacity)
     comm = communication_phase(run)

@@ -249,13 +249,16 @@ def measure_interleaved(
     warmup: int = 2,
     steps_per_round: int = 1,
     seed: int = 0,
+    deadline: float | None = None,
 ) -> list[StepTiming]:
     """Time several configs round-robin: each round takes ``steps_per_round`` samples of every
     config in order, so slow drift of the host spreads over all of them instead of biasing one.
 
     Every config is built (and warmed up) before the first round and stays resident until the
     last: memory for all their models and optimizer states at once. One StepTiming per spec, in
-    the order given, each with ``rounds * steps_per_round`` samples.
+    the order given, each with ``rounds * steps_per_round`` samples — fewer when ``deadline``
+    (a ``time.perf_counter()`` reading) passes: no round starts after it, but the first always
+    runs, so a caller's plan that underestimated its steps overruns by one round at most.
     """
     _check_counts(warmup=warmup, repeats=rounds)
     if steps_per_round < 1:
@@ -266,7 +269,10 @@ def measure_interleaved(
         timers = [stack.enter_context(StepTimer(workload, s, device, seed=seed)) for s in specs]
         for timer in timers:
             timer.warm_up(warmup)
-        for index in round_robin(len(timers), rounds):
+        for position, index in enumerate(round_robin(len(timers), rounds)):
+            first_round = position < len(timers)
+            if index == 0 and not first_round and deadline and time.perf_counter() > deadline:
+                break
             for _ in range(steps_per_round):
                 timers[index].sample()
         return [timer.timing() for timer in timers]

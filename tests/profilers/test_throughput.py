@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -100,6 +101,19 @@ def test_interleaving_is_round_robin_after_warming_every_config() -> None:
     assert fb_order == [1, 2, 3, 1, 2, 3, 1, 2, 3]  # warm-ups, then two rounds
     assert [t.spec.micro_batch_size for t in timings] == [1, 2, 3]
     assert all(len(t.forward_backward_s) == 2 and t.num_warmup == 1 for t in timings)
+
+
+def test_no_round_starts_after_the_deadline_but_the_first_always_runs() -> None:
+    workload = _LoggedWorkload()
+    past = time.perf_counter() - 1.0
+    timings = measure_interleaved(
+        workload, [spec(1), spec(2)], "cpu", rounds=3, warmup=0, deadline=past
+    )
+    assert [b for b, phase in workload.log if phase == "fb"] == [1, 2]  # one whole round
+    assert all(len(t.forward_backward_s) == 1 for t in timings)
+    future = time.perf_counter() + 3600.0
+    timings = measure_interleaved(TINY, [spec(1)], "cpu", rounds=3, warmup=0, deadline=future)
+    assert len(timings[0].forward_backward_s) == 3
 
 
 def test_round_robin_order() -> None:

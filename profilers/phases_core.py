@@ -1,0 +1,299 @@
+"""The search's core measurements, group by group: memory at two sizes, then timed steps.
+
+A *group* is one precision x checkpointing. The search can price a candidate only when its group
+has both a memory fit (two traced micro-batch sizes) and a step-time fit (two timed sizes; a
+checkpointed group can borrow its precision's uncheckpointed fit, scaled by counted FLOPs), so
+:func:`core_phase` completes each group before starting the next, in order of value: fp32 first
+(the baseline), no checkpointing before full, then the other precisions. Cheap parts first: a
+small model's traces (a second each) all run before any timing; a large model's (tens of
+seconds each) run just before their group's timing, so none is spent on a group that will not
+be timed. When the budget cannot complete a group, it and every later one are skipped, each with
+a row naming the ``--budget-s`` that would cover them. (Tracing every group first, whatever it
+cost, left a 124M model on two cores with 18 traces and no step-time fit at all.)
+
+The refinements come later, in :func:`refine_phase`, while the budget lasts: the traces of the
+skipped groups, the accumulation variants, and the sizes below the core's two. The core traces
+the two *largest* sizes, where the memory line is exact; below them the hinged fit's floor
+(``fit.fit_hinged``) needs the smallest size, which the refinement adds.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from profilers import probe_rows
+from profilers.device import DeviceInfo
+from profilers.flops import FlopCount
+from profilers.memory_model import MemoryModel, fit_memory
+from profilers.memory_records import MemoryTrace
+from profilers.probe_run import CHILD_START_S, MIN_CHILD_SHARE_S, ProbeRun
+from profilers.throughput import StepTiming
+from profilers.workload import StepSpec
+
+# A checkpointed trace runs each block's forward twice (the recompute): measured 1.3-1.6x an
+# uncheckpointed trace's time on gpt-small and gpt-tiny here. Used to plan a full group before
+# one was traced; afterwards its own traces' times are used.
+CHECKPOINTED_TRACE_FACTOR = 1.6
+# Trace every group before timing any when their traces take at most this part of the core's
+# time left after the first group's traces (see core_phase).
+CHEAP_TRACES_FRACTION = 0.5
+# The first group's timing (fp32, no checkpointing: the baseline every other prediction is
+# compared with) gets at least this part of the core's time left, more than an even split, and
+# at least its estimated least cost.
+FIRST_GROUP_MIN_PART = 3
+# Planning only, never a prediction: a training step runs at about this fraction of the
+# device's measured fp32 GEMM rate (the device probe). gpt-small fp32 on this 2-vCPU host:
+# 0.70 of the 1024^3 GEMM's rate at micro-batch 2, 0.87 at 8; a small model runs far below
+# it, but its steps are short and the child's start-up dominates.
+STEP_GEMM_FRACTION = 0.6
+
+
+def least_timing_s(
+    run: ProbeRun, device: DeviceInfo, flops: FlopCount | None, p: str, c: str, b1: int
+) -> float:
+    """A timing child's least cost, estimated before it runs: start-up, then the minimum plan
+    of :func:`profilers.phases_time._timing_child` (a warm-up and a timed step at ``b1``, the
+    same at 2·``b1``), each step its counted FLOPs at :data:`STEP_GEMM_FRACTION` of the
+    device's measured GEMM rate, times the device probe's slowdown of the precision."""
+    from profilers.phases_time import _slowdown
+
+    per_token = flops.flops_per_token.get(c) if flops is not None else None
+    rate = device.measured_flops("fp32") if per_token else None
+    if not per_token or not rate:
+        return MIN_CHILD_SHARE_S
+
+    def step(b: int) -> float:
+        return per_token * b * run.options.seq_len / (rate * STEP_GEMM_FRACTION)
+
+    slow = _slowdown(device, p)
+    return max(MIN_CHILD_SHARE_S, CHILD_START_S + 2 * slow * (step(b1) + step(2 * b1)))
+
+
+@dataclass
+class CoreResult:
+    """What the core measured: traces and timings of the groups it completed, in order."""
+
+    traces: list[MemoryTrace] = field(default_factory=list)
+    timings: list[StepTiming] = field(default_factory=list)
+    groups: list[tuple[str, str]] = field(default_factory=list)  # completed (or attempted)
+    skipped: list[tuple[str, str]] = field(default_factory=list)  # not timed: the budget
+    traced: set[tuple[str, str]] = field(default_factory=set)  # groups with core traces
+    timed: set[tuple[str, str]] = field(default_factory=set)  # groups with two timed sizes
+
+    def untraced(self) -> list[tuple[str, str]]:
+        """Skipped groups whose core sizes were not traced either."""
+        return [g for g in self.skipped if g not in self.traced]
+
+
+def ordered_groups(
+    precisions: Sequence[str], checkpointing: Sequence[str]
+) -> list[tuple[str, str]]:
+    """fp32 first (the search's baseline), then the others in the order given (bf16 before
+    fp16 by default: no loss scaling, and the mixed precision of choice where both run); no
+    checkpointing before full, whose time the cost model can derive from it."""
+    order = sorted(precisions, key=lambda p: p != "fp32")
+    return [(p, c) for p in order for c in sorted(checkpointing, key=lambda c: c != "none")]
+
+
+def core_phase(
+    run: ProbeRun,
+    precisions: Sequence[str],
+    target: str,
+    capacity: int,
+    device: DeviceInfo,
+    flops: FlopCount | None = None,
+) -> CoreResult:
+    """Trace and time each group in turn within the memory and throughput shares together.
+
+    Cheap parts first: when, after the first group's traces, every other group's traces would
+    take at most :data:`CHEAP_TRACES_FRACTION` of the time left, all are traced before any
+    timing (a small model: traces take a second, a timing child several). Otherwise (a large
+    model: one trace can take longer than a timing) each group is traced just before it is
+    timed, so no trace is spent on a group that will not also be timed.
+    """
+    from profilers.phases_time import _slowdown, _time_group, timed_sizes
+
+    share = run.clock.share("memory") + run.clock.share("throughput")
+    deadline = time.perf_counter() + share
+    groups = ordered_groups(precisions, run.options.checkpointing)
+    sizes = tuple(run.options.trace_micro_batch_sizes[-2:])
+    costs = _Costs()
+    out = CoreResult()
+    traced: dict[tuple[str, str], list[MemoryTrace]] = {}
+
+    def trace_group(i: int, group: tuple[str, str]) -> None:
+        traced[group] = _trace_group(run, *group, sizes, target, len(groups), i, costs)
+        out.traces.extend(traced[group])
+        out.traced.add(group)
+
+    def timing_cost(p: str, c: str) -> float:
+        b1, _ = timed_sizes(run, None, capacity, _slowdown(device, p))
+        return least_timing_s(run, device, flops, p, c, b1)
+
+    timed = out.timed
+    for i, (p, c) in enumerate(groups):
+        left = deadline - time.perf_counter()
+        to_come = groups[i + 1 :]
+        # A checkpointed group whose precision was timed without checkpointing is predictable
+        # from its traces alone (the cost model derives its time by the counted FLOPs ratio).
+        derivable = c != "none" and (p, "none") in timed
+        trace_cost = 0.0 if (p, c) in traced else costs.trace(c) * len(sizes)
+        if out.skipped or (i > 0 and left < trace_cost + (0.0 if derivable else timing_cost(p, c))):
+            out.skipped.append((p, c))  # and every later one: the order is the priority
+            continue
+        if (p, c) not in traced:
+            trace_group(i, (p, c))
+            if i == 0:
+                rest = sum(costs.trace(gc) * len(sizes) for _, gc in to_come)
+                room = deadline - time.perf_counter() - timing_cost(p, c)
+                if rest <= CHEAP_TRACES_FRACTION * room:
+                    for j, group in enumerate(to_come, start=1):
+                        trace_group(j, group)
+        model = _fit_or_none(traced[(p, c)])
+        b1, b_max = timed_sizes(run, model, capacity, _slowdown(device, p))
+        small = run.spec(p, c, b1)
+        left = deadline - time.perf_counter()
+        # What the groups still to come need for their own traces is kept back, so one
+        # group's timing does not starve the next one's traces; the rest is split evenly
+        # (at least half an even split of what is left, whatever the reservation).
+        reserved = sum(costs.trace(gc) * len(sizes) for gp, gc in to_come if (gp, gc) not in traced)
+        even = left / (len(to_come) + 1)
+        per_group = max(even - reserved / (len(to_come) + 1), even / 2)
+        least = timing_cost(p, c)
+        if i == 0:  # the baseline: without it the search has nothing to compare against
+            per_group = max(per_group, left / FIRST_GROUP_MIN_PART, least)
+        if per_group < least:
+            out.skipped.append((p, c))  # traced, not timed; every later group is skipped too
+            continue
+        out.groups.append((p, c))
+        run.clock.say(f"throughput: timing {p}/{c} from b={b1}")
+        timings = _time_group(run, small, b_max, per_group)
+        out.timings += timings
+        if len({t.spec.micro_batch_size for t in timings}) >= 2:
+            timed.add((p, c))
+    if out.skipped:
+        _record_skipped(run, out, sizes, costs)
+    return out
+
+
+def refine_phase(run: ProbeRun, core: CoreResult, target: str) -> list[MemoryTrace]:
+    """While the ``memory_refine`` share lasts: the core sizes of the groups the core skipped
+    and did not trace (memory fits cost no step: the report and a what-if plan for another
+    device use them), then each group's accumulation variant, then the sizes below the core's
+    two (the hinge of the memory fit)."""
+    share = run.clock.share("memory_refine")
+    deadline = time.perf_counter() + share
+    sizes = run.options.trace_micro_batch_sizes
+    core_sizes, hinge = sizes[-2:], sizes[:-2]
+    plan = [run.spec(p, c, b) for p, c in core.untraced() for b in core_sizes]
+    every = [*core.groups, *core.skipped]  # the priority order: the skipped are its tail
+    plan += [run.spec(p, c, core_sizes[0], 2) for p, c in every]
+    plan += [run.spec(p, c, b) for b in hinge for p, c in every]
+    traces = []
+    for i, spec in enumerate(plan):
+        if time.perf_counter() > deadline:
+            run.rows.append(probe_rows.skipped("memory", spec, "time budget spent"))
+            continue
+        run.clock.say(f"memory: tracing {probe_rows.label(spec)} (refinement {i + 1}/{len(plan)})")
+        trace = _trace(run, spec, target)
+        if trace is not None:
+            traces.append(trace)
+    return traces
+
+
+@dataclass
+class _Costs:
+    """Seconds one trace took, per checkpointing, as measured so far (None: not yet)."""
+
+    seconds: dict[str, list[float]] = field(default_factory=dict)
+
+    def add(self, checkpointing: str, seconds: float) -> None:
+        self.seconds.setdefault(checkpointing, []).append(seconds)
+
+    def trace(self, checkpointing: str) -> float:
+        own = self.seconds.get(checkpointing)
+        if own:
+            return max(own)
+        plain = self.seconds.get("none")
+        if plain:
+            factor = CHECKPOINTED_TRACE_FACTOR if checkpointing != "none" else 1.0
+            return max(plain) * factor
+        seen = [s for values in self.seconds.values() for s in values]
+        return max(seen) if seen else 0.0
+
+
+def _trace_group(
+    run: ProbeRun,
+    precision: str,
+    checkpointing: str,
+    sizes: Sequence[int],
+    target: str,
+    num_groups: int,
+    index: int,
+    costs: _Costs,
+) -> list[MemoryTrace]:
+    traces = []
+    for b in sizes:
+        spec = run.spec(precision, checkpointing, b)
+        run.clock.say(f"memory: tracing {probe_rows.label(spec)} (group {index + 1}/{num_groups})")
+        t0 = time.perf_counter()
+        trace = _trace(run, spec, target)
+        costs.add(checkpointing, time.perf_counter() - t0)
+        if trace is not None:
+            traces.append(trace)
+    return traces
+
+
+def _trace(run: ProbeRun, spec: StepSpec, target: str) -> MemoryTrace | None:
+    from profilers.memory import trace_step_memory
+
+    t0 = time.perf_counter()
+    try:
+        trace = trace_step_memory(run.workload, spec, target_device_type=target)
+    except Exception as exc:
+        run.rows.append(probe_rows.raised("memory", spec, exc, wall_s=time.perf_counter() - t0))
+        return None
+    run.measured("memory", spec, since=t0, value=trace.peak_bytes, unit="bytes")
+    return trace
+
+
+def _fit_or_none(traces: Sequence[MemoryTrace]) -> MemoryModel | None:
+    try:
+        return fit_memory(traces)
+    except ValueError:
+        return None
+
+
+def _record_skipped(run: ProbeRun, core: CoreResult, sizes: Sequence[int], costs: _Costs) -> None:
+    """One row per skipped group, with the budget that would have covered it."""
+    from profilers.budget import SHARES
+
+    # The groups' missing traces plus a timing child each, over the part of the budget the
+    # core gets (the memory and throughput weights of the whole): what to add to --budget-s.
+    need = sum(
+        (0.0 if g in core.traced else costs.trace(g[1]) * len(sizes)) + 2 * MIN_CHILD_SHARE_S
+        for g in core.skipped
+    )
+    fraction = (SHARES["memory"] + SHARES["throughput"]) / sum(SHARES.values())
+    suggested = int(math.ceil((run.options.budget_s + need / fraction) / 30.0) * 30)
+    names = ", ".join(f"{p}/{c}" for p, c in core.skipped)
+    fewer = "" if run.options.precisions else ", or --precision to profile fewer precisions"
+    for p, c in core.skipped:
+        spec = run.spec(p, c, sizes[0])
+        derived = (
+            f"; meanwhile its step time is derived from {p}/none's"
+            if c != "none" and (p, "none") in core.timed
+            else ""
+        )
+        run.rows.append(
+            probe_rows.skipped(
+                "throughput",
+                spec,
+                f"time budget spent before this group was timed ({names} not timed: they need "
+                f"~{need:.0f} s more); --budget-s {suggested} would cover them{fewer}{derived}",
+                name=f"{p}/{c}",
+            )
+        )

@@ -1,0 +1,318 @@
+"""The profile's core, group by group, on a scripted clock: which groups are traced and timed,
+in which order, and what a group the budget cannot complete records.
+
+Tracing and timing are replaced by stand-ins that advance a fake clock by a chosen cost, so the
+budget arithmetic is tested exactly and no child process runs.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Callable
+from types import SimpleNamespace
+from typing import cast
+
+import pytest
+
+import profilers.phases_core as core_module
+import profilers.phases_time as time_module
+from profilers.device import DeviceInfo
+from profilers.flops import FlopCount
+from profilers.memory_records import MemoryBreakdown, MemoryTrace
+from profilers.phases_core import (
+    CoreResult,
+    core_phase,
+    least_timing_s,
+    ordered_groups,
+    refine_phase,
+)
+from profilers.probe_run import MIN_CHILD_SHARE_S, ProbeRun, ProfileOptions
+from profilers.throughput import StepTiming
+from profilers.workload import StepSpec
+from tests.profilers.toy_workload import ToyWorkload
+
+GiB = 2**30
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.t = 1000.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+@dataclasses.dataclass
+class Script:
+    """What each stand-in costs: seconds per trace (by checkpointing), and timing children
+    that use the time they are given (or a fixed time, e.g. a crash)."""
+
+    trace_s: dict[str, float]
+    timing_s: Callable[[float], float] = lambda per_group: per_group
+    events: list[str] = dataclasses.field(default_factory=list)
+
+
+def fake_trace(clock: FakeClock, script: Script) -> Callable[..., MemoryTrace]:
+    def trace(run: ProbeRun, spec: StepSpec, target: str) -> MemoryTrace:
+        t0 = clock.t
+        clock.t += script.trace_s[spec.activation_checkpointing]
+        script.events.append(f"trace {spec.precision}/{spec.activation_checkpointing}")
+        b = spec.micro_batch_size
+        peak = GiB + b * 10_000_000 + (spec.grad_accum_steps - 1) * 1_000_000
+        run.rows.append(
+            core_module.probe_rows.measured(
+                "memory", spec, value=peak, unit="bytes", wall_s=clock.t - t0
+            )
+        )
+        return MemoryTrace(
+            spec=spec,
+            target_device_type=target,
+            peak_bytes=peak,
+            forward_backward_peak_bytes=peak,
+            optimizer_step_peak_bytes=GiB,
+            forward_backward_breakdown=MemoryBreakdown(activations=peak),
+            optimizer_step_breakdown=MemoryBreakdown(parameters=GiB),
+            parameter_bytes=GiB // 4,
+            gradient_bytes=GiB // 4,
+            optimizer_state_bytes=GiB // 2,
+            resident_bytes=GiB,
+            trace_seconds=script.trace_s[spec.activation_checkpointing],
+        )
+
+    return trace
+
+
+def fake_time_group(clock: FakeClock, script: Script) -> Callable[..., list[StepTiming]]:
+    def time_group(
+        run: ProbeRun, small: StepSpec, b_max: int, per_group: float
+    ) -> list[StepTiming]:
+        clock.t += script.timing_s(per_group)
+        script.events.append(f"time {small.precision}/{small.activation_checkpointing}")
+        sizes = (small.micro_batch_size, 2 * small.micro_batch_size)
+        return [
+            StepTiming(
+                spec=dataclasses.replace(small, micro_batch_size=b),
+                device="cpu",
+                num_warmup=1,
+                forward_backward_s=(0.1 * b,),
+                optimizer_s=(0.01,),
+            )
+            for b in sizes
+        ]
+
+    return time_group
+
+
+@pytest.fixture
+def clock(monkeypatch: pytest.MonkeyPatch) -> FakeClock:
+    fake = FakeClock()
+    monkeypatch.setattr(time, "perf_counter", fake)
+    return fake
+
+
+def profile_core(
+    clock: FakeClock,
+    monkeypatch: pytest.MonkeyPatch,
+    script: Script,
+    *,
+    budget_s: float,
+    precisions: tuple[str, ...] = ("fp32", "bf16", "fp16"),
+) -> tuple[ProbeRun, CoreResult]:
+    monkeypatch.setattr(core_module, "_trace", fake_trace(clock, script))
+    monkeypatch.setattr(time_module, "_time_group", fake_time_group(clock, script))
+    run = ProbeRun(ToyWorkload(), ProfileOptions(seq_len=16, budget_s=budget_s), None)
+    device = cast(DeviceInfo, SimpleNamespace(precisions={}))  # only its precision speeds are read
+    return run, core_phase(run, precisions, "cpu", 64 * GiB, device)
+
+
+def test_groups_go_fp32_first_and_no_checkpointing_before_full() -> None:
+    assert ordered_groups(("bf16", "fp16", "fp32"), ("full", "none")) == [
+        ("fp32", "none"),
+        ("fp32", "full"),
+        ("bf16", "none"),
+        ("bf16", "full"),
+        ("fp16", "none"),
+        ("fp16", "full"),
+    ]
+
+
+def test_cheap_traces_all_run_before_the_first_timing(
+    clock: FakeClock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    script = Script(trace_s={"none": 0.1, "full": 0.15})
+    _, core = profile_core(clock, monkeypatch, script, budget_s=200)
+    first_timing = script.events.index("time fp32/none")
+    assert script.events[:first_timing] == [
+        f"trace {g[0]}/{g[1]}"
+        for g in ordered_groups(("fp32", "bf16", "fp16"), ("none", "full"))
+        for _ in range(2)
+    ]
+    assert len(core.groups) == 6 and not core.skipped
+
+
+def test_expensive_traces_are_spent_only_on_groups_that_are_also_timed(
+    clock: FakeClock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A 124M model on two cores: a trace takes ~10 s (checkpointed ~15 s), and the budget of
+    # 120 s leaves the core ~50 s: fp32 without checkpointing is traced and timed first.
+    script = Script(trace_s={"none": 10.0, "full": 15.0})
+    run, core = profile_core(clock, monkeypatch, script, budget_s=120)
+    assert script.events[:3] == ["trace fp32/none", "trace fp32/none", "time fp32/none"]
+    assert ("fp32", "none") in core.groups and core.skipped
+    # Traces went only to groups that were timed or whose time derives from a timed one
+    # (fp32/full from fp32/none); the other skipped groups' are left to the refinement.
+    assert core.untraced()
+    for p, c in core.untraced():
+        assert f"trace {p}/{c}" not in script.events
+    for p, c in core.traced - core.timed:
+        assert c == "full" and (p, "none") in core.timed
+    # The skipped groups are the tail of the priority order, each with a row that says which
+    # budget would cover them.
+    order = ordered_groups(("fp32", "bf16", "fp16"), ("none", "full"))
+    assert order[len(order) - len(core.skipped) :] == core.skipped
+    skipped_rows = [r for r in run.rows if r.probe == "throughput" and r.status == "skipped"]
+    assert {(r.precision, r.activation_checkpointing) for r in skipped_rows} >= set(core.skipped)
+    for row in skipped_rows:
+        assert "--budget-s" in row.reason and "--precision" in row.reason
+        derivable = (row.precision, "none") in core.timed and row.activation_checkpointing == "full"
+        assert ("derived from" in row.reason) == derivable
+    suggested = int(skipped_rows[-1].reason.split("--budget-s ")[1].split()[0])
+    assert suggested > 120
+
+
+def test_a_checkpointed_group_is_traced_without_a_timing_when_its_time_can_be_derived(
+    clock: FakeClock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # After fp32/none, time is left for fp32/full's traces but not for another timing child:
+    # its step time comes from fp32/none's fit (scaled by counted FLOPs), so it is traced.
+    script = Script(trace_s={"none": 4.0, "full": 4.0})
+    script.timing_s = lambda per_group: per_group + 20.0  # a slow child overruns its share
+    _, core = profile_core(clock, monkeypatch, script, budget_s=100, precisions=("fp32",))
+    assert script.events.count("trace fp32/full") == 2
+    assert ("fp32", "full") in core.traced
+
+
+def test_the_refinement_traces_skipped_groups_then_accumulation_then_the_hinge(
+    clock: FakeClock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    script = Script(trace_s={"none": 10.0, "full": 15.0})
+    run, core = profile_core(clock, monkeypatch, script, budget_s=120)
+    untraced = core.untraced()
+    assert untraced
+    # Give the refinement all the time it wants: its plan order is what is tested.
+    monkeypatch.setattr(run.clock, "share", lambda phase: 1e6)
+    traces = refine_phase(run, core, "cpu")
+    labels = [
+        (
+            t.spec.precision,
+            t.spec.activation_checkpointing,
+            t.spec.micro_batch_size,
+            t.spec.grad_accum_steps,
+        )
+        for t in traces
+    ]
+    sizes = run.options.trace_micro_batch_sizes
+    n_core = 2 * len(untraced)
+    assert labels[:n_core] == [(p, c, b, 1) for p, c in untraced for b in sizes[-2:]]
+    every = [*core.groups, *core.skipped]
+    assert labels[n_core : n_core + len(every)] == [(p, c, sizes[-2], 2) for p, c in every]
+    assert labels[n_core + len(every) :] == [(p, c, b, 1) for b in sizes[:-2] for p, c in every]
+
+
+def test_the_first_group_is_always_traced_and_timed_even_on_a_spent_budget(
+    clock: FakeClock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    script = Script(trace_s={"none": 50.0, "full": 70.0})
+    _, core = profile_core(clock, monkeypatch, script, budget_s=10)
+    assert script.events[:3] == ["trace fp32/none", "trace fp32/none", "time fp32/none"]
+    assert core.groups == [("fp32", "none")]
+    assert len(core.skipped) == 5
+    assert MIN_CHILD_SHARE_S > 0
+
+
+class Device:
+    """A device record stand-in: a measured fp32 GEMM rate and per-precision speed-ups."""
+
+    def __init__(self, rate: float, speedups: dict[str, float]) -> None:
+        self.rate = rate
+        self.precisions = {p: SimpleNamespace(speedup_vs_fp32=v) for p, v in speedups.items()}
+
+    def measured_flops(self, dtype: str) -> float | None:
+        return self.rate if dtype == "fp32" else None
+
+
+def flop_count(per_token: float) -> FlopCount:
+    return FlopCount(
+        seq_len=16,
+        micro_batch_size=1,
+        tokens=16,
+        flops_per_token={"none": per_token, "full": per_token * 4 / 3},
+        flops_by_op={},
+        formula_flops_per_token=None,
+        method="fake",
+    )
+
+
+def test_a_timing_childs_least_cost_grows_with_the_model_and_a_slow_precision() -> None:
+    run = ProbeRun(ToyWorkload(), ProfileOptions(seq_len=128, budget_s=120), None)
+    device = cast(DeviceInfo, Device(rate=50e9, speedups={"bf16": 1 / 30}))
+    small = least_timing_s(run, device, flop_count(20e6), "fp32", "none", 2)
+    large = least_timing_s(run, device, flop_count(760e6), "fp32", "none", 2)
+    slow = least_timing_s(run, device, flop_count(760e6), "bf16", "none", 2)
+    assert small == pytest.approx(max(MIN_CHILD_SHARE_S, small))
+    assert small < large < slow
+    # gpt-small's 760 MFLOP/token at b=2 and 4, 128 tokens each, warm-up + timed step each.
+    step_s = 760e6 * 128 / (50e9 * core_module.STEP_GEMM_FRACTION)
+    assert large == pytest.approx(core_module.CHILD_START_S + 2 * (2 * step_s + 4 * step_s))
+    assert least_timing_s(run, device, None, "fp32", "none", 2) == MIN_CHILD_SHARE_S
+
+
+def test_the_first_group_gets_its_least_cost_and_a_group_that_cannot_get_its_own_is_skipped(
+    clock: FakeClock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A 124M model on two cores: a timing child needs ~40 s at least, more than an even split.
+    script = Script(trace_s={"none": 2.0, "full": 2.5})
+    given: list[float] = []
+    script.timing_s = lambda per_group: given.append(per_group) or per_group
+    monkeypatch.setattr(core_module, "_trace", fake_trace(clock, script))
+    monkeypatch.setattr(time_module, "_time_group", fake_time_group(clock, script))
+    run = ProbeRun(ToyWorkload(), ProfileOptions(seq_len=128, budget_s=120), None)
+    device = cast(DeviceInfo, Device(rate=50e9, speedups={"bf16": 1 / 30, "fp16": 1 / 30}))
+    flops = flop_count(760e6)
+    core = core_phase(run, ("fp32", "bf16", "fp16"), "cpu", 64 * GiB, device, flops)
+    least = least_timing_s(run, device, flops, "fp32", "none", 2)
+    assert given[0] >= least
+    # The slow precisions' least cost (30x) fits nowhere in this budget: skipped, not started.
+    assert {p for p, _ in core.skipped} >= {"bf16", "fp16"}
+    assert not any(e.startswith("time bf16") or e.startswith("time fp16") for e in script.events)
+
+
+@pytest.mark.parametrize("trace_s", [0.5, 3.0, 12.0])
+def test_the_core_and_the_refinement_keep_to_their_shares(
+    clock: FakeClock, monkeypatch: pytest.MonkeyPatch, trace_s: float
+) -> None:
+    # gpt-small-like costs (a timing child needs ~40 s at least) with cheap, scaled and whole
+    # traces: whatever the traces cost, the two phases end within 10% of their shares (a trace
+    # or a child is never started without room for it, except the first group's).
+    script = Script(trace_s={"none": trace_s, "full": 1.3 * trace_s})
+    monkeypatch.setattr(core_module, "_trace", fake_trace(clock, script))
+    monkeypatch.setattr(time_module, "_time_group", fake_time_group(clock, script))
+    run = ProbeRun(ToyWorkload(), ProfileOptions(seq_len=128, budget_s=120), None)
+    device = cast(DeviceInfo, Device(rate=50e9, speedups={"bf16": 1 / 30, "fp16": 1 / 30}))
+    shares: dict[str, float] = {}
+    share = run.clock.share
+
+    def recorded(phase: str) -> float:
+        shares[phase] = share(phase)
+        return shares[phase]
+
+    monkeypatch.setattr(run.clock, "share", recorded)
+    start = clock.t
+    core = core_phase(run, ("fp32", "bf16", "fp16"), "cpu", 64 * GiB, device, flop_count(760e6))
+    core_s = clock.t - start
+    assert core_s <= 1.1 * (shares["memory"] + shares["throughput"]) + trace_s
+    start = clock.t
+    refine_phase(run, core, "cpu")
+    assert clock.t - start <= shares["memory_refine"] + 1.3 * trace_s
+    assert ("fp32", "none") in core.timed
