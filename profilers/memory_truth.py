@@ -187,14 +187,16 @@ def resident_bytes() -> int | None:
 def parallel_resident_bytes() -> dict[str, int]:
     """Resident memory a ddp/fsdp rank carries beyond a single-device process, per parallelism.
 
-    A torchrun rank also holds a gloo process group and whatever its wrapper loads: building a
-    ``DistributedDataParallel`` pulls in the DTensor and FSDP stacks (~80 MiB resident with
-    torch 2.13 on CPU, more than gpt-tiny's whole training state); ``fully_shard`` a little
-    more. The profile's per-process overhead is measured without them, so this measures them
-    here, by difference of ``VmRSS``: a one-rank gloo group on an in-memory store and a DDP
-    around a one-weight module (``ddp``), then ``fully_shard`` of another on a one-rank mesh
-    with a forward and backward (``fsdp``, cumulative). Modules already loaded count zero, so
-    call it before anything loads them: running ``torch.profiler`` does (``measure_cpu``).
+    A torchrun rank also holds a gloo process group and whatever its wrapper loads. Measured
+    by difference of ``VmRSS``: a one-rank gloo group on an in-memory store and a DDP around a
+    one-weight module (``ddp``), then ``fully_shard`` of another on a one-rank mesh with a
+    forward and backward (``fsdp``, cumulative). Modules already loaded count zero, so call it
+    in a process that has already done what a single-device training process does (built the
+    step, optimizer included, and run it): with torch 2.13 the optimizer's constructor imports
+    ``torch._dynamo``, which loads the DTensor and FSDP stacks, inductor and, where installed,
+    triton (70-170 MiB resident on CPU). In a fresh interpreter those would read as a rank's
+    extra although every training process carries them (the cause of a single-device CPU
+    prediction 23% below ``advisor train``'s resident peak).
     Empty where the resident set or gloo is unavailable.
     """
     import torch

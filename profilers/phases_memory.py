@@ -1,10 +1,10 @@
 """Memory phases of one device: fake-traced steps, then real checks of what tracing cannot see.
 
-:func:`trace_phase` traces steps under FakeTensorMode (no allocation, so nothing can run out of
-memory): every precision x checkpointing at the sizes a fit needs, and later the accumulation
-variants. :func:`memory_check_phase` runs real steps of the configs predicted to fit, each in a
-child, and turns the gaps between truth and trace into a :class:`MemoryOverhead` (CUDA context
-and workspaces, fragmentation; on CPU the process's resident memory beyond the allocator's).
+:mod:`profilers.phases_core` traces steps under FakeTensorMode (no allocation, so nothing can
+run out of memory). :func:`memory_check_phase` runs real steps of the configs predicted to fit,
+each in a child, and turns the gaps between truth and trace into a :class:`MemoryOverhead` (CUDA
+context and workspaces, fragmentation; on CPU the process's resident memory beyond the
+allocator's).
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from typing import Any
 from profilers import probe_rows
 from profilers.isolate import quiet_native_output
 from profilers.memory_model import MemoryModel
-from profilers.memory_records import CpuStepMemory, CudaStepMemory, MemoryTrace
+from profilers.memory_records import CpuStepMemory, CudaStepMemory
 from profilers.probe_run import ProbeRun
 from profilers.profile_record import MemoryOverhead
 from profilers.workload import DataWorkload, StepSpec, Workload
@@ -50,46 +50,6 @@ def memory_model_for(
     )
 
 
-# -- fake-traced memory ---------------------------------------------------------------------
-
-
-def trace_phase(
-    run: ProbeRun, precisions: Sequence[str], target: str, *, accumulation: bool
-) -> list[MemoryTrace]:
-    """Fake-traced steps of every precision x checkpointing: the two micro-batch sizes a
-    fit needs (always, whatever the budget), or, in a later phase, the accumulation
-    variants (while the budget lasts)."""
-    from profilers.memory import trace_step_memory
-
-    share = run.clock.share("memory_accumulation" if accumulation else "memory")
-    deadline = time.perf_counter() + share
-    sizes = run.options.trace_micro_batch_sizes
-    b1 = sizes[0]
-    plan_sizes = ((b1, 2),) if accumulation else tuple((b, 1) for b in sizes)
-    plan = [
-        (p, c, b, a)
-        for p in sorted(precisions, key=lambda p: p != "fp32")
-        for c in run.options.checkpointing
-        for b, a in plan_sizes
-    ]
-    traces = []
-    for i, (p, c, b, a) in enumerate(plan):
-        spec = run.spec(p, c, b, a)
-        if accumulation and time.perf_counter() > deadline:
-            run.rows.append(probe_rows.skipped("memory", spec, "time budget spent"))
-            continue
-        run.clock.say(f"memory: tracing {probe_rows.label(spec)} ({i + 1}/{len(plan)})")
-        t0 = time.perf_counter()
-        try:
-            trace = trace_step_memory(run.workload, spec, target_device_type=target)
-        except Exception as exc:
-            run.rows.append(probe_rows.raised("memory", spec, exc, wall_s=time.perf_counter() - t0))
-            continue
-        traces.append(trace)
-        run.measured("memory", spec, since=t0, value=trace.peak_bytes, unit="bytes")
-    return traces
-
-
 # -- real memory checks -----------------------------------------------------------------------
 
 
@@ -97,7 +57,14 @@ def memory_check_phase(
     run: ProbeRun, models: Sequence[MemoryModel], precisions: Sequence[str], capacity: int
 ) -> MemoryCheckResult:
     """A real step at the middle traced size for each group predicted to fit ``capacity``,
-    fp32 first: until one check succeeds whatever the budget, then only while it lasts."""
+    fp32 first: the very first whatever the budget, the first of each other checkpointing mode
+    while the whole budget has room for one more, the others only within the phase's share.
+
+    One of each mode because the overhead (the overall max) is not the same for both on CPU:
+    the resident set does not shrink with the allocator's peak when blocks are recomputed
+    (bert-tiny, micro-batch 8: resident peaks within 1% of each other for a traced peak 37%
+    lower), so checkpointed configs carry ~9 MiB more overhead than measured without.
+    """
     share = run.clock.share("memory_check")
     deadline = time.perf_counter() + share
     b = run.options.trace_micro_batch_sizes[1]
@@ -105,6 +72,8 @@ def memory_check_phase(
     # fp32 first: the others are checked only while the budget lasts.
     candidates.sort(key=lambda pc: (pc[0] != "fp32", pc[1] != "none"))
     evidence = _Evidence()
+    tried: set[str] = set()  # checkpointing modes checked (or attempted) once already
+    last_wall_s = 0.0
     for p, c in candidates:
         spec = run.spec(p, c, b)
         model = memory_model_for(models, p, c)
@@ -115,9 +84,13 @@ def memory_check_phase(
                 probe_rows.skipped("memory_check", spec, "predicted not to fit the device")
             )
             continue
-        if evidence.measured and time.perf_counter() > deadline:
+        # Past the share, a mode's first check still runs while the whole budget has room
+        # for one more (as long as the last check took), the very first one always.
+        spent = time.perf_counter() > deadline
+        if spent and (c in tried or (tried and run.clock.remaining() < last_wall_s)):
             run.rows.append(probe_rows.skipped("memory_check", spec, "time budget spent"))
             continue
+        tried.add(c)
         run.clock.say(f"memory: real step {probe_rows.label(spec)}")
         outcome = run.isolated(
             _memory_check_child,
@@ -126,6 +99,7 @@ def memory_check_phase(
             run.options.device,
             timeout_s=max(MEMORY_CHECK_MIN_TIMEOUT_S, deadline - time.perf_counter()),
         )
+        last_wall_s = outcome.wall_s
         if not outcome.ok:
             run.rows.append(probe_rows.failed("memory_check", spec, outcome))
             continue
@@ -172,8 +146,9 @@ class _Evidence:
             record = CpuStepMemory.from_dict(data)
             truth = record.peak_bytes
             if rss is not None:
-                # Less the FSDP stack and gloo group the child loaded on purpose.
-                self.fixed.append(max(0, rss - truth - rank_extra.get("fsdp", 0)))
+                # Read before the child loaded a gloo group and the DDP/FSDP wrappers: all of
+                # it is what a single-device training process carries beyond its tensors.
+                self.fixed.append(max(0, rss - truth))
         self.measured.append(record)
         if truth:
             self.errors.append(abs(truth - predicted) / truth)
@@ -184,8 +159,9 @@ class _Evidence:
             "CUDA: context + workspaces from mem_get_info, fragmentation from "
             "max_memory_reserved / max_memory_allocated"
             if on_gpu
-            else "CPU: process resident peak (VmHWM) minus the allocator's peak; ddp/fsdp "
-            "ranks: plus the resident growth of a gloo group and the wrapper's imports"
+            else "CPU: process resident peak (VmHWM) minus the allocator's peak, the largest "
+            "over one real step per checkpointing mode; ddp/fsdp ranks: plus what a gloo "
+            "group and the wrapper add to that process afterwards"
         )
         return MemoryOverhead(
             fixed_bytes=max(self.fixed) if self.fixed else 0,
@@ -203,19 +179,13 @@ def _memory_check_child(
     workload: Workload, spec: StepSpec, device: str
 ) -> tuple[dict[str, Any], int | None, dict[str, int]]:
     """Real memory of one step, plus (CPU) the process's resident peak beside the allocator's
-    and what a ddp/fsdp rank's process group and wrapper modules add to a process."""
+    and what a ddp/fsdp rank's process group and wrapper modules add to such a process."""
     from profilers.memory import measure_cpu_step_memory, measure_cuda_step_memory
     from profilers.memory_truth import parallel_resident_bytes, resident_peak_bytes
 
     if device.startswith("cuda"):
         # A GPU rank's host memory is not what the budget holds: nothing to add per rank.
         return measure_cuda_step_memory(workload, spec, device).to_dict(), None, {}
-    # torch.profiler, which measures the step below, imports the DTensor/FSDP stacks (tens of
-    # MiB resident) that a single-device trainer never loads, and a DDP/FSDP rank does. Load
-    # them first (with a gloo group and the wrappers), measuring what they add: the caller
-    # takes that off this process's overhead, so the overhead is a single-device trainer's
-    # and each rank adds its own.
-    extra = parallel_resident_bytes()
     if isinstance(workload, DataWorkload):
         # Load a few real batches first, as training does: the loader's modules and the
         # token file's pages are part of the resident memory a training process carries.
@@ -223,4 +193,11 @@ def _memory_check_child(
             pass
     with quiet_native_output():
         measured = measure_cpu_step_memory(workload, spec)
-    return measured.to_dict(), resident_peak_bytes(), extra
+    # The resident peak of a single-device training process: read it before loading what
+    # only a rank loads. Building the step loads what any torch training process loads
+    # (with torch 2.13 the optimizer's constructor imports torch._dynamo, which imports the
+    # DTensor/FSDP stacks, inductor and, where installed, triton: 70-170 MiB resident), so
+    # what a ddp/fsdp rank adds is measured afterwards, on top of all that.
+    rss = resident_peak_bytes()
+    extra = parallel_resident_bytes()
+    return measured.to_dict(), rss, extra

@@ -85,8 +85,9 @@ class MemoryOverhead:
     """What the fake trace cannot see, measured on the device and added by the cost model.
 
     ``fixed_bytes``: outside the allocator (CUDA context and workspaces; on CPU the process's
-    resident memory beyond tensors: interpreter, libraries). ``fragmentation_fraction``: reserved
-    over allocated minus one at the peak (CUDA caching allocator); 0 on CPU.
+    resident memory beyond tensors: interpreter, libraries, including those that building a
+    step imports, such as ``torch._dynamo`` from the optimizer). ``fragmentation_fraction``:
+    reserved over allocated minus one at the peak (CUDA caching allocator); 0 on CPU.
     ``trace_error_fraction``: largest |measured - traced| / measured over the real checks.
     ``parallel_bytes``: per parallelism (``ddp``, ``fsdp``), what one rank's process holds
     beyond ``fixed_bytes`` (process group, the wrapper's modules); measured on CPU, where the

@@ -87,6 +87,7 @@ def test_profile_has_every_design_key_and_is_json(toy_profile: Profile) -> None:
 
 @slow
 def test_memory_fits_cover_every_precision_and_checkpointing(toy_profile: Profile) -> None:
+    # The toy's traces are cheap, so every group is traced before any timing (phases_core).
     groups = {(m.precision, m.activation_checkpointing) for m in toy_profile.fits.memory}
     assert groups == set(itertools.product(PRECISIONS, CHECKPOINTING))
     for model in toy_profile.fits.memory:
@@ -156,8 +157,13 @@ def test_probe_rows_record_every_probe_with_a_status(toy_profile: Profile) -> No
             for r in rows(toy_profile, "memory", precision)
             if r.activation_checkpointing == checkpointing and r.grad_accum_steps == 1
         ]
-        assert [r.status for r in traced] == ["ok", "ok", "ok"]  # three sizes: a hinged fit
-        assert all(r.value and r.unit == "bytes" for r in traced)
+        # The two largest sizes in the core; the smallest (the hinge of the fit) after, as a
+        # refinement while the budget lasts.
+        sizes = ProfileOptions(seq_len=SEQ_LEN).trace_micro_batch_sizes
+        status = {r.micro_batch_size: r.status for r in traced}
+        assert [status[b] for b in sizes[-2:]] == ["ok", "ok"]
+        assert status[sizes[0]] in ("ok", "skipped")
+        assert all(r.value and r.unit == "bytes" for r in traced if r.status == "ok")
         # Each throughput group has a row: timed, skipped for the budget, or failed.
         assert [
             r
@@ -382,8 +388,8 @@ def test_memory_check_evidence_becomes_the_overhead_the_traces_miss() -> None:
     assert evidence.add(cpu(1000), 1500, extra, predicted=900) == 1000
     assert evidence.add(cpu(2000), 2100, {"ddp": 99, "fsdp": 99}, predicted=2000) == 2000
     overhead = evidence.overhead(on_gpu=False)
-    # The resident memory beyond the allocator's peak, less the FSDP stack loaded on purpose.
-    assert overhead.fixed_bytes == 1500 - 1000 - 30
+    # The resident memory beyond the allocator's peak (read before the rank's extras load).
+    assert overhead.fixed_bytes == 1500 - 1000
     assert overhead.parallel_bytes == extra  # measured once, in the first check
     assert overhead.trace_error_fraction == pytest.approx(0.1)  # the worst check
     assert overhead.method.startswith("CPU")
