@@ -7,8 +7,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from advisor import __version__
 from advisor.errors import UsageProblem
+from advisor.version import __version__
 from profilers.defaults import DEFAULT_PROFILE_BUDGET_S
 from profilers.profile_record import Profile
 from profilers.profiler import Progress
@@ -67,6 +67,7 @@ def profile(request: ProfileRequest, out: Path, progress: Progress | None = None
         device=device,
         budget_s=request.budget_s,
         precisions=request.precisions,
+        checkpointing=facts.checkpointing_modes()[0],  # none only without repeated blocks
         comm=request.comm,
         tool={"advisor": __version__, "data": source.description},
     )

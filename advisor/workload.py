@@ -6,7 +6,8 @@ Probes receive this picklable record (model spec, overrides, data spec) and buil
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+import dataclasses
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -14,7 +15,7 @@ import torch
 
 from advisor.models import ModelAdapter, build_model
 from advisor.trainer.step import AdvisorStep, ParallelOptions
-from profilers.workload import Batch, ModelFacts, StepSpec
+from profilers.workload import Batch, ModelFacts, StepSpec, TrainStep
 
 
 @dataclass(frozen=True)
@@ -24,6 +25,9 @@ class AdvisorWorkload:
     data: str = "synthetic"
     tokenizer: str | None = None
     parallel: ParallelOptions = field(default_factory=ParallelOptions)
+    # Only the first N repeated blocks (None: all): the shallow copies a deep model's memory is
+    # traced from (profilers.memory_blocks). Never used to train.
+    keep_blocks: int | None = None
 
     def describe(self) -> dict[str, Any]:
         """What profile.json records about the workload (enough to rebuild it)."""
@@ -35,14 +39,33 @@ class AdvisorWorkload:
         }
 
     def build_adapter(self, *, meta: bool = False) -> ModelAdapter:
-        return build_model(self.model, self.model_args, meta=meta)
+        adapter = build_model(self.model, self.model_args, meta=meta)
+        if self.keep_blocks is not None:
+            del adapter.blocks()[self.keep_blocks :]
+        return adapter
+
+    def with_blocks(self, keep: int) -> AdvisorWorkload:
+        """This workload with only its first ``keep`` repeated blocks (for memory tracing)."""
+        return dataclasses.replace(self, keep_blocks=keep)
+
+    def step_blocks(self, step: TrainStep) -> Sequence[torch.nn.Module]:
+        """The repeated blocks of a step built here, as wrapped for it (checkpointing)."""
+        assert isinstance(step, AdvisorStep)
+        return list(step.adapter.blocks())
 
     def facts(self) -> ModelFacts:
         return self.build_adapter(meta=True).facts()
 
     def build_step(
-        self, spec: StepSpec, device: str | torch.device, *, from_meta: bool = False
+        self,
+        spec: StepSpec,
+        device: str | torch.device,
+        *,
+        from_meta: bool = False,
+        before_wrap: Callable[[ModelAdapter], None] | None = None,
     ) -> AdvisorStep:
+        """``before_wrap``: called with the placed model before any wrapper (checkpointing,
+        DDP, FSDP), e.g. to load initial weights on every rank."""
         device = torch.device(device)
         if from_meta:
             from torch._subclasses.fake_tensor import unset_fake_temporarily
@@ -57,6 +80,8 @@ class AdvisorWorkload:
         else:
             adapter = self.build_adapter()
             adapter.module.to(device)
+        if before_wrap is not None:
+            before_wrap(adapter)
         return AdvisorStep(adapter, spec, device, self.parallel)
 
     def data_batches(self, spec: StepSpec, num_workers: int, num_batches: int) -> Iterable[Batch]:

@@ -86,9 +86,22 @@ def _check_choice(name: str, value: str, choices: Sequence[str]) -> None:
         raise ValueError(f"unknown {name} {value!r}: choose one of {', '.join(choices)}")
 
 
+# Why the knobs that need a model's repeated blocks are unavailable without them.
+NO_REPEATED_BLOCKS = (
+    "the model has no repeated blocks (no nn.ModuleList of same-class layers), so there is "
+    "no block to recompute"
+)
+
+
 @dataclass(frozen=True, kw_only=True, slots=True)
 class ModelFacts:
-    """Shape facts of a model, the same for every model family."""
+    """Shape facts of a model, the same for every model family.
+
+    ``repeated_blocks``: whether the model keeps its layers as repeated blocks (an
+    ``nn.ModuleList``). Without them (one layer, an ``nn.Sequential`` ...) ``num_layers`` is 0,
+    activation checkpointing per block is unavailable (:meth:`checkpointing_modes`) and FSDP
+    shards the whole model as one unit (the root).
+    """
 
     name: str
     family: str
@@ -105,6 +118,16 @@ class ModelFacts:
     ffn_hidden_size: int | None = None
     num_kv_heads: int | None = None
     tied_embeddings: bool = False
+    repeated_blocks: bool = True
+
+    def checkpointing_modes(self) -> tuple[tuple[str, ...], tuple[str, ...]]:
+        """(the activation-checkpointing modes this model can run, why the others cannot)."""
+        if self.repeated_blocks:
+            return CHECKPOINTING, ()
+        kept = tuple(c for c in CHECKPOINTING if c == "none")
+        return kept, tuple(
+            f"{c} checkpointing: {NO_REPEATED_BLOCKS}" for c in CHECKPOINTING if c not in kept
+        )
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -163,3 +186,19 @@ class DataWorkload(Workload, Protocol):
     def data_batches(
         self, spec: StepSpec, num_workers: int, num_batches: int
     ) -> Iterable[Batch]: ...
+
+
+@runtime_checkable
+class BlockScalableWorkload(Workload, Protocol):
+    """A workload whose repeated blocks are identical and can be cut, so a deep model's memory
+    is traced from shallow copies of it (:mod:`profilers.memory_blocks`)."""
+
+    def with_blocks(self, keep: int) -> Workload:
+        """The same workload with only the first ``keep`` repeated blocks (embedding, head,
+        loss and optimizer unchanged)."""
+        ...
+
+    def step_blocks(self, step: TrainStep) -> Sequence[torch.nn.Module]:
+        """The repeated blocks of a step this workload built, in forward order (as wrapped
+        for the step, e.g. by activation checkpointing)."""
+        ...

@@ -49,6 +49,9 @@ class TrainConfig:
     grad_clip: float = 1.0
     seed: int = 1337
     num_workers: int = 0
+    # Initial weights (advisor.trainer.checkpoint.resolve_init_from): a weights file or a
+    # checkpoint directory. None: the model's own (hf:DIR: DIR's weights when it has any).
+    init_from: str | None = None
 
     def __post_init__(self) -> None:
         try:
@@ -81,6 +84,13 @@ class TrainConfig:
             raise ConfigError(f"grad_clip must be >= 0 (0 disables clipping), got {self.grad_clip}")
         if not self.model:
             raise ConfigError("model must name a model spec, e.g. gpt-tiny")
+        if self.init_from is not None and (
+            not isinstance(self.init_from, str) or not self.init_from.strip()
+        ):
+            raise ConfigError(
+                f"init_from must be the path of a weights file or checkpoint directory, got "
+                f"{self.init_from!r}"
+            )
 
     @property
     def data_parallel_size(self) -> int:
@@ -149,9 +159,9 @@ def load_plan_config(path: str | Path) -> TrainConfig:
 
 
 # TrainConfig keys by role. What a profile measured (a plan keeps them); the hyper-parameters
-# a plan carries unchanged (the search never turns them); the keys written as one ``--flag
-# VALUE`` each by the CLI's config options (model, model args, data and the tokenizer have
-# options of their own), in the order the flags are written.
+# and initial weights a plan carries unchanged (the search never turns them); the keys written
+# as one ``--flag VALUE`` each by the CLI's config options (model, model args, data and the
+# tokenizer have options of their own), in the order the flags are written.
 WORKLOAD_KEYS: tuple[str, ...] = ("model", "model_args", "data", "tokenizer", "seq_len")
 HYPERPARAMETER_KEYS: tuple[str, ...] = (
     "lr",
@@ -160,6 +170,7 @@ HYPERPARAMETER_KEYS: tuple[str, ...] = (
     "weight_decay",
     "grad_clip",
     "seed",
+    "init_from",
 )
 CONFIG_FLAG_KEYS: tuple[str, ...] = tuple(
     f.name

@@ -18,7 +18,7 @@ from typing import Any
 
 from profilers.hardware import HardwareSpec
 from profilers.profile_record import Profile
-from profilers.workload import CHECKPOINTING, PRECISIONS
+from profilers.workload import PRECISIONS
 from strategies.config import TrainConfig
 from strategies.errors import StrategyError
 
@@ -321,7 +321,9 @@ def build_space(
     World sizes: 1 .. ``request.world_size`` (default: the devices available); a what-if plans
     for exactly ``request.world_size`` ranks. Data-loader workers: the counts the profile's
     input probe measured, on a GPU host only: on a CPU host the loader's workers and the step
-    share the same cores, so there is no overlap to buy (0 workers).
+    share the same cores, so there is no overlap to buy (0 workers). Activation checkpointing:
+    the modes the model can run (none only, without repeated blocks; the reason is in
+    ``excluded``, hence in the plan's reasons).
     """
     if target is not None:
         precisions, excluded = target_precisions(target)
@@ -337,6 +339,9 @@ def build_space(
             f"{worlds[-1]} ranks: pick a multiple of {worlds[-1]} for --global-batch-size or "
             "a world size that divides it"
         )
+    # Checkpointing per block needs repeated blocks (ModelFacts.checkpointing_modes).
+    checkpointing, no_blocks = profile.model.checkpointing_modes()
+    excluded = (*excluded, *no_blocks)
     on_gpu = (target is not None) or profile.device.kind == "cuda"
     workers: tuple[int, ...] = (0,)
     if on_gpu and target is None:
@@ -345,7 +350,7 @@ def build_space(
     return SearchSpace(
         global_batch_size=request.global_batch_size,
         precisions=precisions,
-        checkpointing=CHECKPOINTING,
+        checkpointing=checkpointing,
         layouts=layouts,
         num_workers=workers,
         excluded=excluded,

@@ -124,6 +124,14 @@ hyperparameter_options = _stack(
     click.option("--weight-decay", type=click.FloatRange(min=0), help="AdamW weight decay."),
     click.option("--grad-clip", type=click.FloatRange(min=0), help="Max grad norm; 0 disables."),
     click.option("--seed", type=int, help="Seed for weights and data order."),
+    click.option(
+        "--init-from",
+        type=click.Path(exists=True),
+        default=None,
+        help="Start training from these weights: a .safetensors/.pt/.bin state dict, a Hugging "
+        "Face model directory, or a checkpoint of 'advisor train' (a step directory, or a "
+        "training/run directory: its latest). hf:DIR models load DIR's weights by default.",
+    ),
 )
 
 config_options = _stack(

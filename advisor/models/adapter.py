@@ -24,7 +24,10 @@ class ModelAdapter:
     name: str
     family: str
     objective: str  # causal_lm | mlm
-    blocks_path: str  # dotted path of the ModuleList holding the repeated blocks
+    # Dotted path of the ModuleList holding the repeated blocks; None: the model has none (one
+    # layer, an nn.Sequential ...), so checkpointing per block has nothing to wrap and FSDP
+    # wraps the root only.
+    blocks_path: str | None
     vocab_size: int
     hidden_size: int
     num_heads: int
@@ -35,6 +38,9 @@ class ModelAdapter:
 
     # -- the repeated blocks ---------------------------------------------------------------
     def blocks(self) -> nn.ModuleList:
+        """The repeated blocks; empty when the model has none."""
+        if self.blocks_path is None:
+            return nn.ModuleList()
         found = self.module.get_submodule(self.blocks_path)
         assert isinstance(found, nn.ModuleList)
         return found
@@ -92,6 +98,7 @@ class ModelAdapter:
             ffn_hidden_size=self.ffn_hidden_size,
             num_kv_heads=self.num_kv_heads,
             tied_embeddings=_has_tied_output(self.module),
+            repeated_blocks=self.blocks_path is not None,
         )
 
 
@@ -117,15 +124,26 @@ def extract_logits(out: Any) -> torch.Tensor:
     return logits
 
 
-def find_repeated_blocks(module: nn.Module) -> str:
+def find_repeated_blocks(module: nn.Module) -> str | None:
     """Dotted path of the ModuleList of same-class blocks holding the most parameters.
 
     That is the stack of Transformer layers in every model we know (``blocks``,
     ``transformer.h``, ``bert.encoder.layer``, ``model.layers`` ...). A module can name its own
-    with an ``advisor_blocks`` attribute holding the dotted path.
+    with an ``advisor_blocks`` attribute holding the dotted path (an empty string: none).
+    None when there is no such list (a single layer, an ``nn.Sequential``, nested containers):
+    the model still trains, without the knobs that need repeated blocks.
     """
     named = getattr(module, "advisor_blocks", None)
     if isinstance(named, str):
+        if not named:
+            return None
+        found = module.get_submodule(named) if _has_submodule(module, named) else None
+        if not isinstance(found, nn.ModuleList):
+            raise ValueError(
+                f"{type(module).__name__}.advisor_blocks names {named!r}, which is not an "
+                "nn.ModuleList of the model: point it at the list of repeated layers, or set it "
+                'to "" (no repeated blocks)'
+            )
         return named
     best: tuple[int, str] | None = None
     for path, sub in module.named_modules():
@@ -136,9 +154,12 @@ def find_repeated_blocks(module: nn.Module) -> str:
         size = sum(p.numel() for p in sub.parameters())
         if best is None or size > best[0]:
             best = (size, path)
-    if best is None:
-        raise ValueError(
-            f"{type(module).__name__} has no nn.ModuleList of repeated blocks: keep the layers in "
-            "an nn.ModuleList, or set an `advisor_blocks` attribute to its dotted path"
-        )
-    return best[1]
+    return best[1] if best is not None else None
+
+
+def _has_submodule(module: nn.Module, path: str) -> bool:
+    try:
+        module.get_submodule(path)
+    except AttributeError:
+        return False
+    return True

@@ -1,9 +1,10 @@
-"""``hf:NAME_OR_PATH``: a Hugging Face ``transformers`` model built from its configuration only.
+"""``hf:NAME_OR_PATH``: a Hugging Face ``transformers`` model built from its configuration.
 
-No weights and no network: NAME_OR_PATH is a local directory holding ``config.json``, a JSON
-config file, or a model type whose config class has defaults (``hf:gpt2``, ``hf:bert``,
-``hf:llama`` ...). Encoders (BERT, RoBERTa ...) train with the masked-LM objective, decoders
-with causal LM.
+No network: NAME_OR_PATH is a local directory holding ``config.json``, a JSON config file, or a
+model type whose config class has defaults (``hf:gpt2``, ``hf:bert``, ``hf:llama`` ...).
+Encoders (BERT, RoBERTa ...) train with the masked-LM objective, decoders with causal LM. The
+model is built here with its own random init (probes need no more); the trainer then loads a
+directory's weights, when it has any (advisor.trainer.checkpoint.initial_weights).
 """
 
 from __future__ import annotations

@@ -1,8 +1,9 @@
 """Resolve a model spec (``--model``) and its overrides (``--model-arg``) into a ModelAdapter.
 
 Specs: a built-in preset name (``gpt-tiny`` ...), ``hf:NAME_OR_PATH`` (a Hugging Face model built
-from its configuration only), or ``FILE.py:factory`` / ``package.module:factory`` (the user's own
-``nn.Module``). Every failure the user can fix raises :class:`UsageProblem` naming the fix.
+from its configuration), or ``FILE.py:factory`` / ``package.module:factory`` (the user's own
+``nn.Module``). Every failure the user can fix raises :class:`UsageProblem` naming the fix. Models
+are built with their random init; initial weights are the trainer's (advisor.models.weights).
 """
 
 from __future__ import annotations

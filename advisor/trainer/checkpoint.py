@@ -17,14 +17,20 @@ from typing import Any
 import numpy as np
 import torch
 
+from advisor.errors import UsageProblem
+from advisor.models.weights import WeightsSource, hf_weights, weights_file
 from profilers.rundir import (
     CHECKPOINT_NAME,
     LATEST_CHECKPOINT,
+    RunDir,
+    TrainDir,
     checkpoint_name,
     write_atomically,
 )
 
 FORMAT_VERSION = 1
+MODEL_STATE = "state.pt"  # model + optimizer of a replicated (single, DDP) run
+DCP_METADATA = ".metadata"  # torch.distributed.checkpoint's index: an FSDP run's shards
 
 
 def rng_state() -> dict[str, Any]:
@@ -137,3 +143,63 @@ class CheckpointDir:
     def _prune(self) -> None:
         for step in self.steps()[: -self.keep_last] if self.keep_last > 0 else []:
             shutil.rmtree(self.dir_for(step), ignore_errors=True)
+
+
+# -- initial weights (--init-from, hf:DIR) -----------------------------------------------------
+
+
+def initial_weights(model: str, init_from: str | None) -> WeightsSource | None:
+    """Where a run's initial weights come from: ``init_from`` when given, else the weights in
+    an ``hf:DIR`` model directory when it has any; None: the model's own random init.
+
+    ``hf:DIR/config.json`` (the config file, not the directory) builds from the config only.
+    """
+    if init_from is not None:
+        return resolve_init_from(init_from)
+    if model.startswith("hf:"):
+        directory = Path(model[3:]).expanduser()
+        if directory.is_dir():
+            return hf_weights(directory)
+    return None
+
+
+def resolve_init_from(path: str) -> WeightsSource:
+    """The weights ``--init-from PATH`` names: a weights file (.safetensors, .pt/.bin state
+    dict, sharded index), a Hugging Face model directory, or a checkpoint of ours (a
+    ``step_N`` directory, a ``checkpoints/`` directory, a training or run directory: the latest
+    checkpoint in it)."""
+    given = Path(path).expanduser()
+    if given.is_file():
+        return weights_file(given)
+    if not given.is_dir():
+        raise UsageProblem(
+            f"--init-from {path} does not exist: pass a .safetensors/.pt/.bin weights file, a "
+            "Hugging Face model directory or a checkpoint directory of 'advisor train'"
+        )
+    found = _checkpoint_weights(given) or hf_weights(given)
+    if found is None:
+        raise UsageProblem(
+            f"--init-from {path} holds no weights: no {MODEL_STATE} or distributed checkpoint, "
+            "no checkpoints/ and no model.safetensors or pytorch_model.bin; pass the file or a "
+            "checkpoint directory"
+        )
+    return found
+
+
+def _checkpoint_weights(directory: Path) -> WeightsSource | None:
+    """A checkpoint step directory, or the latest checkpoint under a checkpoints, training
+    or run directory."""
+    if (directory / MODEL_STATE).is_file():
+        state = directory / MODEL_STATE
+        return WeightsSource(path=state, kind="torch", files=(state,))
+    if (directory / DCP_METADATA).is_file():
+        return WeightsSource(path=directory, kind="dcp", files=())
+    for checkpoints in (
+        directory,
+        TrainDir(directory).checkpoints,
+        RunDir(directory).train.checkpoints,
+    ):
+        latest = CheckpointDir(checkpoints, keep_last=0).latest()
+        if latest is not None:
+            return _checkpoint_weights(latest)
+    return None

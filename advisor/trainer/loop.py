@@ -23,7 +23,9 @@ import torch
 from advisor.data import StepSampler, TokenSource, WindowDataset, make_loader, resolve_data
 from advisor.errors import AdvisorError, TrainingDiverged, UsageProblem
 from advisor.launch import die_with_parent
-from advisor.trainer.checkpoint import CheckpointDir, rng_state, set_rng_state
+from advisor.models import ModelAdapter
+from advisor.models.weights import LoadedWeights, load_weights
+from advisor.trainer.checkpoint import CheckpointDir, initial_weights, rng_state, set_rng_state
 from advisor.trainer.dist import (
     DistContext,
     init_distributed,
@@ -38,7 +40,7 @@ from advisor.trainer.step import AdvisorStep
 from advisor.workload import AdvisorWorkload
 from profilers.metrics_record import EvalRecord, TrainRecord, read_metrics
 from profilers.rundir import TrainDir, write_atomically
-from profilers.workload import Batch, ModelFacts
+from profilers.workload import NO_REPEATED_BLOCKS, Batch, ModelFacts
 from strategies.config import TrainConfig
 
 
@@ -109,6 +111,16 @@ def check_shapes(config: TrainConfig, facts: ModelFacts, source: TokenSource) ->
         )
 
 
+def check_block_knobs(config: TrainConfig, facts: ModelFacts) -> None:
+    """Activation checkpointing recomputes the repeated blocks: refuse it for a model without."""
+    if config.activation_checkpointing not in facts.checkpointing_modes()[0]:
+        raise UsageProblem(
+            f"--activation-checkpointing {config.activation_checkpointing} is unavailable for "
+            f"{config.model}: {NO_REPEATED_BLOCKS}; use --activation-checkpointing none "
+            "(or keep the layers in an nn.ModuleList)"
+        )
+
+
 def _jsonable(x: float) -> float | None:
     return x if math.isfinite(x) else None
 
@@ -151,6 +163,10 @@ class Trainer:
             config.model, dict(config.model_args), config.data, config.tokenizer
         )
         self.facts = self.workload.facts()
+        check_block_knobs(config, self.facts)
+        # Resolved now, so a missing or unreadable path fails before anything is built.
+        self.weights_source = initial_weights(config.model, config.init_from)
+        self.weights: LoadedWeights | None = None
         self.source = resolve_data(
             config.data,
             tokenizer=config.tokenizer,
@@ -170,15 +186,25 @@ class Trainer:
         )
 
     # -- setup --------------------------------------------------------------------------------
-    def _build(self) -> None:
+    def _build(self, resuming: bool) -> None:
         torch.manual_seed(self.config.seed)  # identical initial weights on every rank
-        self.step: AdvisorStep = self.workload.build_step(self.config.step_spec(), self.device)
+        # Initial weights go in after placement and before the wrappers, on every rank (DDP
+        # and FSDP then start from identical full copies); a resumed run's checkpoint has its
+        # own weights.
+        load = self._load_initial_weights if self.weights_source and not resuming else None
+        self.step: AdvisorStep = self.workload.build_step(
+            self.config.step_spec(), self.device, before_wrap=load
+        )
         schedule = WarmupCosine(
             self.config.lr, self.config.min_lr, self.config.warmup_steps, self.total_steps
         )
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.step.optimizer, schedule)
         self.objective = self.step.adapter.make_objective(self.source.vocab_size)
         self.peak = PeakMemory(self.device)
+
+    def _load_initial_weights(self, adapter: ModelAdapter) -> None:
+        assert self.weights_source is not None
+        self.weights = load_weights(adapter.module, self.weights_source, self.config.model)
 
     def _check_out_dir(self) -> Path | None:
         existing = self.checkpoints.latest()
@@ -307,7 +333,7 @@ class Trainer:
 
     def run(self) -> TrainResult:
         resume_from = self._check_out_dir()
-        self._build()
+        self._build(resuming=resume_from is not None)
         self.tokens, self.skipped, self.elapsed_before = 0, 0, 0.0
         start = self._restore(resume_from) if resume_from is not None else 0
         if self.ctx.is_main:
@@ -319,6 +345,8 @@ class Trainer:
         )
         if resume_from is not None:
             progress.message(f"resumed from {resume_from} at step {start}")
+        elif self.weights is not None:
+            progress.message(self.weights.describe())
         self._t_start = time.perf_counter()
         self.loss_value = math.nan
         self.eval_loss: float | None = None
@@ -342,8 +370,10 @@ class Trainer:
     def _write_run_files(self, start: int, *, resumed: bool) -> None:
         """Rank 0: the run directory, metrics cut back to the checkpoint, train_config.json."""
         self.out.mkdir(parents=True, exist_ok=True)
+        weights = self.weights.to_dict() if self.weights else None
         if resumed:
             self.metrics.truncate_after(start)
+            weights = self._saved_weights()  # what the run started from, not the checkpoint
         write_atomically(
             self.files.train_config,
             json.dumps(
@@ -353,12 +383,20 @@ class Trainer:
                     "device": str(self.device),
                     "data": self.source.description,
                     "model": self.facts.to_dict(),
+                    "weights": weights,
                 },
                 indent=2,
             )
             + "\n",
             durable=True,
         )
+
+    def _saved_weights(self) -> Any:
+        """The initial weights the resumed run's train_config.json recorded (None if none)."""
+        try:
+            return json.loads(self.files.train_config.read_text()).get("weights")
+        except (OSError, ValueError, AttributeError):
+            return None
 
     def _loop(self, start: int, progress: Progress, stop: _StopFlag) -> None:
         """Steps ``start + 1 .. total``: train, log, evaluate, checkpoint, honour a signal.

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import torch
 
-from advisor.trainer.checkpoint import atomic_save
+from advisor.trainer.checkpoint import DCP_METADATA, MODEL_STATE, atomic_save
 from advisor.trainer.dist import DistContext
 from advisor.trainer.step import AdvisorStep
 
@@ -33,13 +33,13 @@ def save_model_state(step: AdvisorStep, staging: Path, ctx: DistContext) -> None
     elif ctx.is_main:
         atomic_save(
             {"model": step.adapter.module.state_dict(), "optimizer": step.optimizer.state_dict()},
-            staging / "state.pt",
+            staging / MODEL_STATE,
         )
 
 
 def load_model_state(step: AdvisorStep, directory: Path, device: torch.device) -> None:
     if step.spec.parallelism == "fsdp":
-        if not (directory / ".metadata").is_file():
+        if not (directory / DCP_METADATA).is_file():
             raise ValueError(f"{directory} holds no FSDP (distributed) checkpoint")
         import torch.distributed.checkpoint as dcp
         from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
@@ -54,9 +54,9 @@ def load_model_state(step: AdvisorStep, directory: Path, device: torch.device) -
             optim_state_dict=optim_state,
         )
         return
-    path = directory / "state.pt"
+    path = directory / MODEL_STATE
     if not path.is_file():
-        raise ValueError(f"{directory} holds no state.pt (was it written by an FSDP run?)")
+        raise ValueError(f"{directory} holds no {MODEL_STATE} (was it written by an FSDP run?)")
     state = torch.load(path, map_location=device, weights_only=True)
     step.adapter.module.load_state_dict(state["model"])
     step.optimizer.load_state_dict(state["optimizer"])

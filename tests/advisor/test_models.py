@@ -333,13 +333,21 @@ def test_user_module_can_name_its_blocks() -> None:
     [
         (f"{USER_FILE}:not_a_module", "not a torch.nn.Module"),
         (f"{USER_FILE}:raises", "RuntimeError: out of coffee"),
-        (f"{USER_FILE}:no_blocks", "nn.ModuleList"),
+        (f"{USER_FILE}:wrong_named_blocks", "names 'head', which is not an nn.ModuleList"),
         (f"{USER_FILE}:missing", "no callable 'missing'"),
         (f"{USER_FILE}:NOT_CALLABLE", "no callable 'NOT_CALLABLE'"),
         (f"{DATA / 'no_such_file.py'}:f", "does not exist"),
         ("no_such_package_xyz.models:f", "PYTHONPATH"),
     ],
-    ids=["non-module", "raises", "no-blocks", "missing-attr", "not-callable", "no-file", "no-pkg"],
+    ids=[
+        "non-module",
+        "raises",
+        "wrong-blocks",
+        "missing-attr",
+        "not-callable",
+        "no-file",
+        "no-pkg",
+    ],
 )
 def test_user_factory_failures_are_one_line_usage_problems(spec: str, hint: str) -> None:
     with pytest.raises(UsageProblem) as excinfo:

@@ -1,7 +1,8 @@
 """User model factories for ``--model FILE.py:factory`` tests (loaded by path and by module name).
 
 Each factory is a small, self-contained case: a working language model, and the ways a user's
-factory goes wrong (not a module, raising, no ModuleList of blocks).
+factory goes wrong (not a module, raising, an ``advisor_blocks`` that names no ModuleList).
+``no_blocks`` has no ModuleList of blocks: it trains without the knobs that need them.
 """
 
 from __future__ import annotations
@@ -79,6 +80,19 @@ def not_a_module() -> dict[str, int]:
 
 def raises() -> nn.Module:
     raise RuntimeError("out of coffee")
+
+
+class WrongBlocksLM(TinyLM):
+    """``advisor_blocks`` names the output head, not a list of layers."""
+
+    advisor_blocks = "head"
+
+    def __init__(self) -> None:
+        super().__init__(64, 16, 2)
+
+
+def wrong_named_blocks() -> nn.Module:
+    return WrongBlocksLM()
 
 
 def no_blocks() -> nn.Module:

@@ -1,0 +1,165 @@
+"""Any model's shape: layers outside an ``nn.ModuleList`` (one layer, an ``nn.Sequential``,
+nested containers) profile, plan and train; the knobs that need repeated blocks are reported
+unavailable instead of the model being refused.
+
+FSDP on such a model shards the whole model as one unit (the root): the parameters, gradients
+and optimizer state are still sharded at rest, only the gathered peak is the whole model, so
+the layout stays available (and is costed as root-only by strategies.cost.fsdp_units).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import torch
+from click.testing import CliRunner
+
+from advisor.cli import main
+from advisor.models import build_model
+from advisor.trainer.step import ParallelOptions, prepare_module
+from profilers.profile_record import load_profile
+from profilers.workload import NO_REPEATED_BLOCKS, StepSpec
+from strategies.space import SearchRequest, build_space
+from tests.strategies.profiles import hand_profile
+
+DATA = Path(__file__).resolve().parents[1] / "data"
+SEQUENTIAL = f"{DATA / 'sequential_model.py'}:factory"
+NESTED = f"{DATA / 'sequential_model.py'}:nested"
+SINGLE_LAYER = f"{DATA / 'single_layer_model.py'}:factory"
+NO_BLOCKS = f"{DATA / 'user_model.py'}:no_blocks"
+SHAPES = {"sequential": SEQUENTIAL, "nested": NESTED, "single-layer": SINGLE_LAYER}
+TRAIN = ["--seq-len", "32", "--global-batch-size", "4", "--micro-batch-size", "2", "--quiet"]
+
+
+@pytest.mark.parametrize("spec", [*SHAPES.values(), NO_BLOCKS], ids=[*SHAPES, "no-blocks"])
+def test_models_without_repeated_blocks_build_and_say_so(spec: str) -> None:
+    adapter = build_model(spec)
+    facts = adapter.facts()
+    assert adapter.blocks_path is None and len(adapter.blocks()) == 0
+    assert (facts.repeated_blocks, facts.num_layers, facts.block_class) == (False, 0, "")
+    modes, why = facts.checkpointing_modes()
+    assert modes == ("none",)
+    assert why == (f"full checkpointing: {NO_REPEATED_BLOCKS}",)
+    assert facts.num_params == sum(p.numel() for p in adapter.module.parameters())
+    batch = torch.randint(adapter.vocab_size, (2, 9))
+    adapter.loss({"input_ids": batch[:, :-1], "labels": batch[:, 1:]}).backward()
+
+
+def test_models_with_repeated_blocks_keep_every_mode() -> None:
+    facts = build_model("gpt-tiny", {"n_layer": 2}, meta=True).facts()
+    assert facts.repeated_blocks and facts.num_layers == 2
+    assert facts.checkpointing_modes() == (("none", "full"), ())
+
+
+def test_facts_of_an_older_profile_read_as_repeated_blocks() -> None:
+    data = build_model("gpt-tiny", meta=True).facts().to_dict()
+    del data["repeated_blocks"]
+    assert type(build_model("gpt-tiny", meta=True).facts()).from_dict(data).repeated_blocks
+
+
+@pytest.mark.parametrize("repeated", [True, False])
+def test_search_space_drops_checkpointing_without_blocks(repeated: bool) -> None:
+    profile = hand_profile()
+    profile = dataclasses.replace(
+        profile, model=dataclasses.replace(profile.model, repeated_blocks=repeated)
+    )
+    space = build_space(profile, SearchRequest(global_batch_size=8))
+    if repeated:
+        assert space.checkpointing == ("none", "full")
+        assert not any("checkpointing" in e for e in space.excluded)
+    else:
+        assert space.checkpointing == ("none",)
+        assert f"full checkpointing: {NO_REPEATED_BLOCKS}" in space.excluded
+        assert {c.activation_checkpointing for c in space.candidates()} == {"none"}
+
+
+def test_training_with_checkpointing_is_refused_in_one_line(tmp_path: Path) -> None:
+    out = str(tmp_path / "run")
+    args = ["train", "--model", SEQUENTIAL, *TRAIN, "--steps", "1", "--out", out]
+    result = CliRunner().invoke(main, [*args, "--activation-checkpointing", "full"])
+    assert result.exit_code == 2
+    assert result.stderr.splitlines() == [
+        f"error: --activation-checkpointing full is unavailable for {SEQUENTIAL}: "
+        f"{NO_REPEATED_BLOCKS}; use --activation-checkpointing none (or keep the layers in an "
+        "nn.ModuleList)"
+    ]
+    assert not (tmp_path / "run" / "metrics.jsonl").exists()
+
+
+@pytest.mark.parametrize("spec", SHAPES.values(), ids=list(SHAPES))
+def test_train_completes(spec: str, tmp_path: Path) -> None:
+    out = tmp_path / "run"
+    result = CliRunner().invoke(
+        main, ["train", "--model", spec, *TRAIN, "--steps", "2", "--out", str(out)]
+    )
+    assert result.exit_code == 0, result.output
+    saved = json.loads((out / "train_config.json").read_text())
+    assert saved["model"]["repeated_blocks"] is False
+    assert saved["config"]["activation_checkpointing"] == "none"
+
+
+@pytest.fixture
+def gloo_world_of_one(tmp_path: Path) -> Iterator[None]:
+    import torch.distributed as dist
+
+    dist.init_process_group(
+        "gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1
+    )
+    try:
+        yield None
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.mark.parametrize(("spec", "units"), [(SEQUENTIAL, 1), ("gpt-tiny", 3)])
+def test_fsdp_wraps_the_root_only_without_blocks(
+    spec: str, units: int, gloo_world_of_one: None
+) -> None:
+    from torch.distributed.fsdp import FSDPModule
+
+    adapter = build_model(spec, {"n_layer": 2} if spec == "gpt-tiny" else {})
+    spec_ = StepSpec(seq_len=16, parallelism="fsdp", world_size=1)
+    model = prepare_module(adapter, spec_, torch.device("cpu"), ParallelOptions())
+    wrapped = [m for m in model.modules() if isinstance(m, FSDPModule)]
+    assert len(wrapped) == units and wrapped[0] is model
+
+
+@pytest.mark.slow
+def test_profile_recommend_train_a_sequential_model(tmp_path: Path) -> None:
+    """The whole chain on an nn.Sequential model: no checkpointing probed, none planned, the
+    reason in the plan, and the plan trains."""
+    run = tmp_path / "run"
+    common = ["--model", SEQUENTIAL, "--seq-len", "32", "--quiet"]
+    profile = ["profile", *common, "--precision", "fp32", "--budget-s", "20", "--no-comm"]
+    recommend = ["recommend", "--profile", str(run), "--global-batch-size", "4"]
+    train = ["train", "--plan", str(run / "plan.json"), "--steps", "2", "--quiet"]
+    for args in (
+        [*profile, "--out", str(run)],
+        [*recommend, "--validate-top", "1", "--out", str(run)],
+        [*train, "--out", str(run / "train")],
+    ):
+        proc = subprocess.run(
+            [sys.executable, "-m", "advisor", *args],
+            capture_output=True,
+            text=True,
+            timeout=300,
+            env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        )
+        assert proc.returncode == 0, (args[0], proc.stderr[-2000:])
+    prof = load_profile(run)
+    assert prof.model.repeated_blocks is False
+    assert {t.spec.activation_checkpointing for t in prof.memory} == {"none"}
+    plan = json.loads((run / "plan.json").read_text())
+    assert plan["config"]["activation_checkpointing"] == "none"
+    assert f"not considered: full checkpointing: {NO_REPEATED_BLOCKS}" in plan["reasons"]
+    trials = (run / "trials.csv").read_text()
+    assert ",full," not in trials
+    metrics = (run / "train" / "metrics.jsonl").read_text().splitlines()
+    assert sum('"kind": "train"' in line for line in metrics) == 2

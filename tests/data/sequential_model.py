@@ -1,0 +1,62 @@
+"""Models whose layers are not in an ``nn.ModuleList`` (``--model FILE.py:factory`` tests).
+
+``factory``: the whole language model as one ``nn.Sequential`` (embedding, causal Transformer
+layers, norm, head); ``nested``: the layers in an ``nn.Sequential`` inside an
+``nn.ModuleDict``. Both train; neither has repeated blocks the advisor can recompute or wrap.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+class CausalLayer(nn.Module):
+    """Pre-norm causal self-attention and MLP (SDPA), as in GPT-2."""
+
+    def __init__(self, dim: int, n_head: int) -> None:
+        super().__init__()
+        self.n_head = n_head
+        self.norm1 = nn.LayerNorm(dim)
+        self.qkv = nn.Linear(dim, 3 * dim)
+        self.proj = nn.Linear(dim, dim)
+        self.norm2 = nn.LayerNorm(dim)
+        self.mlp = nn.Sequential(nn.Linear(dim, 4 * dim), nn.GELU(), nn.Linear(4 * dim, dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, t, c = x.shape
+        q, k, v = self.qkv(self.norm1(x)).split(c, dim=2)
+        q, k, v = (z.view(b, t, self.n_head, c // self.n_head).transpose(1, 2) for z in (q, k, v))
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        x = x + self.proj(y.transpose(1, 2).reshape(b, t, c))
+        return x + self.mlp(self.norm2(x))
+
+
+def factory(vocab_size: int = 256, dim: int = 32, n_head: int = 2, n_layer: int = 2) -> nn.Module:
+    return nn.Sequential(
+        nn.Embedding(vocab_size, dim),
+        *(CausalLayer(dim, n_head) for _ in range(n_layer)),
+        nn.LayerNorm(dim),
+        nn.Linear(dim, vocab_size, bias=False),
+    )
+
+
+class NestedLM(nn.Module):
+    def __init__(self, vocab_size: int, dim: int, n_head: int, n_layer: int) -> None:
+        super().__init__()
+        self.parts = nn.ModuleDict(
+            {
+                "embed": nn.Embedding(vocab_size, dim),
+                "body": nn.Sequential(*(CausalLayer(dim, n_head) for _ in range(n_layer))),
+                "head": nn.Sequential(nn.LayerNorm(dim), nn.Linear(dim, vocab_size)),
+            }
+        )
+
+    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+        x = self.parts["body"](self.parts["embed"](input_ids))
+        return self.parts["head"](x)
+
+
+def nested(vocab_size: int = 256, dim: int = 32, n_head: int = 2, n_layer: int = 2) -> nn.Module:
+    return NestedLM(vocab_size, dim, n_head, n_layer)
