@@ -36,7 +36,7 @@ from profilers.memory_records import (
     MemoryBreakdown,
     MemoryTrace,
 )
-from profilers.workload import StepSpec
+from profilers.workload import BlockScalableWorkload, StepSpec
 
 if TYPE_CHECKING:
     import torch
@@ -80,6 +80,10 @@ def trace_step_memory(
       temporaries differ by up to one copy of the parameters;
     * autocast follows ``step.device`` (CPU here), so a mixed-precision trace for a CUDA target
       uses CPU autocast's op lists: calibrate it with :func:`measure_cuda_step_memory`.
+
+    A deep model of a :class:`BlockScalableWorkload` is traced from two shallow copies
+    (:mod:`profilers.memory_blocks`; the trace's ``scaled_from_blocks`` says so), whole if that
+    fails.
     """
     if target_device_type not in TARGET_DEVICE_TYPES:
         raise ValueError(
@@ -92,9 +96,18 @@ def trace_step_memory(
             f"{spec.parallelism!r}: trace with parallelism='single' and add the strategy's own "
             "buffers (DDP buckets, FSDP shards) on top"
         )
+    from profilers.memory_blocks import scalable_layers, trace_scaled
     from profilers.memory_tracing import trace
 
-    return trace(workload, spec, cuda_rounding=target_device_type == "cuda")
+    cuda_rounding = target_device_type == "cuda"
+    layers = scalable_layers(workload)
+    if layers is not None:
+        assert isinstance(workload, BlockScalableWorkload)
+        try:
+            return trace_scaled(workload, spec, cuda_rounding=cuda_rounding, num_layers=layers)
+        except Exception:  # a model whose forward needs all its blocks: trace it whole
+            pass
+    return trace(workload, spec, cuda_rounding=cuda_rounding)
 
 
 def measure_cpu_step_memory(workload: Workload, spec: StepSpec) -> CpuStepMemory:

@@ -75,6 +75,9 @@ class MemoryTrace:
     optimizer_state_bytes: int
     resident_bytes: int
     trace_seconds: float
+    # (K1, K2): traced on copies with K1 and K2 repeated blocks and extended to the model's
+    # depth (profilers.memory_blocks); None: traced whole.
+    scaled_from_blocks: tuple[int, int] | None = None
 
     @property
     def peak_phase(self) -> str:
@@ -104,6 +107,9 @@ class MemoryTrace:
             "optimizer_state_bytes": self.optimizer_state_bytes,
             "resident_bytes": self.resident_bytes,
             "trace_seconds": self.trace_seconds,
+            "scaled_from_blocks": list(self.scaled_from_blocks)
+            if self.scaled_from_blocks
+            else None,
         }
 
     @classmethod
@@ -123,6 +129,7 @@ class MemoryTrace:
             optimizer_state_bytes=int(data["optimizer_state_bytes"]),
             resident_bytes=int(data["resident_bytes"]),
             trace_seconds=float(data["trace_seconds"]),
+            scaled_from_blocks=_pair(data.get("scaled_from_blocks")),
         )
 
 
@@ -190,3 +197,10 @@ class CudaStepMemory:
             device_name=str(data["device_name"]),
             **{k: int(v) for k, v in data.items() if k in names},
         )
+
+
+def _pair(value: Any) -> tuple[int, int] | None:
+    if not value:
+        return None
+    first, second = value
+    return int(first), int(second)

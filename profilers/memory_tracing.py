@@ -20,6 +20,7 @@ toy workload fail loudly if a torch release changes them.
 from __future__ import annotations
 
 import contextlib
+import copy
 import dataclasses
 import math
 import time
@@ -77,19 +78,92 @@ class _StepMemTracker(GradSumsInPlace, MemTracker):
     starts them afresh. Parameter gradient hooks stay installed (they are keyed by parameter).
     """
 
+    # Peak windows (for traces scaled by block count, memory_blocks): with ``split_after`` set,
+    # the forward+backward peak is kept per window, each from one boundary to the next:
+    # "F" from a micro-batch's forward until autocast drops its cache of low-precision weight
+    # copies (one per block: every block's is live until then; no such moment in fp32), "A"
+    # until the last block's backward ends (every block's activations live), "B" the rest of
+    # backward (gradients accumulate as activations are freed). Within each window the peak
+    # sits at a moment whose place does not depend on the number of blocks.
+    split_after: torch.nn.Module | None = None
+    windows: dict[str, dict[torch.device, dict[Any, int]]]
+    window: str = "B"
+
     def _pre_fw_hook(self, module: torch.nn.Module, inputs: Any) -> None:
         name = self._mod_tracker.get_known_fqn(module)
-        if (
-            module in self.memory_tracking
-            and not self._mod_tracker.is_bw
-            and set(self._mod_tracker.parents) - {name} == {"Global"}
-        ):
+        root = not self._mod_tracker.is_bw and set(self._mod_tracker.parents) - {name} == {"Global"}
+        if root and self.split_after is not None:
+            self.close_window("F")
+        if module in self.memory_tracking and root:
             self.reset_mod_stats()
         super()._pre_fw_hook(module, inputs)
+
+    def _post_bw_hook(self, module: torch.nn.Module, args: Any) -> None:
+        super()._post_bw_hook(module, args)
+        if self.split_after is not None and module is self.split_after:
+            self.close_window("B")
+
+    def autocast_cache_cleared(self) -> None:
+        """The outermost autocast exited: the forward's low-precision weight copies are gone
+        (only the first time after a forward; checkpoint recomputes clear theirs too)."""
+        if self.split_after is not None and self.window == "F":
+            self.close_window("A")
+
+    def close_window(self, following: str) -> None:
+        """Keep the peak since the last boundary as the current window's (if higher than what
+        it holds) and start window ``following`` at what is live now."""
+        held = self.windows.get(self.window)
+        if held is None or _total(self._peak_mem_snap) > _total(held):
+            self.windows[self.window] = copy.deepcopy(self._peak_mem_snap)
+        self.window = following
+        current = self.get_tracker_snapshot()
+        self._peak_mem_snap = current
+        self._peak_mem = {dev: snap[_TOTAL_KEY] for dev, snap in current.items()}
 
 
 def trace(workload: Workload, spec: StepSpec, *, cuda_rounding: bool) -> MemoryTrace:
     started = time.perf_counter()
+    raw = trace_raw(workload, spec, cuda_rounding=cuda_rounding)
+    return raw.assemble(spec, cuda_rounding=cuda_rounding, started=started)
+
+
+@dataclasses.dataclass(frozen=True)
+class RawTrace:
+    """What one traced step measured, before it becomes a MemoryTrace: the forward+backward
+    peak per window (one window, "all", unless split), the optimizer step's peak, and what
+    stays live."""
+
+    windows: dict[str, MemoryBreakdown]
+    optimizer_step: MemoryBreakdown
+    parameter_bytes: int
+    gradient_bytes: int
+    optimizer_state_bytes: int
+    resident_bytes: int
+
+    def assemble(self, spec: StepSpec, *, cuda_rounding: bool, started: float) -> MemoryTrace:
+        forward_backward = max(self.windows.values(), key=lambda b: b.total)
+        return assemble_trace(
+            spec,
+            cuda_rounding=cuda_rounding,
+            forward_backward=forward_backward,
+            optimizer_step=self.optimizer_step,
+            parameter_bytes=self.parameter_bytes,
+            gradient_bytes=self.gradient_bytes,
+            optimizer_state_bytes=self.optimizer_state_bytes,
+            resident_bytes=self.resident_bytes,
+            started=started,
+        )
+
+
+def trace_raw(
+    workload: Workload,
+    spec: StepSpec,
+    *,
+    cuda_rounding: bool,
+    split_after: Any = None,
+) -> RawTrace:
+    """Trace one step; ``split_after(step)`` (optional) names the module whose backward ends
+    window "A" (see ``_StepMemTracker.split_after``)."""
     round_bytes = cuda_block_bytes if cuda_rounding else _identity
     with contextlib.ExitStack() as stack:
         stack.enter_context(FakeTensorMode(allow_non_fake_inputs=True))
@@ -102,12 +176,20 @@ def trace(workload: Workload, spec: StepSpec, *, cuda_rounding: bool) -> MemoryT
         tracker.track_external(step.model, step.optimizer)
         with tracker:
             tracker.calibrate_grad_sums()
+        windows: dict[str, MemoryBreakdown] = {}
         for _ in range(2):  # the second iteration is measured: optimizer state exists
             tracker.reset_mod_stats()
-            with tracker:
+            if split_after is not None:
+                tracker.split_after, tracker.windows, tracker.window = split_after(step), {}, "B"
+            with tracker, _on_autocast_cache_clear(tracker.autocast_cache_cleared):
                 batches = step.synthetic_batches()
                 loss = step.forward_backward(batches)
-                forward_backward = _peak(tracker)
+            if split_after is not None:
+                tracker.close_window("B")
+                windows = {k: _breakdown(v) for k, v in tracker.windows.items()}
+                tracker.split_after = None
+            else:
+                windows = {"all": _peak(tracker)}
             with tracker:
                 step.optimizer_step()
                 optimizer_step = _peak(tracker)
@@ -120,16 +202,13 @@ def trace(workload: Workload, spec: StepSpec, *, cuda_rounding: bool) -> MemoryT
         optimizer_state_bytes = _storage_bytes(
             (v for state in step.optimizer.state.values() for v in state.values()), round_bytes
         )
-    return assemble_trace(
-        spec,
-        cuda_rounding=cuda_rounding,
-        forward_backward=forward_backward,
+    return RawTrace(
+        windows=windows,
         optimizer_step=optimizer_step,
         parameter_bytes=parameter_bytes,
         gradient_bytes=gradient_bytes,
         optimizer_state_bytes=optimizer_state_bytes,
         resident_bytes=resident,
-        started=started,
     )
 
 
@@ -162,6 +241,20 @@ def assemble_trace(
         resident_bytes=resident_bytes,
         trace_seconds=time.perf_counter() - started,
     )
+
+
+@contextlib.contextmanager
+def _on_autocast_cache_clear(callback: Any) -> Iterator[None]:
+    """Call ``callback`` after each ``torch.clear_autocast_cache()`` (which ``torch.autocast``
+    calls, looked up on the module, when its outermost instance exits)."""
+    original = torch.clear_autocast_cache
+
+    def clear() -> None:
+        original()
+        callback()
+
+    with _patched(torch, "clear_autocast_cache", clear):
+        yield
 
 
 @contextlib.contextmanager

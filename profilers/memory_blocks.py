@@ -1,0 +1,103 @@
+"""Trace a deep model's step from two shallow copies of it: the blocks are identical.
+
+A fake-tensor trace costs per op, not per byte, so its time grows with the number of layers: a
+124M model took ~10 s per trace on two cores, a 13B one 20-80 s, and a profile traces each
+precision x checkpointing at several sizes. The repeated blocks of a Transformer are identical,
+so the step of a model with L blocks is traced with only K1 = 2 and K2 = 3 of them (the same
+embedding, head, loss and optimizer) and every byte count is extended to L along the line
+through the two: x(L) = x(K1) + (L - K1) * (x(K2) - x(K1)). The cost no longer depends on L.
+
+Why a line holds. Parameters, gradients, optimizer state and what stays live grow by one block's
+worth per block. A *peak* is a maximum over the step's timeline, and a maximum of lines is a line
+only if the same moment wins at every L, so forward+backward is traced in two windows whose
+winning moment does not move with L (``memory_tracing._StepMemTracker.split_after``):
+
+* window A, from a micro-batch's forward to the end of the last block's backward: every
+  moment's live memory is what the step holds plus (blocks whose activations are saved) x one
+  block's activations, and the most blocks are saved at the head, the loss and the last
+  block's backward, the same place at every L;
+* window B, the rest of backward: at block j (counting down) j blocks' activations and the
+  later blocks' gradients are live, a line in j whose maximum is at one end of the range, the
+  same end at every L; K1 = 2 is the depth where both ends coincide, so the line through K1 and
+  K2 follows whichever end wins for L >= 2.
+
+The optimizer step is one phase whose peak holds everything at once: a line. Each window's
+breakdown is extended separately and the larger at L is the forward+backward peak.
+The tests trace presets with and without scaling and require the same bytes.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Mapping
+from typing import Any, TypeVar
+
+from profilers.memory_records import MemoryBreakdown, MemoryTrace
+from profilers.workload import BlockScalableWorkload, StepSpec, Workload
+
+SCALE_FROM_BLOCKS: tuple[int, int] = (2, 3)
+# Scale only models at least this deep: below it the two shallow traces cost about as much as
+# the model's own (2 + 3 blocks against L).
+MIN_LAYERS_TO_SCALE = 6
+
+_T = TypeVar("_T")
+
+
+def scalable_layers(workload: Workload) -> int | None:
+    """The number of repeated blocks when ``workload`` can be traced scaled, else None."""
+    if not isinstance(workload, BlockScalableWorkload):
+        return None
+    layers = workload.facts().num_layers
+    return layers if layers >= MIN_LAYERS_TO_SCALE else None
+
+
+def trace_scaled(
+    workload: BlockScalableWorkload, spec: StepSpec, *, cuda_rounding: bool, num_layers: int
+) -> MemoryTrace:
+    """The trace of ``spec`` on the full model, from traces of two shallow copies."""
+    from profilers.memory_tracing import trace_raw
+
+    started = time.perf_counter()
+    k1, k2 = SCALE_FROM_BLOCKS
+    raws = [
+        trace_raw(
+            workload.with_blocks(k),
+            spec,
+            cuda_rounding=cuda_rounding,
+            split_after=lambda step: workload.step_blocks(step)[-1],
+        )
+        for k in (k1, k2)
+    ]
+    if set(raws[0].windows) != set(raws[1].windows):
+        raise ValueError(
+            f"the {k1}- and {k2}-block traces saw different windows "
+            f"({sorted(raws[0].windows)} vs {sorted(raws[1].windows)})"
+        )
+
+    def at(x1: int, x2: int) -> int:
+        return x1 + (num_layers - k1) * (x2 - x1) // (k2 - k1)
+
+    def breakdown(b1: MemoryBreakdown, b2: MemoryBreakdown) -> MemoryBreakdown:
+        return _fieldwise(b1, b2, at)
+
+    low, high = raws
+    scaled = dataclasses.replace(
+        low,
+        windows={k: breakdown(low.windows[k], high.windows[k]) for k in low.windows},
+        optimizer_step=breakdown(low.optimizer_step, high.optimizer_step),
+        parameter_bytes=at(low.parameter_bytes, high.parameter_bytes),
+        gradient_bytes=at(low.gradient_bytes, high.gradient_bytes),
+        optimizer_state_bytes=at(low.optimizer_state_bytes, high.optimizer_state_bytes),
+        resident_bytes=at(low.resident_bytes, high.resident_bytes),
+    )
+    trace = scaled.assemble(spec, cuda_rounding=cuda_rounding, started=started)
+    return dataclasses.replace(trace, scaled_from_blocks=(k1, k2))
+
+
+def _fieldwise(a: _T, b: _T, combine: Any) -> _T:
+    values: Mapping[str, Any] = {
+        f.name: combine(getattr(a, f.name), getattr(b, f.name))
+        for f in dataclasses.fields(a)  # type: ignore[arg-type]
+    }
+    return dataclasses.replace(a, **values)  # type: ignore[type-var]
