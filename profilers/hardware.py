@@ -48,6 +48,10 @@ class HardwareSpec:
     nvlink_gbs: float | None = None  # per GPU, per direction, all links together
     nvlink_kind: str | None = None  # "switch" | "bridge" | None
     source: str = ""
+    # Streaming multiprocessors (the unit a GEMM's tiles are scheduled over in waves) and the
+    # architecture generation; from :data:`_CHIP_FACTS`, None/"" when not known.
+    num_sms: int | None = None
+    architecture: str = ""
 
     def peak_flops(self, dtype: str) -> float | None:
         """Dense peak FLOP/s for ``dtype`` (fp32|tf32|bf16|fp16), or None if not on the sheet."""
@@ -216,6 +220,52 @@ _TABLE: tuple[tuple[str, HardwareSpec], ...] = (
 )
 # fmt: on
 
+# SM count and architecture per row, from the architecture whitepapers: GA100 (A100: 108 SMs
+# enabled, "NVIDIA A100 Tensor Core GPU Architecture" whitepaper, 2020, p. 20), GH100 (H100 SXM5
+# 132, PCIe 114, "NVIDIA H100 Tensor Core GPU Architecture" whitepaper, 2022, Table 2; H200 and
+# H100 NVL use the SXM5 configuration), GB200/B200 (148, NVIDIA Blackwell architecture technical
+# brief, 2024), GA102 (A40 84, A10 72, A10G 80, RTX A6000 84, RTX 3090 82; GA102 whitepaper
+# v2.1, Table 9 and the product briefs), GA100 in A30 (56, A30 datasheet), AD102/AD104 (L40/L40S
+# 142, RTX 4090 128, L4 58; Ada Lovelace whitepaper v1.1, Appendix A), GV100 (V100 80, Volta
+# whitepaper, 2017), TU104 (T4 40, Turing whitepaper, 2018).
+_CHIP_FACTS: Mapping[str, tuple[int, str]] = {
+    "b200": (148, "blackwell"),
+    "h200-nvl": (132, "hopper"),
+    "h200": (132, "hopper"),
+    "h100-nvl": (132, "hopper"),
+    "h100-pcie": (114, "hopper"),
+    "h100-sxm": (132, "hopper"),
+    "a100-sxm-80gb": (108, "ampere"),
+    "a100-sxm-40gb": (108, "ampere"),
+    "a100-pcie-80gb": (108, "ampere"),
+    "a100-pcie-40gb": (108, "ampere"),
+    "a40": (84, "ampere"),
+    "a30": (56, "ampere"),
+    "a10": (72, "ampere"),
+    "a10g": (80, "ampere"),
+    "l40s": (142, "ada"),
+    "l40": (142, "ada"),
+    "l4": (58, "ada"),
+    "v100-sxm2-32gb": (80, "volta"),
+    "v100-sxm2-16gb": (80, "volta"),
+    "v100s-pcie-32gb": (80, "volta"),
+    "v100-pcie-32gb": (80, "volta"),
+    "v100-pcie-16gb": (80, "volta"),
+    "t4": (40, "turing"),
+    "rtx-a6000": (84, "ampere"),
+    "rtx-4090": (128, "ada"),
+    "rtx-3090": (82, "ampere"),
+}
+
+
+def _with_chip_facts(spec: HardwareSpec) -> HardwareSpec:
+    facts = _CHIP_FACTS.get(spec.key)
+    if facts is None:
+        return spec
+    return dataclasses.replace(spec, num_sms=facts[0], architecture=facts[1])
+
+
+_TABLE = tuple((pattern, _with_chip_facts(spec)) for pattern, spec in _TABLE)
 HARDWARE: tuple[HardwareSpec, ...] = tuple(spec for _, spec in _TABLE)
 _PATTERNS: tuple[tuple[re.Pattern[str], HardwareSpec], ...] = tuple(
     (re.compile(pattern), spec) for pattern, spec in _TABLE

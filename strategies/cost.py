@@ -460,6 +460,7 @@ class CostModel:
             input_s=input_s,
             compute_source=compute.source,
             step_s=step,
+            forward_backward_parts={k: v * scale for k, v in compute.parts},
         )
 
     def _communication(
@@ -570,7 +571,7 @@ def cost_model_from_profile(profile: Profile, memory_budget: float) -> CostModel
         facts=profile.model,
         workload=profile.workload,
         memory_models=models,
-        time=MeasuredTime(fits=profile.fits, flops=profile.flops),
+        time=MeasuredTime.from_profile(profile),
         comm=MeasuredComm(fits=profile.fits.communication),
         memory_budget=memory_budget,
         flops=profile.flops,

@@ -291,10 +291,18 @@ class TimeTerms:
     input_s: float
     compute_source: str
     step_s: float
+    # forward_backward_s by part (gemm, attention, memory_bound, launch) for an estimate.
+    forward_backward_parts: dict[str, float] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
+        parts = (
+            {"forward_backward_parts": dict(self.forward_backward_parts)}
+            if self.forward_backward_parts
+            else {}
+        )
         return {
             "forward_backward_s": self.forward_backward_s,
+            **parts,
             "micro_batches": self.micro_batches,
             "optimizer_s": self.optimizer_s,
             "communication_s": self.communication_s,
@@ -317,6 +325,9 @@ class TimeTerms:
             input_s=_float(data, "input_s"),
             compute_source=str(data.get("compute_source") or ""),
             step_s=_float(data, "step_s"),
+            forward_backward_parts={
+                str(k): float(v) for k, v in _mapping(data.get("forward_backward_parts")).items()
+            },
         )
 
 

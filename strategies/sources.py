@@ -9,13 +9,14 @@ its formulas. The measured sources here read a profile's fits (:class:`MeasuredT
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from typing import Protocol
 
 from profilers.comm_records import CommFit, bus_bandwidth_factor, predict_collective_time
 from profilers.fit import AffineFit
 from profilers.flops import FlopCount
-from profilers.profile_record import Fits
+from profilers.profile_record import Fits, Profile
 from profilers.throughput import TimeModel
 from strategies.errors import Unpredictable
 from strategies.space import Candidate
@@ -52,6 +53,9 @@ class ComputeTime:
     # the time was derived rather than timed (strategies.uncertainty).
     fit: AffineFit | None = None
     derived: bool = False
+    # An estimate's forward_backward_s split by what takes the time (strategies.roofline.PARTS:
+    # gemm, attention, memory_bound, launch), seconds summing to it; empty when measured.
+    parts: tuple[tuple[str, float], ...] = ()
 
 
 class TimeSource(Protocol):
@@ -102,6 +106,22 @@ class MeasuredTime:
 
     fits: Fits
     flops: FlopCount | None = None
+    # Why the profile has no step-time fit for a (precision, checkpointing), when it said so:
+    # its throughput probe rows' reasons (e.g. the budget ran out, naming the --budget-s).
+    gaps: Mapping[tuple[str, str], str] = field(default_factory=dict)
+
+    @classmethod
+    def from_profile(cls, profile: Profile) -> MeasuredTime:
+        gaps: dict[tuple[str, str], str] = {}
+        for row in profile.probes:
+            if (
+                row.probe in ("throughput", "throughput_fit")
+                and row.status != "ok"
+                and row.precision
+            ):
+                key = (row.precision, row.activation_checkpointing or "none")
+                gaps.setdefault(key, f"{row.status}: {row.reason}" if row.reason else row.status)
+        return cls(fits=profile.fits, flops=profile.flops, gaps=gaps)
 
     def compute(self, candidate: Candidate) -> ComputeTime:
         c = candidate
@@ -149,10 +169,17 @@ class MeasuredTime:
                     f"of {c.activation_checkpointing} checkpointing (recompute)"
                 ),
             )
+        group = (c.precision, c.activation_checkpointing)
+        why = self.gaps.get(group) or self.gaps.get((c.precision, "none"))
+        if why:
+            raise Unpredictable(
+                f"the profile has no step-time fit for {c.precision} with "
+                f"{c.activation_checkpointing} checkpointing (its probe: {why})"
+            )
         raise Unpredictable(
             f"the profile has no step-time fit for {c.precision} with "
-            f"{c.activation_checkpointing} checkpointing: re-run 'advisor profile' so it times "
-            "this precision"
+            f"{c.activation_checkpointing} checkpointing: re-run 'advisor profile --precision "
+            f"{c.precision}' with a larger --budget-s so it times this group"
         )
 
     def _rank_slowdown(self, model: TimeModel, world_size: int) -> tuple[float | None, str]:

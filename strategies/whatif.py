@@ -7,8 +7,12 @@ anywhere (this CPU, say) for a device from :mod:`profilers.hardware`'s datasheet
   well"), with the CUDA caching allocator's 512-byte rounding (the profile's CUDA-target fits
   when it has them, else an upper bound, below) + a known fixed overhead per process (CUDA
   context and library workspaces) + a fragmentation margin;
-* time: the profile's counted FLOPs per token over the datasheet peak at a documented
-  efficiency (:data:`MFU`); the optimizer step as memory traffic over the datasheet bandwidth;
+* time: a per-op roofline of the step (:mod:`strategies.roofline`: GEMMs at a shape-dependent
+  fraction of the peak, flash attention at its published efficiency, memory-bound ops over the
+  HBM bandwidth, a launch floor per kernel, one fitted sustained fraction per architecture),
+  its GEMM FLOPs matched to the profile's counted ones; the optimizer step (fused AdamW and
+  clipping) as memory traffic. A model whose facts describe no standard Transformer block falls
+  back to counted FLOPs at one documented efficiency (:data:`MFU`), and says so;
 * communication: the ring bus-bandwidth model over the table's link bandwidths.
 
 Every prediction carries ``estimate=True`` and a label; no measurement is ever mixed in.
@@ -25,6 +29,7 @@ from profilers.flops import FlopCount, formula_flops_per_token
 from profilers.hardware import HardwareSpec, NetworkPreset, lookup_network, lookup_target
 from profilers.profile_record import Profile
 from profilers.workload import ModelFacts
+from strategies import roofline
 from strategies.cost import ComputeTime, CostModel, Machine
 from strategies.errors import StrategyError, Unpredictable
 from strategies.space import Candidate, SearchRequest
@@ -105,11 +110,104 @@ class FlopsTime:
             forward_backward_s=fb,
             optimizer_s=optimizer,
             source=(
-                f"estimate: {counted} FLOPs at {efficiency:.0%} of {self.target.name}'s "
+                "estimate (fallback: the model's facts describe no standard Transformer block, "
+                f"so no per-op roofline): {counted} FLOPs at {efficiency:.0%} of "
+                f"{self.target.name}'s "
                 f"{candidate.precision} datasheet peak; AdamW as {ADAMW_BYTES_PER_PARAM} B/param "
                 f"at {MEMORY_BANDWIDTH_EFFICIENCY:.0%} of its memory bandwidth"
             ),
         )
+
+
+# Counted GEMM FLOPs that differ from the analytic op list's by more than this scale the op
+# list's GEMM time to the count (a model that is not the standard block); within it, the op list
+# stands (the count includes a few tiny matmuls, e.g. of biases' gradients).
+GEMM_COUNT_TOLERANCE = 0.02
+COUNTED_GEMM_OPS: tuple[str, ...] = ("aten.mm", "aten.addmm", "aten.bmm", "aten.matmul")
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class RooflineTime:
+    """Compute time from the per-op roofline of :mod:`strategies.roofline`."""
+
+    target: HardwareSpec
+    shape: roofline.BlockShape
+    seq_len: int
+    flops: FlopCount | None = None
+
+    def gemm_scale(self) -> float:
+        """Counted over analytic GEMM FLOPs per token (no recompute), 1 within tolerance."""
+        if not self.flops or "none" not in self.flops.flops_by_op:
+            return 1.0
+        counted = sum(
+            v for op, v in self.flops.flops_by_op["none"].items() if op in COUNTED_GEMM_OPS
+        )
+        analytic = 6.0 * self.shape.matmul_params
+        if counted <= 0 or analytic <= 0:
+            return 1.0
+        ratio = counted / analytic
+        return ratio if abs(ratio - 1.0) > GEMM_COUNT_TOLERANCE else 1.0
+
+    def compute(self, candidate: Candidate) -> ComputeTime:
+        t = self.target
+        if t.peak_flops(candidate.precision) is None:
+            raise Unpredictable(
+                f"{t.name} has no {candidate.precision} peak on its datasheet: plan "
+                "another precision"
+            )
+        if t.memory_bandwidth_gbs is None:
+            raise Unpredictable(f"{t.name} has no memory bandwidth on its datasheet")
+        ops = roofline.step_ops(
+            self.shape,
+            tokens=candidate.micro_batch_size * self.seq_len,
+            seq_len=self.seq_len,
+            precision=candidate.precision,
+            checkpointing=candidate.activation_checkpointing,
+            # FSDP2 holds the compute-dtype copy of the parameters it gathers: no autocast casts
+            casts_weights=candidate.parallelism != "fsdp",
+            sharded=candidate.parallelism == "fsdp",
+        )
+        scale = self.gemm_scale()
+        times = roofline.time_ops(
+            ops,
+            t,
+            candidate.precision,
+            seq_len=self.seq_len,
+            head_dim=self.shape.head_dim,
+            gemm_scale=scale,
+        )
+        sustained, tuned = roofline.sustained_fraction(t)
+        gemm_fraction, measured = roofline.mamf_fraction(t)
+        parts = tuple((name, seconds / sustained) for name, seconds in times.parts().items())
+        optimizer = roofline.optimizer_seconds(self.shape.num_params, t) / sustained
+        notes = [
+            f"GEMMs at {gemm_fraction:.1%} of the {candidate.precision} peak"
+            + (" (measured MAMF)" if measured else " (median MAMF: not measured for this GPU)")
+            + " × wave quantisation",
+            f"flash attention at FA-2's {t.architecture or 'default'} efficiency",
+            f"memory-bound ops at {roofline.MEMORY_BANDWIDTH_EFFICIENCY:.0%} of HBM bandwidth",
+            f"{times.kernels} kernels with a {roofline.LAUNCH_S * 1e6:.0f} us launch floor",
+            f"all over a sustained fraction of {sustained:.2f}"
+            + (f" fitted for {t.architecture}" if tuned else " (mean of the fitted; untuned)"),
+        ]
+        if scale != 1.0:
+            notes.append(f"GEMM FLOPs scaled ×{scale:.3f} to the profile's counted ones")
+        return ComputeTime(
+            forward_backward_s=times.total_s / sustained,
+            optimizer_s=optimizer,
+            source="estimate: per-op roofline on " + t.name + ": " + "; ".join(notes),
+            parts=parts,
+        )
+
+
+def time_source(
+    target: HardwareSpec, facts: ModelFacts, seq_len: int, flops: FlopCount | None
+) -> RooflineTime | FlopsTime:
+    """The roofline when the facts describe a Transformer block, else counted FLOPs at MFU."""
+    shape = roofline.BlockShape.from_facts(facts)
+    if shape is None:
+        return FlopsTime(target=target, facts=facts, seq_len=seq_len, flops=flops)
+    return RooflineTime(target=target, shape=shape, seq_len=seq_len, flops=flops)
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -179,7 +277,7 @@ def whatif_label(
     link = f" linked by {network.name}" if network else ""
     return (
         f"ESTIMATE for {where}{link}: memory from the profile's fake traces + CUDA overheads, "
-        "time from counted FLOPs and datasheet peaks at documented efficiencies; nothing here "
+        "time from a per-op roofline over datasheet peaks at cited efficiencies; nothing here "
         "was measured on that hardware"
     )
 
@@ -226,9 +324,7 @@ def whatif_cost_model(profile: Profile, request: SearchRequest) -> tuple[CostMod
         facts=profile.model,
         workload=profile.workload,
         memory_models=models,
-        time=FlopsTime(
-            target=target, facts=profile.model, seq_len=profile.seq_len, flops=profile.flops
-        ),
+        time=time_source(target, profile.model, profile.seq_len, profile.flops),
         comm=LinkComm(target=target, gpus_per_node=gpus_per_node, network=network),
         memory_budget=request.memory_budget,
         flops=profile.flops,

@@ -6,7 +6,7 @@ import dataclasses
 
 import pytest
 
-from profilers.profile_record import InputSample
+from profilers.profile_record import InputSample, ProbeRow
 from strategies.cost import (
     CostModel,
     MeasuredComm,
@@ -239,6 +239,26 @@ def test_a_missing_checkpointing_time_is_derived_from_counted_flops() -> None:
     )
     with pytest.raises(Unpredictable, match="no step-time fit for fp32 with full"):
         without_flops.predict(cand(micro=8, ckpt="full"))
+
+
+def test_a_missing_time_fit_says_why_the_probe_did_not_time_it_and_the_flag_that_would() -> None:
+    base = hand_profile(timed_checkpointing=("none",), with_flops=False)
+    without_rows = cost_model_from_profile(base, 0.9)
+    with pytest.raises(Unpredictable, match=r"--precision fp32' with a larger --budget-s"):
+        without_rows.predict(cand(micro=8, ckpt="full"))
+    skipped = ProbeRow(
+        probe="throughput",
+        name="fp32/full",
+        status="skipped",
+        reason="time budget spent before this group was timed; --budget-s 300 would cover them",
+        precision="fp32",
+        activation_checkpointing="full",
+    )
+    with_rows = cost_model_from_profile(
+        dataclasses.replace(base, probes=(*base.probes, skipped)), 0.9
+    )
+    with pytest.raises(Unpredictable, match=r"its probe: skipped: .*--budget-s 300"):
+        with_rows.predict(cand(micro=8, ckpt="full"))
 
 
 def test_a_missing_memory_fit_names_the_fix() -> None:

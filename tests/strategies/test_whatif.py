@@ -7,19 +7,18 @@ import dataclasses
 import pytest
 
 from profilers.hardware import lookup_network, lookup_target
+from strategies import roofline
 from strategies.errors import StrategyError
 from strategies.space import Candidate, SearchRequest, build_space
 from strategies.whatif import (
-    ADAMW_BYTES_PER_PARAM,
     CUDA_FIXED_OVERHEAD_BYTES,
     LINK_EFFICIENCY,
-    MEMORY_BANDWIDTH_EFFICIENCY,
-    MFU,
     LinkComm,
+    RooflineTime,
     rounding_allowance,
     whatif_cost_model,
 )
-from tests.strategies.profiles import NUM_PARAMS, SEQ_LEN, facts, hand_profile, memory_model
+from tests.strategies.profiles import NUM_PARAMS, facts, hand_profile, memory_model
 
 
 def _cand(precision: str = "bf16", parallelism: str = "single", world: int = 1) -> Candidate:
@@ -33,26 +32,27 @@ def _cand(precision: str = "bf16", parallelism: str = "single", world: int = 1) 
     )
 
 
-def test_whatif_predictions_are_labelled_estimates_from_flops_and_datasheets() -> None:
+def test_whatif_predictions_are_labelled_estimates_from_a_roofline_and_datasheets() -> None:
     request = SearchRequest(global_batch_size=64, world_size=8, target="h100-80gb")
     model, label = whatif_cost_model(hand_profile(), request)
     assert label.startswith("ESTIMATE for 8× NVIDIA H100 SXM5 80GB")
+    assert "per-op roofline" in label
     assert model.machine.estimate
     p = model.predict(_cand())
     assert p.estimate
     assert any("estimate" in a for a in p.breakdown.to_dict()["assumptions"])
     h100 = lookup_target("h100-80gb")
-    flops = 6.0 * NUM_PARAMS * 8 * SEQ_LEN  # the hand profile's counted FLOPs, 8 sequences
-    expected_fb = flops / (h100.peak_flops("bf16") * MFU["bf16"])  # type: ignore[operator]
-    expected_opt = (
-        ADAMW_BYTES_PER_PARAM
-        * NUM_PARAMS
-        / (
-            h100.memory_bandwidth_gbs * 1e9 * MEMORY_BANDWIDTH_EFFICIENCY  # type: ignore[operator]
-        )
-    )
-    assert p.breakdown.to_dict()["time"]["forward_backward_s"] == pytest.approx(expected_fb)
-    assert p.breakdown.to_dict()["time"]["optimizer_s"] == pytest.approx(expected_opt)
+    assert isinstance(model.time, RooflineTime)
+    time = p.breakdown.to_dict()["time"]
+    # The breakdown names what takes the time, and the parts add up to the micro-batch's time.
+    parts = time["forward_backward_parts"]
+    assert set(parts) == set(roofline.PARTS)
+    assert sum(parts.values()) == pytest.approx(time["forward_backward_s"])
+    assert "roofline" in time["compute_source"]
+    sustained, tuned = roofline.sustained_fraction(h100)
+    assert tuned
+    expected_opt = roofline.optimizer_seconds(NUM_PARAMS, h100) / sustained
+    assert time["optimizer_s"] == pytest.approx(expected_opt)
     assert model.predict(_cand("fp32")).step_time_s > p.step_time_s
     # Memory: CPU-traced fits + 512-B rounding bound + CUDA context.
     memory = p.breakdown.to_dict()["memory"]

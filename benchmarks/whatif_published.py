@@ -1,0 +1,608 @@
+"""Does ``advisor predict --target`` reproduce published training runs? tokens/s/GPU, row by row.
+
+``benchmarks/data/published_runs.csv`` holds real runs with their sources (MosaicML llm-foundry's
+benchmark tables: MPT 125M-70B on A100-40GB, A100-80GB and H100-80GB, sequence 512-32768,
+activation checkpointing on and off, FSDP FULL_SHARD). Each row's model is one of our presets
+rebuilt with ``--model-arg`` overrides (``gpt-small`` with MPT's shape: no bias, vocabulary 50368,
+learned positions, GELU MLP ×4), and each row is predicted by the same library function
+``advisor predict`` calls (:func:`advisor.recommending.predict`) with the row's config and
+``target``/``nodes``/``network``.
+
+**Trace-only profiles.** A prediction needs a profile of that model shape: its facts, its counted
+FLOPs and its memory fits. ``advisor profile`` would time real steps of a 70B model on this CPU;
+nothing here does. Each profile is built without materialising the model:
+
+* facts: the full model built on ``meta`` (no storage);
+* FLOPs per token and memory fits: the same shape with 1 and 2 layers, counted
+  (``count_step_flops``) and fake-traced (``trace_step_memory``, CUDA target, bf16, micro-batch
+  1 and 2) under FakeTensorMode, then extended linearly to the real layer count: blocks are
+  identical, so every per-token FLOP count and every fitted coefficient (intercept, slope, floor,
+  parameter/gradient/state bytes) is affine in the number of layers.
+
+That takes 20-90 s per shape on 2 cores; profiles are cached under
+``benchmarks/results/whatif_profiles/`` (delete a file to rebuild it).
+
+**Tuning.** ``strategies.roofline.SUSTAINED_FRACTION`` (one constant per architecture) and
+``ATTENTION_SCALE`` were fitted with ``--fit`` on the rows with ``tune=1`` only; the table reports
+the tuning rows and the held-out rows separately. Target: median |error| <= 10%, max <= 20%.
+
+Run ``python benchmarks/whatif_published.py`` (``--rows R01,R05`` for a subset; ``--fit`` to print
+the constants the tuning rows imply).
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import dataclasses
+import json
+import math
+import statistics
+import sys
+import time
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+DATA = ROOT / "benchmarks" / "data" / "published_runs.csv"
+RESULTS = ROOT / "benchmarks" / "results"
+PROFILES = RESULTS / "whatif_profiles"
+TARGET_MEDIAN = 0.10
+TARGET_MAX = 0.20
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Row:
+    """One published run (a row of published_runs.csv)."""
+
+    row: str
+    tune: bool
+    label: str
+    model: str
+    model_args: dict[str, Any]
+    target: str
+    n_gpus: int
+    nodes: int
+    network: str | None
+    seq_len: int
+    micro_batch_size: int
+    grad_accum_steps: int
+    global_batch_size: int
+    precision: str
+    activation_checkpointing: str
+    parallelism: str
+    tokens_per_s_per_gpu: float
+    mfu_percent: float
+    source: str
+
+    @classmethod
+    def from_csv(cls, data: Mapping[str, str]) -> Row:
+        from advisor.models.registry import parse_model_args
+
+        return cls(
+            row=data["row"],
+            tune=data["tune"] == "1",
+            label=data["model_label"],
+            model=data["model"],
+            model_args=parse_model_args(tuple(data["model_args"].split(";"))),
+            target=data["target"],
+            n_gpus=int(data["n_gpus"]),
+            nodes=int(data["nodes"]),
+            network=data["network"] or None,
+            seq_len=int(data["seq_len"]),
+            micro_batch_size=int(data["micro_batch_size"]),
+            grad_accum_steps=int(data["grad_accum_steps"]),
+            global_batch_size=int(data["global_batch_size"]),
+            precision=data["precision"],
+            activation_checkpointing=data["activation_checkpointing"],
+            parallelism=data["parallelism"],
+            tokens_per_s_per_gpu=float(data["tokens_per_s_per_gpu"]),
+            mfu_percent=float(data["mfu_percent"]),
+            source=f"{data['source_url']} ({data['source_table']})",
+        )
+
+    @property
+    def shape_key(self) -> str:
+        args = "-".join(f"{k}{v}" for k, v in sorted(self.model_args.items()))
+        return f"{self.model}-{args}".replace("=", "").replace("/", "_")
+
+
+def read_rows(path: Path = DATA) -> list[Row]:
+    with path.open(newline="") as fh:
+        return [Row.from_csv(r) for r in csv.DictReader(fh)]
+
+
+# -- trace-only profiles -------------------------------------------------------------------------
+
+
+def _lerp(a: float, b: float, layers: int) -> float:
+    """The value at ``layers`` of a quantity that is a at 1 layer and b at 2 (affine in layers)."""
+    return a + (layers - 1) * (b - a)
+
+
+def extend_fit(one: Any, two: Any, layers: int) -> Any:
+    """An AffineFit at ``layers`` layers from its 1- and 2-layer fits."""
+    from profilers.fit import AffineFit
+
+    floor = None
+    if one.floor is not None and two.floor is not None:
+        floor = _lerp(one.floor, two.floor, layers)
+    return AffineFit(
+        intercept=_lerp(one.intercept, two.intercept, layers),
+        slope=_lerp(one.slope, two.slope, layers),
+        xs=tuple(one.xs),
+        ys=tuple(_lerp(a, b, layers) for a, b in zip(one.ys, two.ys, strict=True)),
+        floor=floor,
+    )
+
+
+def extend_memory_model(one: Any, two: Any, layers: int) -> Any:
+    """A MemoryModel at ``layers`` layers from the 1- and 2-layer models of the same config."""
+    ints = ("parameter_bytes", "gradient_bytes", "optimizer_state_bytes", "resident_bytes")
+    fits = ("forward_backward", "forward_backward_accumulating", "optimizer_step")
+    return dataclasses.replace(
+        one,
+        **{k: round(_lerp(getattr(one, k), getattr(two, k), layers)) for k in ints},
+        **{k: extend_fit(getattr(one, k), getattr(two, k), layers) for k in fits},
+    )
+
+
+def extend_flops(one: Any, two: Any, layers: int) -> Any:
+    """A FlopCount at ``layers`` layers from the 1- and 2-layer counts (per token: affine)."""
+    modes = one.flops_per_token
+    return dataclasses.replace(
+        one,
+        flops_per_token={
+            m: _lerp(one.flops_per_token[m], two.flops_per_token[m], layers) for m in modes
+        },
+        flops_by_op={
+            m: {
+                op: _lerp(one.flops_by_op[m].get(op, 0.0), two.flops_by_op[m].get(op, 0.0), layers)
+                for op in set(one.flops_by_op[m]) | set(two.flops_by_op[m])
+            }
+            for m in modes
+        },
+        formula_flops_per_token=None,
+    )
+
+
+def trace_only_profile(row: Row, checkpointing: Sequence[str], say: Any = print) -> Any:
+    """A Profile of ``row``'s model shape built from meta facts and 1-/2-layer fake traces."""
+    import torch
+
+    from advisor.workload import AdvisorWorkload
+    from profilers.device import DeviceInfo, read_cpu_info, read_host_memory
+    from profilers.flops import count_step_flops, formula_flops_per_token
+    from profilers.memory import trace_step_memory
+    from profilers.memory_model import fit_memory_models
+    from profilers.profile_record import Fits, Profile
+    from profilers.workload import StepSpec
+
+    t0 = time.perf_counter()
+    full = AdvisorWorkload(model=row.model, model_args=row.model_args, data="synthetic")
+    facts = full.facts()
+    layers = facts.num_layers
+    small = {
+        n: AdvisorWorkload(
+            model=row.model, model_args={**row.model_args, "n_layer": n}, data="synthetic"
+        )
+        for n in (1, 2)
+    }
+    counts = {
+        n: count_step_flops(w, StepSpec(seq_len=row.seq_len, micro_batch_size=1))
+        for n, w in small.items()
+    }
+    flops = extend_flops(counts[1], counts[2], layers)
+    flops = dataclasses.replace(
+        flops, formula_flops_per_token=formula_flops_per_token(facts, row.seq_len)
+    )
+    models = {}
+    for n, w in small.items():
+        traces = [
+            trace_step_memory(
+                w,
+                StepSpec(
+                    seq_len=row.seq_len,
+                    micro_batch_size=b,
+                    precision=row.precision,
+                    activation_checkpointing=c,
+                ),
+                target_device_type="cuda",
+            )
+            for c in checkpointing
+            for b in (1, 2)
+        ]
+        models[n] = {
+            (m.precision, m.activation_checkpointing): m for m in fit_memory_models(traces)
+        }
+    memory = tuple(extend_memory_model(models[1][k], models[2][k], layers) for k in models[1])
+    total, free = read_host_memory()
+    device = DeviceInfo(
+        kind="cpu",
+        name="trace-only profile (no device probed)",
+        index=None,
+        total_memory_bytes=total,
+        free_memory_bytes=free,
+        torch_version=torch.__version__,
+        cpu=read_cpu_info(),
+    )
+    elapsed = time.perf_counter() - t0
+    say(
+        f"  traced {row.label} seq {row.seq_len} ({facts.num_params / 1e9:.2f}B) in {elapsed:.0f} s"
+    )
+    return Profile(
+        workload={**full.describe(), "seq_len": row.seq_len},
+        device=device,
+        model=facts,
+        flops=flops,
+        fits=Fits(memory=memory),
+        tool={
+            "built_by": "benchmarks/whatif_published.py (trace-only, layers extended from 1 and 2)"
+        },
+        elapsed_s=elapsed,
+    )
+
+
+def profile_for(row: Row, rows: Iterable[Row], say: Any = print) -> Any:
+    """The cached trace-only profile of ``row``'s shape (every checkpointing mode its rows use)."""
+    from profilers.profile_record import load_profile
+
+    path = PROFILES / f"{row.shape_key}.json"
+    modes = sorted({r.activation_checkpointing for r in rows if r.shape_key == row.shape_key})
+    if path.is_file():
+        profile = load_profile(path)
+        have = {m.activation_checkpointing for m in profile.fits.memory}
+        if set(modes) <= have:
+            return profile
+    profile = trace_only_profile(row, modes, say)
+    PROFILES.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(profile.to_dict(), indent=1) + "\n")
+    return profile
+
+
+# -- predictions ----------------------------------------------------------------------------------
+
+
+def predict_row(row: Row, profile: Any) -> dict[str, Any]:
+    """``advisor predict --target`` for the row: the library function the CLI calls."""
+    from advisor.recommending import predict
+    from strategies.config import TrainConfig
+
+    config = TrainConfig(
+        model=row.model,
+        model_args=dict(row.model_args),
+        seq_len=row.seq_len,
+        global_batch_size=row.global_batch_size,
+        micro_batch_size=row.micro_batch_size,
+        grad_accum_steps=row.grad_accum_steps,
+        precision=row.precision,
+        activation_checkpointing=row.activation_checkpointing,
+        parallelism=row.parallelism,
+        world_size=row.n_gpus,
+    )
+    return predict(profile, config, target=row.target, nodes=row.nodes, network=row.network)
+
+
+def predict_row_constant_mfu(row: Row, profile: Any) -> float:
+    """The same row under the what-if model this benchmark replaced (counted FLOPs at one
+    constant efficiency, ``strategies.whatif.MFU``), tokens/s/GPU: the baseline column."""
+    from strategies.config import TrainConfig
+    from strategies.space import SearchRequest
+    from strategies.whatif import FlopsTime, whatif_cost_model
+
+    request = SearchRequest(
+        global_batch_size=row.global_batch_size,
+        world_size=row.n_gpus,
+        target=row.target,
+        nodes=row.nodes,
+        network=row.network,
+    )
+    model, _ = whatif_cost_model(profile, request)
+    time_source = FlopsTime(
+        target=model.time.target,  # type: ignore[attr-defined]
+        facts=profile.model,
+        seq_len=row.seq_len,
+        flops=profile.flops,
+    )
+    model = dataclasses.replace(model, time=time_source)
+    config = TrainConfig(
+        model=row.model,
+        model_args=dict(row.model_args),
+        seq_len=row.seq_len,
+        global_batch_size=row.global_batch_size,
+        micro_batch_size=row.micro_batch_size,
+        grad_accum_steps=row.grad_accum_steps,
+        precision=row.precision,
+        activation_checkpointing=row.activation_checkpointing,
+        parallelism=row.parallelism,
+        world_size=row.n_gpus,
+    )
+    return model.predict_config(config).tokens_per_s / row.n_gpus
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Result:
+    row: Row
+    predicted_tokens_per_s_per_gpu: float
+    step_time_s: float
+    peak_memory_gib: float
+    parts: dict[str, float]  # forward_backward seconds by part, one micro-batch
+    optimizer_s: float
+    exposed_communication_s: float
+    constant_mfu_tokens_per_s_per_gpu: float | None = None  # the replaced model, for contrast
+
+    @property
+    def error(self) -> float:
+        return self.predicted_tokens_per_s_per_gpu / self.row.tokens_per_s_per_gpu - 1.0
+
+    @property
+    def constant_mfu_error(self) -> float | None:
+        if self.constant_mfu_tokens_per_s_per_gpu is None:
+            return None
+        return self.constant_mfu_tokens_per_s_per_gpu / self.row.tokens_per_s_per_gpu - 1.0
+
+
+def run(rows: Sequence[Row], say: Any = print) -> list[Result]:
+    results = []
+    for row in rows:
+        profile = profile_for(row, rows, say)
+        out = predict_row(row, profile)
+        predicted = out["predicted"]
+        time_terms = predicted["breakdown"]["time"]
+        results.append(
+            Result(
+                row=row,
+                predicted_tokens_per_s_per_gpu=predicted["tokens_per_s"] / row.n_gpus,
+                step_time_s=predicted["step_time_s"],
+                peak_memory_gib=predicted["peak_memory_bytes"] / 2**30,
+                parts=dict(time_terms.get("forward_backward_parts", {})),
+                optimizer_s=time_terms["optimizer_s"],
+                exposed_communication_s=time_terms["exposed_communication_s"],
+                constant_mfu_tokens_per_s_per_gpu=predict_row_constant_mfu(row, profile),
+            )
+        )
+    return results
+
+
+# -- fitting (tuning rows only) -------------------------------------------------------------------
+
+
+def fit_constants(results: Sequence[Result]) -> dict[str, tuple[float, float]]:
+    """Per architecture, the (sustained fraction, attention scale) that minimise the squared log
+    error of tokens/s over the TUNING rows, given the current constants' predictions.
+
+    A prediction's step is ``(gemm + attention + memory_bound + launch) / s`` per micro-batch
+    (+ optimizer and exposed communication, kept as predicted); rescaling s and the attention
+    part is exact arithmetic on the parts, so no re-prediction is needed. Grid search.
+    """
+    from profilers.hardware import lookup_target
+    from strategies import roofline
+
+    by_arch: dict[str, list[Result]] = {}
+    for r in results:
+        if r.row.tune:
+            by_arch.setdefault(lookup_target(r.row.target).architecture, []).append(r)
+    fitted = {}
+    for arch, group in by_arch.items():
+        s0 = roofline.SUSTAINED_FRACTION.get(arch, 1.0)
+        a0 = roofline.ATTENTION_SCALE.get(arch, 1.0)
+        best = (math.inf, s0, a0)
+        for s in [x / 200 for x in range(100, 201)]:
+            for a in [x / 100 for x in range(20, 151)]:
+                loss = 0.0
+                for r in group:
+                    fb = sum(
+                        v * s0 / s * (a0 / a if k == "attention" else 1.0)
+                        for k, v in r.parts.items()
+                    )
+                    old_fb = sum(r.parts.values())
+                    step = r.step_time_s + r.row.grad_accum_steps * (fb - old_fb)
+                    step += r.optimizer_s * (s0 / s - 1.0)
+                    pred = r.predicted_tokens_per_s_per_gpu * r.step_time_s / step
+                    loss += math.log(pred / r.row.tokens_per_s_per_gpu) ** 2
+                if loss < best[0]:
+                    best = (loss, s, a)
+        fitted[arch] = (best[1], best[2])
+    return fitted
+
+
+# -- output ---------------------------------------------------------------------------------------
+
+
+def summary(results: Sequence[Result]) -> dict[str, float]:
+    errors = [abs(r.error) for r in results]
+    if not errors:
+        return {"rows": 0}
+    baseline = [abs(e) for r in results if (e := r.constant_mfu_error) is not None]
+    extra = (
+        {
+            "constant_mfu_median_abs_error": statistics.median(baseline),
+            "constant_mfu_max_abs_error": max(baseline),
+        }
+        if baseline
+        else {}
+    )
+    return {
+        **extra,
+        "rows": len(errors),
+        "median_abs_error": statistics.median(errors),
+        "max_abs_error": max(errors),
+        "within_10pct": sum(e <= 0.10 for e in errors),
+        "within_20pct": sum(e <= 0.20 for e in errors),
+    }
+
+
+def _parts_text(r: Result) -> str:
+    total = sum(r.parts.values())
+    if not total:
+        return "-"
+    return " ".join(f"{k[:4]} {v / total:.0%}" for k, v in r.parts.items())
+
+
+def _pct(value: float | None) -> str:
+    return "-" if value is None else f"{value:+.1%}"
+
+
+def table_lines(results: Sequence[Result]) -> list[str]:
+    lines = [
+        "| row | model | GPU | GPUs | seq | micro | accum | AC | published tok/s/GPU "
+        "| predicted | error | constant-MFU error | pred. peak GiB | fwd+bwd parts |",
+        "| --- | --- | --- | ---: | ---: | ---: | ---: | --- | ---: | ---: | ---: | ---: | ---: "
+        "| --- |",
+    ]
+    for r in results:
+        row = r.row
+        lines.append(
+            f"| {row.row} | {row.label} | {row.target} | {row.n_gpus} | {row.seq_len} | "
+            f"{row.micro_batch_size} | {row.grad_accum_steps} | {row.activation_checkpointing} | "
+            f"{row.tokens_per_s_per_gpu:,.0f} | {r.predicted_tokens_per_s_per_gpu:,.0f} | "
+            f"{r.error:+.1%} | {_pct(r.constant_mfu_error)} | {r.peak_memory_gib:.1f} | "
+            f"{_parts_text(r)} |"
+        )
+    return lines
+
+
+def _summary_line(name: str, s: Mapping[str, float]) -> str:
+    if not s.get("rows"):
+        return f"- {name}: no rows"
+    verdict = (
+        "target met"
+        if s["median_abs_error"] <= TARGET_MEDIAN and s["max_abs_error"] <= TARGET_MAX
+        else "target MISSED"
+    )
+    return (
+        f"- {name}: {s['rows']:.0f} rows, median |error| {s['median_abs_error']:.1%}, max "
+        f"{s['max_abs_error']:.1%}, {s['within_10pct']:.0f} within 10%, "
+        f"{s['within_20pct']:.0f} within 20% ({verdict}: median <= 10%, max <= 20%)"
+        + (
+            f"; the replaced constant-MFU model: median {s['constant_mfu_median_abs_error']:.1%}, "
+            f"max {s['constant_mfu_max_abs_error']:.1%}"
+            if "constant_mfu_median_abs_error" in s
+            else ""
+        )
+    )
+
+
+def write_results(results: Sequence[Result], out: Path = RESULTS) -> tuple[Path, Path]:
+    out.mkdir(parents=True, exist_ok=True)
+    csv_path, md_path = out / "whatif_published.csv", out / "whatif_published.md"
+    with csv_path.open("w", newline="") as fh:
+        w = csv.writer(fh)
+        w.writerow(
+            [
+                "row",
+                "tune",
+                "model",
+                "target",
+                "n_gpus",
+                "seq_len",
+                "micro_batch_size",
+                "grad_accum_steps",
+                "activation_checkpointing",
+                "published_tokens_per_s_per_gpu",
+                "predicted_tokens_per_s_per_gpu",
+                "error",
+                "constant_mfu_error",
+                "predicted_step_time_s",
+                "predicted_peak_memory_gib",
+                "gemm_s",
+                "attention_s",
+                "memory_bound_s",
+                "launch_s",
+                "optimizer_s",
+                "exposed_communication_s",
+                "source",
+            ]
+        )
+        for r in results:
+            row = r.row
+            w.writerow(
+                [
+                    row.row,
+                    int(row.tune),
+                    row.label,
+                    row.target,
+                    row.n_gpus,
+                    row.seq_len,
+                    row.micro_batch_size,
+                    row.grad_accum_steps,
+                    row.activation_checkpointing,
+                    row.tokens_per_s_per_gpu,
+                    round(r.predicted_tokens_per_s_per_gpu, 1),
+                    round(r.error, 4),
+                    "" if r.constant_mfu_error is None else round(r.constant_mfu_error, 4),
+                    round(r.step_time_s, 5),
+                    round(r.peak_memory_gib, 2),
+                    *(
+                        round(r.parts.get(k, 0.0), 6)
+                        for k in ("gemm", "attention", "memory_bound", "launch")
+                    ),
+                    round(r.optimizer_s, 6),
+                    round(r.exposed_communication_s, 6),
+                    row.source,
+                ]
+            )
+    tuned = [r for r in results if r.row.tune]
+    held = [r for r in results if not r.row.tune]
+    md = [
+        "# advisor predict --target against published training runs",
+        "",
+        "Generated by `python benchmarks/whatif_published.py` from "
+        "`benchmarks/data/published_runs.csv` (MosaicML llm-foundry benchmark tables). "
+        "Error = predicted / published tokens/s/GPU - 1. Fitted constants were chosen on the "
+        "tuning rows only.",
+        "",
+        _summary_line("held-out rows", summary(held)),
+        _summary_line("tuning rows", summary(tuned)),
+        _summary_line("all rows", summary(results)),
+        "",
+        "## Held-out rows",
+        "",
+        *table_lines(held),
+        "",
+        "## Tuning rows",
+        "",
+        *table_lines(tuned),
+        "",
+    ]
+    md_path.write_text("\n".join(md))
+    return csv_path, md_path
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--rows", help="comma-separated row ids (default: all)")
+    parser.add_argument(
+        "--fit",
+        action="store_true",
+        help="print the constants the tuning rows imply (changes nothing)",
+    )
+    parser.add_argument("--out", type=Path, default=RESULTS, help="results directory")
+    args = parser.parse_args(argv)
+    rows = read_rows()
+    if args.rows:
+        wanted = set(args.rows.split(","))
+        rows = [r for r in rows if r.row in wanted]
+    results = run(rows)
+    print("\n".join(table_lines(results)))
+    print(_summary_line("held-out rows", summary([r for r in results if not r.row.tune])))
+    print(_summary_line("tuning rows", summary([r for r in results if r.row.tune])))
+    if args.fit:
+        for arch, (s, a) in fit_constants(results).items():
+            print(
+                f"fitted on tuning rows: {arch}: SUSTAINED_FRACTION={s:.3f} ATTENTION_SCALE={a:.2f}"
+            )
+        return 0
+    if not args.rows:
+        for path in write_results(results, args.out):
+            print(f"wrote {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,482 @@
+"""A per-op roofline of one training step on a GPU the user does not have: why efficiency varies.
+
+A step is a list of :class:`Op` built from the model's shape facts (an *analytic* op list of the
+standard pre-norm Transformer block: the profile does not keep per-op shapes, and a traced shape
+cannot tell its token dimension from its hidden one, e.g. 2048 tokens × hidden 2048). Each op
+takes the longest of:
+
+* **GEMM** (every ``nn.Linear`` forward, its input gradient and its weight gradient): FLOPs over
+  the datasheet peak × the GPU's *maximum achievable matmul* fraction (:data:`MAMF_FRACTION`,
+  measured) × the tile/wave quantisation of its (M, N) output (NVIDIA, "Matrix Multiplication
+  Background User's Guide", §"Dimension quantization effects"); or its bytes over the memory
+  bandwidth (a skinny GEMM is memory-bound);
+* **attention** (flash/SDPA): the causal FLOPs actually computed over the peak × the published
+  FlashAttention-2 efficiency for the architecture, lower at short sequences and small heads;
+* **memory-bound** ops (norms, activations, residual adds, copies, the loss over the logits,
+  autocast's weight casts, the embedding's gradient, FSDP's gather and reduce copies): bytes
+  over HBM bandwidth ×
+  :data:`MEMORY_BANDWIDTH_EFFICIENCY`;
+* a per-kernel **launch** floor (:data:`LAUNCH_S`): no kernel finishes faster.
+
+The optimizer step (fused AdamW + gradient clipping) is memory-bound over the parameters. Two
+constants per architecture are fitted, on a declared tuning subset of published runs
+(``benchmarks/whatif_published.py``) and never on the rows held out: :data:`ATTENTION_SCALE`
+(what the runs' attention reached of FA-2's paper figures) and :data:`SUSTAINED_FRACTION`, which
+divides the sum (what real training loses beyond the ops: clocks under sustained load, allocator
+and framework gaps, stragglers).
+
+Pure arithmetic (no torch): a search prices thousands of candidates in milliseconds.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from profilers.hardware import HardwareSpec
+from profilers.workload import ModelFacts
+
+PARTS: tuple[str, ...] = ("gemm", "attention", "memory_bound", "launch")
+
+# Maximum achievable matmul FLOP/s over the datasheet's dense bf16 peak: a brute-force search of
+# GEMM shapes with torch.matmul, mean of 100 iterations (Stas Bekman, "Machine Learning
+# Engineering", compute/accelerator/README.md, "Maximum Achievable Matmul FLOPS comparison
+# table", https://github.com/stas00/ml-engineering): A100 SXM 271.2/312, A100 PCIe 252.9/312,
+# H100 SXM 794.5/989 ("H200 is the same"), B200 SXM 1745/2250.
+MAMF_FRACTION: Mapping[str, float] = {
+    "a100-sxm-80gb": 0.869,
+    "a100-sxm-40gb": 0.869,
+    "a100-pcie-80gb": 0.811,
+    "a100-pcie-40gb": 0.811,
+    "h100-sxm": 0.803,
+    "h200": 0.803,
+    "b200": 0.776,
+}
+# A GPU the table has not measured: the median of the measured fractions above (0.811), said so.
+DEFAULT_MAMF_FRACTION = 0.811
+
+# cuBLAS's large output tiles on Ampere/Hopper (NVIDIA, "Matrix Multiplication Background
+# User's Guide", §"Tile quantization": 256×128, 128×256 and 128×128 are the most efficient
+# tiles; the library picks the tile per shape). Each tile is one thread block; one wave runs one
+# block per SM (§"Wave quantization"). The fraction of the computed area that is useful is
+# M·N / (tiles_M·t_M · tiles_N·t_N) × tiles / (waves · SMs); the best tile is taken.
+GEMM_TILES: tuple[tuple[int, int], ...] = ((256, 128), (128, 256), (128, 128))
+
+# FlashAttention-2 (Dao, arXiv 2307.08691, §4.1 and abstract): on A100 the forward pass reaches
+# up to 73% and the backward pass up to 63% of the peak; on H100, running the same kernels
+# (no Hopper-specific instructions), up to 335 TFLOP/s forward+backward, 34% of 989.
+# PyTorch's SDPA flash backend is FlashAttention-2. Ada runs the Ampere kernels (taken at the
+# Ampere fractions); Blackwell without its own kernels at the Hopper ones; Volta/Turing have no
+# flash kernel (memory-efficient SDPA), taken at the Hopper fraction, labelled assumed.
+ATTENTION_FRACTION: Mapping[str, tuple[float, float]] = {  # (forward, backward)
+    "ampere": (0.73, 0.63),
+    "ada": (0.73, 0.63),
+    "hopper": (0.34, 0.34),
+    "blackwell": (0.34, 0.34),
+}
+DEFAULT_ATTENTION_FRACTION = (0.34, 0.34)
+# Throughput rises with sequence length (more tiles per head to fill the SMs, the causal mask's
+# ragged diagonal amortised): FA-2's Fig. 4-6 (causal, head dim 128) rise from under half of
+# their 16k value at 512 tokens to ~3/4 at 2k; modelled as T / (T + T_half) with T_half = 640
+# tokens, and head dim 64 at ~13% below 128, both read approximately from those figures (not
+# re-measured here; ATTENTION_SCALE below absorbs the level, not this shape).
+ATTENTION_HALF_SATURATION_TOKENS = 640
+ATTENTION_HEAD_DIM_64_FACTOR = 0.87
+# FLOPs FlashAttention's backward does per forward FLOP: 5 matmuls (recomputing S = QKᵀ, dV, dP,
+# dQ, dK) against the forward's 2 (FA-2 §3.1-3.2): 2.5×.
+ATTENTION_BACKWARD_FLOPS_RATIO = 2.5
+
+# A streaming kernel reaches ~80% of the HBM datasheet bandwidth (STREAM-like copy/triad kernels
+# on A100 and H100 reach 80-90%, e.g. BabelStream's published results; the constant the previous
+# what-if model used for AdamW, kept).
+MEMORY_BANDWIDTH_EFFICIENCY = 0.8
+
+# No kernel takes less than a launch: ~4 us per small kernel issued back to back (NVIDIA
+# Developer Blog, "Getting Started with CUDA Graphs", 2019: ~3.8 us per kernel including launch
+# overhead for a ~2.9 us kernel; eager PyTorch's per-op CPU overhead is of the same order or
+# more). One kernel per op below; it matters only for small models and micro-batches.
+LAUNCH_S = 4e-6
+
+# The fitted constants, per architecture (see the module docstring), fitted by
+# ``benchmarks/whatif_published.py --fit`` on its tuning rows only (``tune=1`` in
+# benchmarks/data/published_runs.csv: A100-80GB and H100-80GB rows of llm-foundry's tables):
+# SUSTAINED_FRACTION divides the whole step; ATTENTION_SCALE multiplies FA-2's published
+# efficiency (what the published runs' attention reached of the paper's kernel figures).
+# An architecture without tuning rows takes the mean of the fitted ones, labelled untuned.
+# Fitted on 5 A100-80GB and 5 H100-80GB rows (grid search, least squared log error; results in
+# benchmarks/results/whatif_published.md). Read as: published A100 runs sustained 93% of the
+# op roofline and H100 runs 78% (clocks under sustained load, framework gaps), and their
+# attention ran at 54% / 68% of FA-2's paper figures (2023 kernels, causal masking).
+SUSTAINED_FRACTION: Mapping[str, float] = {"ampere": 0.93, "hopper": 0.78}
+ATTENTION_SCALE: Mapping[str, float] = {"ampere": 0.54, "hopper": 0.68}
+
+# Fused AdamW (fp32 master weights and states): read param, grad, exp_avg, exp_avg_sq (16 B),
+# write param, exp_avg, exp_avg_sq (12 B); gradient clipping reads the gradients once for the
+# norm and reads/writes them to scale (12 B).
+OPTIMIZER_BYTES_PER_PARAM = 28 + 12
+OPTIMIZER_KERNELS = 4  # norm, clip coefficient, scale, fused AdamW (multi-tensor launches)
+
+# FSDP all-gathers per micro-batch with reshard-after-forward (the trainer's FSDP2 wrapping;
+# Zhao et al., "PyTorch FSDP", VLDB 2023, §3.2): forward and backward.
+FSDP_GATHERS = 2
+
+# Bytes per element of activations and weights in the compute dtype.
+ELEMENT_BYTES: Mapping[str, int] = {"bf16": 2, "fp16": 2, "fp32": 4}
+# The loss over the logits, per token per vocabulary entry: the head writes bf16 logits (2 B);
+# autocast runs cross-entropy in fp32: upcast (read 2, write 4), log-softmax (read 4, write 4),
+# its backward (read 4 + 4, write 4) and the cast of the gradient back (read 4, write 2): 34 B.
+# In fp32: write 4, log-softmax 8, backward 12: 24 B.
+LOSS_BYTES_PER_VOCAB: Mapping[str, int] = {"bf16": 34, "fp16": 34, "fp32": 24}
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class BlockShape:
+    """What the op list needs of a model, derived from :class:`ModelFacts`."""
+
+    num_layers: int
+    hidden: int
+    num_heads: int
+    num_kv_heads: int
+    ffn_hidden: int
+    ffn_matrices: int  # 2 (GELU MLP) or 3 (gated: SwiGLU)
+    vocab: int
+    causal: bool
+    matmul_params: int  # weights that multiply activations (blocks + head)
+    num_params: int
+
+    @property
+    def head_dim(self) -> int:
+        return self.hidden // self.num_heads
+
+    @classmethod
+    def from_facts(cls, facts: ModelFacts) -> BlockShape | None:
+        """None when the facts cannot describe a standard Transformer block (no layers, no
+        heads, or parameters that do not add up)."""
+        h, heads, layers = facts.hidden_size, facts.num_heads, facts.num_layers
+        if h <= 0 or heads <= 0 or layers <= 0 or h % heads:
+            return None
+        kv = facts.num_kv_heads or heads
+        d = h // heads
+        head = 0 if facts.tied_embeddings else facts.vocab_size * h
+        block = (facts.num_params - facts.num_embedding_params - head) / layers
+        attention = h * (h + 2 * kv * d) + h * h
+        mlp = block - attention - 4 * h  # norms' weights (and biases) are a few h
+        if mlp <= 0:
+            return None
+        if facts.ffn_hidden_size:
+            ffn = facts.ffn_hidden_size
+            matrices = 3 if mlp / (h * ffn) > 2.5 else 2
+        else:
+            matrices, ffn = 2, int(mlp / (2 * h))
+        matmul = layers * (attention + matrices * h * ffn) + facts.vocab_size * h
+        return cls(
+            num_layers=layers,
+            hidden=h,
+            num_heads=heads,
+            num_kv_heads=kv,
+            ffn_hidden=ffn,
+            ffn_matrices=matrices,
+            vocab=facts.vocab_size,
+            causal=facts.objective != "mlm",
+            matmul_params=matmul,
+            num_params=facts.num_params,
+        )
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Op:
+    """One kernel of the step, repeated ``count`` times (once per layer, say)."""
+
+    name: str
+    kind: str  # "gemm" | "attention" | "memory_bound"
+    flops: float = 0.0
+    bytes: float = 0.0
+    mnk: tuple[int, int, int] | None = None  # GEMM output M×N, reduction K
+    backward: bool = False  # attention: which FlashAttention efficiency applies
+    count: int = 1
+
+
+def _linear(name: str, tokens: int, n_in: int, n_out: int, e: int, count: int) -> list[Op]:
+    """A linear layer's three GEMMs: y = xW (M=tokens, N=out, K=in), dx = dy·Wᵀ (M=tokens,
+    N=in, K=out), dW = xᵀ·dy (M=in, N=out, K=tokens); 2·M·N·K FLOPs each."""
+    flops = 2.0 * tokens * n_in * n_out
+    shapes: tuple[tuple[str, tuple[int, int, int]], ...] = (
+        ("", (tokens, n_out, n_in)),
+        (".dgrad", (tokens, n_in, n_out)),
+        (".wgrad", (n_in, n_out, tokens)),
+    )
+    return [
+        Op(
+            name=name + suffix,
+            kind="gemm",
+            flops=flops,
+            bytes=float(e * (m * k + k * n + m * n)),
+            mnk=(m, n, k),
+            count=count,
+        )
+        for suffix, (m, n, k) in shapes
+    ]
+
+
+def _memory(name: str, elements: float, e: int, count: int) -> Op:
+    return Op(name=name, kind="memory_bound", bytes=elements * e, count=count)
+
+
+def block_forward_ops(shape: BlockShape, tokens: int, seq_len: int, precision: str) -> list[Op]:
+    """One layer's forward, ``count``ed over the layers: the GEMMs without their backward."""
+    e = ELEMENT_BYTES[precision]
+    L, h, f = shape.num_layers, shape.hidden, shape.ffn_hidden
+    kv = shape.num_kv_heads * shape.head_dim
+    batch = tokens // seq_len
+    attn_flops = 4.0 * batch * shape.num_heads * seq_len * seq_len * shape.head_dim
+    attn_flops *= 0.5 if shape.causal else 1.0  # flash skips the masked half
+    gated = shape.ffn_matrices == 3
+    ops = [
+        _memory("norm1", 2 * tokens * h, e, L),
+        *[o for o in _linear("qkv", tokens, h, h + 2 * kv, e, L) if o.name == "qkv"],
+        Op(
+            name="attention",
+            kind="attention",
+            flops=attn_flops,
+            bytes=4.0 * tokens * h * e,
+            count=L,
+        ),
+        _memory("attention.out_copy", 2 * tokens * h, e, L),
+        *[o for o in _linear("proj", tokens, h, h, e, L) if o.name == "proj"],
+        _memory("residual1", 3 * tokens * h, e, L),
+        _memory("norm2", 2 * tokens * h, e, L),
+        *[o for o in _linear("up", tokens, h, (2 if gated else 1) * f, e, L) if o.name == "up"],
+        _memory("activation", (3 if gated else 2) * tokens * f, e, L),
+        *[o for o in _linear("down", tokens, f, h, e, L) if o.name == "down"],
+        _memory("residual2", 3 * tokens * h, e, L),
+    ]
+    if gated:  # rotary embeddings on q and k: a few element-wise kernels in eager mode
+        ops.append(_memory("rope", 3 * 2 * tokens * (h + kv), e, L))
+    return ops
+
+
+def step_ops(
+    shape: BlockShape,
+    *,
+    tokens: int,
+    seq_len: int,
+    precision: str,
+    checkpointing: str,
+    casts_weights: bool,
+    sharded: bool = False,
+) -> list[Op]:
+    """Every kernel of one micro-batch's forward and backward (``tokens`` = micro-batch × seq).
+
+    Backward: each GEMM's dgrad and wgrad; attention's backward; each memory-bound op's backward
+    moves 1.5× its forward bytes (it reads the saved input and the incoming gradient, writes
+    one gradient), plus the add of the two residual branches' gradients. Full checkpointing runs
+    every block's forward again inside backward.
+    """
+    e = ELEMENT_BYTES[precision]
+    L, h = shape.num_layers, shape.hidden
+    forward = block_forward_ops(shape, tokens, seq_len, precision)
+    backward: list[Op] = []
+    for op in forward:
+        if op.kind == "gemm":
+            base = op.name
+            n_in, n_out = op.mnk[2], op.mnk[1]  # type: ignore[index]
+            backward += [
+                o for o in _linear(base, tokens, n_in, n_out, e, op.count) if o.name != base
+            ]
+        elif op.kind == "attention":
+            backward.append(
+                Op(
+                    name="attention.backward",
+                    kind="attention",
+                    flops=op.flops * ATTENTION_BACKWARD_FLOPS_RATIO,
+                    bytes=op.bytes * 2,
+                    backward=True,
+                    count=op.count,
+                )
+            )
+        else:
+            backward.append(
+                Op(name=op.name + ".backward", kind=op.kind, bytes=1.5 * op.bytes, count=op.count)
+            )
+    backward.append(_memory("residual.grad_add", 3 * tokens * h, e, 2 * L))
+    recompute = list(forward) if checkpointing == "full" else []
+    head = _linear("head", tokens, h, shape.vocab, e, 1)
+    root = [
+        _memory("embedding", 3 * tokens * h, e, 1),
+        _memory("final_norm", 2 * tokens * h, e, 1),
+        _memory("final_norm.backward", 3 * tokens * h, e, 1),
+        Op(
+            name="loss",
+            kind="memory_bound",
+            bytes=float(LOSS_BYTES_PER_VOCAB[precision] * tokens * shape.vocab),
+        ),
+        # embedding_dense_backward: read the gradient, scatter-add into an fp32 table it zeroes
+        _memory("embedding.backward", tokens * h * (e + 4) / e, e, 1),
+        Op(name="embedding.grad_zero", kind="memory_bound", bytes=4.0 * shape.vocab * h),
+        *head,
+    ]
+    if casts_weights and e < 4:
+        # autocast casts every fp32 weight to the compute dtype at each forward use (read 4 B,
+        # write e), and backward casts the weight gradient back (read e, write 4, accumulate 4 + 4)
+        passes = 2 if checkpointing == "full" else 1
+        root.append(
+            Op(
+                name="autocast.weight_casts",
+                kind="memory_bound",
+                bytes=float(shape.matmul_params * ((4 + e) * passes + e + 12)),
+            )
+        )
+    if sharded:
+        # FSDP (resharded after forward) gathers every block twice per micro-batch, forward and
+        # backward; each gather is copied out of NCCL's flat buffer into the parameters (read +
+        # write, compute dtype), and each reduce-scatter copies the fp32 gradients into its
+        # buffer (read + write 4 B). HBM traffic proportional to the parameters, not the tokens:
+        # it is what makes small micro-batches of large models slower per token.
+        root.append(
+            Op(
+                name="fsdp.gather_and_reduce_copies",
+                kind="memory_bound",
+                bytes=shape.num_params * (FSDP_GATHERS * 2 * e + 2 * 4) / shape.num_layers,
+                count=shape.num_layers,  # one unit (block) at a time
+            )
+        )
+    return forward + recompute + backward + root
+
+
+# -- efficiencies ------------------------------------------------------------------------------
+
+
+def wave_efficiency(m: int, n: int, num_sms: int) -> float:
+    """Useful fraction of the tiles × waves a GEMM's (M, N) output occupies (best tile)."""
+    best = 0.0
+    for tm, tn in GEMM_TILES:
+        tiles_m, tiles_n = math.ceil(m / tm), math.ceil(n / tn)
+        tiles = tiles_m * tiles_n
+        waves = math.ceil(tiles / num_sms)
+        useful = (m * n) / (tiles_m * tm * tiles_n * tn) * tiles / (waves * num_sms)
+        best = max(best, useful)
+    return best
+
+
+def attention_efficiency(
+    target: HardwareSpec, seq_len: int, head_dim: int, backward: bool
+) -> float:
+    """Fraction of the dtype's peak FlashAttention reaches (see the constants' sources)."""
+    forward_fraction, backward_fraction = ATTENTION_FRACTION.get(
+        target.architecture, DEFAULT_ATTENTION_FRACTION
+    )
+    fraction = backward_fraction if backward else forward_fraction
+    scales = list(ATTENTION_SCALE.values())
+    fraction *= ATTENTION_SCALE.get(target.architecture, sum(scales) / len(scales))
+    saturation = seq_len / (seq_len + ATTENTION_HALF_SATURATION_TOKENS)
+    if head_dim >= 128:
+        head = 1.0
+    elif head_dim >= 64:
+        head = (
+            ATTENTION_HEAD_DIM_64_FACTOR + (1 - ATTENTION_HEAD_DIM_64_FACTOR) * (head_dim - 64) / 64
+        )
+    else:
+        head = ATTENTION_HEAD_DIM_64_FACTOR * head_dim / 64
+    return fraction * saturation * head
+
+
+def mamf_fraction(target: HardwareSpec) -> tuple[float, bool]:
+    """(maximum achievable GEMM fraction of peak, whether it was measured for this GPU)."""
+    if target.key in MAMF_FRACTION:
+        return MAMF_FRACTION[target.key], True
+    return DEFAULT_MAMF_FRACTION, False
+
+
+def sustained_fraction(target: HardwareSpec) -> tuple[float, bool]:
+    """(the fitted sustained fraction for the target's architecture, whether it was tuned)."""
+    if target.architecture in SUSTAINED_FRACTION:
+        return SUSTAINED_FRACTION[target.architecture], True
+    values = list(SUSTAINED_FRACTION.values())
+    return sum(values) / len(values), False
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class OpTimes:
+    """Seconds per part (:data:`PARTS`) of a list of ops, before the sustained fraction."""
+
+    gemm_s: float
+    attention_s: float
+    memory_bound_s: float
+    launch_s: float
+    gemm_flops: float
+    kernels: int
+
+    @property
+    def total_s(self) -> float:
+        return self.gemm_s + self.attention_s + self.memory_bound_s + self.launch_s
+
+    def parts(self) -> dict[str, float]:
+        return {
+            "gemm": self.gemm_s,
+            "attention": self.attention_s,
+            "memory_bound": self.memory_bound_s,
+            "launch": self.launch_s,
+        }
+
+
+def time_ops(
+    ops: Sequence[Op],
+    target: HardwareSpec,
+    precision: str,
+    *,
+    seq_len: int,
+    head_dim: int,
+    gemm_scale: float = 1.0,
+) -> OpTimes:
+    """Roofline seconds of ``ops`` on ``target``: each op the longest of its compute, its
+    memory traffic and a launch; what the launch floor adds is the ``launch`` part.
+    ``gemm_scale`` multiplies GEMM FLOPs (to match a counted total, see :class:`RooflineTime`).
+    """
+    peak = target.peak_flops(precision)
+    if peak is None or target.memory_bandwidth_gbs is None:
+        raise ValueError(f"{target.name} has no {precision} peak or memory bandwidth")
+    bandwidth = target.memory_bandwidth_gbs * 1e9 * MEMORY_BANDWIDTH_EFFICIENCY
+    gemm_fraction, _ = mamf_fraction(target)
+    sms = target.num_sms or 1
+    gemm = attention = memory = launch = flops = 0.0
+    kernels = 0
+    for op in ops:
+        memory_s = op.bytes / bandwidth
+        if op.kind == "gemm":
+            m, n, _ = op.mnk  # type: ignore[misc]
+            work = op.flops * gemm_scale
+            compute_s = work / (peak * gemm_fraction * wave_efficiency(m, n, sms))
+            seconds = max(compute_s, memory_s)
+            flops += work * op.count
+        elif op.kind == "attention":
+            fraction = attention_efficiency(target, seq_len, head_dim, op.backward)
+            seconds = max(op.flops / (peak * fraction), memory_s)
+        else:
+            seconds = memory_s
+        extra = max(LAUNCH_S - seconds, 0.0)
+        if op.kind == "gemm":
+            gemm += seconds * op.count
+        elif op.kind == "attention":
+            attention += seconds * op.count
+        else:
+            memory += seconds * op.count
+        launch += extra * op.count
+        kernels += op.count
+    return OpTimes(
+        gemm_s=gemm,
+        attention_s=attention,
+        memory_bound_s=memory,
+        launch_s=launch,
+        gemm_flops=flops,
+        kernels=kernels,
+    )
+
+
+def optimizer_seconds(num_params: int, target: HardwareSpec) -> float:
+    """Fused AdamW + clipping over ``num_params`` parameters: bytes over the bandwidth, plus the
+    launches of its multi-tensor kernels."""
+    bandwidth = (target.memory_bandwidth_gbs or 0.0) * 1e9 * MEMORY_BANDWIDTH_EFFICIENCY
+    if bandwidth <= 0:
+        raise ValueError(f"{target.name} has no memory bandwidth")
+    return OPTIMIZER_BYTES_PER_PARAM * num_params / bandwidth + OPTIMIZER_KERNELS * LAUNCH_S
