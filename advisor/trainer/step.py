@@ -22,6 +22,7 @@ from profilers.workload import Batch, StepSpec, StepStats
 
 AUTOCAST_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 ADAM_BETAS = (0.9, 0.95)  # GPT-3 (Brown et al. 2020, App. B), as in nanoGPT
+ADAM_EPS = 1e-8
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -102,7 +103,7 @@ def build_optimizer(module: nn.Module, spec: StepSpec, device: torch.device) -> 
         and spec.parallelism != "fsdp"
         and all(p.is_floating_point() for p in params)
     )
-    return torch.optim.AdamW(groups, lr=spec.lr, betas=ADAM_BETAS, eps=1e-8, fused=fused)
+    return torch.optim.AdamW(groups, lr=spec.lr, betas=ADAM_BETAS, eps=ADAM_EPS, fused=fused)
 
 
 def make_grad_scaler(spec: StepSpec, device: torch.device) -> Any:

@@ -1,0 +1,126 @@
+"""``--to accelerate``: an Accelerate config file (YAML) for ``accelerate launch --config_file``.
+
+The file holds the launch-time choices (processes and machines, mixed precision, the
+distributed type, the FSDP plugin). The batch, the accumulation, the optimizer and schedule,
+clipping and the seed are arguments in the user's own script (DataLoader, Accelerator,
+``accelerator.clip_grad_norm_``): each is a header line with the exact value to use.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from advisor.exporters.record import Export
+from advisor.exporters.source import MASTER_ENDPOINT, TRAIN_SCRIPT, Source, block_class
+from advisor.exporters.text import (
+    comment_block,
+    header_lines,
+    schedule_code,
+    workload_unmapped,
+    yaml_text,
+)
+
+FILENAME = "accelerate_config.yaml"
+MIXED_PRECISION = {"fp32": "no", "bf16": "bf16", "fp16": "fp16"}
+PRECISIONS = {v: k for k, v in MIXED_PRECISION.items()}
+# The TrainConfig keys this file sets natively; every other key is named by an unmapped line.
+MAPPED = frozenset({"precision", "parallelism", "world_size", "activation_checkpointing"})
+
+
+def _distributed_type(source: Source) -> str:
+    c = source.config
+    if c.parallelism == "fsdp":
+        return "FSDP"
+    if c.world_size > 1:
+        return "MULTI_GPU" if source.on_gpu else "MULTI_CPU"
+    return "NO"
+
+
+def build(source: Source) -> Export:
+    c = source.config
+    settings: dict[str, Any] = {
+        "compute_environment": "LOCAL_MACHINE",
+        "distributed_type": _distributed_type(source),
+        "mixed_precision": MIXED_PRECISION[c.precision],
+        "num_processes": c.world_size,  # every process over every machine
+        "num_machines": source.nodes,
+        "machine_rank": 0,
+        "use_cpu": not source.on_gpu,
+        "debug": False,
+    }
+    unmapped = workload_unmapped(source)
+    if source.nodes > 1:
+        host, port = MASTER_ENDPOINT.split(":")
+        settings.update(main_process_ip=host, main_process_port=int(port), rdzv_backend="static")
+        unmapped.append(
+            f"world_size {c.world_size} over {source.nodes} machines: set machine_rank on each "
+            f"machine and main_process_ip to machine 0 (here {host})"
+        )
+    full = c.activation_checkpointing == "full"
+    if c.parallelism == "fsdp":
+        fsdp: dict[str, Any] = {
+            "fsdp_version": 2,
+            "fsdp_reshard_after_forward": True,
+            "fsdp_activation_checkpointing": full,
+            "fsdp_auto_wrap_policy": "TRANSFORMER_BASED_WRAP",
+            "fsdp_state_dict_type": "SHARDED_STATE_DICT",
+            "fsdp_offload_params": False,
+            "fsdp_cpu_ram_efficient_loading": False,
+        }
+        block = block_class(c)
+        if isinstance(block, tuple):
+            fsdp["fsdp_transformer_layer_cls_to_wrap"] = block[1]
+        else:
+            unmapped.append(f"parallelism fsdp: the repeated block to wrap is unknown ({block})")
+        settings["fsdp_config"] = fsdp
+    elif full:
+        unmapped.append(
+            "activation_checkpointing full: Accelerate's config checkpoints only under FSDP; "
+            "wrap each repeated block in torch.utils.checkpoint.checkpoint(use_reentrant=False) "
+            "in your model"
+        )
+    unmapped += [
+        f"micro_batch_size {c.micro_batch_size}: DataLoader(batch_size={c.micro_batch_size}) "
+        f"per process, so that global_batch_size {c.global_batch_size} = {c.micro_batch_size} × "
+        f"{c.grad_accum_steps} × {c.world_size}",
+        f"grad_accum_steps {c.grad_accum_steps}: "
+        f"Accelerator(gradient_accumulation_steps={c.grad_accum_steps}) and "
+        "accelerator.accumulate(model) around each micro-batch",
+        f"lr {c.lr:g}, min_lr {c.min_lr:g}, warmup_steps {c.warmup_steps}, weight_decay "
+        f"{c.weight_decay:g}: in your script, {schedule_code(source)}",
+        f"grad_clip {c.grad_clip:g}: "
+        + (
+            f"accelerator.clip_grad_norm_(model.parameters(), {c.grad_clip:g}) before each "
+            "optimizer step"
+            if c.grad_clip > 0
+            else "no clipping (nothing to call)"
+        ),
+        f"seed {c.seed}: accelerate.utils.set_seed({c.seed})",
+        f"num_workers {c.num_workers}: DataLoader(num_workers={c.num_workers})",
+    ]
+    launch = f"accelerate launch --config_file {FILENAME} {TRAIN_SCRIPT}"
+    header = header_lines(source, "accelerate", unmapped, launch)
+    return Export(
+        format="accelerate",
+        settings=settings,
+        text=comment_block(header) + yaml_text(settings),
+        filename=FILENAME,
+        unmapped=tuple(unmapped),
+        launch=launch,
+    )
+
+
+def read_back(text: str, launch: str | None) -> dict[str, Any]:
+    import yaml
+
+    data = yaml.safe_load(text)
+    kind = data["distributed_type"]
+    fsdp = data.get("fsdp_config") or {}
+    return {
+        # The config holds neither the per-process batch nor the accumulation.
+        "global_batch_size": None,
+        "precision": PRECISIONS[data.get("mixed_precision", "no")],
+        "activation_checkpointing": "full" if fsdp.get("fsdp_activation_checkpointing") else "none",
+        "parallelism": {"FSDP": "fsdp", "NO": "single"}.get(kind, "ddp"),
+        "world_size": int(data.get("num_processes", 1)),
+    }

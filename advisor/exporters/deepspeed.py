@@ -1,0 +1,155 @@
+"""``--to deepspeed``: a DeepSpeed JSON config (``ds_config.json``).
+
+``train_batch_size`` is the global batch; DeepSpeed itself checks it equals micro-batch ×
+accumulation × data-parallel ranks. The layout maps to a ZeRO stage: DDP replicates everything
+(stage 0); our FSDP shards parameters, gradients and optimizer state and reshards after forward,
+which is ZeRO stage 3. JSON holds no comments, but DeepSpeed's parser ignores unknown top-level
+keys (checked by the tests against ``deepspeed.runtime.config.DeepSpeedConfig``), so the header
+is the ``"_advisor"`` key.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from advisor.exporters.record import Export
+from advisor.exporters.source import TRAIN_SCRIPT, Source, adam_hyperparameters
+from advisor.exporters.text import header_lines, workload_unmapped
+
+FILENAME = "ds_config.json"
+HEADER_KEY = "_advisor"
+ZERO_STAGE = {"single": 0, "ddp": 0, "fsdp": 3}
+# The TrainConfig keys this file sets natively; every other key is named by an unmapped line.
+MAPPED = frozenset(
+    {
+        "global_batch_size",
+        "micro_batch_size",
+        "grad_accum_steps",
+        "world_size",  # train_batch_size / (micro × accumulation), checked by DeepSpeed
+        "precision",
+        "activation_checkpointing",
+        "parallelism",
+        "lr",
+        "min_lr",
+        "warmup_steps",
+        "weight_decay",
+        "grad_clip",
+    }
+)
+# torch.amp.GradScaler's defaults (advisor's fp16 loss scaling): initial scale 2**16, doubled
+# after 2000 overflow-free steps, halved at the first overflow (DeepSpeed's hysteresis 1).
+FP16 = {
+    "enabled": True,
+    "loss_scale": 0,  # 0: dynamic
+    "initial_scale_power": 16,
+    "loss_scale_window": 2000,
+    "hysteresis": 1,
+    "min_loss_scale": 1,
+}
+
+
+def build(source: Source) -> Export:
+    c = source.config
+    beta1, beta2, eps = adam_hyperparameters()
+    config: dict[str, Any] = {
+        "train_batch_size": c.global_batch_size,
+        "train_micro_batch_size_per_gpu": c.micro_batch_size,
+        "gradient_accumulation_steps": c.grad_accum_steps,
+        "gradient_clipping": c.grad_clip,  # 0 disables clipping in both
+        "zero_optimization": {"stage": ZERO_STAGE[c.parallelism]},
+        "optimizer": {
+            "type": "AdamW",
+            "params": {
+                "lr": c.lr,
+                "betas": [beta1, beta2],
+                "eps": eps,
+                "weight_decay": c.weight_decay,
+            },
+        },
+        "scheduler": {
+            "type": "WarmupCosineLR",
+            "params": {
+                "total_num_steps": source.steps,
+                # WarmupCosineLR refuses 0 and warms up over at least 2 steps.
+                "warmup_num_steps": max(2, c.warmup_steps),
+                "warmup_type": "linear",
+                "warmup_min_ratio": 0.0,
+                "cos_min_ratio": c.min_lr / c.lr,
+            },
+        },
+    }
+    if c.precision == "bf16":
+        config["bf16"] = {"enabled": True}
+    elif c.precision == "fp16":
+        config["fp16"] = dict(FP16)
+    unmapped = workload_unmapped(source)
+    if c.activation_checkpointing == "full":
+        # DeepSpeed's section configures deepspeed.checkpointing; the model must call it.
+        config["activation_checkpointing"] = {
+            "partition_activations": False,
+            "contiguous_memory_optimization": False,
+            "cpu_checkpointing": False,
+        }
+        unmapped.append(
+            "activation_checkpointing full: the config only sets up deepspeed.checkpointing; "
+            "call deepspeed.checkpointing.checkpoint (or torch.utils.checkpoint, non-reentrant) "
+            "around each repeated block in your model"
+        )
+    unmapped += [
+        f"weight_decay {c.weight_decay:g}: DeepSpeed's AdamW decays every parameter it is "
+        "given; pass param groups with weight_decay 0 for biases and norms to match advisor",
+        f"seed {c.seed}: deepspeed.runtime.utils.set_random_seed({c.seed}) in your script",
+        f"num_workers {c.num_workers}: DataLoader(num_workers={c.num_workers}) (DeepSpeed's "
+        "config has no loader workers)",
+    ]
+    if c.warmup_steps < 2:
+        unmapped.append(
+            f"warmup_steps {c.warmup_steps}: WarmupCosineLR warms up over at least 2 steps "
+            "(written as 2)"
+        )
+    launch = _launch(source)
+    header = header_lines(source, "deepspeed", unmapped, launch)
+    # ASCII (× as \u00d7): DeepSpeed opens the file in the locale's encoding.
+    text = json.dumps({HEADER_KEY: header, **config}, indent=2) + "\n"
+    return Export(
+        format="deepspeed",
+        settings=config,
+        text=text,
+        filename=FILENAME,
+        unmapped=tuple(unmapped),
+        launch=launch,
+    )
+
+
+def _launch(source: Source) -> str:
+    tail = f"{TRAIN_SCRIPT} --deepspeed --deepspeed_config {FILENAME}"
+    if source.nodes > 1:
+        return (
+            f"deepspeed --hostfile hostfile --num_nodes {source.nodes} "
+            f"--num_gpus {source.procs_per_node} {tail}"
+        )
+    return f"deepspeed --num_gpus {source.procs_per_node} {tail}"
+
+
+def read_back(text: str, launch: str | None) -> dict[str, Any]:
+    config = json.loads(text)
+    micro = config["train_micro_batch_size_per_gpu"]
+    accum = config.get("gradient_accumulation_steps", 1)
+    total = config["train_batch_size"]
+    stage = (config.get("zero_optimization") or {}).get("stage", 0)
+    world = total // (micro * accum)
+    precision = (
+        "bf16"
+        if (config.get("bf16") or {}).get("enabled")
+        else "fp16"
+        if (config.get("fp16") or {}).get("enabled")
+        else "fp32"
+    )
+    return {
+        "global_batch_size": total,
+        "precision": precision,
+        "activation_checkpointing": "full" if "activation_checkpointing" in config else "none",
+        "parallelism": "fsdp" if stage == 3 else "ddp" if world > 1 else "single",
+        "world_size": world,
+    }

@@ -1,0 +1,154 @@
+"""``--to lightning``: Trainer keyword arguments with the strategy, as a LightningCLI config.
+
+The file is the YAML that ``LightningCLI`` reads (``python train.py fit --config
+lightning.yaml``): ``seed_everything`` and a ``trainer`` section whose ``strategy`` is a
+``class_path``/``init_args`` pair. Without the CLI, :func:`trainer_kwargs` turns the same
+settings into ``lightning.Trainer(**kw)`` arguments (the strategy instantiated).
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Mapping
+from typing import Any
+
+from advisor.exporters.record import Export
+from advisor.exporters.source import TRAIN_SCRIPT, Source, block_class, torchrun_line
+from advisor.exporters.text import (
+    comment_block,
+    header_lines,
+    schedule_code,
+    workload_unmapped,
+    yaml_text,
+)
+
+FILENAME = "lightning.yaml"
+PRECISION = {"fp32": "32-true", "bf16": "bf16-mixed", "fp16": "16-mixed"}
+PRECISIONS = {v: k for k, v in PRECISION.items()}
+DDP = "lightning.pytorch.strategies.DDPStrategy"
+FSDP = "lightning.pytorch.strategies.FSDPStrategy"
+# The TrainConfig keys this file sets natively; every other key is named by an unmapped line.
+MAPPED = frozenset(
+    {
+        "precision",
+        "parallelism",
+        "world_size",
+        "activation_checkpointing",
+        "grad_accum_steps",
+        "grad_clip",
+        "seed",
+    }
+)
+
+
+def _strategy(source: Source, unmapped: list[str]) -> Any:
+    c = source.config
+    if c.parallelism == "ddp":
+        return {"class_path": DDP, "init_args": {"gradient_as_bucket_view": True}}
+    if c.parallelism == "fsdp":
+        init: dict[str, Any] = {"sharding_strategy": "FULL_SHARD"}
+        block = block_class(c)
+        if isinstance(block, tuple):
+            path = ".".join(block)
+            init["auto_wrap_policy"] = [path]
+            if c.activation_checkpointing == "full":
+                init["activation_checkpointing_policy"] = [path]
+        else:
+            unmapped.append(
+                f"parallelism fsdp: the repeated block is unknown ({block}): pass your block "
+                "class as FSDPStrategy's auto_wrap_policy"
+            )
+            if c.activation_checkpointing == "full":
+                unmapped.append(
+                    "activation_checkpointing full: pass your block class as FSDPStrategy's "
+                    "activation_checkpointing_policy"
+                )
+        return {"class_path": FSDP, "init_args": init}
+    return "auto"
+
+
+def build(source: Source) -> Export:
+    c = source.config
+    unmapped = workload_unmapped(source)
+    strategy = _strategy(source, unmapped)
+    trainer: dict[str, Any] = {
+        "accelerator": "gpu" if source.on_gpu else "cpu",
+        "devices": source.procs_per_node,
+        "num_nodes": source.nodes,
+        "strategy": strategy,
+        "precision": PRECISION[c.precision],
+        "accumulate_grad_batches": c.grad_accum_steps,
+        "gradient_clip_val": c.grad_clip if c.grad_clip > 0 else None,
+        "gradient_clip_algorithm": "norm",
+        "max_steps": source.steps,
+    }
+    settings = {"seed_everything": c.seed, "trainer": trainer}
+    if c.activation_checkpointing == "full" and c.parallelism != "fsdp":
+        unmapped.append(
+            "activation_checkpointing full: only FSDPStrategy takes a checkpointing policy; wrap "
+            "each repeated block in torch.utils.checkpoint.checkpoint(use_reentrant=False) in "
+            "your LightningModule"
+        )
+    unmapped += [
+        f"micro_batch_size {c.micro_batch_size}: DataLoader(batch_size={c.micro_batch_size}) "
+        f"per device, so that global_batch_size {c.global_batch_size} = {c.micro_batch_size} × "
+        f"{c.grad_accum_steps} × {c.world_size}",
+        f"lr {c.lr:g}, min_lr {c.min_lr:g}, warmup_steps {c.warmup_steps}, weight_decay "
+        f"{c.weight_decay:g}: configure_optimizers returns {schedule_code(source)} "
+        "(scheduler interval 'step')",
+        f"num_workers {c.num_workers}: DataLoader(num_workers={c.num_workers})",
+    ]
+    launch = (
+        torchrun_line(source, TRAIN_SCRIPT, "fit", "--config", FILENAME)
+        if source.nodes > 1
+        else f"python {TRAIN_SCRIPT} fit --config {FILENAME}"
+    )
+    header = header_lines(source, "lightning", unmapped, launch)
+    return Export(
+        format="lightning",
+        settings=settings,
+        text=comment_block(header) + yaml_text(settings),
+        filename=FILENAME,
+        unmapped=tuple(unmapped),
+        launch=launch,
+    )
+
+
+def _resolve(path: str) -> Any:
+    module, _, name = path.rpartition(".")
+    return getattr(importlib.import_module(module), name)
+
+
+def trainer_kwargs(settings: Mapping[str, Any]) -> dict[str, Any]:
+    """``lightning.Trainer(**kw)`` arguments from the exported settings: the strategy's
+    class_path instantiated with its init_args (class paths in policies resolved to classes),
+    as LightningCLI does."""
+    kw = dict(settings["trainer"])
+    strategy = kw.get("strategy")
+    if isinstance(strategy, Mapping):
+        init = dict(strategy.get("init_args") or {})
+        for key in ("auto_wrap_policy", "activation_checkpointing_policy"):
+            if key in init:
+                init[key] = {_resolve(p) for p in init[key]}
+        kw["strategy"] = _resolve(strategy["class_path"])(**init)
+    return kw
+
+
+def read_back(text: str, launch: str | None) -> dict[str, Any]:
+    import yaml
+
+    trainer = yaml.safe_load(text)["trainer"]
+    strategy = trainer.get("strategy")
+    path = strategy.get("class_path", "") if isinstance(strategy, Mapping) else ""
+    init = strategy.get("init_args") or {} if isinstance(strategy, Mapping) else {}
+    world = int(trainer.get("devices", 1)) * int(trainer.get("num_nodes", 1))
+    checkpointing = "full" if init.get("activation_checkpointing_policy") else "none"
+    parallelism = "fsdp" if path == FSDP else "ddp" if path == DDP or world > 1 else "single"
+    return {
+        # The per-device batch is the DataLoader's, not the Trainer's.
+        "global_batch_size": None,
+        "precision": PRECISIONS[str(trainer.get("precision", "32-true"))],
+        "activation_checkpointing": checkpointing,
+        "parallelism": parallelism,
+        "world_size": world,
+    }

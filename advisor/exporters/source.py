@@ -1,0 +1,230 @@
+"""What every exporter reads: the plan, where it came from, and the facts a stack needs that a
+plan does not hold in one field (the schedule's length, the node count, the repeated block).
+
+Nothing here imports torch at module level; the block class is resolved lazily (building the
+model on ``meta``) and only by the exporters that need it.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import statistics
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+from advisor.errors import UsageProblem
+from profilers.metrics_record import read_metrics
+from profilers.rundir import PLAN, RunDir
+from strategies.config import DEFAULT_STEPS, TrainConfig
+from strategies.plan_records import Plan
+
+# The torchrun rendezvous placeholders of a multi-node launch line: the user fills in node 0's
+# address and each node's rank (written unquoted so that a shell expands ${NODE_RANK}).
+MASTER_ENDPOINT = "MASTER_HOST:29500"
+NODE_RANK = "${NODE_RANK}"
+TRAIN_SCRIPT = "train.py"  # stands for the user's own training script in launch lines
+
+
+@dataclass(frozen=True, kw_only=True)
+class Source:
+    """A plan and the facts around it that an export states.
+
+    ``steps``: optimizer steps the lr schedule spans (``steps_source`` says where that number
+    came from); ``nodes``: machines the ranks are spread over (the plan's what-if request, else
+    1); ``device_kind``: ``cuda`` or ``cpu``, the machine the plan was made for; ``trained``:
+    what training this plan in the run directory measured, if it did.
+    """
+
+    plan: Plan
+    origin: str
+    steps: int
+    steps_source: str
+    nodes: int
+    device_kind: str
+    trained: Trained | None = None
+
+    @property
+    def config(self) -> TrainConfig:
+        return self.plan.config
+
+    @property
+    def procs_per_node(self) -> int:
+        return max(1, self.config.world_size // self.nodes)
+
+    @property
+    def on_gpu(self) -> bool:
+        return self.device_kind == "cuda"
+
+
+def plan_file(path: str | Path) -> Path:
+    """A plan.json given as the file or as the run directory that holds it."""
+    path = Path(path)
+    return RunDir(path).plan if path.is_dir() else path
+
+
+def load_plan(path: str | Path) -> Plan:
+    """Read a plan.json (or RUN/plan.json); a missing or unreadable plan is a UsageProblem."""
+    file = plan_file(path)
+    if not file.is_file():
+        raise UsageProblem(
+            f"no plan at {file}: pass a run directory holding {PLAN} or the plan.json that "
+            "'advisor recommend' wrote"
+        )
+    try:
+        data = json.loads(file.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise UsageProblem(
+            f"plan file {file} is not readable JSON ({' '.join(str(exc).split())}): "
+            "regenerate it with 'advisor recommend'"
+        ) from None
+    if not isinstance(data, dict) or "config" not in data or "predicted" not in data:
+        raise UsageProblem(
+            f"{file} is not a plan (no 'config' and 'predicted'): pass the plan.json that "
+            "'advisor recommend' wrote"
+        )
+    try:
+        return Plan.from_dict(data)
+    except (ValueError, KeyError, TypeError) as exc:
+        raise UsageProblem(
+            f"plan file {file} cannot be read ({' '.join(str(exc).split())}): regenerate it "
+            "with 'advisor recommend'"
+        ) from None
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Trained:
+    """What RUN/train measured while training the plan: medians over its steps, the first
+    tenth (warm-up: allocator, caches, compilation) left out."""
+
+    total_steps: int
+    num_steps: int
+    step_time_s: float | None
+    tokens_per_s: float | None
+
+
+def _median(values: list[float]) -> float | None:
+    return statistics.median(values) if values else None
+
+
+def _trained(run_root: Path, config: TrainConfig) -> Trained | None:
+    """RUN/train's length and speed when it trained this very config, else None."""
+    train = RunDir(run_root).train
+    try:
+        data = json.loads(train.train_config.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+        return None
+    if not isinstance(data, dict) or data.get("config") != config.to_dict():
+        return None
+    total = data.get("total_steps")
+    if not isinstance(total, int) or isinstance(total, bool) or total < 1:
+        return None
+    try:
+        steps = read_metrics(train.metrics).train
+    except (OSError, UnicodeDecodeError):
+        steps = []
+    kept = steps[max(1, len(steps) // 10) :] if len(steps) > 1 else steps
+    return Trained(
+        total_steps=total,
+        num_steps=len(kept),
+        step_time_s=_median([r.step_time_s for r in kept if r.step_time_s is not None]),
+        tokens_per_s=_median([r.tokens_per_s for r in kept if r.tokens_per_s is not None]),
+    )
+
+
+def make_source(plan: Plan | str | Path, *, steps: int | None = None) -> Source:
+    """The Source of a Plan record, a plan.json or a run directory."""
+    if isinstance(plan, Plan):
+        record, origin, trained = plan, "a plan given in memory", None
+    else:
+        record = load_plan(plan)
+        origin = str(plan_file(plan))
+        trained = _trained(Path(plan), record.config) if Path(plan).is_dir() else None
+    if steps is not None:
+        if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
+            raise UsageProblem(f"--steps must be a positive integer, got {steps!r}")
+        steps_source = "as asked (--steps)"
+    elif trained is not None:
+        steps, steps_source = trained.total_steps, "the length of this run's training (RUN/train)"
+    else:
+        steps = DEFAULT_STEPS
+        steps_source = "advisor train's default; pass --steps for your run's length"
+    request = record.profile.get("request") if isinstance(record.profile, Mapping) else None
+    nodes = request.get("nodes") if isinstance(request, Mapping) else None
+    nodes = nodes if isinstance(nodes, int) and nodes >= 1 else 1
+    if record.config.world_size % nodes:
+        nodes = 1
+    kind = str(record.machine.get("kind") or "cpu")
+    return Source(
+        plan=record,
+        origin=origin,
+        steps=steps,
+        steps_source=steps_source,
+        nodes=nodes,
+        device_kind="cuda" if kind == "cuda" else "cpu",
+        trained=trained,
+    )
+
+
+def adam_hyperparameters() -> tuple[float, float, float]:
+    """(beta1, beta2, eps) of the trainer's AdamW (advisor.trainer.step.build_optimizer)."""
+    from advisor.trainer.step import ADAM_BETAS, ADAM_EPS
+
+    return ADAM_BETAS[0], ADAM_BETAS[1], ADAM_EPS
+
+
+@functools.lru_cache(maxsize=32)
+def _block_class(model: str, model_args: str) -> tuple[str, str] | str:
+    from advisor.models.registry import build_model
+
+    try:
+        adapter = build_model(model, json.loads(model_args), meta=True)
+        blocks = adapter.blocks()
+    except Exception as exc:  # a user's factory may raise anything: the header says why
+        return " ".join(str(exc).split()) or type(exc).__name__
+    if not len(blocks):
+        return "the model has no repeated blocks"
+    cls = type(blocks[0])
+    return cls.__module__, cls.__qualname__
+
+
+def block_class(config: TrainConfig) -> tuple[str, str] | str:
+    """(module, class name) of the model's repeated block, which FSDP wraps and checkpointing
+    recomputes, or why it could not be found (the model is built on ``meta``: no memory)."""
+    return _block_class(config.model, json.dumps(dict(config.model_args), sort_keys=True))
+
+
+def torchrun_line(source: Source, *program: str) -> str:
+    """``torchrun ... PROGRAM``: standalone on one node, else a c10d rendezvous at node 0 with
+    each node's rank from ``$NODE_RANK`` (strategies.commands.torchrun_args writes the options)."""
+    from strategies.commands import torchrun_args
+
+    if source.nodes > 1:
+        options = torchrun_args(
+            source.procs_per_node,
+            nnodes=source.nodes,
+            node_rank=NODE_RANK,
+            rdzv_endpoint=MASTER_ENDPOINT,
+        )
+    else:
+        options = torchrun_args(source.procs_per_node)
+    return " ".join(["torchrun", *options, *program])
+
+
+def torchrun_world_size(launch: str) -> int:
+    """The ranks a torchrun line starts (nproc per node × nodes), read by torchrun's own parser."""
+    import shlex
+
+    from torch.distributed.run import get_args_parser
+
+    # The line is a template: each node puts its own rank where NODE_RANK stands (node 0 here).
+    words = [w.replace(NODE_RANK, "0") for w in shlex.split(launch)]
+    if not words or words[0] != "torchrun":
+        raise ValueError(f"not a torchrun line: {launch!r}")
+    try:
+        args = get_args_parser().parse_args(words[1:])
+    except SystemExit:  # argparse has printed why
+        raise ValueError(f"torchrun does not accept {launch!r}") from None
+    nnodes = str(args.nnodes).split(":")[-1]
+    return int(args.nproc_per_node) * int(nnodes)

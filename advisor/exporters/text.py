@@ -1,0 +1,159 @@
+"""The words and the file syntax every exporter shares: the header (which plan, predicted and
+measured, what has no equivalent), the knobs that are ours in every stack, and small writers
+for YAML and TOML (the export itself needs no third-party package; reading back does)."""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from advisor.exporters.source import Source, adam_hyperparameters
+from reports import fmt
+
+STACK_NAMES = {
+    "hf": "the Hugging Face Trainer (TrainingArguments)",
+    "accelerate": "Accelerate (accelerate launch --config_file)",
+    "lightning": "Lightning (Trainer / LightningCLI)",
+    "deepspeed": "DeepSpeed (ds_config.json)",
+    "torchtitan": "torchtitan (job config TOML)",
+}
+
+
+def layout(source: Source) -> str:
+    c = source.config
+    where = f" on {source.nodes} nodes" if source.nodes > 1 else ""
+    return f"{c.parallelism}×{c.world_size}{where}" if c.world_size > 1 else c.parallelism
+
+
+def header_lines(
+    source: Source, fmt_name: str, unmapped: Sequence[str], launch: str | None
+) -> list[str]:
+    """The header: which plan, its config, predicted and measured, then every knob that has
+    no equivalent in the stack, one line each."""
+    plan, c = source.plan, source.config
+    p = plan.predicted
+    lines = [
+        f"advisor export --to {fmt_name}: {STACK_NAMES[fmt_name]}",
+        f"plan: {source.origin}" + (f" ({plan.label})" if plan.label else ""),
+        f"config: global batch {c.global_batch_size} = micro-batch {c.micro_batch_size} × "
+        f"{c.grad_accum_steps} accumulation × {c.world_size} rank(s); {c.precision}; "
+        f"activation checkpointing {c.activation_checkpointing}; {layout(source)}; "
+        f"seq_len {c.seq_len}",
+        f"planned for: {plan.machine.get('name') or source.device_kind}",
+        ("predicted (ESTIMATE): " if p.estimate or plan.estimate else "predicted: ")
+        + f"step {fmt.seconds(p.step_time_s)}, {fmt.rate(p.tokens_per_s)}, "
+        f"peak memory {fmt.size(p.peak_memory_bytes)} per rank",
+    ]
+    m = plan.measured
+    if m is not None and m.ok:
+        lines.append(
+            f"measured: step {fmt.seconds(m.step_time_s)}, {fmt.rate(m.tokens_per_s)}, "
+            f"peak memory {fmt.size(m.peak_memory_bytes)}"
+            + (f" ({m.device}, {m.visits} visit(s))" if m.device else "")
+        )
+    else:
+        reason = f" ({m.status}: {m.reason})" if m is not None else ""
+        lines.append(f"measured: not measured{reason}")
+    t = source.trained
+    if t is not None and t.num_steps:
+        lines.append(
+            f"trained (RUN/train): step {fmt.seconds(t.step_time_s)}, {fmt.rate(t.tokens_per_s)}"
+            f" (medians of {t.num_steps} steps after warm-up)"
+        )
+    lines.append(f"lr schedule length: {source.steps} optimizer steps ({source.steps_source})")
+    if launch:
+        lines.append(f"launch: {launch}")
+    if unmapped:
+        lines.append(f"no equivalent in {fmt_name} (apply by hand; never dropped silently):")
+        lines += [f"  - {line}" for line in unmapped]
+    else:
+        lines.append(f"every knob of the plan has an equivalent in {fmt_name}")
+    return lines
+
+
+def comment_block(lines: Sequence[str]) -> str:
+    return "".join(f"# {line}\n" for line in lines)
+
+
+def workload_unmapped(source: Source, *, seq_len_mapped: bool = False) -> list[str]:
+    """The model, data and tokenizer specs and the initial weights are ours in every stack.
+
+    Each line names the TrainConfig keys it is about (tests check every key is either mapped
+    by the exporter or named in one of its lines)."""
+    c = source.config
+    args = json.dumps(dict(c.model_args), sort_keys=True)
+    out = [
+        f"model {c.model}, model_args {args}: an advisor model spec; build the same model in "
+        "your script",
+        f"data {c.data}, tokenizer {c.tokenizer or 'none (byte-level)'}"
+        + ("" if seq_len_mapped else f", seq_len {c.seq_len}")
+        + ": advisor's data loader; feed your own dataset"
+        + ("" if seq_len_mapped else f" in sequences of {c.seq_len} tokens"),
+    ]
+    init_from = getattr(c, "init_from", None)  # initial weights; None: the model's own
+    if init_from:
+        out.append(
+            f"init_from {init_from}: advisor's initial weights; load them into your model "
+            "before training (torch.load(..., weights_only=True), then load_state_dict)"
+        )
+    return out
+
+
+def schedule_code(source: Source) -> str:
+    """Our optimizer and schedule as the torch code a user pastes where a stack has neither."""
+    c = source.config
+    beta1, beta2, eps = adam_hyperparameters()
+    return (
+        f"torch.optim.AdamW(lr={c.lr:g}, betas=({beta1:g}, {beta2:g}), eps={eps:g}, "
+        f"weight_decay={c.weight_decay:g} on >=2-D params, 0 on norms and biases) with linear "
+        f"warm-up over {c.warmup_steps} steps then cosine decay to min_lr {c.min_lr:g} at step "
+        f"{source.steps}"
+    )
+
+
+# -- YAML and TOML writers ---------------------------------------------------------------------
+
+
+def _scalar(value: Any) -> str:
+    """A scalar both YAML and TOML read back as the same value (JSON's spelling)."""
+    if isinstance(value, float) and math.isinf(value):
+        return "inf" if value > 0 else "-inf"
+    return json.dumps(value)
+
+
+def yaml_text(data: Mapping[str, Any], indent: int = 0) -> str:
+    """Block-style YAML of nested mappings; lists and scalars in JSON's (flow) spelling, which
+    YAML 1.2 reads as the same values. Floats never use inf here (YAML spells it .inf)."""
+    out = []
+    pad = "  " * indent
+    for key, value in data.items():
+        if isinstance(value, Mapping) and value:
+            out.append(f"{pad}{key}:\n{yaml_text(value, indent + 1)}")
+        else:
+            out.append(f"{pad}{key}: {json.dumps(value)}\n")
+    return "".join(out)
+
+
+def toml_text(data: Mapping[str, Any]) -> str:
+    """TOML of a mapping of tables (nested tables as ``[a.b]``), scalars and lists of scalars."""
+    out: list[str] = []
+
+    def table(name: str, values: Mapping[str, Any]) -> None:
+        scalars = {k: v for k, v in values.items() if not isinstance(v, Mapping)}
+        if scalars:
+            out.append(f"[{name}]\n")
+            for key, value in scalars.items():
+                if isinstance(value, (list, tuple)):
+                    out.append(f"{key} = [{', '.join(_scalar(v) for v in value)}]\n")
+                else:
+                    out.append(f"{key} = {_scalar(value)}\n")
+            out.append("\n")
+        for key, value in values.items():
+            if isinstance(value, Mapping):
+                table(f"{name}.{key}", value)
+
+    for name, values in data.items():
+        table(name, values)
+    return "".join(out).rstrip("\n") + "\n"

@@ -1,0 +1,126 @@
+"""``--to torchtitan``: a torchtitan job config (TOML) for ``-m torchtitan.train``.
+
+torchtitan holds the whole batch arithmetic (local and global batch: it derives the
+accumulation), the layout as data-parallel degrees (replicate = DDP, shard = FSDP2), the
+checkpointing mode, AdamW and a warm-up + cosine schedule with a floor (``min_lr_factor``).
+Its mixed precision is bfloat16 or float32 only: an fp16 plan cannot be expressed and says so.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from advisor.exporters.record import Export
+from advisor.exporters.source import Source, adam_hyperparameters, torchrun_line
+from advisor.exporters.text import comment_block, header_lines, toml_text, workload_unmapped
+
+FILENAME = "torchtitan.toml"
+MIXED_PRECISION = {"fp32": "float32", "bf16": "bfloat16"}
+# The TrainConfig keys this file sets natively; every other key is named by an unmapped line.
+MAPPED = frozenset(
+    {
+        "global_batch_size",
+        "micro_batch_size",
+        "grad_accum_steps",  # torchtitan derives it from the two batch sizes
+        "world_size",
+        "precision",
+        "activation_checkpointing",
+        "parallelism",
+        "seq_len",
+        "lr",
+        "min_lr",
+        "warmup_steps",
+        "weight_decay",
+        "grad_clip",
+        "seed",
+        "num_workers",
+    }
+)
+
+
+def build(source: Source) -> Export:
+    c = source.config
+    beta1, beta2, eps = adam_hyperparameters()
+    unmapped = workload_unmapped(source, seq_len_mapped=True)
+    precision = MIXED_PRECISION.get(c.precision)
+    if precision is None:
+        precision = "float32"
+        unmapped.append(
+            f"precision {c.precision}: torchtitan's mixed precision is bfloat16 or float32 (no "
+            "fp16, no loss scaling); written as float32: compare bf16 with 'advisor predict "
+            "--precision bf16' before switching"
+        )
+    world = c.world_size
+    degrees = {
+        "single": (1, 1),
+        "ddp": (world, 1),
+        "fsdp": (1, world),
+    }[c.parallelism]
+    settings: dict[str, Any] = {
+        "job": {"description": f"advisor plan {source.origin}"},
+        "training": {
+            "local_batch_size": c.micro_batch_size,
+            "global_batch_size": c.global_batch_size,
+            "seq_len": c.seq_len,
+            "steps": source.steps,
+            # torchtitan always clips; an infinite norm never does (advisor's grad_clip 0).
+            "max_norm": c.grad_clip if c.grad_clip > 0 else math.inf,
+            "mixed_precision_param": precision,
+            "mixed_precision_reduce": "float32",
+            "dataloader": {"num_workers": c.num_workers},
+        },
+        "optimizer": {
+            "name": "AdamW",
+            "lr": c.lr,
+            "beta1": beta1,
+            "beta2": beta2,
+            "eps": eps,
+            "weight_decay": c.weight_decay,
+        },
+        "lr_scheduler": {
+            "warmup_steps": c.warmup_steps,
+            "decay_type": "cosine",
+            "min_lr_factor": c.min_lr / c.lr,
+        },
+        "activation_checkpoint": {"mode": c.activation_checkpointing},
+        "parallelism": {
+            "data_parallel_replicate_degree": degrees[0],
+            "data_parallel_shard_degree": degrees[1],
+        },
+        "debug": {"seed": c.seed},
+    }
+    unmapped.append(
+        f"weight_decay {c.weight_decay:g}: torchtitan decays every parameter; advisor exempts "
+        "biases and norms"
+    )
+    launch = torchrun_line(source, "-m", "torchtitan.train", "--job.config_file", FILENAME)
+    header = header_lines(source, "torchtitan", unmapped, launch)
+    return Export(
+        format="torchtitan",
+        settings=settings,
+        text=comment_block(header) + toml_text(settings),
+        filename=FILENAME,
+        unmapped=tuple(unmapped),
+        launch=launch,
+    )
+
+
+def read_back(text: str, launch: str | None) -> dict[str, Any]:
+    try:
+        import tomllib
+    except ModuleNotFoundError:  # Python 3.10
+        import tomli as tomllib
+
+    data = tomllib.loads(text)
+    training, parallel = data["training"], data.get("parallelism", {})
+    replicate = int(parallel.get("data_parallel_replicate_degree", 1))
+    shard = int(parallel.get("data_parallel_shard_degree", 1))
+    param = training.get("mixed_precision_param", "bfloat16")
+    return {
+        "global_batch_size": training["global_batch_size"],
+        "precision": "bf16" if param == "bfloat16" else "fp32",
+        "activation_checkpointing": data.get("activation_checkpoint", {}).get("mode", "selective"),
+        "parallelism": "fsdp" if shard > 1 else "ddp" if replicate > 1 else "single",
+        "world_size": replicate * max(shard, 1),
+    }

@@ -1,0 +1,270 @@
+"""Each export loaded by the stack's own library, on CPU, with no training started.
+
+transformers' TrainingArguments, Accelerate's config loader and launch validation,
+lightning.Trainer with the strategy, DeepSpeed's DeepSpeedConfig and torchtitan's
+ConfigManager. They come with the ``export`` extra (``pip install -e '.[export]'``); a test
+skips when its library is missing. Where a library probes the hardware (a GPU plan read on
+this CPU machine) the probe alone is patched, and the test says so; everything the file sets
+is parsed and validated for real.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from advisor.exporters import Export, export_plan
+from tests.advisor.test_export import PLANS
+
+NAMES = sorted(PLANS)
+
+
+@pytest.fixture(autouse=True)
+def _keep_environment() -> Iterator[None]:
+    """These libraries write environment variables on import and on construction (Lightning's
+    seed, FSDP loading flags, NVML checks): the rest of the suite must not see them."""
+    saved = dict(os.environ)
+    yield
+    os.environ.clear()
+    os.environ.update(saved)
+
+
+def _write(tmp_path: Path, export: Export) -> Path:
+    path = tmp_path / export.filename
+    path.write_text(export.text)
+    return path
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_transformers_training_arguments_construct(
+    name: str, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    training_args = pytest.importorskip("transformers.training_args")
+    plan = PLANS[name]
+    export = export_plan(plan, "hf")
+    kw = json.loads(export.text)
+    kw["output_dir"] = str(tmp_path / "out")
+    if plan.machine.get("kind") == "cuda":
+        # A GPU plan read on a CPU machine: only the bf16-capable-GPU probe is patched.
+        monkeypatch.setattr(training_args, "is_torch_bf16_gpu_available", lambda: True)
+    args = training_args.TrainingArguments(**kw)
+    c = plan.config
+    assert args.per_device_train_batch_size == c.micro_batch_size
+    assert args.gradient_accumulation_steps == c.grad_accum_steps
+    assert (args.bf16, args.fp16) == (c.precision == "bf16", c.precision == "fp16")
+    assert args.lr_scheduler_type.value == "cosine_with_min_lr"
+    assert args.max_steps == 300 and args.warmup_steps == c.warmup_steps
+    if c.parallelism == "fsdp":
+        assert args.fsdp and args.fsdp_config["version"] == 2
+        assert args.fsdp_config["activation_checkpointing"] == (
+            c.activation_checkpointing == "full"
+        )
+    else:
+        assert args.activation_checkpointing == (c.activation_checkpointing == "full")
+    # The Trainer's scheduler from these arguments ends at min_lr, as advisor's does.
+    import torch
+    from transformers import get_scheduler
+
+    optimizer = torch.optim.AdamW([torch.nn.Parameter(torch.zeros(2))], lr=args.learning_rate)
+    scheduler = get_scheduler(
+        args.lr_scheduler_type,
+        optimizer,
+        num_warmup_steps=args.get_warmup_steps(args.max_steps),
+        num_training_steps=args.max_steps,
+        scheduler_specific_kwargs=args.lr_scheduler_kwargs,
+    )
+    for _ in range(args.max_steps):
+        optimizer.step()
+        scheduler.step()
+    assert optimizer.param_groups[0]["lr"] == pytest.approx(c.min_lr)
+    # Why the header is a sidecar file: the arguments take no extra key.
+    with pytest.raises(TypeError):
+        training_args.TrainingArguments(**kw, _advisor=["header"])
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_accelerate_loads_and_validates_the_config_file(name: str, tmp_path: Path) -> None:
+    config_args = pytest.importorskip("accelerate.commands.config.config_args")
+    launch = pytest.importorskip("accelerate.commands.launch")
+    plan = PLANS[name]
+    path = _write(tmp_path, export_plan(plan, "accelerate"))
+    config = config_args.load_config_from_file(str(path))
+    c = plan.config
+    assert config.num_processes == c.world_size
+    assert config.mixed_precision == {"fp32": "no"}.get(c.precision, c.precision)
+    # accelerate launch's own validation of the file (what it would start, started nothing).
+    parsed = launch.launch_command_parser().parse_args(["--config_file", str(path), "train.py"])
+    args = launch._validate_launch_command(parsed)[0]
+    assert args.num_processes == c.world_size
+    assert args.num_machines == config.num_machines
+    assert bool(args.use_fsdp) == (c.parallelism == "fsdp")
+    if c.parallelism == "fsdp":
+        assert args.fsdp_version == "2" or args.fsdp_version == 2
+        assert args.fsdp_activation_checkpointing == (c.activation_checkpointing == "full")
+    else:
+        assert bool(args.multi_gpu or args.use_cpu) == (c.world_size > 1 or args.use_cpu)
+
+
+def _pretend_gpus(monkeypatch: pytest.MonkeyPatch, count: int) -> None:
+    """Lightning refuses FSDP without CUDA: patch its device probes only (no fit runs)."""
+    from lightning.fabric.accelerators import cuda as fabric_cuda
+    from lightning.pytorch.accelerators import CUDAAccelerator
+
+    monkeypatch.setattr(CUDAAccelerator, "is_available", staticmethod(lambda: True))
+    monkeypatch.setattr(fabric_cuda, "num_cuda_devices", lambda: count)
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_lightning_trainer_constructs_with_the_strategy(
+    name: str, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    lightning = pytest.importorskip("lightning")
+    yaml = pytest.importorskip("yaml")
+    from advisor.exporters.lightning import trainer_kwargs
+
+    plan = PLANS[name]
+    export = export_plan(plan, "lightning")
+    settings = yaml.safe_load(export.text)
+    assert settings == export.settings  # the file is what the settings say
+    kw: dict[str, Any] = trainer_kwargs(settings)
+    if kw["accelerator"] == "gpu":
+        _pretend_gpus(monkeypatch, kw["devices"])
+    trainer = lightning.Trainer(
+        **kw, logger=False, enable_checkpointing=False, default_root_dir=str(tmp_path)
+    )
+    c = plan.config
+    assert trainer.world_size == c.world_size
+    assert trainer.accumulate_grad_batches == c.grad_accum_steps
+    precision = {"fp32": "32-true", "bf16": "bf16-mixed", "fp16": "16-mixed"}[c.precision]
+    assert trainer.precision == precision
+    strategy = type(trainer.strategy).__name__
+    assert strategy == {"single": "SingleDeviceStrategy", "ddp": "DDPStrategy"}.get(
+        c.parallelism, "FSDPStrategy"
+    )
+    if c.parallelism == "fsdp":
+        checkpointing = trainer.strategy._activation_checkpointing_kwargs
+        assert bool(checkpointing) == (c.activation_checkpointing == "full")
+
+
+class _DataParallel:
+    """The ``mpu`` argument DeepSpeedConfig takes: it answers the data-parallel size."""
+
+    def __init__(self, size: int) -> None:
+        self.size = size
+
+    def get_data_parallel_world_size(self) -> int:
+        return self.size
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_deepspeed_config_parser_accepts_the_json(
+    name: str, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    ds_config = pytest.importorskip("deepspeed.runtime.config")
+    import torch
+
+    plan = PLANS[name]
+    c = plan.config
+    path = _write(tmp_path, export_plan(plan, "deepspeed"))
+    assert "_advisor" in json.loads(path.read_text())
+    # Outside a launched job DeepSpeed takes the world size from the mpu once it has a rank.
+    monkeypatch.setattr(ds_config.dist, "get_rank", lambda: 0)
+    config = ds_config.DeepSpeedConfig(str(path), mpu=_DataParallel(c.world_size))
+    assert config.train_batch_size == c.global_batch_size
+    assert config.train_micro_batch_size_per_gpu == c.micro_batch_size
+    assert config.gradient_accumulation_steps == c.grad_accum_steps
+    assert config.zero_optimization_stage == (3 if c.parallelism == "fsdp" else 0)
+    assert config.optimizer_name == "adamw" and config.scheduler_name == "WarmupCosineLR"
+    assert config.bfloat16_config.enabled == (c.precision == "bf16")
+    assert config.float16_config.enabled == (c.precision == "fp16")
+    # The scheduler DeepSpeed builds from "scheduler" runs warm-up then cosine down to min_lr.
+    from deepspeed.runtime.lr_schedules import WarmupCosineLR
+
+    params = config.scheduler_params
+    optimizer = torch.optim.AdamW([torch.nn.Parameter(torch.zeros(2))], lr=c.lr)
+    scheduler = WarmupCosineLR(optimizer, **params)
+    for _ in range(params["total_num_steps"]):
+        optimizer.step()
+        scheduler.step()
+    assert optimizer.param_groups[0]["lr"] == pytest.approx(c.min_lr)
+    # DeepSpeed's own batch check: a wrong world size is refused.
+    with pytest.raises(AssertionError, match="train_batch_size is not equal"):
+        ds_config.DeepSpeedConfig(str(path), mpu=_DataParallel(c.world_size * 2 + 1))
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_torchtitan_config_manager_parses_the_toml(name: str, tmp_path: Path) -> None:
+    manager = pytest.importorskip("torchtitan.config.manager")
+    plan = PLANS[name]
+    c = plan.config
+    path = _write(tmp_path, export_plan(plan, "torchtitan"))
+    job = manager.ConfigManager().parse_args(["--job.config_file", str(path)])
+    assert job.training.global_batch_size == c.global_batch_size
+    assert job.training.local_batch_size == c.micro_batch_size
+    assert job.training.seq_len == c.seq_len
+    assert job.activation_checkpoint.mode == c.activation_checkpointing
+    replicate = job.parallelism.data_parallel_replicate_degree
+    shard = job.parallelism.data_parallel_shard_degree
+    assert replicate * shard == c.world_size
+    assert (shard > 1) == (c.parallelism == "fsdp")
+    # torchtitan derives the accumulation the way advisor fixes it.
+    assert job.training.global_batch_size // (job.training.local_batch_size * c.world_size) == (
+        c.grad_accum_steps
+    )
+    assert job.lr_scheduler.min_lr_factor == pytest.approx(c.min_lr / c.lr)
+    assert job.debug.seed == c.seed
+    if c.grad_clip == 0:
+        assert job.training.max_norm == float("inf")
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_lightning_cli_reads_the_file_as_its_config(
+    name: str, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """The file is a LightningCLI config: the CLI's own parser (jsonargparse) builds the
+    Trainer from it, class paths of the strategy and its policies included."""
+    lightning = pytest.importorskip("lightning")
+    pytest.importorskip("jsonargparse")
+    import random
+
+    import numpy as np
+    import torch
+    from lightning.pytorch.cli import LightningCLI
+
+    class Module(lightning.LightningModule):  # the user's module; nothing runs
+        pass
+
+    plan = PLANS[name]
+    c = plan.config
+    export = export_plan(plan, "lightning")
+    path = _write(tmp_path, export)
+    if export.settings["trainer"]["accelerator"] == "gpu":
+        _pretend_gpus(monkeypatch, export.settings["trainer"]["devices"])
+    monkeypatch.setattr("sys.argv", ["train.py"])  # the CLI reads args=, not pytest's argv
+    # The CLI seeds every generator (seed_everything): keep this process's streams as they were.
+    states = random.getstate(), np.random.get_state(), torch.get_rng_state()
+    try:
+        cli = LightningCLI(
+            Module,
+            run=False,
+            args=["--config", str(path), "--trainer.default_root_dir", str(tmp_path)],
+            save_config_callback=None,
+        )
+    finally:
+        random.setstate(states[0])
+        np.random.set_state(states[1])
+        torch.set_rng_state(states[2])
+    trainer = cli.trainer
+    assert cli.config["seed_everything"] == c.seed
+    assert trainer.world_size == c.world_size
+    assert trainer.accumulate_grad_batches == c.grad_accum_steps
+    assert trainer.max_steps == 300
+    assert trainer.gradient_clip_val == (c.grad_clip or None)
+    if c.parallelism == "fsdp":
+        checkpointing = trainer.strategy._activation_checkpointing_kwargs
+        assert bool(checkpointing) == (c.activation_checkpointing == "full")
