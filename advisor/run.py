@@ -1,7 +1,7 @@
 """``advisor run``: profile → recommend → train → report into one run directory (the main job).
 
     RUN/profile.json, probes.csv     advisor.profiling.profile
-    RUN/plan.json, trials.csv, study.db   advisor.recommend.recommend
+    RUN/plan.json, trials.csv, study.db   advisor.recommending.recommend
     RUN/train/metrics.jsonl, checkpoints/ advisor.trainer.loop.train (torchrun for ddp/fsdp)
     RUN/report.html                  reports.write_report
     RUN/run.json                     this job: the request, the command, each stage's status
@@ -272,7 +272,7 @@ def _profile_stage(request: RunRequest, out: Path, say: ProgressFn) -> str:
 
 
 def _recommend_stage(request: RunRequest, out: Path, say: ProgressFn) -> tuple[str, Any]:
-    from advisor.recommend import recommend
+    from advisor.recommending import recommend
     from strategies.space import SearchRequest
 
     search = SearchRequest(

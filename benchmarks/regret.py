@@ -24,7 +24,7 @@ One invocation is one **session**. For each model × global batch (a *case*), in
    the best config that *measured* within the budget), with the advised config's rank in the
    grid. An advised config that is not in the grid is reported as such and measured after the
    advice with the same instrument the same number of times, on a separate line, never mixed
-   into the reference. Also: the cost model (``advisor.recommend.predict``) against every grid
+   into the reference. Also: the cost model (``advisor.recommending.predict``) against every grid
    config, per layout, and the calibration of its predicted intervals when predictions carry
    ``step_time_s_interval`` / ``tokens_per_s_interval``.
 
@@ -765,9 +765,9 @@ def recommend(
 
 
 def predictions(profile: Any, case: Case, settings: Settings) -> dict[str, dict[str, Any]]:
-    """The cost model (``advisor.recommend.predict``, the library behind ``advisor predict``)
+    """The cost model (``advisor.recommending.predict``, the library behind ``advisor predict``)
     for every grid config, compact; a predicted interval is kept when the prediction has one."""
-    from advisor.recommend import predict
+    from advisor.recommending import predict
     from strategies.errors import StrategyError
 
     def point(k: Any) -> str:  # a StepSpec or a Candidate

@@ -2,7 +2,7 @@
 
 The numbers behind ``--trials``, ``--validate-top``, ``--validate-rounds`` and the two margins
 that decide which configs are measured and re-measured: used by strategies.search,
-strategies.plan.top_candidates, advisor.validation.validate_rounds, advisor.recommend and the
+strategies.plan.top_candidates, advisor.validation.validate_rounds, advisor.recommending and the
 CLI's defaults and help texts. Imports nothing, so the CLI shows them without loading the
 search.
 """

@@ -12,7 +12,7 @@ from typing import Any
 
 import click
 
-from advisor import __version__
+from advisor.version import __version__
 
 
 def _fail(message: str, code: int) -> None:
@@ -77,6 +77,7 @@ def main() -> None:
 
 
 def _register() -> None:
+    from advisor.cli.export import export
     from advisor.cli.predict import predict
     from advisor.cli.profile import profile
     from advisor.cli.recommend import recommend
@@ -84,7 +85,7 @@ def _register() -> None:
     from advisor.cli.run import run
     from advisor.cli.train import train
 
-    for command in (profile, recommend, train, predict, report, run):
+    for command in (profile, recommend, train, predict, report, run, export):
         main.add_command(command)
 
 

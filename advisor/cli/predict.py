@@ -26,8 +26,8 @@ from advisor.cli.options import (
 def predict(**params: Any) -> None:
     """Predict peak memory, step time and tokens/s of one config (TrainConfig flags) from a
     profile, with the breakdown, as JSON."""
-    from advisor.recommend import predict as run_predict
-    from advisor.recommend import read_profile
+    from advisor.recommending import predict as run_predict
+    from advisor.recommending import read_profile
     from strategies.config import TrainConfig, compose_config
 
     check_whatif(params)

@@ -50,7 +50,7 @@ GiB = 2**30
 def recommend(**params: Any) -> None:
     """Pick the fastest config that fits at a fixed global batch: cost model + Optuna search,
     top-K validated by real runs; writes plan.json and trials.csv."""
-    from advisor.recommend import recommend as run_recommend
+    from advisor.recommending import recommend as run_recommend
     from strategies.space import SearchRequest
 
     profile: Path = params["profile_path"]

@@ -2,10 +2,7 @@
 
 from __future__ import annotations
 
-import json
 import os
-import time
-from pathlib import Path
 from typing import Any
 
 import click
@@ -23,33 +20,10 @@ from advisor.cli.options import (
     run_options,
     train_output_options,
 )
-from advisor.launch import under_torchrun
-from profilers.rundir import TrainDir
-
-
-def default_out(prefix: str) -> Path:
-    return Path("runs") / f"{prefix}-{time.strftime('%Y%m%d-%H%M%S')}"
-
-
-def resolve_train_config(
-    plan: str | None, out: Path | None, resume: bool, params: dict[str, Any]
-) -> Any:
-    """Plan file, else the resumed run's saved config, else defaults; then explicit flags."""
-    from strategies.config import ConfigError, TrainConfig, compose_config, load_plan_config
-
-    base = TrainConfig()
-    if plan is not None:
-        base = load_plan_config(plan)
-    elif resume and out is not None and TrainDir(out).train_config.is_file():
-        saved_path = TrainDir(out).train_config
-        try:
-            saved = json.loads(saved_path.read_text())
-            base = TrainConfig.from_dict(saved["config"])
-        except (KeyError, json.JSONDecodeError) as exc:
-            raise ConfigError(
-                f"{saved_path} is damaged ({exc}): pass the flags of the original run explicitly"
-            ) from None
-    return compose_config(base, explicit_config(params))
+from advisor.launch import LaunchSpec
+from advisor.training import default_out as default_out
+from advisor.training import needs_launch, resolve_train_config
+from advisor.training import train as run_training
 
 
 @click.command()
@@ -90,18 +64,22 @@ def resolve_train_config(
 def train(**params: Any) -> None:
     """Train a model with a plan or explicit TrainConfig flags; writes metrics.jsonl and
     checkpoints under --out."""
-    from advisor.trainer.loop import train as run_training
-
     out = params["out"]
     if params["resume"] and out is None:
         raise click.UsageError("--resume needs --out naming the run to continue")
-    config = resolve_train_config(params["plan"], out, params["resume"], params)
+    config = resolve_train_config(params["plan"], out, params["resume"], explicit_config(params))
     options = run_options(params, out or default_out("train"), resume=params["resume"])
-    # DDP/FSDP need a process group even on one rank: torchrun provides it.
-    if (config.world_size > 1 or config.parallelism != "single") and not under_torchrun():
-        launch_ranks(config, options, params)
-        return
-    result = run_training(config, options)
+    spec = None
+    if needs_launch(config):
+        spec = LaunchSpec(
+            world_size=config.world_size,
+            nnodes=params["nnodes"],
+            node_rank=params["node_rank"],
+            rdzv_endpoint=params["rdzv_endpoint"],
+        )
+    result = run_training(config, options, launch=spec, say=lambda m: click.echo(m, err=True))
+    if result is None:
+        return  # the ranks trained (torchrun); rank 0 reported for the job
     if os.environ.get("RANK", "0") != "0":
         return  # rank 0 reports for the job
     if result.extra.get("already_complete"):
@@ -115,24 +93,3 @@ def train(**params: Any) -> None:
         f"trained {result.steps} steps ({result.tokens:,} tokens): loss {result.final_loss:.4f}"
         f"{eval_text}; metrics in {result.metrics_path}, checkpoint {result.checkpoint}"
     )
-
-
-def launch_ranks(config: Any, options: Any, params: dict[str, Any]) -> None:
-    """Re-run this command once per rank through torchrun, with the resolved config as a plan."""
-    from advisor.launch import LaunchSpec, launch, node_commands
-
-    spec = LaunchSpec(
-        world_size=config.world_size,
-        nnodes=params["nnodes"],
-        node_rank=params["node_rank"],
-        rdzv_endpoint=params["rdzv_endpoint"],
-    )
-    options.out.mkdir(parents=True, exist_ok=True)
-    plan = TrainDir(options.out).launch_config
-    plan.write_text(json.dumps({"config": config.to_dict()}, indent=2) + "\n")
-    args = options.train_args(plan)
-    if spec.nnodes > 1:
-        click.echo("run on every node (with --out on a shared filesystem):", err=True)
-        for command in node_commands(spec, args):
-            click.echo(f"  {command}", err=True)
-    launch(spec, args)

@@ -2,7 +2,7 @@
 ``advisor predict`` output.
 
 A guard for refactors that must not change behaviour: the cost model, the search, validation's
-rounds and the decision run end to end through :func:`advisor.recommend.recommend` on profiles
+rounds and the decision run end to end through :func:`advisor.recommending.recommend` on profiles
 built from round numbers (tests/strategies/profiles.py), with a scripted validator whose
 measurements are a fixed function of the prediction. Only what differs from run to run by
 nature is normalised: the search's wall time and the temporary storage path.
@@ -24,7 +24,7 @@ from typing import Any
 
 import pytest
 
-from advisor.recommend import predict, recommend
+from advisor.recommending import predict, recommend
 from profilers.profile_record import InputSample, Profile
 from strategies.config import TrainConfig
 from strategies.cost import Prediction

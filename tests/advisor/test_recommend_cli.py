@@ -226,7 +226,7 @@ def test_validation_flags_default_to_the_library_and_state_its_margins() -> None
     """The CLI's literals (kept out of the import path of a thin CLI) match the library's."""
     from advisor.cli import recommend as recommend_cli
     from advisor.cli import run as run_cli
-    from advisor.recommend import DEFAULT_VALIDATE_TOP_K
+    from advisor.recommending import DEFAULT_VALIDATE_TOP_K
     from advisor.validation import DEFAULT_VALIDATE_ROUNDS, TIE_MARGIN
     from strategies.plan import LAYOUT_MARGIN
 

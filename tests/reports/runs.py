@@ -13,7 +13,7 @@ from typing import Any
 from click.testing import CliRunner, Result
 
 from advisor.cli import main
-from advisor.recommend import recommend
+from advisor.recommending import recommend
 from profilers.comm_records import CommSample
 from profilers.memory_records import MemoryBreakdown, MemoryTrace
 from profilers.profile_record import ProbeRow

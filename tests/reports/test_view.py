@@ -110,7 +110,7 @@ def test_rejected_candidates_keep_their_reason(tmp_path: Path) -> None:
     root = tmp_path / "run"
     make_hand_run(root, steps=None)
     # A tiny budget: re-decide with the same profile at 1% of memory (a new study).
-    from advisor.recommend import recommend
+    from advisor.recommending import recommend
     from strategies.space import SearchRequest
     from tests.reports.runs import FakeValidator
 

@@ -1,0 +1,453 @@
+"""The Python API: ``advisor.profile``, ``advisor.recommend``, ``advisor.train``,
+``advisor.export`` — the very library functions the CLI calls, with keyword options named
+like its flags (``--global-batch-size`` → ``global_batch_size=``).
+
+    profile = advisor.profile(model="gpt-tiny", seq_len=128, out="runs/p")   → Profile
+    plan = advisor.recommend(profile, global_batch_size=8)                   → Plan
+    advisor.export(plan, "hf")                                               → Export
+    result = advisor.train(plan, steps=50, out="runs/x")                     → TrainSummary
+
+Records are the frozen dataclasses the CLI writes to disk (profile.json, plan.json); errors
+are the exceptions the CLI prints as one line (:class:`advisor.errors.UsageProblem`,
+``strategies.config.ConfigError``, ``strategies.errors.StrategyError`` ...). The library
+never prints: progress goes to the callbacks given.
+
+A model is a spec string (``gpt-tiny``, ``hf:NAME``, ``FILE.py:factory``,
+``package.module:factory``) or a factory function / ``nn.Module`` subclass. Probes build the
+model in child processes from a picklable spec string, so a callable is passed on by its
+importable name (``module:qualname``, see :func:`model_spec`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import functools
+import importlib
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from advisor.errors import UsageProblem
+from advisor.trainer.options import DEFAULT_EVAL_BATCHES, DEFAULT_KEEP_CHECKPOINTS
+from advisor.training import TrainSummary
+from profilers.defaults import DEFAULT_MEMORY_BUDGET, DEFAULT_PROFILE_BUDGET_S
+from profilers.workload import PRECISIONS
+from strategies.budgets import DEFAULT_VALIDATE_ROUNDS, DEFAULT_VALIDATE_TOP_K
+from strategies.config import DEFAULT_DATA, DEFAULT_MODEL, DEFAULT_SEQ_LEN, TrainConfig
+
+if TYPE_CHECKING:
+    from advisor.exporters import Export
+    from profilers.profile_record import Profile
+    from strategies.plan_records import Plan
+
+DEVICES = ("auto", "cpu", "cuda")
+
+# What a model may be: a spec string, or a factory (a function returning an nn.Module, or an
+# nn.Module subclass) defined at module top level.
+ModelLike = str | Callable[..., Any]
+
+
+# -- model specs ------------------------------------------------------------------------------
+
+
+def model_spec(model: ModelLike) -> str:
+    """The spec string of ``model``: a string as given; a factory function or ``nn.Module``
+    subclass as ``module:qualname``, which a new process imports (probes run in child
+    processes, ddp/fsdp through torchrun). A lambda, a nested function or class, a callable
+    object or one defined in ``__main__`` (a script, a notebook) has no such name: that is a
+    :class:`UsageProblem` naming the fix (define it at module top level in an importable file).
+    """
+    if isinstance(model, str):
+        return model
+    if not callable(model):
+        raise UsageProblem(
+            f"model must be a spec string (gpt-tiny, hf:NAME, FILE.py:factory, "
+            f"package.module:factory), a factory function or an nn.Module subclass, not "
+            f"{type(model).__name__}"
+        )
+    if any(
+        c.__name__ == "Module" and c.__module__.startswith("torch.nn") for c in type(model).__mro__
+    ):
+        raise UsageProblem(
+            f"model is a built {type(model).__name__} instance, but the probes build their own "
+            "copies in child processes: pass its class (model=MyModel, model_args={...}) or a "
+            "factory function"
+        )
+    module = getattr(model, "__module__", None)
+    qualname = getattr(model, "__qualname__", None)
+    if not isinstance(module, str) or not isinstance(qualname, str):
+        raise UsageProblem(
+            f"model {model!r} has no importable name (a functools.partial or a callable "
+            "object): pass a function or nn.Module subclass defined at module top level, and "
+            "its arguments as model_args"
+        )
+    shown = f"{module}.{qualname}"
+    if "." in qualname or "<" in qualname:
+        raise UsageProblem(
+            f"model {shown} is a lambda or a nested function or class, which the probes' child "
+            "processes cannot import: define it at module top level in an importable file"
+        )
+    if module == "__main__":
+        raise UsageProblem(
+            f"model {qualname} is defined in __main__ (a script or a notebook), which the "
+            "probes' child processes cannot import: define it at module top level in an "
+            "importable file (e.g. my_models.py beside it) and import it from there"
+        )
+    try:
+        found = getattr(importlib.import_module(module), qualname, None)
+    except ImportError:
+        found = None
+    if found is not model:
+        raise UsageProblem(
+            f"{module}:{qualname} does not import back as this model (redefined or replaced "
+            "since): define it once at module top level in an importable file"
+        )
+    top = module.partition(".")[0]
+    _check_importable_by_new_processes(top, os.getcwd(), os.environ.get("PYTHONPATH", ""))
+    return f"{module}:{qualname}"
+
+
+_FIND_SPEC = (
+    "import importlib.util, json, sys\n"
+    "s = importlib.util.find_spec(sys.argv[1])\n"
+    "print(json.dumps(None if s is None else [s.origin, list(s.submodule_search_locations or [])]))"
+)
+
+
+def _where(origin: str | None, locations: Sequence[str]) -> list[Any]:
+    """Where a module was found, as real paths (sys.path entries may be relative)."""
+
+    def real(path: str | None) -> str | None:
+        return os.path.realpath(path) if path and path not in ("built-in", "frozen") else path
+
+    return [real(origin), sorted(os.path.realpath(p) for p in locations)]
+
+
+@functools.lru_cache(maxsize=64)
+def _check_importable_by_new_processes(top: str, cwd: str, pythonpath: str) -> None:
+    """A new ``python`` started here (what torchrun and the launcher start) finds module
+    ``top`` where this process found it. Asked of a real new interpreter: sys.path differs
+    between them (a notebook's or a test's own additions are not inherited). Cached per
+    (module, cwd, PYTHONPATH); a failure is asked again."""
+    spec = importlib.util.find_spec(top)
+    here = None if spec is None else _where(spec.origin, spec.submodule_search_locations or [])
+    try:
+        done = subprocess.run(
+            [sys.executable, "-c", _FIND_SPEC, top],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            cwd=cwd,
+            check=False,
+        )
+        found = json.loads(done.stdout) if done.returncode == 0 else None
+        there = None if found is None else _where(found[0], found[1])
+    except (OSError, subprocess.TimeoutExpired, json.JSONDecodeError, IndexError, TypeError):
+        there = None
+    if there != here:
+        location = here[0] if here and here[0] else top
+        raise UsageProblem(
+            f"module {top} ({location}) is importable here but not by the new processes that "
+            f"probe and train the model: run from its directory or add that directory to "
+            "PYTHONPATH"
+        )
+
+
+def _model_and_args(
+    model: ModelLike, model_args: Mapping[str, Any] | None
+) -> tuple[str, dict[str, Any]]:
+    if model_args is not None and not isinstance(model_args, Mapping):
+        raise UsageProblem(
+            f"model_args must be a mapping of config fields, e.g. {{'n_layer': 2}}, not "
+            f"{type(model_args).__name__}"
+        )
+    return model_spec(model), dict(model_args or {})
+
+
+# -- small checks of keyword values (the CLI's click types do these for its flags) ------------
+
+
+def _check_choice(name: str, value: str, choices: Sequence[str]) -> None:
+    if value not in choices:
+        raise UsageProblem(f"{name}={value!r} is unknown: use one of {', '.join(choices)}")
+
+
+def _check_int(name: str, value: int | None, minimum: int) -> None:
+    if value is None:
+        return
+    if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
+        kind = "a positive integer" if minimum == 1 else f"an integer >= {minimum}"
+        raise UsageProblem(f"{name} must be {kind}, got {value!r}")
+
+
+def _path(value: str | os.PathLike[str] | None) -> Path | None:
+    return None if value is None else Path(value)
+
+
+# -- loading records ------------------------------------------------------------------------
+
+
+def load_profile(path: str | os.PathLike[str]) -> Profile:
+    """Read a profile.json (or the directory holding one) written by ``advisor profile``."""
+    from advisor.recommending import read_profile
+
+    return read_profile(Path(path))
+
+
+# -- the four steps -------------------------------------------------------------------------
+
+
+def profile(
+    model: ModelLike = DEFAULT_MODEL,
+    *,
+    model_args: Mapping[str, Any] | None = None,
+    data: str = DEFAULT_DATA,
+    tokenizer: str | None = None,
+    seq_len: int = DEFAULT_SEQ_LEN,
+    device: str = "auto",
+    budget_s: float = DEFAULT_PROFILE_BUDGET_S,
+    precisions: Sequence[str] | None = None,
+    comm: bool = True,
+    out: str | os.PathLike[str] | None = None,
+    progress: Callable[[str, float], None] | None = None,
+) -> Profile:
+    """Measure ``model`` with short probes on this machine (``advisor profile``).
+
+    ``model``: a spec string or a factory (see :func:`model_spec`); ``model_args`` override its
+    config fields or are passed to the factory (``--model-arg``). ``data``: stdlib, synthetic,
+    a text file, a ``.bin`` of uint16 token ids. ``budget_s``: the time all probes share (they
+    fill it). ``precisions``: profile only these (default: all the device runs). ``comm``:
+    run the communication probe. ``out``: where profile.json and probes.csv are written
+    (default ``runs/profile-TIMESTAMP``). ``progress(message, fraction_of_budget)``.
+
+    Returns the :class:`profilers.profile_record.Profile` also saved in ``out``.
+    """
+    from advisor.profiling import ProfileRequest
+    from advisor.profiling import profile as run_profile
+    from advisor.training import default_out
+
+    spec, args = _model_and_args(model, model_args)
+    _check_choice("device", device, DEVICES)
+    _check_int("seq_len", seq_len, 1)
+    if isinstance(precisions, str):
+        precisions = (precisions,)
+    for precision in precisions or ():
+        _check_choice("precision", precision, PRECISIONS)
+    request = ProfileRequest(
+        model=spec,
+        model_args=args,
+        data=data,
+        tokenizer=tokenizer,
+        seq_len=seq_len,
+        device=device,
+        budget_s=budget_s,
+        precisions=tuple(precisions) if precisions else None,
+        comm=comm,
+    )
+    return run_profile(request, _path(out) or default_out("profile"), progress)
+
+
+def recommend(
+    profile: Profile | str | os.PathLike[str],
+    *,
+    global_batch_size: int,
+    memory_budget: float = DEFAULT_MEMORY_BUDGET,
+    world_size: int | None = None,
+    trials: int | None = None,
+    validate_top: int = DEFAULT_VALIDATE_TOP_K,
+    validate_rounds: int = DEFAULT_VALIDATE_ROUNDS,
+    storage: str | None = None,
+    study_name: str | None = None,
+    target: str | None = None,
+    nodes: int = 1,
+    network: str | None = None,
+    hyperparameters: Mapping[str, Any] | None = None,
+    device: str = "auto",
+    out: str | os.PathLike[str] | None = None,
+    progress: Callable[[str], None] | None = None,
+) -> Plan:
+    """Pick the fastest config that fits at ``global_batch_size`` (``advisor recommend``):
+    cost model + Optuna search over precision, checkpointing, micro-batch × accumulation and
+    layout, the best ``validate_top`` measured by short real runs.
+
+    ``profile``: a Profile, or the path of a profile.json or of its directory. ``memory_budget``:
+    the fraction of device memory (CPU: RAM) a plan may use. ``world_size``: the most ranks to
+    consider. ``trials``: the trial budget of a sampled search. ``validate_rounds``: how often
+    close contenders are re-measured. ``target``/``nodes``/``network``: a what-if plan for
+    hardware that is not here (never validated; labelled an estimate). ``hyperparameters``:
+    TrainConfig keys the plan carries unchanged (``strategies.config.HYPERPARAMETER_KEYS``: lr,
+    min_lr, warmup_steps, weight_decay, grad_clip, seed ...). ``device``: where validation
+    runs (auto: the profiled device).
+
+    ``out``: where plan.json, trials.csv and the study (study.db) go; default: the profile's
+    directory when ``profile`` is a path, else nothing is saved and the study lives in a
+    temporary directory for this call (pass ``out`` or ``storage`` to resume it). Re-running
+    with the same ``out``/``storage`` resumes the study. ``progress(message)``.
+
+    Returns the :class:`strategies.plan_records.Plan`; raises ``NothingFits`` (a
+    StrategyError) when no candidate fits the budget.
+    """
+    from advisor.recommending import recommend as run_recommend
+    from profilers.profile_record import Profile
+    from profilers.rundir import profile_path
+    from strategies.search import default_storage
+    from strategies.space import SearchRequest
+
+    _check_choice("device", device, DEVICES)
+    _check_int("validate_top", validate_top, 0)
+    _check_int("validate_rounds", validate_rounds, 1)
+    request = SearchRequest(
+        global_batch_size=global_batch_size,
+        memory_budget=memory_budget,
+        world_size=world_size,
+        trials=trials,
+        target=target,
+        nodes=nodes,
+        network=network,
+        study_name=study_name,
+        config_overrides=dict(hyperparameters or {}),
+    )
+    source: Profile | Path = profile if isinstance(profile, Profile) else Path(profile)
+    directory = _path(out)
+    with contextlib.ExitStack() as stack:
+        if directory is None and storage is None:
+            if isinstance(source, Profile):
+                temporary = stack.enter_context(tempfile.TemporaryDirectory(prefix="advisor-"))
+                storage = default_storage(Path(temporary))
+            else:
+                directory = profile_path(source).parent
+        return run_recommend(
+            source,
+            request,
+            validate_top_k=validate_top,
+            validation_rounds=validate_rounds,
+            storage=storage,
+            out=directory,
+            device=device,
+            progress=progress,
+        )
+
+
+def train(
+    plan: Plan | TrainConfig | str | os.PathLike[str] | None = None,
+    *,
+    steps: int | None = None,
+    tokens: int | None = None,
+    out: str | os.PathLike[str] | None = None,
+    resume: bool = False,
+    checkpoint_every: int | None = None,
+    keep_checkpoints: int = DEFAULT_KEEP_CHECKPOINTS,
+    eval_every: int | None = None,
+    eval_batches: int = DEFAULT_EVAL_BATCHES,
+    device: str = "auto",
+    nnodes: int = 1,
+    node_rank: int = 0,
+    rdzv_endpoint: str | None = None,
+    progress: bool = False,
+    **config: Any,
+) -> TrainSummary:
+    """Train a plan end to end (``advisor train``): metrics.jsonl and checkpoints in ``out``.
+
+    ``plan``: a Plan, a TrainConfig, the path of a plan.json, or None (the defaults; with
+    ``resume``, the run's saved config). ``config``: TrainConfig keys over it, as the CLI's
+    flags (``micro_batch_size=4``, ``precision="bf16"``, ``lr=3e-4``, ``model=my_factory``,
+    ``model_args={...}``); the global batch stays consistent (micro × accumulation × world).
+    ``steps`` or ``tokens``: the run's length (default 300 steps). ``out``: the run directory
+    (default ``runs/train-TIMESTAMP``); ``resume``: continue the run in ``out`` from its last
+    checkpoint. ``checkpoint_every``/``keep_checkpoints``/``eval_every``/``eval_batches``: as the
+    CLI's flags. ddp/fsdp plans run through torchrun (``nnodes``, ``node_rank``,
+    ``rdzv_endpoint`` for several machines). ``progress``: draw the per-step progress on stderr.
+
+    Returns a :class:`advisor.training.TrainSummary`; raises ``TrainingDiverged`` on a NaN/inf
+    loss (the last good checkpoint is kept).
+    """
+    from advisor.launch import LaunchSpec
+    from advisor.trainer.options import RunOptions, run_steps
+    from advisor.training import default_out, needs_launch, resolve_train_config
+    from advisor.training import train as run_training
+    from strategies.plan_records import Plan
+
+    _check_choice("device", device, DEVICES)
+    for name, value, minimum in (
+        ("steps", steps, 1),
+        ("tokens", tokens, 1),
+        ("checkpoint_every", checkpoint_every, 1),
+        ("keep_checkpoints", keep_checkpoints, 1),
+        ("eval_every", eval_every, 0),
+        ("eval_batches", eval_batches, 1),
+    ):
+        _check_int(name, value, minimum)
+    directory = _path(out)
+    if resume and directory is None:
+        raise UsageProblem("resume=True needs out= naming the run to continue")
+    unknown = sorted(set(config) - {f.name for f in dataclasses.fields(TrainConfig)})
+    if unknown:
+        raise UsageProblem(
+            f"unknown TrainConfig key(s) {', '.join(unknown)}: use "
+            + ", ".join(f.name for f in dataclasses.fields(TrainConfig))
+        )
+    if "model" in config:
+        config["model"] = model_spec(config["model"])
+    base = plan.config if isinstance(plan, Plan) else plan
+    resolved = resolve_train_config(base, directory, resume, config)
+    options = RunOptions(
+        out=directory or default_out("train"),
+        steps=run_steps(steps, tokens),
+        tokens=tokens,
+        resume=resume,
+        checkpoint_every=checkpoint_every,
+        eval_every=eval_every,
+        eval_batches=eval_batches,
+        keep_checkpoints=keep_checkpoints,
+        device=device,
+        progress=progress,
+    )
+    spec = None
+    if needs_launch(resolved):
+        spec = LaunchSpec(
+            world_size=resolved.world_size,
+            nnodes=nnodes,
+            node_rank=node_rank,
+            rdzv_endpoint=rdzv_endpoint,
+        )
+    say = (lambda message: print(message, file=sys.stderr)) if progress else None
+    result = run_training(resolved, options, launch=spec, say=say)
+    if result is None:
+        return TrainSummary.from_run_dir(resolved, options.out)
+    return TrainSummary.from_result(resolved, result)
+
+
+def export(
+    plan: Plan | str | os.PathLike[str],
+    to: str,
+    *,
+    steps: int | None = None,
+    out: str | os.PathLike[str] | None = None,
+) -> Export:
+    """The plan's config in another training stack's own format (``advisor export``).
+
+    ``plan``: a Plan, or the path of a plan.json or of its run directory. ``to``: one of
+    ``advisor.exporters.FORMATS`` (hf, accelerate, lightning, deepspeed, torchtitan).
+    ``steps``: the optimizer steps the lr schedule spans (default: the run's training length,
+    else advisor train's default). Returns an ``Export``: ``settings`` (the native keyword
+    arguments / config as a dict), ``text`` (the file, with a header naming the plan),
+    ``unmapped`` (knobs the stack cannot express), ``launch`` (its launch line, where it has
+    one). ``out``: also write the file there (a directory: under the export's own file name),
+    and the header beside it as ``FILE.advisor.txt`` when the file cannot hold one (hf's JSON).
+    """
+    from advisor.exporters import export_plan, write_export
+    from strategies.plan_records import Plan
+
+    _check_int("steps", steps, 1)
+    result = export_plan(plan if isinstance(plan, Plan) else Path(plan), to, steps=steps)
+    target = _path(out)
+    if target is not None:
+        write_export(result, target)
+    return result

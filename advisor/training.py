@@ -1,0 +1,161 @@
+"""The library behind ``advisor train`` (and ``advisor.train``): which config a run trains, and
+one call that trains it here or, for ddp/fsdp, once per rank through torchrun.
+
+    plan / resumed run's saved config / defaults  →  explicit overrides  →  TrainConfig
+    TrainConfig + RunOptions  →  this process (single)  |  torchrun ranks (ddp, fsdp)
+
+Torch is imported only when training starts (``advisor --help`` stays instant).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from advisor.launch import LaunchSpec, under_torchrun
+from advisor.trainer.options import RunOptions
+from profilers.metrics_record import Metrics, read_metrics
+from profilers.rundir import TrainDir
+from strategies.config import ConfigError, TrainConfig, compose_config, load_plan_config
+
+if TYPE_CHECKING:
+    from advisor.trainer.loop import TrainResult
+
+
+def default_out(prefix: str) -> Path:
+    """``runs/PREFIX-TIMESTAMP``: where a command writes when not told (relative to the cwd)."""
+    return Path("runs") / f"{prefix}-{time.strftime('%Y%m%d-%H%M%S')}"
+
+
+def resolve_train_config(
+    plan: str | os.PathLike[str] | TrainConfig | None,
+    out: Path | None,
+    resume: bool,
+    overrides: Mapping[str, Any],
+) -> TrainConfig:
+    """The plan (a plan.json path or a TrainConfig), else the resumed run's saved config, else
+    the defaults; then ``overrides`` (TrainConfig keys) over it (``compose_config``)."""
+    base = TrainConfig()
+    if isinstance(plan, TrainConfig):
+        base = plan
+    elif plan is not None:
+        base = load_plan_config(Path(plan))
+    elif resume and out is not None and TrainDir(out).train_config.is_file():
+        saved_path = TrainDir(out).train_config
+        try:
+            saved = json.loads(saved_path.read_text())
+            base = TrainConfig.from_dict(saved["config"])
+        except (KeyError, json.JSONDecodeError) as exc:
+            raise ConfigError(
+                f"{saved_path} is damaged ({exc}): pass the flags of the original run explicitly"
+            ) from None
+    return compose_config(base, overrides)
+
+
+def needs_launch(config: TrainConfig) -> bool:
+    """DDP/FSDP need a process group even on one rank: torchrun provides it."""
+    return (config.world_size > 1 or config.parallelism != "single") and not under_torchrun()
+
+
+def train(
+    config: TrainConfig,
+    options: RunOptions,
+    *,
+    launch: LaunchSpec | None = None,
+    say: Callable[[str], None] | None = None,
+) -> TrainResult | None:
+    """Train ``config`` in this process; or, when it needs ranks (:func:`needs_launch`), run it
+    once per rank through torchrun as ``launch`` says (default: one node) and return None (rank
+    0 wrote the run's files). ``say`` receives the per-node commands of a multi-node job."""
+    if needs_launch(config):
+        spec = launch or LaunchSpec(world_size=config.world_size)
+        launch_ranks(config, options, spec, say or (lambda _message: None))
+        return None
+    from advisor.trainer.loop import train as run_training
+
+    return run_training(config, options)
+
+
+def launch_ranks(
+    config: TrainConfig, options: RunOptions, spec: LaunchSpec, say: Callable[[str], None]
+) -> None:
+    """Re-run ``advisor train`` once per rank through torchrun, with ``config`` as its plan."""
+    from advisor.launch import launch, node_commands
+
+    options.out.mkdir(parents=True, exist_ok=True)
+    plan = TrainDir(options.out).launch_config
+    plan.write_text(json.dumps({"config": config.to_dict()}, indent=2) + "\n")
+    args = options.train_args(plan)
+    if spec.nnodes > 1:
+        say("run on every node (with --out on a shared filesystem):")
+        for command in node_commands(spec, args):
+            say(f"  {command}")
+    launch(spec, args)
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class TrainSummary:
+    """What a training run ended with (``advisor.train`` returns it).
+
+    ``steps``: the optimizer steps the run has completed; ``tokens``: the tokens trained in all
+    (resumed segments included); ``final_loss``: the last step's training loss (NaN when no
+    step was logged); ``eval_loss``: the last evaluation's; ``checkpoint``: the newest one;
+    ``already_complete``: a resumed run that had nothing left to train. Per-step records:
+    :meth:`metrics`.
+    """
+
+    out: Path
+    config: TrainConfig
+    steps: int
+    tokens: int
+    final_loss: float
+    eval_loss: float | None
+    checkpoint: Path | None
+    metrics_path: Path
+    skipped_steps: int = 0
+    already_complete: bool = False
+
+    def metrics(self) -> Metrics:
+        """Every line of metrics.jsonl as typed records (``.train``, ``.evals``)."""
+        return read_metrics(self.metrics_path)
+
+    @classmethod
+    def from_result(cls, config: TrainConfig, result: TrainResult) -> TrainSummary:
+        """From the trainer's own result (a run in this process)."""
+        return cls(
+            out=result.out,
+            config=config,
+            steps=result.steps,
+            tokens=result.tokens,
+            final_loss=result.final_loss,
+            eval_loss=result.eval_loss,
+            checkpoint=result.checkpoint,
+            metrics_path=result.metrics_path,
+            skipped_steps=result.skipped_steps,
+            already_complete=bool(result.extra.get("already_complete")),
+        )
+
+    @classmethod
+    def from_run_dir(cls, config: TrainConfig, out: Path) -> TrainSummary:
+        """From the files rank 0 wrote (a run launched through torchrun)."""
+        files = TrainDir(out)
+        metrics = read_metrics(files.metrics)
+        train, evals = metrics.train, metrics.evals
+        last = train[-1] if train else None
+        checkpoints = files.checkpoint_dirs()
+        return cls(
+            out=out,
+            config=config,
+            steps=last.step if last else 0,
+            tokens=(last.tokens or 0) if last else 0,
+            final_loss=last.loss if last and last.loss is not None else float("nan"),
+            eval_loss=evals[-1].eval_loss if evals else None,
+            checkpoint=checkpoints[-1] if checkpoints else None,
+            metrics_path=files.metrics,
+            skipped_steps=(last.skipped_steps or 0) if last else 0,
+        )

@@ -1,0 +1,396 @@
+"""The Python API (``import advisor``): its public surface, model specs from callables, typed
+records back, and the CLI's own one-line errors as exceptions."""
+
+from __future__ import annotations
+
+import functools
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+from click.testing import CliRunner
+
+import advisor
+import advisor.api
+from advisor.cli import main
+from advisor.errors import UsageProblem
+from profilers.rundir import RunDir, TrainDir
+from strategies.config import ConfigError, TrainConfig
+from strategies.plan_records import Plan
+from tests.data.user_model import TinyLM, tiny_lm
+from tests.reports.runs import write_training
+from tests.strategies.profiles import hand_profile
+
+ROOT = Path(__file__).resolve().parents[2]
+# The smallest real training run: one gpt-tiny block on random tokens, two sequences a step.
+TINY = TrainConfig(
+    model="gpt-tiny",
+    model_args={"n_layer": 1},
+    data="synthetic",
+    seq_len=32,
+    global_batch_size=2,
+    micro_batch_size=2,
+)
+
+
+def python(code: str) -> str:
+    """Run ``code`` in a fresh interpreter from the repository root; its stdout."""
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, check=True
+    )
+    return done.stdout
+
+
+# -- the public surface -------------------------------------------------------------------------
+
+
+def test_import_advisor_loads_no_torch() -> None:
+    """``advisor --help`` relies on it; so does a notebook's first cell."""
+    out = python("import sys, advisor; print('torch' in sys.modules, advisor.__version__)")
+    assert out == f"False {advisor.__version__}\n"
+
+
+def test_every_public_name_resolves_without_torch() -> None:
+    out = python(
+        "import sys, advisor\n"
+        "missing = [n for n in advisor.__all__ if getattr(advisor, n, None) is None]\n"
+        "print(missing, 'torch' in sys.modules)"
+    )
+    assert out == "[] False\n"
+
+
+def test_the_public_surface() -> None:
+    assert sorted(advisor.__all__) == sorted({"__version__", *advisor._OWNERS})
+    assert set(advisor.__all__) <= set(dir(advisor))
+    assert advisor.Plan is Plan and advisor.TrainConfig is TrainConfig
+    assert advisor.ConfigError is ConfigError and advisor.UsageProblem is UsageProblem
+    with pytest.raises(AttributeError, match="module 'advisor' has no attribute 'nope'"):
+        advisor.nope  # noqa: B018
+
+
+def test_the_api_names_stay_functions_after_the_library_modules_are_imported() -> None:
+    """No library module shares an API function's name (``advisor/recommending.py`` is the
+    library behind ``advisor.recommend``): importing them all leaves the functions in place."""
+    out = python(
+        "import advisor, advisor.api\n"
+        "import advisor.recommending, advisor.profiling, advisor.training, advisor.exporters\n"
+        "print(all(getattr(advisor, n) is getattr(advisor.api, n)"
+        " for n in ('profile', 'recommend', 'train', 'export')))"
+    )
+    assert out == "True\n"
+
+
+# -- model specs from callables -----------------------------------------------------------------
+
+
+def test_a_top_level_function_or_module_class_becomes_its_import_path() -> None:
+    assert advisor.model_spec(tiny_lm) == "tests.data.user_model:tiny_lm"
+    assert advisor.model_spec(TinyLM) == "tests.data.user_model:TinyLM"
+    assert advisor.model_spec("gpt-tiny") == "gpt-tiny"
+
+
+def test_a_new_process_builds_the_model_from_that_spec() -> None:
+    """What each probe's child process and each torchrun rank does with the spec."""
+    spec = advisor.model_spec(TinyLM)
+    out = python(
+        "from advisor.models import build_model\n"
+        f"adapter = build_model({spec!r}, {{'vocab_size': 32, 'dim': 8, 'n_layers': 3}})\n"
+        "print(type(adapter.module).__name__, adapter.vocab_size, adapter.blocks_path)"
+    )
+    assert out == "TinyLM 32 layers\n"
+
+
+def _nested() -> Any:
+    def factory() -> None:
+        return None
+
+    return factory
+
+
+@pytest.mark.parametrize(
+    ("model", "message"),
+    [
+        (
+            lambda: None,
+            "is a lambda or a nested function or class, which the probes' child processes "
+            "cannot import: define it at module top level in an importable file",
+        ),
+        (
+            _nested(),
+            "is a lambda or a nested function or class, which the probes' child processes "
+            "cannot import: define it at module top level in an importable file",
+        ),
+        (
+            functools.partial(tiny_lm, dim=8),
+            "has no importable name (a functools.partial or a callable object): pass a "
+            "function or nn.Module subclass defined at module top level, and its arguments as "
+            "model_args",
+        ),
+        (3, "model must be a spec string (gpt-tiny, hf:NAME, FILE.py:factory, "),
+        (
+            TinyLM(64, 8, 1),
+            "model is a built TinyLM instance, but the probes build their own copies in child "
+            "processes: pass its class (model=MyModel, model_args={...}) or a factory function",
+        ),
+    ],
+    ids=["lambda", "nested", "partial", "not-callable", "module-instance"],
+)
+def test_a_callable_a_child_cannot_import_is_refused(model: Any, message: str) -> None:
+    with pytest.raises(UsageProblem) as caught:
+        advisor.model_spec(model)
+    assert message in str(caught.value)
+    assert "\n" not in str(caught.value)
+
+
+def test_a_factory_defined_in_main_is_refused() -> None:
+    def factory() -> None:
+        return None
+
+    factory.__module__, factory.__qualname__ = "__main__", "factory"
+    with pytest.raises(UsageProblem, match=r"^model factory is defined in __main__ .*: define it"):
+        advisor.model_spec(factory)
+
+
+def test_a_module_only_this_process_can_import_is_refused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """On sys.path here (a notebook's sys.path.append), not for a new ``python`` from the cwd:
+    torchrun's ranks and the launcher could not import it."""
+    (tmp_path / "api_private_models.py").write_text("def factory():\n    return None\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    import api_private_models  # type: ignore[import-not-found]
+
+    with pytest.raises(UsageProblem) as caught:
+        advisor.model_spec(api_private_models.factory)
+    assert str(caught.value) == (
+        f"module api_private_models ({tmp_path / 'api_private_models.py'}) is importable here "
+        "but not by the new processes that probe and train the model: run from its directory "
+        "or add that directory to PYTHONPATH"
+    )
+    monkeypatch.chdir(tmp_path)  # run from its directory: now a new process finds it too
+    assert advisor.model_spec(api_private_models.factory) == "api_private_models:factory"
+
+
+# -- errors: the CLI's own lines ----------------------------------------------------------------
+
+
+def cli_error(*args: str) -> str:
+    result = CliRunner().invoke(main, list(args))
+    assert result.exit_code == 2, (result.output, result.exception)
+    assert result.stderr.startswith("error: ") and result.stderr.count("\n") == 1
+    return result.stderr.removeprefix("error: ").rstrip("\n")
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "flags"),
+    [
+        ({"model": "gpt-nano"}, ["--model", "gpt-nano"]),
+        ({"data": "missing.txt"}, ["--data", "missing.txt"]),
+        ({"seq_len": 100_000}, ["--seq-len", "100000"]),
+        ({"model_args": {"n_layers": 2}}, ["--model-arg", "n_layers=2"]),
+    ],
+    ids=["unknown-model", "missing-data", "seq-len-above-max", "unknown-model-arg"],
+)
+def test_profile_raises_the_cli_message(
+    kwargs: dict[str, Any], flags: list[str], tmp_path: Path
+) -> None:
+    out = tmp_path / "p"
+    with pytest.raises(UsageProblem) as caught:
+        advisor.profile(**kwargs, comm=False, out=out)
+    assert str(caught.value) == cli_error("profile", *flags, "--no-comm", "--out", str(out))
+    assert not (out / "profile.json").exists()
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"precisions": "fp64"}, "precision='fp64' is unknown: use one of fp32, bf16, fp16"),
+        ({"precisions": ["fp32", "int8"]}, "precision='int8' is unknown: use one of fp32, "),
+        ({"device": "mps"}, "device='mps' is unknown: use one of auto, cpu, cuda"),
+        ({"seq_len": 0}, "seq_len must be a positive integer, got 0"),
+        ({"model_args": ["n_layer=2"]}, "model_args must be a mapping of config fields, e.g. "),
+    ],
+)
+def test_profile_checks_its_keywords(kwargs: dict[str, Any], message: str, tmp_path: Path) -> None:
+    with pytest.raises(UsageProblem) as caught:
+        advisor.profile(**kwargs, out=tmp_path)
+    assert str(caught.value).startswith(message)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_recommend_and_train_raise_the_cli_messages(tmp_path: Path) -> None:
+    missing = tmp_path / "nowhere"
+    with pytest.raises(UsageProblem) as caught:
+        advisor.recommend(missing, global_batch_size=8)
+    assert str(caught.value) == cli_error(
+        "recommend", "--profile", str(missing), "--global-batch-size", "8"
+    )
+    plan = tmp_path / "plan.json"
+    with pytest.raises(ConfigError) as config_error:
+        advisor.train(plan, steps=1, out=tmp_path / "t")
+    assert str(config_error.value) == cli_error(
+        "train", "--plan", str(plan), "--steps", "1", "--out", str(tmp_path / "t")
+    )
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"steps": 0}, "steps must be a positive integer, got 0"),
+        ({"eval_every": -1}, "eval_every must be an integer >= 0, got -1"),
+        ({"device": "tpu"}, "device='tpu' is unknown: use one of auto, cpu, cuda"),
+        ({"resume": True}, "resume=True needs out= naming the run to continue"),
+        ({"micro_batch": 4}, "unknown TrainConfig key(s) micro_batch: use model, model_args, "),
+    ],
+)
+def test_train_checks_its_keywords(kwargs: dict[str, Any], message: str) -> None:
+    """What click's types check for the CLI's flags, checked for the keywords."""
+    with pytest.raises(UsageProblem) as caught:
+        advisor.train(TINY, **kwargs)
+    assert str(caught.value).startswith(message)
+
+
+# -- records back -------------------------------------------------------------------------------
+
+
+def test_recommend_a_profile_object_saves_nothing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    plan = advisor.recommend(hand_profile(), global_batch_size=8, validate_top=0)
+    assert isinstance(plan, Plan)
+    config = plan.config
+    assert config.global_batch_size == 8
+    assert config.micro_batch_size * config.grad_accum_steps * config.world_size == 8
+    assert plan.measured is None and plan.predicted.tokens_per_s > 0
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_recommend_a_profile_path_writes_beside_it_and_resumes(tmp_path: Path) -> None:
+    hand_profile().save(tmp_path)
+    messages: list[str] = []
+    plan = advisor.recommend(
+        tmp_path, global_batch_size=8, validate_top=0, progress=messages.append
+    )
+    run = RunDir(tmp_path)
+    assert run.plan.is_file() and run.trials.is_file() and run.study.is_file()
+    assert advisor.load_plan(tmp_path).to_dict() == plan.to_dict()
+    assert any(m.startswith("search: ") for m in messages)
+    again = advisor.recommend(tmp_path / "profile.json", global_batch_size=8, validate_top=0)
+    assert again.config == plan.config
+    assert again.search["trials_before"] == plan.search["num_evaluated"]
+
+
+def test_recommend_carries_the_hyperparameters(tmp_path: Path) -> None:
+    plan = advisor.recommend(
+        hand_profile(), global_batch_size=8, validate_top=0, hyperparameters={"lr": 3e-4}
+    )
+    assert plan.config.lr == 3e-4
+
+
+def test_load_plan_names_the_fix(tmp_path: Path) -> None:
+    with pytest.raises(UsageProblem, match=r"^no plan at .*: pass a run directory holding"):
+        advisor.load_plan(tmp_path)
+    (tmp_path / "plan.json").write_text("{")
+    with pytest.raises(UsageProblem, match=r"is not readable JSON .*: regenerate it with"):
+        advisor.load_plan(tmp_path / "plan.json")
+
+
+def test_train_returns_a_summary_of_its_run(tmp_path: Path) -> None:
+    out = tmp_path / "run"
+    result = advisor.train(TINY, steps=2, out=out, eval_every=0, lr=2e-3)
+    assert isinstance(result, advisor.TrainSummary)
+    assert result.out == out and result.steps == 2 and result.config.lr == 2e-3
+    assert result.tokens == 2 * TINY.tokens_per_step
+    records = result.metrics().train
+    assert [r.step for r in records] == [1, 2]
+    assert result.final_loss == records[-1].loss and math.isfinite(result.final_loss)
+    assert result.eval_loss is not None
+    assert result.checkpoint is not None and result.checkpoint.is_dir()
+    saved = json.loads(TrainDir(out).train_config.read_text())
+    assert saved["config"] == result.config.to_dict()
+    # Resumed with nothing left to do: said so, from the saved config.
+    again = advisor.train(out=out, resume=True, steps=2)
+    assert again.already_complete and again.steps == 2 and again.config == result.config
+
+
+def test_train_a_model_class_with_its_arguments(tmp_path: Path) -> None:
+    result = advisor.train(
+        TINY,
+        steps=1,
+        out=tmp_path / "run",
+        model=TinyLM,
+        model_args={"vocab_size": 256, "dim": 8, "n_layers": 1},
+    )
+    assert result.config.model == "tests.data.user_model:TinyLM"
+    assert result.config.model_args == {"vocab_size": 256, "dim": 8, "n_layers": 1}
+    assert math.isfinite(result.final_loss)
+
+
+def test_train_runs_a_ddp_plan_through_torchrun(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A ddp plan goes to the launcher, with the config as its plan; the summary is read from
+    the files rank 0 wrote (here written by a stand-in launcher)."""
+    config = TINY.replace(parallelism="ddp", world_size=2, micro_batch_size=1)
+    out = tmp_path / "run"
+    launched: list[Any] = []
+
+    def fake_launch(spec: Any, args: list[str]) -> None:
+        launched.append((spec, args))
+        write_training(out, config, 3, 3)
+
+    monkeypatch.setattr("advisor.launch.launch", fake_launch)
+    result = advisor.train(config, steps=3, out=out)
+    ((spec, args),) = launched
+    assert spec.world_size == 2 and spec.nnodes == 1
+    assert args[:4] == ["train", "--plan", str(TrainDir(out).launch_config), "--out"]
+    assert json.loads(TrainDir(out).launch_config.read_text())["config"] == config.to_dict()
+    last = result.metrics().train[-1]
+    assert (result.steps, result.tokens, result.final_loss) == (3, last.tokens, last.loss)
+    assert result.checkpoint == TrainDir(out).checkpoint_dirs()[-1]
+
+
+# -- export (advisor.exporters) ----------------------------------------------------------------
+
+
+@pytest.fixture
+def saved_plan(tmp_path: Path) -> Plan:
+    hand_profile().save(tmp_path / "run")
+    return advisor.recommend(tmp_path / "run", global_batch_size=8, validate_top=0)
+
+
+def test_export_returns_the_stacks_settings(tmp_path: Path, saved_plan: Plan) -> None:
+    result = advisor.export(saved_plan, "deepspeed", steps=50)
+    assert isinstance(result, advisor.Export) and result.format == "deepspeed"
+    assert result.settings["train_batch_size"] == saved_plan.config.global_batch_size == 8
+    assert json.loads(result.text)["train_batch_size"] == 8
+    # From the run directory: the same settings (the header names the file).
+    from_file = advisor.export(tmp_path / "run", "deepspeed", steps=50)
+    assert from_file.settings == result.settings
+    assert str(tmp_path / "run" / "plan.json") in from_file.text
+
+
+def test_export_writes_the_file_and_its_sidecar(tmp_path: Path, saved_plan: Plan) -> None:
+    target = tmp_path / "out" / "args.json"
+    result = advisor.export(saved_plan, "hf", out=target)
+    assert target.read_text() == result.text
+    assert json.loads(target.read_text()) == result.settings
+    note = target.with_name("args.json.advisor.txt")
+    assert result.sidecar and note.read_text() == result.sidecar
+    # A directory: the export's own file name inside it.
+    advisor.export(saved_plan, "torchtitan", out=tmp_path / "out")
+    assert (tmp_path / "out" / advisor.export(saved_plan, "torchtitan").filename).is_file()
+
+
+def test_export_raises_the_cli_message(tmp_path: Path) -> None:
+    missing = tmp_path / "nowhere"
+    with pytest.raises(UsageProblem) as caught:
+        advisor.export(missing, "hf")
+    assert str(caught.value) == cli_error("export", str(missing), "--to", "hf")
+    with pytest.raises(UsageProblem, match=r"^unknown export format 'keras': use one of hf, "):
+        advisor.export(missing, "keras")
