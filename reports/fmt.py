@@ -106,3 +106,15 @@ def plain(value: Any) -> str:
     if isinstance(value, float):
         return f"{value:g}"
     return str(value)
+
+
+def model_label(spec: Any, args: Any = None, num_params: Any = None) -> str:
+    """What was built, not only the preset it started from: ``gpt-small (n_layer=40,
+    n_embd=5120; 13.02B params)``. A profile of a 13B model built from ``gpt-small`` with
+    overrides must not read "gpt-small"."""
+    parts = []
+    if hasattr(args, "items") and args:
+        parts.append(", ".join(f"{k}={v}" for k, v in args.items()))
+    if num(num_params) is not None:
+        parts.append(f"{count(num_params)} params")
+    return str(spec or "a model") + (f" ({'; '.join(parts)})" if parts else "")

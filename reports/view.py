@@ -27,6 +27,7 @@ from reports.comm import comm_section
 from reports.common import mapping
 from reports.facts import facts_section
 from reports.failures import StageFailure, stage_failures, with_failure_notes
+from reports.fmt import model_label
 from reports.memory import MemoryBar, memory_section
 from reports.model import Section
 from reports.reproduce import Commands, reproduce_section
@@ -152,7 +153,11 @@ def build_view(run: RunFiles | str | Path, *, now: datetime.datetime | None = No
     workload = (
         mapping(mapping(profile).get("workload")) or config or mapping(mapping(plan).get("config"))
     )
-    model = str(workload.get("model") or "a model")
+    model = model_label(
+        workload.get("model"),
+        mapping(workload.get("model_args")),
+        mapping(mapping(profile).get("model")).get("num_params"),
+    )
     device = mapping(mapping(profile).get("device")).get("name") or mapping(run.train_config).get(
         "device"
     )

@@ -47,7 +47,15 @@ def summarize(result: Any, out: Path) -> None:
     for row in result.probes:
         statuses[row.status] = statuses.get(row.status, 0) + 1
     counts = ", ".join(f"{n} {status}" for status, n in sorted(statuses.items()))
+    from reports.fmt import model_label
+
+    workload = result.workload or {}
+    built = model_label(
+        workload.get("model") or result.model.name,
+        workload.get("model_args"),
+        result.model.num_params,
+    )
     click.echo(
-        f"profiled {result.model.name} on {result.device.name} in {result.elapsed_s:.0f}s "
+        f"profiled {built} on {result.device.name} in {result.elapsed_s:.0f}s "
         f"({counts}); wrote {RunDir(out).profile} and {RunDir(out).probes}"
     )

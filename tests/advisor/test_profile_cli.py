@@ -43,7 +43,8 @@ def assert_complete(out: Path, stdout: str, *, name: str, seq_len: int) -> Profi
     """What every profile must hold, whatever the model: the DESIGN.md keys, memory fits for
     each checkpointing mode, a step-time fit, and a status for every probe in probes.csv."""
     summary = (
-        rf"profiled {re.escape(name)} on .+ in \d+s \(\d+ \w+(, \d+ \w+)*\); "
+        # What was built: the spec, its overrides and the parameter count.
+        rf"profiled \S+ \((.+; )?[\d.,]+[kMB]? params\) on .+ in \d+s \(\d+ \w+(, \d+ \w+)*\); "
         rf"wrote {re.escape(str(out / 'profile.json'))} and {re.escape(str(out / 'probes.csv'))}\n"
     )
     assert re.fullmatch(summary, stdout), stdout
