@@ -107,6 +107,23 @@ class Row:
         )
 
     @property
+    def config(self) -> Any:
+        """The row's run as a TrainConfig (what ``advisor predict --target`` is asked)."""
+        from strategies.config import TrainConfig
+
+        return TrainConfig(
+            model=self.model,
+            model_args=dict(self.model_args),
+            seq_len=self.seq_len,
+            global_batch_size=self.global_batch_size,
+            micro_batch_size=self.micro_batch_size,
+            grad_accum_steps=self.grad_accum_steps,
+            precision=self.precision,
+            activation_checkpointing=self.activation_checkpointing,
+            parallelism=self.parallelism,
+            world_size=self.n_gpus,
+        )
+
     def shape_key(self) -> str:
         args = "-".join(f"{k}{v}" for k, v in sorted(self.model_args.items()))
         return f"{self.model}-{args}".replace("=", "").replace("/", "_")
@@ -271,27 +288,14 @@ def profile_for(row: Row, rows: Iterable[Row], say: Any = print) -> Any:
 def predict_row(row: Row, profile: Any) -> dict[str, Any]:
     """``advisor predict --target`` for the row: the library function the CLI calls."""
     from advisor.recommending import predict
-    from strategies.config import TrainConfig
 
-    config = TrainConfig(
-        model=row.model,
-        model_args=dict(row.model_args),
-        seq_len=row.seq_len,
-        global_batch_size=row.global_batch_size,
-        micro_batch_size=row.micro_batch_size,
-        grad_accum_steps=row.grad_accum_steps,
-        precision=row.precision,
-        activation_checkpointing=row.activation_checkpointing,
-        parallelism=row.parallelism,
-        world_size=row.n_gpus,
-    )
+    config = row.config()
     return predict(profile, config, target=row.target, nodes=row.nodes, network=row.network)
 
 
 def predict_row_constant_mfu(row: Row, profile: Any) -> float:
     """The same row under the what-if model this benchmark replaced (counted FLOPs at one
     constant efficiency, ``strategies.whatif.MFU``), tokens/s/GPU: the baseline column."""
-    from strategies.config import TrainConfig
     from strategies.space import SearchRequest
     from strategies.whatif import FlopsTime, whatif_cost_model
 
@@ -310,18 +314,7 @@ def predict_row_constant_mfu(row: Row, profile: Any) -> float:
         flops=profile.flops,
     )
     model = dataclasses.replace(model, time=time_source)
-    config = TrainConfig(
-        model=row.model,
-        model_args=dict(row.model_args),
-        seq_len=row.seq_len,
-        global_batch_size=row.global_batch_size,
-        micro_batch_size=row.micro_batch_size,
-        grad_accum_steps=row.grad_accum_steps,
-        precision=row.precision,
-        activation_checkpointing=row.activation_checkpointing,
-        parallelism=row.parallelism,
-        world_size=row.n_gpus,
-    )
+    config = row.config()
     return model.predict_config(config).tokens_per_s / row.n_gpus
 
 
