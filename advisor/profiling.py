@@ -9,6 +9,7 @@ from typing import Any
 
 from advisor.errors import UsageProblem
 from advisor.version import __version__
+from profilers.checkpointing import profiled as profiled_checkpointing
 from profilers.defaults import DEFAULT_PROFILE_BUDGET_S
 from profilers.profile_record import Profile
 from profilers.profiler import Progress
@@ -67,7 +68,10 @@ def profile(request: ProfileRequest, out: Path, progress: Progress | None = None
         device=device,
         budget_s=request.budget_s,
         precisions=request.precisions,
-        checkpointing=facts.checkpointing_modes()[0],  # none only without repeated blocks
+        # none only without repeated blocks; with them none, full, ops and the middle blocks:K
+        checkpointing=(
+            profiled_checkpointing(facts.num_layers) if facts.repeated_blocks else ("none",)
+        ),
         comm=request.comm,
         tool={"advisor": __version__, "data": source.description},
     )

@@ -34,7 +34,8 @@ under its own settings, each model of each in a fresh process (the thread count 
 before torch is imported); the results hold one labelled section per settings.
 
 Run ``python benchmarks/profiler_accuracy.py`` (full: gpt-tiny, llama-tiny, bert-tiny x fp32,
-bf16, fp16 x none/full checkpointing at seq_len 128, both settings) or ``--quick`` (gpt-tiny,
+bf16, fp16 x none/full/ops/blocks:1-3 checkpointing at seq_len 128, both settings; the profile
+measures ops and blocks:L//2, the other blocks:K are its line in K) or ``--quick`` (gpt-tiny,
 fp32/bf16, seq_len 64, sizes 3 and 6, 60 s profiles; results go to a temporary directory unless
 ``--out`` is given); ``--settings favourable`` or ``--settings defaults`` measures one.
 """
@@ -94,10 +95,13 @@ class Settings:
         )
 
 
+# The selective settings: ops and the profile's middle blocks:K are measured; the other K are
+# priced on the line in K (profilers.checkpointing_fits) and their truth checks that line.
+SELECTIVE = ("ops", "blocks:1", "blocks:2", "blocks:3")
 FULL = Settings(
     models=("gpt-tiny", "llama-tiny", "bert-tiny"),
     precisions=("fp32", "bf16", "fp16"),
-    checkpointing=("none", "full"),
+    checkpointing=("none", "full", *SELECTIVE),
     sizes=(3, 6, 12),
     seq_len=128,
     budget_s=240.0,
@@ -108,7 +112,7 @@ FULL = Settings(
 QUICK = Settings(
     models=("gpt-tiny",),
     precisions=("fp32", "bf16"),
-    checkpointing=("none", "full"),
+    checkpointing=("none", "full", "ops", "blocks:1", "blocks:2"),
     sizes=(3, 6),
     seq_len=64,
     budget_s=60.0,
@@ -132,15 +136,18 @@ def say(message: str) -> None:
 def profile_model(model: str, settings: Settings) -> dict[str, Any]:
     """``advisor profile``'s probes on ``model``; returns the profile and its load context."""
     from advisor.workload import AdvisorWorkload
+    from profilers.checkpointing import profiled
     from profilers.profiler import ProfileOptions, run_profile
 
     # AdvisorStep satisfies TrainStep at run time; mypy can't see it (advisor/profiling.py too).
     workload = cast("Workload", AdvisorWorkload(model, {}, "synthetic"))
+    # What advisor profile measures of the settings asked for (blocks:K only at K = L // 2).
+    measured = profiled(workload.facts().num_layers)
     options = ProfileOptions(
         seq_len=settings.seq_len,
         budget_s=settings.budget_s,
         precisions=settings.precisions,
-        checkpointing=settings.checkpointing,
+        checkpointing=tuple(c for c in settings.checkpointing if c in measured),
         comm=False,
     )
     before = load()
@@ -197,7 +204,14 @@ def bench_model(model: str, settings: Settings) -> dict[str, Any]:
     say(f"{model}: profiling (budget {settings.budget_s:g} s)")
     profiled = profile_model(model, settings)
     profile = profiled["profile"]
-    groups = [(p, c) for p in settings.precisions for c in settings.checkpointing]
+    layers = profile.model.num_layers
+    # blocks:K runs only with 0 < K < L: a shallower model skips the larger K.
+    groups = [
+        (p, c)
+        for p in settings.precisions
+        for c in settings.checkpointing
+        if profile.model.checkpointing_problem(c) is None
+    ]
 
     def spec(precision: str, checkpointing: str, b: int) -> Any:
         return StepSpec(
@@ -220,14 +234,14 @@ def bench_model(model: str, settings: Settings) -> dict[str, Any]:
     # between the profile and the truth (see `same_session` below).
     probed: dict[tuple[str, str], list[int]] = {}
     for p, c in groups:
-        fit = profile.fits.time_model(p, c)
+        fit = profile.fits.time_model(p, c, num_layers=layers)
         probed[p, c] = sorted({int(x) for x in fit.forward_backward.xs}) if fit else []
     # Rounds per child from the profile's own prediction, at least 2. A slow group (fp16 here:
     # ~20x fp32) gets one warm-up step per size and fewer children, or it would take an hour.
     rounds: dict[tuple[str, str], int] = {}
     slow: set[tuple[str, str]] = set()
     for p, c in groups:
-        fit = profile.fits.time_model(p, c)
+        fit = profile.fits.time_model(p, c, num_layers=layers)
         sizes = sorted({*settings.sizes, *probed[p, c]})
         per_round = sum(max(fit.predict(b), 1e-3) for b in sizes) if fit else 1.0
         rounds[p, c] = max(2, min(settings.max_rounds, int(settings.truth_s / per_round)))
@@ -257,8 +271,9 @@ def bench_model(model: str, settings: Settings) -> dict[str, Any]:
 
     rows = []
     for p, c in groups:
-        memory_model = profile.fits.memory_model(p, c)
-        time_model = profile.fits.time_model(p, c)
+        # blocks:K between the measured settings: interpolated in K (no samples: xs empty).
+        memory_model = profile.fits.memory_model(p, c, num_layers=layers)
+        time_model = profile.fits.time_model(p, c, num_layers=layers)
         same_session = fit_step_time(session[p, c]) if (p, c) in session else None
         # Host drift: the same sizes measured now over what the profile measured then.
         drift = (

@@ -106,7 +106,6 @@ class Row:
             source=f"{data['source_url']} ({data['source_table']})",
         )
 
-    @property
     def config(self) -> Any:
         """The row's run as a TrainConfig (what ``advisor predict --target`` is asked)."""
         from strategies.config import TrainConfig
@@ -124,6 +123,7 @@ class Row:
             world_size=self.n_gpus,
         )
 
+    @property
     def shape_key(self) -> str:
         args = "-".join(f"{k}{v}" for k, v in sorted(self.model_args.items()))
         return f"{self.model}-{args}".replace("=", "").replace("/", "_")
@@ -137,35 +137,37 @@ def read_rows(path: Path = DATA) -> list[Row]:
 # -- trace-only profiles -------------------------------------------------------------------------
 
 
-def _lerp(a: float, b: float, layers: int) -> float:
-    """The value at ``layers`` of a quantity that is a at 1 layer and b at 2 (affine in layers)."""
-    return a + (layers - 1) * (b - a)
+def _lerp(a: float, b: float, layers: int, at: tuple[int, int] = (1, 2)) -> float:
+    """The value at ``layers`` of a quantity that is ``a`` at ``at[0]`` layers and ``b`` at
+    ``at[1]`` (affine in layers)."""
+    k1, k2 = at
+    return a + (layers - k1) * (b - a) / (k2 - k1)
 
 
-def extend_fit(one: Any, two: Any, layers: int) -> Any:
-    """An AffineFit at ``layers`` layers from its 1- and 2-layer fits."""
+def extend_fit(one: Any, two: Any, layers: int, at: tuple[int, int] = (1, 2)) -> Any:
+    """An AffineFit at ``layers`` layers from its fits at ``at`` layers."""
     from profilers.fit import AffineFit
 
     floor = None
     if one.floor is not None and two.floor is not None:
-        floor = _lerp(one.floor, two.floor, layers)
+        floor = _lerp(one.floor, two.floor, layers, at)
     return AffineFit(
-        intercept=_lerp(one.intercept, two.intercept, layers),
-        slope=_lerp(one.slope, two.slope, layers),
+        intercept=_lerp(one.intercept, two.intercept, layers, at),
+        slope=_lerp(one.slope, two.slope, layers, at),
         xs=tuple(one.xs),
-        ys=tuple(_lerp(a, b, layers) for a, b in zip(one.ys, two.ys, strict=True)),
+        ys=tuple(_lerp(a, b, layers, at) for a, b in zip(one.ys, two.ys, strict=True)),
         floor=floor,
     )
 
 
-def extend_memory_model(one: Any, two: Any, layers: int) -> Any:
-    """A MemoryModel at ``layers`` layers from the 1- and 2-layer models of the same config."""
+def extend_memory_model(one: Any, two: Any, layers: int, at: tuple[int, int] = (1, 2)) -> Any:
+    """A MemoryModel at ``layers`` layers from the models of the same config at ``at`` layers."""
     ints = ("parameter_bytes", "gradient_bytes", "optimizer_state_bytes", "resident_bytes")
     fits = ("forward_backward", "forward_backward_accumulating", "optimizer_step")
     return dataclasses.replace(
         one,
-        **{k: round(_lerp(getattr(one, k), getattr(two, k), layers)) for k in ints},
-        **{k: extend_fit(getattr(one, k), getattr(two, k), layers) for k in fits},
+        **{k: round(_lerp(getattr(one, k), getattr(two, k), layers, at)) for k in ints},
+        **{k: extend_fit(getattr(one, k), getattr(two, k), layers, at) for k in fits},
     )
 
 
@@ -188,7 +190,9 @@ def extend_flops(one: Any, two: Any, layers: int) -> Any:
     )
 
 
-def trace_only_profile(row: Row, checkpointing: Sequence[str], say: Any = print) -> Any:
+def trace_only_profile(
+    row: Row, checkpointing: Sequence[str], say: Any = print, sizes: Sequence[int] = (1, 2, 3)
+) -> Any:
     """A Profile of ``row``'s model shape built from meta facts and 1-/2-layer fake traces."""
     import torch
 
@@ -238,6 +242,7 @@ def trace_only_profile(row: Row, checkpointing: Sequence[str], say: Any = print)
             (m.precision, m.activation_checkpointing): m for m in fit_memory_models(traces)
         }
     memory = tuple(extend_memory_model(models[1][k], models[2][k], layers) for k in models[1])
+    memory += fsdp_memory_models(row, checkpointing, layers, sizes)
     total, free = read_host_memory()
     device = DeviceInfo(
         kind="cpu",
@@ -265,18 +270,129 @@ def trace_only_profile(row: Row, checkpointing: Sequence[str], say: Any = print)
     )
 
 
+# What an FSDP rank holds is traced, as ``advisor profile`` traces it on a CPU host: rank 0 of
+# a fake process group of FSDP_TRACE_WORLD ranks (profilers.memory_distributed), and the
+# cost model reshards that fit to the row's GPU count (MemoryModel.resharded). FSDP2 gathers
+# one unit and prefetches the next; the copies have 3 and 4 blocks (FSDP_TRACE_LAYERS):
+# from 3 on, every per-rank byte is affine in the number of blocks (at 2 the peak can fall at
+# another instant: gpt-shaped models at micro-batch 1).
+FSDP_TRACE_WORLD = 2
+FSDP_TRACE_LAYERS = (3, 4)
+
+
+def fsdp_sizes(row: Row, rows: Iterable[Row]) -> tuple[int, int, int]:
+    """Micro-batch sizes of the FSDP traces of ``row``'s shape: 1 (the hinge's floor), half the
+    largest micro-batch any row of the shape runs, and that largest one. A rank's peak is the
+    larger of a part that does not grow with the micro-batch and one that does, so a line
+    through small sizes misses the second (mpt-3b at sequence 512: 0.005 GiB per sequence
+    from sizes 1 and 2, where activations take over further right); around the rows' own
+    sizes the fit interpolates instead."""
+    largest = max(r.micro_batch_size for r in rows if r.shape_key == row.shape_key)
+    largest = max(largest, 3)
+    return (1, max(2, largest // 2), largest)
+
+
+def fsdp_memory_models(
+    row: Row, checkpointing: Sequence[str], layers: int, sizes: Sequence[int]
+) -> tuple[Any, ...]:
+    """FSDP per-rank memory fits of ``row``'s shape at :data:`FSDP_TRACE_WORLD` ranks, traced
+    on 3- and 4-block copies at ``sizes`` (and with accumulation at the two largest) and
+    extended to ``layers`` blocks."""
+    from advisor.workload import AdvisorWorkload
+    from profilers.memory_distributed import trace_distributed_step_memories
+    from profilers.memory_model import fit_memory_models
+    from profilers.workload import StepSpec
+
+    shapes = [(b, 1) for b in sizes] + [(b, 2) for b in sorted(sizes)[-2:]]
+    specs = [
+        StepSpec(
+            seq_len=row.seq_len,
+            micro_batch_size=b,
+            grad_accum_steps=a,
+            precision=row.precision,
+            activation_checkpointing=c,
+            parallelism="fsdp",
+            world_size=FSDP_TRACE_WORLD,
+        )
+        for c in checkpointing
+        for b, a in shapes
+    ]
+    models = {}
+    for n in FSDP_TRACE_LAYERS:
+        copy = AdvisorWorkload(
+            model=row.model, model_args={**row.model_args, "n_layer": n}, data="synthetic"
+        )
+        traces = trace_distributed_step_memories(copy, specs, target_device_type="cuda")
+        models[n] = {
+            (m.precision, m.activation_checkpointing): m for m in fit_memory_models(traces)
+        }
+    k1, k2 = FSDP_TRACE_LAYERS
+    return tuple(
+        extend_memory_model(models[k1][k], models[k2][k], layers, FSDP_TRACE_LAYERS)
+        for k in models[k1]
+    )
+
+
+def depth_check(row: Row, profile: Any) -> dict[str, float]:
+    """The extended FSDP fit against a trace of the WHOLE model's rank at the row's micro-batch
+    and accumulation (fake process group of :data:`FSDP_TRACE_WORLD`): how much the extension
+    in depth misses (a rank's peak is a max of parts affine in depth, so the extension from 3
+    and 4 blocks can only miss low when another part takes over deeper)."""
+    from advisor.workload import AdvisorWorkload
+    from profilers.memory_distributed import trace_distributed_step_memory
+    from profilers.workload import StepSpec
+
+    spec = StepSpec(
+        seq_len=row.seq_len,
+        micro_batch_size=row.micro_batch_size,
+        grad_accum_steps=row.grad_accum_steps,
+        precision=row.precision,
+        activation_checkpointing=row.activation_checkpointing,
+        parallelism="fsdp",
+        world_size=FSDP_TRACE_WORLD,
+    )
+    whole = AdvisorWorkload(model=row.model, model_args=row.model_args, data="synthetic")
+    trace = trace_distributed_step_memory(whole, spec, target_device_type="cuda")
+    model = profile.fits.memory_model(
+        row.precision, row.activation_checkpointing, parallelism="fsdp", world_size=2
+    )
+    predicted = model.predict(row.micro_batch_size, row.grad_accum_steps)
+    return {
+        "traced_gib": trace.peak_bytes / 2**30,
+        "extended_gib": predicted / 2**30,
+        "error": predicted / trace.peak_bytes - 1.0,
+    }
+
+
 def profile_for(row: Row, rows: Iterable[Row], say: Any = print) -> Any:
-    """The cached trace-only profile of ``row``'s shape (every checkpointing mode its rows use)."""
+    """The cached trace-only profile of ``row``'s shape (every checkpointing mode its rows use,
+    single-device and FSDP per-rank fits); a cached one without FSDP fits gets them added."""
     from profilers.profile_record import load_profile
 
     path = PROFILES / f"{row.shape_key}.json"
     modes = sorted({r.activation_checkpointing for r in rows if r.shape_key == row.shape_key})
+    profile = None
     if path.is_file():
         profile = load_profile(path)
         have = {m.activation_checkpointing for m in profile.fits.memory}
-        if set(modes) <= have:
-            return profile
-    profile = trace_only_profile(row, modes, say)
+        if not set(modes) <= have:
+            profile = None
+    if profile is None:
+        profile = trace_only_profile(row, modes, say, fsdp_sizes(row, rows))
+    elif not set(modes) <= {
+        m.activation_checkpointing for m in profile.fits.memory if m.parallelism == "fsdp"
+    }:
+        t0 = time.perf_counter()
+        sizes = fsdp_sizes(row, rows)
+        sharded = fsdp_memory_models(row, modes, profile.model.num_layers, sizes)
+        elapsed = time.perf_counter() - t0
+        say(f"  traced FSDP ranks of {row.label} seq {row.seq_len} in {elapsed:.0f} s")
+        memory = tuple(m for m in profile.fits.memory if m.parallelism != "fsdp") + sharded
+        profile = dataclasses.replace(
+            profile, fits=dataclasses.replace(profile.fits, memory=memory)
+        )
+    else:
+        return profile
     PROFILES.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(profile.to_dict(), indent=1) + "\n")
     return profile
@@ -323,7 +439,10 @@ class Result:
     row: Row
     predicted_tokens_per_s_per_gpu: float
     step_time_s: float
-    peak_memory_gib: float
+    peak_memory_gib: float  # per rank: traced + fragmentation margin + fixed CUDA overhead
+    traced_memory_gib: float  # the traced per-rank peak alone
+    gpu_memory_gib: float
+    memory_source: str
     parts: dict[str, float]  # forward_backward seconds by part, one micro-batch
     optimizer_s: float
     exposed_communication_s: float
@@ -334,25 +453,42 @@ class Result:
         return self.predicted_tokens_per_s_per_gpu / self.row.tokens_per_s_per_gpu - 1.0
 
     @property
+    def fits(self) -> bool:
+        """Whether the predicted per-rank peak fits the GPU's memory (the published run did)."""
+        return self.peak_memory_gib <= self.gpu_memory_gib
+
+    @property
     def constant_mfu_error(self) -> float | None:
         if self.constant_mfu_tokens_per_s_per_gpu is None:
             return None
         return self.constant_mfu_tokens_per_s_per_gpu / self.row.tokens_per_s_per_gpu - 1.0
 
 
+# Rows whose per-rank FSDP peak is also traced with the whole model (depth_check), to measure
+# what the extension in depth misses: the rows whose first-pass memory looked wrong (mpt-3b at
+# micro-batch 40, mpt-13b with checkpointing) and one plain 7B row.
+DEPTH_CHECK_ROWS: tuple[str, ...] = ("R04", "R15", "R17")
+
+
 def run(rows: Sequence[Row], say: Any = print) -> list[Result]:
+    from profilers.hardware import lookup_target
+
     results = []
     for row in rows:
         profile = profile_for(row, rows, say)
         out = predict_row(row, profile)
         predicted = out["predicted"]
         time_terms = predicted["breakdown"]["time"]
+        memory = predicted["breakdown"]["memory"]
         results.append(
             Result(
                 row=row,
                 predicted_tokens_per_s_per_gpu=predicted["tokens_per_s"] / row.n_gpus,
                 step_time_s=predicted["step_time_s"],
                 peak_memory_gib=predicted["peak_memory_bytes"] / 2**30,
+                traced_memory_gib=memory["traced_bytes"] / 2**30,
+                gpu_memory_gib=lookup_target(row.target).memory_bytes / 2**30,
+                memory_source=memory.get("source") or "analytic FSDP sharding",
                 parts=dict(time_terms.get("forward_backward_parts", {})),
                 optimizer_s=time_terms["optimizer_s"],
                 exposed_communication_s=time_terms["exposed_communication_s"],
@@ -427,6 +563,7 @@ def summary(results: Sequence[Result]) -> dict[str, float]:
         "max_abs_error": max(errors),
         "within_10pct": sum(e <= 0.10 for e in errors),
         "within_20pct": sum(e <= 0.20 for e in errors),
+        "predicted_to_fit": sum(r.fits for r in results),
     }
 
 
@@ -444,9 +581,9 @@ def _pct(value: float | None) -> str:
 def table_lines(results: Sequence[Result]) -> list[str]:
     lines = [
         "| row | model | GPU | GPUs | seq | micro | accum | AC | published tok/s/GPU "
-        "| predicted | error | constant-MFU error | pred. peak GiB | fwd+bwd parts |",
+        "| predicted | error | constant-MFU error | pred. peak / GPU GiB | fits | fwd+bwd parts |",
         "| --- | --- | --- | ---: | ---: | ---: | ---: | --- | ---: | ---: | ---: | ---: | ---: "
-        "| --- |",
+        "| --- | --- |",
     ]
     for r in results:
         row = r.row
@@ -454,10 +591,32 @@ def table_lines(results: Sequence[Result]) -> list[str]:
             f"| {row.row} | {row.label} | {row.target} | {row.n_gpus} | {row.seq_len} | "
             f"{row.micro_batch_size} | {row.grad_accum_steps} | {row.activation_checkpointing} | "
             f"{row.tokens_per_s_per_gpu:,.0f} | {r.predicted_tokens_per_s_per_gpu:,.0f} | "
-            f"{r.error:+.1%} | {_pct(r.constant_mfu_error)} | {r.peak_memory_gib:.1f} | "
+            f"{r.error:+.1%} | {_pct(r.constant_mfu_error)} | "
+            f"{r.peak_memory_gib:.1f} / {r.gpu_memory_gib:.0f} | {'yes' if r.fits else 'NO'} | "
             f"{_parts_text(r)} |"
         )
     return lines
+
+
+def depth_lines(checks: Mapping[str, Mapping[str, float]]) -> list[str]:
+    """The depth check's table: FSDP per-rank peak extended from 3 and 4 blocks vs traced whole
+    (traced peaks only: no fragmentation or fixed overhead on either side)."""
+    if not checks:
+        return []
+    lines = [
+        "## Memory: extension in depth vs the whole model's rank",
+        "",
+        f"FSDP rank 0 of {FSDP_TRACE_WORLD} (fake process group), the row's micro-batch and "
+        "accumulation, traced peak only.",
+        "",
+        "| row | extended from 3 and 4 blocks GiB | whole model traced GiB | error |",
+        "| --- | ---: | ---: | ---: |",
+    ]
+    for row, c in checks.items():
+        lines.append(
+            f"| {row} | {c['extended_gib']:.2f} | {c['traced_gib']:.2f} | {c['error']:+.1%} |"
+        )
+    return [*lines, ""]
 
 
 def _summary_line(name: str, s: Mapping[str, float]) -> str:
@@ -471,7 +630,9 @@ def _summary_line(name: str, s: Mapping[str, float]) -> str:
     return (
         f"- {name}: {s['rows']:.0f} rows, median |error| {s['median_abs_error']:.1%}, max "
         f"{s['max_abs_error']:.1%}, {s['within_10pct']:.0f} within 10%, "
-        f"{s['within_20pct']:.0f} within 20% ({verdict}: median <= 10%, max <= 20%)"
+        f"{s['within_20pct']:.0f} within 20% ({verdict}: median <= 10%, max <= 20%); "
+        f"memory: {s['predicted_to_fit']:.0f} of {s['rows']:.0f} published configs predicted "
+        "to fit their GPU"
         + (
             f"; the replaced constant-MFU model: median {s['constant_mfu_median_abs_error']:.1%}, "
             f"max {s['constant_mfu_max_abs_error']:.1%}"
@@ -481,7 +642,11 @@ def _summary_line(name: str, s: Mapping[str, float]) -> str:
     )
 
 
-def write_results(results: Sequence[Result], out: Path = RESULTS) -> tuple[Path, Path]:
+def write_results(
+    results: Sequence[Result],
+    out: Path = RESULTS,
+    depth_checks: Mapping[str, Mapping[str, float]] | None = None,
+) -> tuple[Path, Path]:
     out.mkdir(parents=True, exist_ok=True)
     csv_path, md_path = out / "whatif_published.csv", out / "whatif_published.md"
     with csv_path.open("w", newline="") as fh:
@@ -503,6 +668,10 @@ def write_results(results: Sequence[Result], out: Path = RESULTS) -> tuple[Path,
                 "constant_mfu_error",
                 "predicted_step_time_s",
                 "predicted_peak_memory_gib",
+                "traced_peak_memory_gib",
+                "gpu_memory_gib",
+                "predicted_to_fit",
+                "memory_source",
                 "gemm_s",
                 "attention_s",
                 "memory_bound_s",
@@ -531,6 +700,10 @@ def write_results(results: Sequence[Result], out: Path = RESULTS) -> tuple[Path,
                     "" if r.constant_mfu_error is None else round(r.constant_mfu_error, 4),
                     round(r.step_time_s, 5),
                     round(r.peak_memory_gib, 2),
+                    round(r.traced_memory_gib, 2),
+                    round(r.gpu_memory_gib, 1),
+                    int(r.fits),
+                    r.memory_source,
                     *(
                         round(r.parts.get(k, 0.0), 6)
                         for k in ("gemm", "attention", "memory_bound", "launch")
@@ -554,6 +727,7 @@ def write_results(results: Sequence[Result], out: Path = RESULTS) -> tuple[Path,
         _summary_line("tuning rows", summary(tuned)),
         _summary_line("all rows", summary(results)),
         "",
+        *depth_lines(depth_checks or {}),
         "## Held-out rows",
         "",
         *table_lines(held),
@@ -582,6 +756,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         wanted = set(args.rows.split(","))
         rows = [r for r in rows if r.row in wanted]
     results = run(rows)
+    checks = {}
+    for r in rows:
+        if r.row in DEPTH_CHECK_ROWS and not args.fit:
+            checks[r.row] = depth_check(r, profile_for(r, rows))
+            print(f"depth check {r.row}: {checks[r.row]}")
     print("\n".join(table_lines(results)))
     print(_summary_line("held-out rows", summary([r for r in results if not r.row.tune])))
     print(_summary_line("tuning rows", summary([r for r in results if r.row.tune])))
@@ -592,7 +771,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             )
         return 0
     if not args.rows:
-        for path in write_results(results, args.out):
+        for path in write_results(results, args.out, checks):
             print(f"wrote {path}")
     return 0
 

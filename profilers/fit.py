@@ -39,6 +39,19 @@ class AffineFit:
             floor=None if self.floor is None else self.floor + offset,
         )
 
+    def mapped(self, scale: float, offset: float) -> AffineFit:
+        """The fit of ``scale * y + offset`` (``scale`` > 0): the fitted points move with it,
+        so the residuals keep their meaning."""
+        if not scale > 0:
+            raise ValueError(f"scale must be positive, got {scale}")
+        return AffineFit(
+            intercept=scale * self.intercept + offset,
+            slope=scale * self.slope,
+            xs=self.xs,
+            ys=tuple(scale * y + offset for y in self.ys),
+            floor=None if self.floor is None else scale * self.floor + offset,
+        )
+
     @property
     def residuals(self) -> tuple[float, ...]:
         return tuple(y - self.predict(x) for x, y in zip(self.xs, self.ys, strict=True))

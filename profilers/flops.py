@@ -2,9 +2,10 @@
 
 :func:`count_step_flops` runs one forward+backward of the workload's real step under
 ``torch.utils.flop_counter.FlopCounterMode``, once per activation-checkpointing mode (recompute
-adds a forward of each checkpointed block), and divides by the tokens of the micro-batch. It
-traces under ``FakeTensorMode`` when the workload allows it (no allocation: any model size, in
-seconds) and falls back to a real CPU step otherwise, saying why.
+adds a forward of each checkpointed block; ``ops`` recomputes only what is not a matmul or
+attention, which counts nothing: its count is none's), and divides by the tokens of the
+micro-batch. It traces under ``FakeTensorMode`` when the workload allows it (no allocation:
+any model size, in seconds) and falls back to a real CPU step otherwise, saying why.
 
 FlopCounterMode counts matmuls, convolutions and attention only (2 FLOPs per multiply-add);
 element-wise ops, norms and softmax are free, as in the formula. Its registry lacks the CPU
@@ -23,6 +24,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from profilers.checkpointing import OPS, block_fraction
 from profilers.workload import CHECKPOINTING, ModelFacts, StepSpec, Workload
 
 if TYPE_CHECKING:
@@ -53,6 +55,21 @@ class FlopCount:
         MFU comparable with published ones use ``formula_flops_per_token``.
         """
         return self.flops_per_token["none"]
+
+    def per_token(self, checkpointing: str, num_layers: int = 0) -> float | None:
+        """Counted FLOPs per token of ``checkpointing``: its own count, else none's for ``ops``
+        and for ``blocks:K`` none's plus K/L of full's recompute (each checkpointed block runs
+        its forward once more); None when neither is known."""
+        own = self.flops_per_token.get(checkpointing)
+        if own is not None:
+            return own
+        if checkpointing == OPS:  # saves every matmul and attention output: none's FLOPs
+            return self.flops_per_token.get("none")
+        fraction = block_fraction(checkpointing, num_layers)
+        plain, full = self.flops_per_token.get("none"), self.flops_per_token.get("full")
+        if fraction is None or plain is None or full is None:
+            return None
+        return plain + fraction * (full - plain)
 
     @property
     def relative_difference(self) -> float | None:
@@ -138,9 +155,13 @@ def count_step_flops(workload: Workload, spec: StepSpec, *, prefer_fake: bool = 
     )
     fallback_reason: str | None = None
     counts: dict[str, dict[str, int]] | None = None
+    # Not ops: it recomputes no matmul or attention (their outputs are saved), so its count is
+    # none's (FlopCount.per_token; tests/advisor/test_trainer_selective.py counts the kernels),
+    # and one more trace would cost a large model's profile seconds for nothing.
+    modes = CHECKPOINTING
     if prefer_fake:
         try:
-            counts = {mode: _count(workload, base, mode, fake=True) for mode in CHECKPOINTING}
+            counts = {mode: _count(workload, base, mode, fake=True) for mode in modes}
         except Exception as exc:  # any failure of the trace: the real step still counts
             fallback_reason = f"FakeTensorMode trace failed: {type(exc).__name__}: {exc}"
             if exc.__cause__ is not None:
@@ -149,7 +170,7 @@ def count_step_flops(workload: Workload, spec: StepSpec, *, prefer_fake: bool = 
         fallback_reason = "prefer_fake=False"
     method = "fake"
     if counts is None:
-        counts = {mode: _count(workload, base, mode, fake=False) for mode in CHECKPOINTING}
+        counts = {mode: _count(workload, base, mode, fake=False) for mode in modes}
         method = "real"
     tokens = base.micro_batch_size * base.seq_len
     try:

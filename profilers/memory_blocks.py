@@ -23,6 +23,11 @@ winning moment does not move with L (``memory_tracing._StepMemTracker.split_afte
 
 The optimizer step is one phase whose peak holds everything at once: a line. Each window's
 breakdown is extended separately and the larger at L is the forward+backward peak.
+
+Every checkpointing setting that treats all blocks alike scales: ``none``, ``full`` and ``ops``
+(each block saves the same matmul outputs). ``blocks:K`` does not (K of L blocks differ, which
+no shallow copy reproduces): it is traced whole, and only once per profile, at K = L // 2
+(profilers.checkpointing_fits prices the other K).
 The tests trace presets with and without scaling and require the same bytes.
 """
 
@@ -33,6 +38,7 @@ import time
 from collections.abc import Mapping
 from typing import Any, TypeVar
 
+from profilers.checkpointing import parse_checkpointing
 from profilers.memory_records import MemoryBreakdown, MemoryTrace
 from profilers.workload import BlockScalableWorkload, StepSpec, Workload
 
@@ -58,6 +64,12 @@ def trace_scaled(
     """The trace of ``spec`` on the full model, from traces of two shallow copies."""
     from profilers.memory_tracing import trace_raw
 
+    if parse_checkpointing(spec.activation_checkpointing).kind == "blocks":
+        # Its blocks differ (K of L checkpointed): no shallow copy has the same mix.
+        raise ValueError(
+            f"{spec.activation_checkpointing} checkpointing treats blocks differently: trace "
+            "the whole model"
+        )
     started = time.perf_counter()
     k1, k2 = SCALE_FROM_BLOCKS
     raws = [

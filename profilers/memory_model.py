@@ -8,6 +8,7 @@ where, with checkpointing, the optimizer step stops dominating.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -59,6 +60,8 @@ class MemoryModel:
     resident_bytes: int
     parallelism: str = "single"
     world_size: int = 1
+    # Traced with the loss over this many chunks; 1 (and records before the knob): plain.
+    loss_chunks: int = 1
 
     def predict(self, micro_batch_size: int, grad_accum_steps: int = 1) -> int:
         """Predicted peak bytes of one optimizer step."""
@@ -70,6 +73,46 @@ class MemoryModel:
         fb = self.forward_backward if grad_accum_steps == 1 else self.forward_backward_accumulating
         return math.ceil(
             max(fb.predict(micro_batch_size), self.optimizer_step.predict(micro_batch_size))
+        )
+
+    def resharded(self, world_size: int) -> MemoryModel:
+        """This FSDP per-rank fit at another world size, from what is sharded and what is not.
+
+        Under FSDP2 each rank holds 1/N of the parameters, gradients and optimizer state (all
+        fp32 here: the parameter policy's compute-dtype copies are gathered units); what it
+        gathers (a unit's compute-dtype parameters, the all-gather and reduce-scatter buffers),
+        its activations and temporaries do not depend on N. So, from world W to N:
+
+        * forward/backward peak: minus (sharded parameters + optimizer state) x (1 - W/N).
+          Sharded gradients live at the peak (none at the start of backward, some later, e.g.
+          with checkpointing) are left as traced: an upper bound at N > W, exact when none
+          are live at the peak;
+        * with accumulation every sharded gradient is live (the earlier micro-batches'): minus
+          (parameters + optimizer state + gradients) x (1 - W/N);
+        * optimizer step: everything live is per parameter, hence sharded: x W/N.
+
+        Checked against fake-process-group traces at N (tests/profilers/
+        test_memory_distributed.py: gpt-tiny, W=2 -> N=4, 8): optimizer step and accumulation
+        within 0.01%, forward/backward between the two bounds above.
+        """
+        if self.parallelism != "fsdp":
+            raise ValueError(f"only FSDP per-rank fits reshard, not {self.parallelism}")
+        if world_size < 2:
+            raise ValueError(f"an FSDP world size is at least 2, got {world_size}")
+        keep = self.world_size / world_size
+        state = self.parameter_bytes + self.optimizer_state_bytes
+        return dataclasses.replace(
+            self,
+            forward_backward=self.forward_backward.mapped(1.0, -state * (1 - keep)),
+            forward_backward_accumulating=self.forward_backward_accumulating.mapped(
+                1.0, -(state + self.gradient_bytes) * (1 - keep)
+            ),
+            optimizer_step=self.optimizer_step.mapped(keep, 0.0),
+            parameter_bytes=round(self.parameter_bytes * keep),
+            gradient_bytes=round(self.gradient_bytes * keep),
+            optimizer_state_bytes=round(self.optimizer_state_bytes * keep),
+            resident_bytes=round(self.resident_bytes * keep),
+            world_size=world_size,
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -88,6 +131,7 @@ class MemoryModel:
             "resident_bytes": self.resident_bytes,
             "parallelism": self.parallelism,
             "world_size": self.world_size,
+            "loss_chunks": self.loss_chunks,
         }
 
     @classmethod
@@ -109,6 +153,7 @@ class MemoryModel:
             resident_bytes=int(data["resident_bytes"]),
             parallelism=str(data.get("parallelism", "single")),
             world_size=int(data.get("world_size", 1)),
+            loss_chunks=int(data.get("loss_chunks", 1)),
         )
 
 
@@ -175,6 +220,7 @@ def fit_memory(traces: Sequence[MemoryTrace]) -> MemoryModel:
         resident_bytes=reference.resident_bytes,
         parallelism=first.spec.parallelism,
         world_size=first.spec.world_size,
+        loss_chunks=first.spec.loss_chunks,
     )
 
 
@@ -188,7 +234,7 @@ def _fit(traces: Sequence[MemoryTrace], attribute: str) -> AffineFit:
 def fit_memory_models(traces: Iterable[MemoryTrace]) -> list[MemoryModel]:
     """One :class:`MemoryModel` per (precision, checkpointing, seq_len, target, parallelism,
     world_size) in ``traces``."""
-    groups: dict[tuple[str, str, int, str, str, int], list[MemoryTrace]] = {}
+    groups: dict[tuple[str, str, int, str, str, int, int], list[MemoryTrace]] = {}
     for t in traces:
         groups.setdefault(_group_key(t), []).append(t)
     # Single-device fits first: callers that look a fit up by (precision, checkpointing) alone
@@ -197,7 +243,7 @@ def fit_memory_models(traces: Iterable[MemoryTrace]) -> list[MemoryModel]:
     return [fit_memory(group) for _, group in ordered]
 
 
-def _group_key(trace: MemoryTrace) -> tuple[str, str, int, str, str, int]:
+def _group_key(trace: MemoryTrace) -> tuple[str, str, int, str, str, int, int]:
     s = trace.spec
     return (
         s.precision,
@@ -206,4 +252,5 @@ def _group_key(trace: MemoryTrace) -> tuple[str, str, int, str, str, int]:
         trace.target_device_type,
         s.parallelism,
         s.world_size,
+        s.loss_chunks,
     )

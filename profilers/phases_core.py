@@ -25,6 +25,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from profilers import probe_rows
+from profilers.checkpointing import OPS, is_selective
 from profilers.device import DeviceInfo
 from profilers.flops import FlopCount
 from profilers.memory_model import MemoryModel, fit_memory
@@ -93,9 +94,15 @@ def ordered_groups(
 ) -> list[tuple[str, str]]:
     """fp32 first (the search's baseline), then the others in the order given (bf16 before
     fp16 by default: no loss scaling, and the mixed precision of choice where both run); no
-    checkpointing before full, whose time the cost model can derive from it."""
+    checkpointing before full, whose time the cost model can derive from it. The selective
+    settings (ops, the middle blocks:K) come after every whole-model group, in that order:
+    every blocks:K is priced from none and full without them."""
     order = sorted(precisions, key=lambda p: p != "fp32")
-    return [(p, c) for p in order for c in sorted(checkpointing, key=lambda c: c != "none")]
+    whole = [c for c in checkpointing if not is_selective(c)]
+    selective = [c for c in checkpointing if is_selective(c)]
+    return [(p, c) for p in order for c in sorted(whole, key=lambda c: c != "none")] + [
+        (p, c) for p in order for c in selective
+    ]
 
 
 def core_phase(
@@ -139,7 +146,8 @@ def core_phase(
         to_come = groups[i + 1 :]
         # A checkpointed group whose precision was timed without checkpointing is predictable
         # from its traces alone (the cost model derives its time by the counted FLOPs ratio).
-        derivable = c != "none" and (p, "none") in timed
+        # Not ops: its recompute holds no matmul, so its FLOPs ratio says nothing of its time.
+        derivable = c not in ("none", OPS) and (p, "none") in timed
         trace_cost = 0.0 if (p, c) in traced else costs.trace(c) * len(sizes)
         if out.skipped or (i > 0 and left < trace_cost + (0.0 if derivable else timing_cost(p, c))):
             out.skipped.append((p, c))  # and every later one: the order is the priority
@@ -285,7 +293,7 @@ def _record_skipped(run: ProbeRun, core: CoreResult, sizes: Sequence[int], costs
         spec = run.spec(p, c, sizes[0])
         derived = (
             f"; meanwhile its step time is derived from {p}/none's"
-            if c != "none" and (p, "none") in core.timed
+            if c not in ("none", OPS) and (p, "none") in core.timed
             else ""
         )
         run.rows.append(

@@ -25,9 +25,13 @@ GROUP_NAME = "ddp/fsdp per-rank"  # the name of the rows about the phase as a wh
 
 
 def distributed_trace_phase(
-    run: ProbeRun, precisions: Sequence[str], target: str, world_sizes: Sequence[int]
+    run: ProbeRun,
+    precisions: Sequence[str],
+    target: str,
+    world_sizes: Sequence[int],
+    parallelisms: Sequence[str] = ("fsdp", "ddp"),
 ) -> list[MemoryTrace]:
-    """Per-rank memory of DDP and FSDP steps at each world size, traced under a fake
+    """Per-rank memory of ``parallelisms`` steps at each world size, traced under a fake
     process group in one child (the group is process-global). fp32 first; the rest while
     the budget lasts."""
     share = run.clock.share("memory_distributed")
@@ -35,9 +39,10 @@ def distributed_trace_phase(
         reason = "no world size > 1" if not world_sizes else "time budget spent"
         run.rows.append(probe_rows.skipped("memory_distributed", None, reason, name=GROUP_NAME))
         return []
-    specs = _distributed_specs(run, precisions, world_sizes)
+    specs = _distributed_specs(run, precisions, world_sizes, parallelisms)
     run.clock.say(
-        f"memory: per-rank ddp/fsdp traces at world size {', '.join(map(str, world_sizes))}"
+        f"memory: per-rank {'/'.join(parallelisms)} traces at world size "
+        f"{', '.join(map(str, world_sizes))}"
     )
     outcome = run.isolated(
         _distributed_trace_child,
@@ -54,7 +59,10 @@ def distributed_trace_phase(
 
 
 def _distributed_specs(
-    run: ProbeRun, precisions: Sequence[str], world_sizes: Sequence[int]
+    run: ProbeRun,
+    precisions: Sequence[str],
+    world_sizes: Sequence[int],
+    parallelisms: Sequence[str] = ("fsdp", "ddp"),
 ) -> list[StepSpec]:
     """Every precision x checkpointing x layout x world size at each traced size and once
     with accumulation; fp32 first, every group's sizes before any accumulation variant."""
@@ -62,7 +70,7 @@ def _distributed_specs(
     specs = []
     for precision in sorted(precisions, key=lambda p: p != "fp32"):
         for checkpointing in run.options.checkpointing:
-            for parallelism in ("fsdp", "ddp"):
+            for parallelism in parallelisms:
                 for world in world_sizes:
                     for b, a in (*((b, 1) for b in sizes), (sizes[0], 2)):
                         specs.append(

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from profilers import probe_rows
+from profilers.checkpointing import is_selective
 from profilers.isolate import quiet_native_output
 from profilers.memory_model import MemoryModel
 from profilers.memory_records import CpuStepMemory, CudaStepMemory
@@ -87,7 +88,9 @@ def memory_check_phase(
         # Past the share, a mode's first check still runs while the whole budget has room
         # for one more (as long as the last check took), the very first one always.
         spent = time.perf_counter() > deadline
-        if spent and (c in tried or (tried and run.clock.remaining() < last_wall_s)):
+        # The selective settings' checks (ops, blocks:K) only within the share: the budget.
+        late = c in tried or is_selective(c) or (tried and run.clock.remaining() < last_wall_s)
+        if spent and late:
             run.rows.append(probe_rows.skipped("memory_check", spec, "time budget spent"))
             continue
         tried.add(c)

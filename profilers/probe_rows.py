@@ -17,9 +17,11 @@ from profilers.workload import StepSpec
 
 
 def label(spec: StepSpec) -> str:
-    """``precision/checkpointing/b=micro`` and ``xaccum`` when accumulating, e.g. fp32/none/b=4."""
+    """``precision/checkpointing/b=micro``, ``xaccum`` when accumulating and ``/lcN`` with the
+    loss in N chunks, e.g. fp32/none/b=4, fp32/none/b=4/lc32."""
     text = f"{spec.precision}/{spec.activation_checkpointing}/b={spec.micro_batch_size}"
-    return text + (f"x{spec.grad_accum_steps}" if spec.grad_accum_steps > 1 else "")
+    text += f"x{spec.grad_accum_steps}" if spec.grad_accum_steps > 1 else ""
+    return text + (f"/lc{spec.loss_chunks}" if spec.loss_chunks > 1 else "")
 
 
 def one_line(exc: BaseException) -> str:

@@ -122,9 +122,13 @@ class Fits:
         *,
         parallelism: str = "single",
         world_size: int = 1,
+        loss_chunks: int = 1,
+        num_layers: int = 0,
     ) -> MemoryModel | None:
-        """The fit for this configuration; per rank for ``ddp``/``fsdp``."""
-        return next(
+        """The fit for this configuration; per rank for ``ddp``/``fsdp``. ``blocks:K`` without
+        a fit of its own is interpolated in K when ``num_layers`` (the model's L) is given
+        (profilers.checkpointing_fits)."""
+        found = next(
             (
                 m
                 for m in self.memory
@@ -132,9 +136,24 @@ class Fits:
                 and m.activation_checkpointing == checkpointing
                 and m.parallelism == parallelism
                 and m.world_size == world_size
+                and m.loss_chunks == loss_chunks
             ),
             None,
         )
+        if found is not None or not num_layers:
+            return found
+        from profilers.checkpointing_fits import blocks_memory_model
+
+        def same_layout(setting: str) -> MemoryModel | None:
+            return self.memory_model(
+                precision,
+                setting,
+                parallelism=parallelism,
+                world_size=world_size,
+                loss_chunks=loss_chunks,
+            )
+
+        return blocks_memory_model(same_layout, checkpointing, num_layers)
 
     def time_model(
         self,
@@ -143,8 +162,11 @@ class Fits:
         *,
         parallelism: str = "single",
         world_size: int = 1,
+        loss_chunks: int = 1,
+        num_layers: int = 0,
     ) -> TimeModel | None:
-        return next(
+        """The step-time fit; ``blocks:K`` interpolated in K as :meth:`memory_model` does."""
+        found = next(
             (
                 t
                 for t in self.time
@@ -152,9 +174,24 @@ class Fits:
                 and t.activation_checkpointing == checkpointing
                 and t.parallelism == parallelism
                 and t.world_size == world_size
+                and t.loss_chunks == loss_chunks
             ),
             None,
         )
+        if found is not None or not num_layers:
+            return found
+        from profilers.checkpointing_fits import blocks_time_model
+
+        def same_layout(setting: str) -> TimeModel | None:
+            return self.time_model(
+                precision,
+                setting,
+                parallelism=parallelism,
+                world_size=world_size,
+                loss_chunks=loss_chunks,
+            )
+
+        return blocks_time_model(same_layout, checkpointing, num_layers)
 
     def comm_fit(self, collective: str, world_size: int) -> CommFit | None:
         return next(

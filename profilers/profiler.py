@@ -24,12 +24,14 @@ from collections.abc import Callable, Iterable, Sequence
 from typing import Any, Protocol, TypeVar
 
 from profilers.budget import Progress as Progress
+from profilers.phases_chunked import chunked_loss_phase
 from profilers.phases_comm import communication_phase
 from profilers.phases_core import core_phase, refine_phase
 from profilers.phases_distributed import distributed_trace_phase
 from profilers.phases_facts import device_phase, model_phase, usable_precisions
 from profilers.phases_input import input_phase
 from profilers.phases_memory import memory_check_phase
+from profilers.phases_selective import line_rows
 from profilers.phases_time import _SPLIT_COST_STEPS as _SPLIT_COST_STEPS
 from profilers.phases_time import (
     CPU_MAX_TIMED_MICRO_BATCH as CPU_MAX_TIMED_MICRO_BATCH,
@@ -74,12 +76,19 @@ def run_profile(
     timings = core.timings
     time_models = _fit_groups(fit_step_times, timings, run.rows, "throughput")
     traces = core.traces + refine_phase(run, core, target)
+    chunked = chunked_loss_phase(run, model.facts, target, timings, time_models)
+    traces += chunked.traces
+    timings = [*timings, *chunked.timings]
+    time_models += chunked.time_models
     models = _fit_groups(fit_memory_models, traces, [], "memory")
     checks = memory_check_phase(run, models, precisions, capacity)
     comm = communication_phase(run)
-    world_sizes = _local_world_sizes(options, target)
-    traces += distributed_trace_phase(run, precisions, target, world_sizes)
+    world_sizes, layouts = _traced_layouts(options, target)
+    traces += distributed_trace_phase(run, precisions, target, world_sizes, layouts)
     models = _fit_groups(fit_memory_models, traces, run.rows, "memory")
+    # blocks:K: how far the none-full line is from the measured middle K (memory and time).
+    sizes = options.trace_micro_batch_sizes
+    run.rows += line_rows(models, time_models, model.facts.num_layers, sizes[-1])
     micro = max((t.spec.micro_batch_size for t in timings), default=4)
     inputs = input_phase(run, micro)
     run.clock.say("done")
@@ -124,12 +133,24 @@ def _describe(workload: Workload) -> dict[str, Any]:
     return dict(describe()) if callable(describe) else {}
 
 
-def _local_world_sizes(options: ProfileOptions, target: str) -> tuple[int, ...]:
+def _traced_layouts(
+    options: ProfileOptions, target: str
+) -> tuple[tuple[int, ...], tuple[str, ...]]:
+    """(world sizes, parallelisms) whose per-rank memory the profile traces.
+
+    The world sizes available here, DDP and FSDP. With one device only, FSDP ranks at world
+    size 2 still: a fake process group needs no second device, and a what-if for N GPUs
+    (``--target``) then reshards a traced rank (``MemoryModel.resharded``) instead of deriving
+    one from the single-device trace, which holds every gradient and autocast's copy of every
+    weight. Explicit ``comm_world_sizes`` are taken as they are (``()``: none).
+    """
+    layouts = ("fsdp", "ddp")
     if options.comm_world_sizes is not None:
-        return options.comm_world_sizes
+        return options.comm_world_sizes, layouts
     from profilers.comm import available_world_sizes
 
-    return available_world_sizes(target)
+    local = available_world_sizes(target)
+    return (local, layouts) if local else ((2,), ("fsdp",))
 
 
 class _Specced(Protocol):
@@ -153,13 +174,19 @@ def _fit_groups(
     except ValueError:
         pass
     # One bad group must not sink the others: fit group by group.
-    groups: dict[tuple[str, str, str, int], list[_Record]] = {}
+    groups: dict[tuple[str, str, str, int, int], list[_Record]] = {}
     for record in records:
         spec = record.spec
-        key = (spec.precision, spec.activation_checkpointing, spec.parallelism, spec.world_size)
+        key = (
+            spec.precision,
+            spec.activation_checkpointing,
+            spec.parallelism,
+            spec.world_size,
+            spec.loss_chunks,
+        )
         groups.setdefault(key, []).append(record)
     out: list[_Fitted] = []
-    for (precision, checkpointing, parallelism, world), group in groups.items():
+    for (precision, checkpointing, parallelism, world, _chunks), group in groups.items():
         try:
             out.extend(fit(group))
         except ValueError as exc:

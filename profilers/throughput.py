@@ -316,6 +316,9 @@ class TimeModel:
     threads: int = 0
     split_threads: int = 0
     split_ratio: float | None = None
+    # The loss over this many chunks (profilers.phases_chunked: the plain fit plus a measured
+    # delta); 1 (and records written before the knob): the plain loss.
+    loss_chunks: int = 1
 
     def rank_slowdown(self, world_size: int) -> float | None:
         """A rank's step time over this (all-thread) one when ``world_size`` ranks split the
@@ -350,6 +353,7 @@ class TimeModel:
             "threads": self.threads,
             "split_threads": self.split_threads,
             "split_ratio": self.split_ratio,
+            "loss_chunks": self.loss_chunks,
         }
 
     @classmethod
@@ -366,10 +370,11 @@ class TimeModel:
             threads=int(data.get("threads", 0)),
             split_threads=int(data.get("split_threads", 0)),
             split_ratio=(None if data.get("split_ratio") is None else float(data["split_ratio"])),
+            loss_chunks=int(data.get("loss_chunks", 1)),
         )
 
 
-def _group_key(timing: StepTiming) -> tuple[str, str, int, str, int, str]:
+def _group_key(timing: StepTiming) -> tuple[str, str, int, str, int, str, int]:
     s = timing.spec
     return (
         s.precision,
@@ -378,6 +383,7 @@ def _group_key(timing: StepTiming) -> tuple[str, str, int, str, int, str]:
         s.parallelism,
         s.world_size,
         timing.device,
+        s.loss_chunks,
     )
 
 
@@ -406,7 +412,7 @@ def fit_step_time(timings: Sequence[StepTiming]) -> TimeModel:
         xs += [float(t.spec.micro_batch_size)] * len(t.forward_backward_s)
         ys += [fb / t.spec.grad_accum_steps for fb in t.forward_backward_s]
         optimizer.extend(t.optimizer_s)
-    precision, checkpointing, seq_len, parallelism, world_size, device = keys.pop()
+    precision, checkpointing, seq_len, parallelism, world_size, device, chunks = keys.pop()
     return TimeModel(
         precision=precision,
         activation_checkpointing=checkpointing,
@@ -417,6 +423,7 @@ def fit_step_time(timings: Sequence[StepTiming]) -> TimeModel:
         forward_backward=fit_affine(xs, ys),
         optimizer_s=statistics.median(optimizer),
         threads=most,
+        loss_chunks=chunks,
         **_split(split, timings),
     )
 
@@ -434,7 +441,7 @@ def _split(split: Sequence[StepTiming], full: Sequence[StepTiming]) -> dict[str,
 
 def fit_step_times(timings: Sequence[StepTiming]) -> list[TimeModel]:
     """One TimeModel per group, in order of first appearance."""
-    groups: dict[tuple[str, str, int, str, int, str], list[StepTiming]] = {}
+    groups: dict[tuple[str, str, int, str, int, str, int], list[StepTiming]] = {}
     for t in timings:
         groups.setdefault(_group_key(t), []).append(t)
     return [fit_step_time(group) for group in groups.values()]

@@ -34,11 +34,15 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
+from profilers.checkpointing import WHOLE_MODEL, check_for_layers, parse_checkpointing, selectable
+
 if TYPE_CHECKING:
     import torch
 
 PRECISIONS: tuple[str, ...] = ("fp32", "bf16", "fp16")
-CHECKPOINTING: tuple[str, ...] = ("none", "full")
+# The whole-model settings; the selective ones (``ops``, ``blocks:K``) are read by
+# profilers.checkpointing, which owns the vocabulary of activation_checkpointing.
+CHECKPOINTING: tuple[str, ...] = WHOLE_MODEL
 PARALLELISMS: tuple[str, ...] = ("single", "ddp", "fsdp")
 OBJECTIVES: tuple[str, ...] = ("causal_lm", "mlm")
 
@@ -57,14 +61,24 @@ class StepSpec:
     lr: float = 3e-4
     weight_decay: float = 0.1
     grad_clip: float = 1.0
+    # The language-model loss over this many chunks of a micro-batch's tokens, each chunk's
+    # logits recomputed in backward (advisor.models.objectives.chunked_lm_loss); 1: the plain
+    # loss over the whole logits.
+    loss_chunks: int = 1
 
     def __post_init__(self) -> None:
-        for name in ("seq_len", "micro_batch_size", "grad_accum_steps", "world_size"):
+        for name in (
+            "seq_len",
+            "micro_batch_size",
+            "grad_accum_steps",
+            "world_size",
+            "loss_chunks",
+        ):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ValueError(f"{name} must be a positive integer, got {value!r}")
         _check_choice("precision", self.precision, PRECISIONS)
-        _check_choice("activation_checkpointing", self.activation_checkpointing, CHECKPOINTING)
+        parse_checkpointing(self.activation_checkpointing)  # ValueError naming the forms
         _check_choice("parallelism", self.parallelism, PARALLELISMS)
         if self.parallelism == "single" and self.world_size != 1:
             raise ValueError(
@@ -90,6 +104,13 @@ def _check_choice(name: str, value: str, choices: Sequence[str]) -> None:
 NO_REPEATED_BLOCKS = (
     "the model has no repeated blocks (no nn.ModuleList of same-class layers), so there is "
     "no block to recompute"
+)
+
+
+# Why a chunked loss (``loss_chunks`` > 1) is unavailable without an output head.
+NO_OUTPUT_HEAD = (
+    "the model exposes no output head (get_output_embeddings() returning the nn.Linear whose "
+    "output is its forward's logits), so its loss cannot be computed chunk by chunk"
 )
 
 
@@ -119,15 +140,39 @@ class ModelFacts:
     num_kv_heads: int | None = None
     tied_embeddings: bool = False
     repeated_blocks: bool = True
+    # Whether the loss can be chunked (``loss_chunks`` > 1): the model exposes its output head.
+    # Off for records written before chunking existed; ``output_head_reason`` says why not.
+    output_head: bool = False
+    output_head_reason: str = ""
 
     def checkpointing_modes(self) -> tuple[tuple[str, ...], tuple[str, ...]]:
         """(the activation-checkpointing modes this model can run, why the others cannot)."""
         if self.repeated_blocks:
-            return CHECKPOINTING, ()
+            return selectable(self.num_layers), ()
         kept = tuple(c for c in CHECKPOINTING if c == "none")
+        # One reason for every setting that recomputes blocks (full, ops, blocks:K).
         return kept, tuple(
             f"{c} checkpointing: {NO_REPEATED_BLOCKS}" for c in CHECKPOINTING if c not in kept
         )
+
+    def checkpointing_problem(self, value: str) -> str | None:
+        """Why this model cannot run activation checkpointing ``value`` (one line), or None."""
+        try:
+            parsed = check_for_layers(value, self.num_layers)
+        except ValueError as exc:
+            return str(exc)
+        if parsed.recomputes and not self.repeated_blocks:
+            return f"{value} checkpointing: {NO_REPEATED_BLOCKS}"
+        return None
+
+    def loss_chunking_unavailable(self) -> str:
+        """Why ``loss_chunks`` > 1 cannot run on this model; empty when it can."""
+        if self.output_head:
+            return ""
+        why = self.output_head_reason or (
+            "this profile predates chunked losses: re-run 'advisor profile' to measure it"
+        )
+        return f"chunked loss: {why}"
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

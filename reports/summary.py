@@ -71,6 +71,8 @@ def plain_label(c: Mapping[str, Any]) -> str:
     )
     if c.get("num_workers"):
         text += f", {c['num_workers']} loader workers"
+    if (c.get("loss_chunks") or 1) > 1:
+        text += f", the loss in {c['loss_chunks']} chunks"
     return text
 
 
@@ -272,6 +274,17 @@ def summary_section(
             f" (global batch {config.get('global_batch_size')})",
         ),
         Fact(label="loader workers", value=str(config.get("num_workers", 0))),
+        *(
+            [
+                Fact(
+                    label="loss",
+                    value=f"in {config['loss_chunks']} chunks of the tokens",
+                    hint="each chunk's logits recomputed in backward, never all held at once",
+                )
+            ]
+            if (config.get("loss_chunks") or 1) > 1
+            else []
+        ),
         Fact(
             label="optimizer",
             value=f"AdamW lr {fmt.plain(config.get('lr'))} → {fmt.plain(config.get('min_lr'))}, "

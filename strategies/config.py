@@ -49,6 +49,9 @@ class TrainConfig:
     grad_clip: float = 1.0
     seed: int = 1337
     num_workers: int = 0
+    # The LM loss over this many chunks of each micro-batch's tokens, their logits recomputed in
+    # backward (advisor.models.objectives.chunked_lm_loss); 1: the plain loss (old plans).
+    loss_chunks: int = 1
     # Initial weights (advisor.trainer.checkpoint.resolve_init_from): a weights file or a
     # checkpoint directory. None: the model's own (hf:DIR: DIR's weights when it has any).
     init_from: str | None = None
@@ -113,6 +116,7 @@ class TrainConfig:
             lr=self.lr,
             weight_decay=self.weight_decay,
             grad_clip=self.grad_clip,
+            loss_chunks=self.loss_chunks,
         )
 
     def replace(self, **changes: Any) -> TrainConfig:

@@ -22,6 +22,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from profilers.checkpointing import block_fraction
+from profilers.checkpointing_fits import blocks_memory_model
 from profilers.flops import FlopCount
 from profilers.memory_model import MemoryModel
 from profilers.profile_record import Profile
@@ -90,18 +92,24 @@ DEFAULT_BACKWARD_SHARE: Mapping[str, float] = {"none": 2 / 3, "full": 3 / 4}
 # -- formulas ---------------------------------------------------------------------------------
 
 
-def backward_share(checkpointing: str, flops: FlopCount | None) -> float:
+def backward_share(checkpointing: str, flops: FlopCount | None, num_layers: int = 0) -> float:
     """Fraction of forward+backward time spent in backward, where communication can hide.
 
     From counted FLOPs when the profile has them: the forward is a third of the step without
-    recompute (backward = 2 × forward, PaLM App. B), so share = (F_mode − F_none / 3) / F_mode;
-    otherwise :data:`DEFAULT_BACKWARD_SHARE`.
+    recompute (backward = 2 × forward, PaLM App. B), so share = (F_mode − F_none / 3) / F_mode
+    (``blocks:K``: F_mode interpolated in K, FlopCount.per_token); otherwise
+    :data:`DEFAULT_BACKWARD_SHARE`, and for the selective settings its formula with a fraction
+    f of the forward recomputed, (2 + f) / (3 + f): f = K/L for blocks:K, 0 for ops (its
+    recompute holds no matmul).
     """
-    counted = flops.flops_per_token if flops else {}
-    total, plain = counted.get(checkpointing), counted.get("none")
+    total = flops.per_token(checkpointing, num_layers) if flops else None
+    plain = flops.flops_per_token.get("none") if flops else None
     if total and plain:
         return (total - plain / 3) / total
-    return DEFAULT_BACKWARD_SHARE[checkpointing]
+    if checkpointing in DEFAULT_BACKWARD_SHARE:
+        return DEFAULT_BACKWARD_SHARE[checkpointing]
+    f = block_fraction(checkpointing, num_layers) or 0.0
+    return (2 + f) / (3 + f)
 
 
 def ddp_buckets(
@@ -210,19 +218,30 @@ class CostModel:
         *,
         parallelism: str = "single",
         world_size: int = 1,
+        loss_chunks: int = 1,
     ) -> MemoryModel:
         """The fit for (precision, checkpointing), single-device unless asked otherwise (a
         per-rank fit traced for a parallel layout, when the profile has one)."""
-        found = self._find_memory_model(precision, checkpointing, parallelism, world_size)
+        found = self._find_memory_model(
+            precision, checkpointing, parallelism, world_size, loss_chunks
+        )
         if found is not None:
             return found
+        chunked = f" and the loss in {loss_chunks} chunks" if loss_chunks > 1 else ""
         raise Unpredictable(
             f"the profile has no memory fit for {precision} with {checkpointing} "
-            "checkpointing: re-run 'advisor profile' so it traces this combination"
+            f"checkpointing{chunked}: re-run 'advisor profile' so it traces this combination"
         )
 
     def _find_memory_model(
-        self, precision: str, checkpointing: str, parallelism: str, world_size: int
+        self,
+        precision: str,
+        checkpointing: str,
+        parallelism: str,
+        world_size: int,
+        loss_chunks: int = 1,
+        *,
+        derive: bool = True,
     ) -> MemoryModel | None:
         for model in self.memory_models:
             # Profiles written before parallel layouts were traced have single-device fits only.
@@ -230,9 +249,18 @@ class CostModel:
             if (model.precision, model.activation_checkpointing) == (
                 precision,
                 checkpointing,
-            ) and layout == (parallelism, world_size):
+            ) and (*layout, model.loss_chunks) == (parallelism, world_size, loss_chunks):
                 return model
-        return None
+        if not derive:
+            return None
+        # blocks:K without a trace of its own: the line in K between the measured settings.
+        return blocks_memory_model(
+            lambda setting: self._find_memory_model(
+                precision, setting, parallelism, world_size, loss_chunks, derive=False
+            ),
+            checkpointing,
+            self.facts.num_layers,
+        )
 
     def check_config(self, config: TrainConfig) -> None:
         """The profile measured one model at one sequence length: refuse any other."""
@@ -292,7 +320,9 @@ class CostModel:
 
     # -- memory ----------------------------------------------------------------------------
     def _memory(self, c: Candidate, assumptions: list[str]) -> MemoryTerms:
-        model = self.memory_model(c.precision, c.activation_checkpointing)
+        model = self.memory_model(
+            c.precision, c.activation_checkpointing, loss_chunks=c.loss_chunks
+        )
         b, accum, world = c.micro_batch_size, c.grad_accum_steps, c.world_size
         fb_fit = model.forward_backward if accum == 1 else model.forward_backward_accumulating
         forward_backward = fb_fit.predict(b)
@@ -303,14 +333,22 @@ class CostModel:
         traced_rank = None
         if c.parallelism != "single":
             traced_rank = self._find_memory_model(
-                c.precision, c.activation_checkpointing, c.parallelism, world
+                c.precision, c.activation_checkpointing, c.parallelism, world, c.loss_chunks
             )
+        resharded_from = None
+        if traced_rank is None and c.parallelism == "fsdp":
+            traced_rank, resharded_from = self._resharded_fsdp_model(c)
         if traced_rank is not None:
             # A per-rank trace of this very layout (DDP buckets / FSDP shards, gathered units
             # and communication buffers included) beats the analytic reshaping below.
             traced = float(traced_rank.predict(b, accum))
             fitted = int(traced)
             source = f"traced {c.parallelism}×{world} per-rank fit"
+            if resharded_from is not None:
+                source = (
+                    f"traced fsdp×{resharded_from} per-rank fit, its sharded state resharded "
+                    f"to {world} ranks"
+                )
         elif c.parallelism == "single":
             # MemoryModel.predict: max of the phase fits; the accumulating fit already holds
             # the gradient copy that is live while later micro-batches run.
@@ -361,6 +399,23 @@ class CostModel:
             gradient_bytes=model.gradient_bytes,
             optimizer_state_bytes=model.optimizer_state_bytes,
         )
+
+    def _resharded_fsdp_model(self, c: Candidate) -> tuple[MemoryModel | None, int | None]:
+        """An FSDP per-rank fit of the candidate's (precision, checkpointing) traced at another
+        world size, resharded to the candidate's (:meth:`MemoryModel.resharded`): what a rank
+        gathers, its activations and temporaries are traced, not derived from one device.
+        The largest traced world size is taken (the least state to reshard upward)."""
+        traced = [
+            m
+            for m in self.memory_models
+            if getattr(m, "parallelism", "single") == "fsdp"
+            and (m.precision, m.activation_checkpointing, getattr(m, "loss_chunks", 1))
+            == (c.precision, c.activation_checkpointing, c.loss_chunks)
+        ]
+        if not traced:
+            return None, None
+        source = max(traced, key=lambda m: m.world_size)
+        return source.resharded(c.world_size), source.world_size
 
     def _fsdp_memory(
         self, model: MemoryModel, c: Candidate, optimizer: float
@@ -468,7 +523,7 @@ class CostModel:
     ) -> tuple[float, float, DdpCommunication | FsdpCommunication]:
         """(total collective seconds per step, exposed seconds per step, their terms)."""
         world, accum = c.world_size, c.grad_accum_steps
-        share = backward_share(c.activation_checkpointing, self.flops)
+        share = backward_share(c.activation_checkpointing, self.flops, self.facts.num_layers)
         backward_s = share * fb_s
         model = self.memory_model(c.precision, c.activation_checkpointing)
         if c.parallelism == "ddp":

@@ -47,6 +47,7 @@ def _traces_for(traces: Sequence[MemoryTrace], c: Candidate) -> list[MemoryTrace
         if t.spec.precision == c.precision
         and t.spec.activation_checkpointing == c.activation_checkpointing
         and t.spec.parallelism == "single"
+        and t.spec.loss_chunks == c.loss_chunks
     ]
     same = [t for t in group if (t.spec.grad_accum_steps > 1) == accumulating]
     return same or group

@@ -30,10 +30,12 @@ Pure arithmetic (no torch): a search prices thousands of candidates in milliseco
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+from profilers.checkpointing import block_fraction, parse_checkpointing
 from profilers.hardware import HardwareSpec
 from profilers.workload import ModelFacts
 
@@ -256,6 +258,34 @@ def block_forward_ops(shape: BlockShape, tokens: int, seq_len: int, precision: s
     return ops
 
 
+def _recomputed_fraction(checkpointing: str, num_layers: int) -> float:
+    """Fraction of the blocks whose forward runs again: 1 for full and ops, K/L for blocks:K."""
+    parsed = parse_checkpointing(checkpointing)
+    if parsed.kind in ("full", "ops"):
+        return 1.0
+    return block_fraction(checkpointing, num_layers) or 0.0
+
+
+def recomputed_ops(forward: Sequence[Op], checkpointing: str, num_layers: int) -> list[Op]:
+    """The block-forward kernels a checkpointing setting runs again inside backward: all of
+    them for full, those of K blocks for blocks:K (each op's per-layer count scaled by K/L),
+    and for ops every kernel but the GEMMs and attention, whose outputs it saves."""
+    parsed = parse_checkpointing(checkpointing)
+    if parsed.kind == "none":
+        return []
+    if parsed.kind == "ops":
+        return [op for op in forward if op.kind == "memory_bound"]
+    fraction = _recomputed_fraction(checkpointing, num_layers)
+    if fraction >= 1.0:
+        return list(forward)
+    # count is per layer (a multiple of L): scale it to the K checkpointed layers.
+    return [
+        dataclasses.replace(op, count=max(1, round(op.count * fraction)))
+        for op in forward
+        if round(op.count * fraction) > 0
+    ]
+
+
 def step_ops(
     shape: BlockShape,
     *,
@@ -265,13 +295,16 @@ def step_ops(
     checkpointing: str,
     casts_weights: bool,
     sharded: bool = False,
+    loss_chunks: int = 1,
 ) -> list[Op]:
     """Every kernel of one micro-batch's forward and backward (``tokens`` = micro-batch × seq).
 
     Backward: each GEMM's dgrad and wgrad; attention's backward; each memory-bound op's backward
     moves 1.5× its forward bytes (it reads the saved input and the incoming gradient, writes
     one gradient), plus the add of the two residual branches' gradients. Full checkpointing runs
-    every block's forward again inside backward.
+    every block's forward again inside backward. A loss in ``loss_chunks`` > 1 chunks runs the
+    head's forward GEMM again in backward, one chunk of the tokens at a time (its share of the
+    loss's memory traffic is left out: one read of the logits, small beside the GEMM).
     """
     e = ELEMENT_BYTES[precision]
     L, h = shape.num_layers, shape.hidden
@@ -300,7 +333,7 @@ def step_ops(
                 Op(name=op.name + ".backward", kind=op.kind, bytes=1.5 * op.bytes, count=op.count)
             )
     backward.append(_memory("residual.grad_add", 3 * tokens * h, e, 2 * L))
-    recompute = list(forward) if checkpointing == "full" else []
+    recompute = recomputed_ops(forward, checkpointing, L)
     head = _linear("head", tokens, h, shape.vocab, e, 1)
     root = [
         _memory("embedding", 3 * tokens * h, e, 1),
@@ -316,10 +349,15 @@ def step_ops(
         Op(name="embedding.grad_zero", kind="memory_bound", bytes=4.0 * shape.vocab * h),
         *head,
     ]
+    if loss_chunks > 1:
+        chunk = -(-tokens // loss_chunks)
+        root.append(_linear("head.recompute", chunk, h, shape.vocab, e, loss_chunks)[0])
     if casts_weights and e < 4:
         # autocast casts every fp32 weight to the compute dtype at each forward use (read 4 B,
         # write e), and backward casts the weight gradient back (read e, write 4, accumulate 4 + 4)
-        passes = 2 if checkpointing == "full" else 1
+        # A checkpointed block casts its weights again when it recomputes (ops too: the casts
+        # are not among the outputs it saves).
+        passes = 1 + _recomputed_fraction(checkpointing, L)
         root.append(
             Op(
                 name="autocast.weight_casts",

@@ -9,6 +9,7 @@ its formulas. The measured sources here read a profile's fits (:class:`MeasuredT
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Protocol
@@ -109,6 +110,8 @@ class MeasuredTime:
     # Why the profile has no step-time fit for a (precision, checkpointing), when it said so:
     # its throughput probe rows' reasons (e.g. the budget ran out, naming the --budget-s).
     gaps: Mapping[tuple[str, str], str] = field(default_factory=dict)
+    # The model's repeated blocks: blocks:K is interpolated in K between the timed settings.
+    num_layers: int = 0
 
     @classmethod
     def from_profile(cls, profile: Profile) -> MeasuredTime:
@@ -121,10 +124,14 @@ class MeasuredTime:
             ):
                 key = (row.precision, row.activation_checkpointing or "none")
                 gaps.setdefault(key, f"{row.status}: {row.reason}" if row.reason else row.status)
-        return cls(fits=profile.fits, flops=profile.flops, gaps=gaps)
+        return cls(
+            fits=profile.fits, flops=profile.flops, gaps=gaps, num_layers=profile.model.num_layers
+        )
 
     def compute(self, candidate: Candidate) -> ComputeTime:
         c = candidate
+        if c.loss_chunks > 1:
+            return self._chunked(c)
         if c.parallelism != "single":
             model = self.fits.time_model(
                 c.precision,
@@ -151,10 +158,33 @@ class MeasuredTime:
                 rank_slowdown_from=slowdown_from,
                 fit=model.forward_backward,
             )
+        between = self.fits.time_model(
+            c.precision, c.activation_checkpointing, num_layers=self.num_layers
+        )
+        if between is not None:  # blocks:K: recompute grows with K (checkpointing_fits)
+            slowdown, slowdown_from = self._rank_slowdown(between, c.world_size)
+            return ComputeTime(
+                forward_backward_s=affine_seconds(between.forward_backward, c.micro_batch_size),
+                optimizer_s=between.optimizer_s,
+                source=(
+                    f"interpolated: {c.activation_checkpointing} of {self.num_layers} blocks on "
+                    f"the line between the timed {c.precision} checkpointing settings"
+                ),
+                rank_slowdown=slowdown,
+                rank_slowdown_from=slowdown_from,
+                derived=True,
+            )
         base = self.fits.time_model(c.precision, "none")
         counted = self.flops.flops_per_token if self.flops else {}
-        if base is not None and counted.get("none") and counted.get(c.activation_checkpointing):
-            ratio = counted[c.activation_checkpointing] / counted["none"]
+        mode_flops = (
+            self.flops.per_token(c.activation_checkpointing, self.num_layers)
+            if self.flops
+            else None
+        )
+        # Not ops: it recomputes no matmul, so a FLOPs ratio would call its recompute free.
+        selective_ops = c.activation_checkpointing == "ops"
+        if base is not None and counted.get("none") and mode_flops and not selective_ops:
+            ratio = mode_flops / counted["none"]
             plain = affine_seconds(base.forward_backward, c.micro_batch_size)
             slowdown, slowdown_from = self._rank_slowdown(base, c.world_size)
             return ComputeTime(
@@ -180,6 +210,33 @@ class MeasuredTime:
             f"the profile has no step-time fit for {c.precision} with "
             f"{c.activation_checkpointing} checkpointing: re-run 'advisor profile --precision "
             f"{c.precision}' with a larger --budget-s so it times this group"
+        )
+
+    def _chunked(self, c: Candidate) -> ComputeTime:
+        """The candidate's plain-loss time plus the measured cost of its loss chunks.
+
+        The profile times the chunked loss once, without checkpointing, interleaved with the
+        plain loss in one child (profilers.phases_chunked): its fit minus the plain one is what
+        the chunks add per micro-batch (the head's forward again in backward, the smaller
+        kernels), a cost of the head alone, so it carries over to checkpointed blocks and to a
+        rank's micro-batch; a precision it was not timed for is unpredictable, not assumed.
+        """
+        chunked = self.fits.time_model(c.precision, "none", loss_chunks=c.loss_chunks)
+        plain_fit = self.fits.time_model(c.precision, "none")
+        if chunked is None or plain_fit is None:
+            raise Unpredictable(
+                f"the profile has no step time for the loss in {c.loss_chunks} chunks at "
+                f"{c.precision} (the profiler times the chunked loss at fp32): use "
+                f"--loss-chunks 1, or re-run 'advisor profile' with a larger --budget-s"
+            )
+        b = c.micro_batch_size
+        delta = chunked.forward_backward.predict(b) - plain_fit.forward_backward.predict(b)
+        plain = self.compute(dataclasses.replace(c, loss_chunks=1))
+        return dataclasses.replace(
+            plain,
+            forward_backward_s=max(plain.forward_backward_s + delta, 1e-9),
+            source=f"{plain.source} + the measured cost of {c.loss_chunks} loss chunks "
+            f"({delta * 1e3:+.1f} ms per micro-batch)",
         )
 
     def _rank_slowdown(self, model: TimeModel, world_size: int) -> tuple[float | None, str]:

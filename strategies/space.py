@@ -16,6 +16,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from profilers.checkpointing import parse_checkpointing
 from profilers.hardware import HardwareSpec
 from profilers.profile_record import Profile
 from profilers.workload import PRECISIONS
@@ -31,6 +32,7 @@ KNOBS: tuple[str, ...] = (
     "micro_batch_size",
     "grad_accum_steps",
     "num_workers",
+    "loss_chunks",
 )
 
 
@@ -45,6 +47,7 @@ class Candidate:
     micro_batch_size: int
     grad_accum_steps: int
     num_workers: int = 0
+    loss_chunks: int = 1
 
     @property
     def global_batch_size(self) -> int:
@@ -61,7 +64,7 @@ class Candidate:
         return (
             f"{self.precision}/{self.activation_checkpointing}/{self.parallelism}"
             f"{self.world_size}/mb{self.micro_batch_size}xga{self.grad_accum_steps}"
-            f"/nw{self.num_workers}"
+            f"/nw{self.num_workers}" + (f"/lc{self.loss_chunks}" if self.loss_chunks > 1 else "")
         )
 
     def label(self) -> str:
@@ -73,6 +76,8 @@ class Candidate:
         parts.append(f"micro-batch {self.micro_batch_size} × {self.grad_accum_steps} accumulation")
         if self.num_workers:
             parts.append(f"{self.num_workers} loader workers")
+        if self.loss_chunks > 1:
+            parts.append(f"loss in {self.loss_chunks} chunks")
         return ", ".join(parts)
 
     def short_label(self) -> str:
@@ -86,6 +91,8 @@ class Candidate:
         parts.append(f"{self.micro_batch_size}×{self.grad_accum_steps}")
         if self.num_workers:
             parts.append(f"{self.num_workers}w")
+        if self.loss_chunks > 1:
+            parts.append(f"{self.loss_chunks}ch")
         return " · ".join(parts)
 
     def apply(self, base: TrainConfig) -> TrainConfig:
@@ -195,6 +202,7 @@ class SearchSpace:
     layouts: tuple[tuple[str, int], ...]  # (parallelism, world_size)
     num_workers: tuple[int, ...] = (0,)
     excluded: tuple[str, ...] = ()
+    loss_chunks: tuple[int, ...] = (1,)  # 1: the plain loss; more: the profile measured them
 
     def __post_init__(self) -> None:
         if not self.precisions:
@@ -217,14 +225,14 @@ class SearchSpace:
 
     def candidates(self) -> list[Candidate]:
         """Every candidate, in a fixed order (so enumeration and resumption are deterministic)."""
-        out = []
+        out: list[Candidate] = []
         for precision in self.precisions:
             for checkpointing in self.checkpointing:
                 for parallelism, world in self.layouts:
                     per_rank = self.global_batch_size // world
                     for micro in self.micro_batch_sizes(world):
                         for workers in self.num_workers:
-                            out.append(
+                            out.extend(
                                 Candidate(
                                     precision=precision,
                                     activation_checkpointing=checkpointing,
@@ -233,14 +241,22 @@ class SearchSpace:
                                     micro_batch_size=micro,
                                     grad_accum_steps=per_rank // micro,
                                     num_workers=workers,
+                                    loss_chunks=chunks,
                                 )
+                                for chunks in self.loss_chunks
                             )
         return out
 
     @property
     def size(self) -> int:
         per_layout = sum(len(self.micro_batch_sizes(w)) for _, w in self.layouts)
-        return len(self.precisions) * len(self.checkpointing) * per_layout * len(self.num_workers)
+        return (
+            len(self.precisions)
+            * len(self.checkpointing)
+            * per_layout
+            * len(self.num_workers)
+            * len(self.loss_chunks)
+        )
 
     def contains(self, candidate: Candidate) -> bool:
         return (
@@ -249,6 +265,7 @@ class SearchSpace:
             and (candidate.parallelism, candidate.world_size) in self.layouts
             and candidate.global_batch_size == self.global_batch_size
             and candidate.num_workers in self.num_workers
+            and candidate.loss_chunks in self.loss_chunks
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -258,6 +275,7 @@ class SearchSpace:
             "checkpointing": list(self.checkpointing),
             "layouts": [f"{p}/{w}" for p, w in self.layouts],
             "num_workers": list(self.num_workers),
+            "loss_chunks": list(self.loss_chunks),
             "excluded": list(self.excluded),
             "size": self.size,
         }
@@ -313,6 +331,48 @@ def available_devices(profile: Profile) -> int:
     return 1
 
 
+def searched_checkpointing(
+    profile: Profile, settings: Sequence[str]
+) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """(the checkpointing settings the search prices, why the others are left out).
+
+    ``ops`` needs its own traces and timings (no other setting predicts its recompute), so it
+    is searched only when the profile measured it. ``blocks:K`` is priced on the line in K
+    through the measured settings (profilers.checkpointing_fits); a deep model's K are thinned
+    to :data:`MAX_BLOCK_SETTINGS` evenly spaced values (always K = 1, the least recompute), so
+    an 80-layer model does not multiply the space by 79.
+    """
+    measured = {m.activation_checkpointing for m in profile.fits.memory} & {
+        t.activation_checkpointing for t in profile.fits.time
+    }
+    kept: list[str] = []
+    left_out: list[str] = []
+    layers = profile.model.num_layers
+    ks = _block_choices(layers)
+    for setting in settings:
+        parsed = parse_checkpointing(setting)
+        if parsed.kind == "ops" and setting not in measured:
+            left_out.append(
+                "ops checkpointing: the profile did not trace and time it (profiles written "
+                "before it existed, or its budget ran out): re-run 'advisor profile' with a "
+                "larger --budget-s"
+            )
+        elif parsed.kind != "blocks" or parsed.blocks in ks:
+            kept.append(setting)
+    return tuple(kept), tuple(left_out)
+
+
+# blocks:K values a search prices at most (see searched_checkpointing).
+MAX_BLOCK_SETTINGS = 8
+
+
+def _block_choices(num_layers: int) -> set[int]:
+    if num_layers - 1 <= MAX_BLOCK_SETTINGS:
+        return set(range(1, num_layers))
+    steps = MAX_BLOCK_SETTINGS - 1
+    return {1 + round(i * (num_layers - 2) / steps) for i in range(MAX_BLOCK_SETTINGS)}
+
+
 def build_space(
     profile: Profile, request: SearchRequest, *, target: HardwareSpec | None = None
 ) -> SearchSpace:
@@ -341,17 +401,31 @@ def build_space(
         )
     # Checkpointing per block needs repeated blocks (ModelFacts.checkpointing_modes).
     checkpointing, no_blocks = profile.model.checkpointing_modes()
-    excluded = (*excluded, *no_blocks)
+    checkpointing, unmeasured = searched_checkpointing(profile, checkpointing)
+    excluded = (*excluded, *no_blocks, *unmeasured)
     on_gpu = (target is not None) or profile.device.kind == "cuda"
     workers: tuple[int, ...] = (0,)
     if on_gpu and target is None:
         measured = sorted({s.num_workers for s in profile.input if s.status == "ok"})
         workers = tuple(measured) or (0,)
+    chunks, no_chunks = loss_chunk_counts(profile)
     return SearchSpace(
         global_batch_size=request.global_batch_size,
         precisions=precisions,
         checkpointing=checkpointing,
         layouts=layouts,
         num_workers=workers,
-        excluded=excluded,
+        excluded=(*excluded, *no_chunks),
+        loss_chunks=chunks,
     )
+
+
+def loss_chunk_counts(profile: Profile) -> tuple[tuple[int, ...], tuple[str, ...]]:
+    """(the ``loss_chunks`` values to search, why none beyond 1): 1, plus every chunk count
+    the profile traced a memory fit for (profilers.phases_chunked picks and measures one)."""
+    if not profile.model.output_head:
+        # A profile from before the knob says nothing: no reason to print.
+        reason = profile.model.output_head_reason
+        return (1,), ((profile.model.loss_chunking_unavailable(),) if reason else ())
+    measured = sorted({m.loss_chunks for m in profile.fits.memory if m.loss_chunks > 1})
+    return (1, *measured), ()

@@ -14,7 +14,7 @@ import datetime
 import functools
 import time
 from collections.abc import Iterator, Mapping, Sequence
-from typing import TYPE_CHECKING, Any, Protocol, cast
+from typing import TYPE_CHECKING, Any, Literal, Protocol, cast
 
 from strategies.errors import StrategyError
 from strategies.space import Candidate, SearchSpace
@@ -46,6 +46,7 @@ def trial_params(candidate: Candidate) -> dict[str, Any]:
         "layout": _layout_name(candidate.parallelism, candidate.world_size),
         _micro_name(candidate.world_size): candidate.micro_batch_size,
         "num_workers": candidate.num_workers,
+        "loss_chunks": candidate.loss_chunks,
     }
 
 
@@ -59,6 +60,7 @@ def suggest_candidate(trial: optuna.Trial, space: SearchSpace) -> Candidate:
         _micro_name(world_size), list(space.micro_batch_sizes(world_size))
     )
     workers = trial.suggest_categorical("num_workers", list(space.num_workers))
+    chunks = trial.suggest_categorical("loss_chunks", list(space.loss_chunks))
     return Candidate(
         precision=str(precision),
         activation_checkpointing=str(checkpointing),
@@ -67,6 +69,7 @@ def suggest_candidate(trial: optuna.Trial, space: SearchSpace) -> Candidate:
         micro_batch_size=int(micro),
         grad_accum_steps=space.global_batch_size // (world_size * int(micro)),
         num_workers=int(workers),
+        loss_chunks=int(chunks),
     )
 
 
@@ -83,6 +86,7 @@ def candidate_from_params(params: Mapping[str, Any], space: SearchSpace) -> Cand
             micro_batch_size=micro,
             grad_accum_steps=space.global_batch_size // (world_size * micro),
             num_workers=int(params["num_workers"]),
+            loss_chunks=int(params.get("loss_chunks", 1)),  # studies from before the knob: 1
         )
     except (KeyError, ValueError, ZeroDivisionError):
         return None
@@ -158,8 +162,17 @@ def enumeration_sampler_class() -> type:
 
 
 def open_study(
-    storage: str, study_name: str, seed: int, enumerator: EnumerationSampler | None
+    storage: str,
+    study_name: str,
+    seed: int,
+    enumerator: EnumerationSampler | None,
+    *,
+    direction: Literal["minimize", "maximize"] = "maximize",
+    sampler: optuna.samplers.BaseSampler | None = None,
+    pruner: optuna.pruners.BasePruner | None = None,
 ) -> optuna.Study:
+    """Create or load ``study_name``; ``sampler``/``pruner``/``direction`` for other studies
+    than the config search's (``advisor tune``'s: minimise eval loss, with a pruner)."""
     import optuna
 
     for attempt in range(OPEN_ATTEMPTS):
@@ -183,18 +196,14 @@ def open_study(
             ) from None
     if storage.startswith("sqlite"):
         _use_wal(rdb)
-    sampler: optuna.samplers.BaseSampler
-    if enumerator is not None:
-        sampler = cast("optuna.samplers.BaseSampler", enumerator)
-    elif hasattr(optuna.trial.Trial, "set_constraint"):
-        sampler = optuna.samplers.TPESampler(seed=seed)
-    else:
-        sampler = optuna.samplers.TPESampler(seed=seed, constraints_func=_constraints)
+    if sampler is None:
+        sampler = _search_sampler(enumerator, seed)
     return optuna.create_study(
         storage=rdb,
         study_name=study_name,
         sampler=sampler,
-        direction="maximize",
+        pruner=pruner,
+        direction=direction,
         load_if_exists=True,
     )
 
@@ -242,3 +251,17 @@ def redact(url: str) -> str:
     credentials, _, host = rest.rpartition("@")
     user = credentials.split(":", 1)[0]
     return f"{scheme}://{user}:***@{host}" if ":" in credentials else url
+
+
+def _search_sampler(
+    enumerator: EnumerationSampler | None, seed: int
+) -> optuna.samplers.BaseSampler:
+    """The config search's sampler: the enumerator when the space is enumerated, else TPE
+    (with the feasibility constraint where this Optuna has no ``Trial.set_constraint``)."""
+    import optuna
+
+    if enumerator is not None:
+        return cast("optuna.samplers.BaseSampler", enumerator)
+    if hasattr(optuna.trial.Trial, "set_constraint"):
+        return optuna.samplers.TPESampler(seed=seed)
+    return optuna.samplers.TPESampler(seed=seed, constraints_func=_constraints)

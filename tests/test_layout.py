@@ -129,6 +129,8 @@ def test_imports_run_one_way() -> None:
 # profilers modules that hold records and arithmetic only (no torch at import time, no probe):
 # all that strategies and reports may import from the package below them.
 PROFILER_RECORDS = {
+    "profilers.checkpointing",
+    "profilers.checkpointing_fits",
     "profilers.comm_records",
     "profilers.defaults",
     "profilers.device",

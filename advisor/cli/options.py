@@ -22,8 +22,9 @@ from advisor.trainer.options import (
     RunOptions,
     run_steps,
 )
+from profilers.checkpointing import parse_checkpointing
 from profilers.defaults import DEFAULT_MEMORY_BUDGET, DEFAULT_PROFILE_BUDGET_S
-from profilers.workload import CHECKPOINTING, PARALLELISMS, PRECISIONS
+from profilers.workload import PARALLELISMS, PRECISIONS
 from strategies.budgets import (
     DEFAULT_TRIALS,
     DEFAULT_VALIDATE_ROUNDS,
@@ -47,6 +48,19 @@ Decorator = Callable[[F], F]
 POSITIVE = click.IntRange(min=1)
 NON_NEGATIVE = click.IntRange(min=0)
 DEVICES = ("auto", "cpu", "cuda")
+
+
+class CheckpointingType(click.ParamType):
+    """An activation-checkpointing setting (profilers.checkpointing): none, full, ops or
+    blocks:K. K against the model's depth is checked once the model is known."""
+
+    name = "none|full|ops|blocks:K"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> str:
+        try:
+            return parse_checkpointing(str(value)).setting
+        except ValueError as exc:
+            self.fail(str(exc), param, ctx)
 
 
 def _stack(*decorators: Callable[[Any], Any]) -> Callable[[F], F]:
@@ -144,13 +158,21 @@ config_options = _stack(
     ),
     click.option(
         "--activation-checkpointing",
-        type=click.Choice(CHECKPOINTING),
-        help="Recompute each block in backward: none|full.",
+        type=CheckpointingType(),
+        help="Recompute in backward: none | full (every block) | ops (every block's cheap "
+        "ops; matmul and attention outputs are saved) | blocks:K (K of the repeated blocks, "
+        "spread evenly).",
     ),
     click.option("--parallelism", type=click.Choice(PARALLELISMS), help="single, ddp or fsdp."),
     click.option("--world-size", type=POSITIVE, help="Ranks (processes/devices) for ddp/fsdp."),
     hyperparameter_options,
     click.option("--num-workers", type=NON_NEGATIVE, help="Data-loader worker processes."),
+    click.option(
+        "--loss-chunks",
+        type=POSITIVE,
+        help="Compute the LM loss over N chunks of each micro-batch's tokens, each chunk's "
+        "logits recomputed in backward (less memory for a large vocabulary); 1: the plain loss.",
+    ),
 )
 
 

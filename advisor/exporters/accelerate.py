@@ -16,6 +16,7 @@ from advisor.exporters.text import (
     comment_block,
     header_lines,
     schedule_code,
+    selective_checkpointing_unmapped,
     workload_unmapped,
     yaml_text,
 )
@@ -57,6 +58,7 @@ def build(source: Source) -> Export:
             f"machine and main_process_ip to machine 0 (here {host})"
         )
     full = c.activation_checkpointing == "full"
+    unmapped += selective_checkpointing_unmapped(c.activation_checkpointing, "Accelerate")
     if c.parallelism == "fsdp":
         fsdp: dict[str, Any] = {
             "fsdp_version": 2,

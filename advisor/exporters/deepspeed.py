@@ -15,7 +15,11 @@ from typing import Any
 
 from advisor.exporters.record import Export
 from advisor.exporters.source import TRAIN_SCRIPT, Source, adam_hyperparameters
-from advisor.exporters.text import header_lines, workload_unmapped
+from advisor.exporters.text import (
+    header_lines,
+    selective_checkpointing_unmapped,
+    workload_unmapped,
+)
 
 FILENAME = "ds_config.json"
 HEADER_KEY = "_advisor"
@@ -84,6 +88,7 @@ def build(source: Source) -> Export:
     elif c.precision == "fp16":
         config["fp16"] = dict(FP16)
     unmapped = workload_unmapped(source)
+    unmapped += selective_checkpointing_unmapped(c.activation_checkpointing, "DeepSpeed")
     if c.activation_checkpointing == "full":
         # DeepSpeed's section configures deepspeed.checkpointing; the model must call it.
         config["activation_checkpointing"] = {

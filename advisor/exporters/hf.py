@@ -21,7 +21,11 @@ from advisor.exporters.source import (
     torchrun_line,
     torchrun_world_size,
 )
-from advisor.exporters.text import header_lines, workload_unmapped
+from advisor.exporters.text import (
+    header_lines,
+    selective_checkpointing_unmapped,
+    workload_unmapped,
+)
 
 FILENAME = "training_args.json"
 # The TrainConfig keys this file sets natively; every other key is named by an unmapped line.
@@ -69,6 +73,7 @@ def build(source: Source) -> Export:
         "fp16": c.precision == "fp16",
     }
     unmapped = workload_unmapped(source)
+    unmapped += selective_checkpointing_unmapped(c.activation_checkpointing, "the HF Trainer")
     full = c.activation_checkpointing == "full"
     if c.parallelism == "fsdp":
         fsdp_config: dict[str, Any] = {

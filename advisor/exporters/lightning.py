@@ -18,6 +18,7 @@ from advisor.exporters.text import (
     comment_block,
     header_lines,
     schedule_code,
+    selective_checkpointing_unmapped,
     workload_unmapped,
     yaml_text,
 )
@@ -70,6 +71,7 @@ def _strategy(source: Source, unmapped: list[str]) -> Any:
 def build(source: Source) -> Export:
     c = source.config
     unmapped = workload_unmapped(source)
+    unmapped += selective_checkpointing_unmapped(c.activation_checkpointing, "Lightning")
     strategy = _strategy(source, unmapped)
     trainer: dict[str, Any] = {
         "accelerator": "gpu" if source.on_gpu else "cpu",

@@ -98,7 +98,39 @@ def workload_unmapped(source: Source, *, seq_len_mapped: bool = False) -> list[s
             f"init_from {init_from}: advisor's initial weights; load them into your model "
             "before training (torch.load(..., weights_only=True), then load_state_dict)"
         )
+    chunks = getattr(c, "loss_chunks", 1)  # the chunked LM loss; 1: the plain one
+    out.append(
+        f"loss_chunks {chunks}: the plain LM loss over the whole logits, as this stack computes it"
+        if chunks == 1
+        else f"loss_chunks {chunks}: advisor's chunked LM loss (each chunk's logits recomputed "
+        "in backward) has no setting here; compute the loss over that many chunks of the "
+        "tokens in your script, or use a fused linear cross-entropy (e.g. liger-kernel's)"
+    )
     return out
+
+
+def selective_checkpointing_unmapped(setting: str, stack: str) -> list[str]:
+    """The unmapped line of a selective checkpointing setting in a stack that checkpoints every
+    block or none (profilers.checkpointing names the settings); none for the others."""
+    from profilers.checkpointing import parse_checkpointing
+
+    parsed = parse_checkpointing(setting)
+    if parsed.kind == "ops":
+        return [
+            f"activation_checkpointing ops: {stack} has no per-op checkpointing policy; wrap "
+            "each repeated block in torch.utils.checkpoint.checkpoint(use_reentrant=False, "
+            "context_fn=partial(create_selective_checkpoint_contexts, policy)) whose policy "
+            "MUST_SAVEs aten mm/addmm/bmm and scaled_dot_product_* outputs and "
+            "PREFER_RECOMPUTEs the rest"
+        ]
+    if parsed.kind == "blocks":
+        k = parsed.blocks
+        return [
+            f"activation_checkpointing {setting}: {stack} checkpoints every block or none; wrap "
+            f"{k} of the L repeated blocks (advisor: blocks i·L/{k}, i = 0..{k - 1}, never the "
+            "last) in torch.utils.checkpoint.checkpoint(use_reentrant=False) in your model"
+        ]
+    return []
 
 
 def schedule_code(source: Source) -> str:

@@ -14,6 +14,7 @@ from typing import Any
 from advisor.exporters.record import Export
 from advisor.exporters.source import Source, adam_hyperparameters, torchrun_line
 from advisor.exporters.text import comment_block, header_lines, toml_text, workload_unmapped
+from strategies.config import TrainConfig
 
 FILENAME = "torchtitan.toml"
 MIXED_PRECISION = {"fp32": "float32", "bf16": "bfloat16"}
@@ -83,7 +84,7 @@ def build(source: Source) -> Export:
             "decay_type": "cosine",
             "min_lr_factor": c.min_lr / c.lr,
         },
-        "activation_checkpoint": {"mode": c.activation_checkpointing},
+        "activation_checkpoint": _activation_checkpoint(c, unmapped),
         "parallelism": {
             "data_parallel_replicate_degree": degrees[0],
             "data_parallel_shard_degree": degrees[1],
@@ -106,6 +107,52 @@ def build(source: Source) -> Export:
     )
 
 
+def _activation_checkpoint(c: TrainConfig, unmapped: list[str]) -> dict[str, Any]:
+    """torchtitan's ``activation_checkpoint``: mode none | full | selective, and for selective
+    ``selective_ac_option`` "op" (per op) or N (every N-th layer, torchtitan's layers N-1,
+    2N-1, ...)."""
+    from profilers.checkpointing import parse_checkpointing
+
+    parsed = parse_checkpointing(c.activation_checkpointing)
+    if parsed.kind in ("none", "full"):
+        return {"mode": parsed.kind}
+    if parsed.kind == "ops":
+        unmapped.append(
+            "activation_checkpointing ops: written as torchtitan's selective_ac_option 'op', "
+            "whose policy saves attention but only every other matmul output (advisor's saves "
+            "every one): more recompute, less memory than advisor predicted"
+        )
+        return {"mode": "selective", "selective_ac_option": "op"}
+    k, layers = parsed.blocks, _num_layers(c)
+    if layers is None or k >= layers:
+        unmapped.append(
+            f"activation_checkpointing {c.activation_checkpointing}: the model's number of "
+            "layers is unknown here; written as full checkpointing (more recompute than "
+            "planned): set selective_ac_option to L // K yourself"
+        )
+        return {"mode": "full"}
+    every = layers // k  # at least K layers checkpointed: never more memory than planned
+    count = layers // every
+    unmapped.append(
+        f"activation_checkpointing {c.activation_checkpointing}: written as torchtitan's "
+        f"selective_ac_option {every} (every {every}-th of {layers} layers: {count} layers, "
+        f"numbers {every - 1}, {2 * every - 1}, ...); advisor checkpoints {k} layers from the "
+        "first and never the last, whose recompute saves nothing at the peak: torchtitan's "
+        "peak can sit above advisor's prediction"
+    )
+    return {"mode": "selective", "selective_ac_option": str(every)}
+
+
+def _num_layers(c: TrainConfig) -> int | None:
+    """The model's repeated blocks (built on the meta device), None if it cannot be built."""
+    try:
+        from advisor.workload import AdvisorWorkload
+
+        return AdvisorWorkload(model=c.model, model_args=dict(c.model_args)).facts().num_layers
+    except Exception:  # an unavailable model (a missing extra or file): say so, don't fail
+        return None
+
+
 def read_back(text: str, launch: str | None) -> dict[str, Any]:
     try:
         import tomllib
@@ -120,7 +167,17 @@ def read_back(text: str, launch: str | None) -> dict[str, Any]:
     return {
         "global_batch_size": training["global_batch_size"],
         "precision": "bf16" if param == "bfloat16" else "fp32",
-        "activation_checkpointing": data.get("activation_checkpoint", {}).get("mode", "selective"),
+        "activation_checkpointing": _checkpointing_back(data.get("activation_checkpoint", {})),
         "parallelism": "fsdp" if shard > 1 else "ddp" if replicate > 1 else "single",
         "world_size": replicate * max(shard, 1),
     }
+
+
+def _checkpointing_back(section: dict[str, Any]) -> str:
+    """advisor's name for a torchtitan setting: ops for option "op"; "selective:N" for every
+    N-th layer (which blocks:K it is depends on the model's depth)."""
+    mode = section.get("mode", "selective")
+    if mode != "selective":
+        return str(mode)
+    option = str(section.get("selective_ac_option", "2"))
+    return "ops" if option == "op" else f"selective:{option}"

@@ -1,4 +1,5 @@
-"""One face for every model: logits and loss, the repeated blocks, shape facts, weight tying.
+"""One face for every model: logits and loss, the repeated blocks, the output head, shape facts,
+weight tying.
 
 Built-in presets, Hugging Face models and user factories all become a :class:`ModelAdapter`,
 so the trainer, checkpointing, FSDP wrapping and the probes never branch on where a model came
@@ -15,7 +16,7 @@ import torch
 from torch import nn
 
 from advisor.models.objectives import Objective, lm_loss
-from profilers.workload import ModelFacts
+from profilers.workload import NO_OUTPUT_HEAD, ModelFacts
 
 
 @dataclass
@@ -35,6 +36,10 @@ class ModelAdapter:
     ffn_hidden_size: int | None = None
     num_kv_heads: int | None = None
     mask_token_id: int | None = None
+    # Why the loss cannot be computed in chunks of tokens even though the model exposes an
+    # output head (e.g. an hf model that scales or soft-caps its logits after the head); None:
+    # no such reason is known.
+    head_blocker: str | None = None
 
     # -- the repeated blocks ---------------------------------------------------------------
     def blocks(self) -> nn.ModuleList:
@@ -51,6 +56,37 @@ class ModelAdapter:
 
     def loss(self, batch: Mapping[str, torch.Tensor]) -> torch.Tensor:
         return lm_loss(self.logits(batch["input_ids"]), batch["labels"])
+
+    # -- the output head (chunked loss) ---------------------------------------------------
+    def output_head(self) -> nn.Linear | None:
+        """The linear layer that turns the final hidden states into the logits, when the model
+        exposes it as ``get_output_embeddings()`` (Hugging Face's name, which the built-in
+        models share) and it is the last op of ``forward``; None otherwise."""
+        if self.head_blocker is not None:
+            return None
+        get = getattr(self.module, "get_output_embeddings", None)
+        head = get() if callable(get) else None
+        return head if isinstance(head, nn.Linear) else None
+
+    def loss_chunking_unavailable(self) -> str:
+        """Why ``loss_chunks`` > 1 cannot run on this model; empty when it can."""
+        if self.head_blocker is not None:
+            return self.head_blocker
+        return "" if self.output_head() is not None else NO_OUTPUT_HEAD
+
+    def defer_output_head(self) -> nn.Linear:
+        """Make the model's forward return its final hidden states (the head's input) instead
+        of the logits, and return the head, for :func:`advisor.models.objectives.
+        chunked_lm_loss` to apply chunk by chunk. The head stays where it is (parameters,
+        state-dict keys, weight tying, FSDP/DDP wrapping unchanged): only its ``forward`` on
+        this instance becomes the identity. Used by a training step built for ``loss_chunks``
+        > 1, never undone."""
+        head = self.output_head()
+        if head is None:
+            raise ValueError(f"{self.name}: {self.loss_chunking_unavailable()}")
+        # An instance attribute shadows the class's forward in nn.Module.__call__.
+        setattr(head, "forward", _identity)  # noqa: B010
+        return head
 
     def make_objective(self, data_vocab_size: int) -> Objective:
         return Objective(self.objective, data_vocab_size, self.mask_token_id)
@@ -99,7 +135,13 @@ class ModelAdapter:
             num_kv_heads=self.num_kv_heads,
             tied_embeddings=_has_tied_output(self.module),
             repeated_blocks=self.blocks_path is not None,
+            output_head=not self.loss_chunking_unavailable(),
+            output_head_reason=self.loss_chunking_unavailable(),
         )
+
+
+def _identity(x: torch.Tensor) -> torch.Tensor:
+    return x
 
 
 def _has_tied_output(module: nn.Module) -> bool:

@@ -70,6 +70,10 @@ class BertForMLM(nn.Module):
     def tie_weights(self) -> None:
         self.decoder.weight = self.word_embeddings.weight
 
+    def get_output_embeddings(self) -> nn.Linear:
+        """The output head, the last op of forward (Hugging Face's name: chunked losses use it)."""
+        return self.decoder
+
     def init_weights(self) -> None:
         init_parameters(self, lambda _name, p: nn.init.trunc_normal_(p, std=0.02))
 

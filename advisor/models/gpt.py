@@ -91,6 +91,10 @@ class GPT(nn.Module):
         if self.config.tie_weights:
             self.lm_head.weight = self.wte.weight
 
+    def get_output_embeddings(self) -> nn.Linear:
+        """The output head, the last op of forward (Hugging Face's name: chunked losses use it)."""
+        return self.lm_head
+
     def init_weights(self) -> None:
         # GPT-2: N(0, 0.02), residual projections scaled by 1/sqrt(2 * n_layer).
         residual = 0.02 / math.sqrt(2 * self.config.n_layer)

@@ -120,4 +120,23 @@ def build_hf(spec: str, args: dict[str, Any], meta: bool) -> ModelAdapter:
         ffn_hidden_size=first("intermediate_size", "n_inner"),
         num_kv_heads=first("num_key_value_heads"),
         mask_token_id=first("mask_token_id"),
+        head_blocker=_logits_after_head(config),
+    )
+
+
+# Config fields of transformers models that change the logits after the output head (Gemma 2's
+# soft-capping, Cohere's and Granite's scaling): their head's output is not the logits, so a
+# loss over chunks of the head would differ from the model's.
+LOGITS_AFTER_HEAD = ("final_logit_softcapping", "logit_scale", "logits_scaling")
+
+
+def _logits_after_head(config: Any) -> str | None:
+    changed = [
+        name for name in LOGITS_AFTER_HEAD if getattr(config, name, None) not in (None, 1, 1.0)
+    ]
+    if not changed:
+        return None
+    return (
+        f"{config.model_type} changes its logits after the output head ({', '.join(changed)}), "
+        "so the head's output is not the logits"
     )

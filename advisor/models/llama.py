@@ -125,6 +125,10 @@ class Llama(nn.Module):
         if self.config.tie_weights:
             self.output.weight = self.tok_embeddings.weight
 
+    def get_output_embeddings(self) -> nn.Linear:
+        """The output head, the last op of forward (Hugging Face's name: chunked losses use it)."""
+        return self.output
+
     @torch.no_grad()
     def init_weights(self) -> None:
         cfg = self.config

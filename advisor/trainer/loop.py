@@ -112,12 +112,22 @@ def check_shapes(config: TrainConfig, facts: ModelFacts, source: TokenSource) ->
 
 
 def check_block_knobs(config: TrainConfig, facts: ModelFacts) -> None:
-    """Activation checkpointing recomputes the repeated blocks: refuse it for a model without."""
+    """Activation checkpointing recomputes the repeated blocks: refuse it for a model without
+    (and blocks:K for K outside 1..L-1)."""
+    problem = facts.checkpointing_problem(config.activation_checkpointing)
+    if facts.repeated_blocks and problem:
+        raise UsageProblem(f"{config.model}: {problem}")
     if config.activation_checkpointing not in facts.checkpointing_modes()[0]:
         raise UsageProblem(
             f"--activation-checkpointing {config.activation_checkpointing} is unavailable for "
             f"{config.model}: {NO_REPEATED_BLOCKS}; use --activation-checkpointing none "
             "(or keep the layers in an nn.ModuleList)"
+        )
+    why = facts.loss_chunking_unavailable()
+    if config.loss_chunks > 1 and why:
+        raise UsageProblem(
+            f"--loss-chunks {config.loss_chunks} is unavailable for {config.model}: {why}; use "
+            "--loss-chunks 1"
         )
 
 

@@ -8,6 +8,7 @@ optimizer over the (possibly sharded) parameters.
 from __future__ import annotations
 
 import contextlib
+import functools
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -17,7 +18,8 @@ import torch
 from torch import nn
 
 from advisor.models.adapter import ModelAdapter, extract_logits
-from advisor.models.objectives import lm_loss
+from advisor.models.objectives import chunked_lm_loss, lm_loss
+from profilers.checkpointing import checkpointed_blocks, parse_checkpointing
 from profilers.workload import Batch, StepSpec, StepStats
 
 AUTOCAST_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
@@ -33,10 +35,13 @@ class ParallelOptions:
     fsdp_reshard_after_forward: bool = True
 
 
-def apply_activation_checkpointing(adapter: ModelAdapter) -> None:
-    """Wrap every repeated block in non-reentrant ``torch.utils.checkpoint``.
+def apply_activation_checkpointing(adapter: ModelAdapter, setting: str = "full") -> None:
+    """Wrap the repeated blocks ``setting`` names in non-reentrant ``torch.utils.checkpoint``.
 
-    The wrapper's state-dict hooks strip its prefix, so checkpoints load with or without it.
+    ``full`` and ``blocks:K`` (profilers.checkpointing.checkpointed_blocks says which K) save
+    only each wrapped block's input; ``ops`` wraps every block with the selective policy of
+    :func:`save_matmuls_policy`. The wrapper's state-dict hooks strip its prefix, so
+    checkpoints load with or without it.
     """
     from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import (
         CheckpointImpl,
@@ -44,16 +49,55 @@ def apply_activation_checkpointing(adapter: ModelAdapter) -> None:
     )
 
     blocks = adapter.blocks()
-    for i, block in enumerate(blocks):
-        blocks[i] = checkpoint_wrapper(block, checkpoint_impl=CheckpointImpl.NO_REENTRANT)
+    kwargs: dict[str, Any] = {}
+    if parse_checkpointing(setting).kind == "ops":
+        from torch.utils.checkpoint import create_selective_checkpoint_contexts
+
+        kwargs["context_fn"] = functools.partial(
+            create_selective_checkpoint_contexts, save_matmuls_policy
+        )
+    for i in checkpointed_blocks(setting, len(blocks)):
+        blocks[i] = checkpoint_wrapper(
+            blocks[i], checkpoint_impl=CheckpointImpl.NO_REENTRANT, **kwargs
+        )
+
+
+@functools.cache
+def _saved_ops() -> frozenset[Any]:
+    """The ops whose outputs ``ops`` checkpointing keeps: matmuls and attention (every SDPA
+    kernel: CPU flash, CUDA flash / memory-efficient / cuDNN), the expensive part to recompute;
+    everything else in a block (norms, activations, element-wise, views) is recomputed."""
+    aten = torch.ops.aten
+    names = (
+        "mm",
+        "addmm",
+        "bmm",
+        "baddbmm",
+        "_scaled_dot_product_flash_attention",
+        "_scaled_dot_product_flash_attention_for_cpu",
+        "_scaled_dot_product_efficient_attention",
+        "_scaled_dot_product_cudnn_attention",
+        "_scaled_dot_product_fused_attention_overrideable",
+    )
+    return frozenset(getattr(aten, n).default for n in names if hasattr(aten, n))
+
+
+def save_matmuls_policy(ctx: Any, op: Any, *args: Any, **kwargs: Any) -> Any:
+    """Selective-checkpoint policy of ``ops``: must save matmul/attention outputs, prefer
+    recomputing the rest (torch.utils.checkpoint.CheckpointPolicy)."""
+    from torch.utils.checkpoint import CheckpointPolicy
+
+    if op in _saved_ops():
+        return CheckpointPolicy.MUST_SAVE
+    return CheckpointPolicy.PREFER_RECOMPUTE
 
 
 def prepare_module(
     adapter: ModelAdapter, spec: StepSpec, device: torch.device, options: ParallelOptions
 ) -> nn.Module:
     """Checkpointing, then parallelism; returns the module the step calls."""
-    if spec.activation_checkpointing == "full":
-        apply_activation_checkpointing(adapter)
+    if spec.activation_checkpointing != "none":
+        apply_activation_checkpointing(adapter, spec.activation_checkpointing)
     module = adapter.module
     if spec.parallelism == "ddp":
         from torch.nn.parallel import DistributedDataParallel
@@ -128,6 +172,8 @@ class AdvisorStep:
         options: ParallelOptions | None = None,
     ) -> None:
         self.adapter, self.spec, self.device = adapter, spec, device
+        # loss_chunks > 1: the model returns its final hidden states, the loss applies the head.
+        self.head = adapter.defer_output_head() if spec.loss_chunks > 1 else None
         self.model = prepare_module(adapter, spec, device, options or ParallelOptions())
         self.optimizer: torch.optim.Optimizer = build_optimizer(self.model, spec, device)
         self.scaler = make_grad_scaler(spec, device)
@@ -156,6 +202,8 @@ class AdvisorStep:
     def loss(self, batch: Batch) -> torch.Tensor:
         with self.autocast():
             logits = extract_logits(self.model(batch["input_ids"]))
+            if self.head is not None:  # not logits: the final hidden states
+                return chunked_lm_loss(logits, self.head, batch["labels"], self.spec.loss_chunks)
             return lm_loss(logits, batch["labels"])
 
     def forward_backward(self, batches: Sequence[Batch]) -> torch.Tensor:

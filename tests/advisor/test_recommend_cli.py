@@ -196,7 +196,9 @@ def test_recommend_validates_the_top_candidates_for_real(tmp_path: Path) -> None
     profile = hand_profile(comm_world_sizes=(2,))
     args = {"vocab_size": 256, "n_layer": 1, "n_head": 2, "n_embd": 32, "block_size": 64}
     profile = dataclasses.replace(
-        profile, workload={**profile.workload, "model_args": args, "seq_len": 64}
+        profile,
+        workload={**profile.workload, "model_args": args, "seq_len": 64},
+        model=dataclasses.replace(profile.model, num_layers=1),  # the facts of n_layer=1
     )
     profile.save(tmp_path)
     result = run(

@@ -42,14 +42,18 @@ def test_the_preset_with_overrides_rebuilds_the_published_model() -> None:
         assert facts.num_params == pytest.approx(published, rel=0.001)
 
 
-def test_layers_extended_from_one_and_two_match_a_direct_trace_of_three() -> None:
+@pytest.mark.slow
+def test_layers_extended_match_direct_traces_single_and_per_fsdp_rank() -> None:
+    """Single-device fits extended from 1 and 2 layers, FSDP per-rank fits from 3 and 4, both
+    against direct traces of 5 layers."""
     from profilers.flops import count_step_flops
     from profilers.memory import trace_step_memory
+    from profilers.memory_distributed import trace_distributed_step_memories
     from profilers.memory_model import fit_memory_models
     from profilers.workload import StepSpec
 
     args = {
-        "n_layer": 3,
+        "n_layer": 5,
         "n_head": 2,
         "n_embd": 64,
         "vocab_size": 256,
@@ -58,7 +62,7 @@ def test_layers_extended_from_one_and_two_match_a_direct_trace_of_three() -> Non
     }
     row = dataclasses.replace(wp.read_rows()[0], model_args=args, seq_len=64, label="tiny")
     profile = wp.trace_only_profile(row, ("none",), say=lambda *_: None)
-    assert profile.model.num_layers == 3
+    assert profile.model.num_layers == 5
     from advisor.workload import AdvisorWorkload
 
     direct = AdvisorWorkload(model=row.model, model_args=args)
@@ -75,9 +79,26 @@ def test_layers_extended_from_one_and_two_match_a_direct_trace_of_three() -> Non
         for b in (1, 2)
     ]
     (truth,) = fit_memory_models(traces)
-    (extended,) = profile.fits.memory
+    single, sharded = sorted(profile.fits.memory, key=lambda m: m.parallelism != "single")
+    assert (sharded.parallelism, sharded.world_size) == ("fsdp", wp.FSDP_TRACE_WORLD)
     for b in (1, 4, 16):
-        assert extended.predict(b) == pytest.approx(truth.predict(b), rel=0.01)
+        assert single.predict(b) == pytest.approx(truth.predict(b), rel=0.01)
+    rank_specs = [
+        StepSpec(
+            seq_len=64,
+            micro_batch_size=b,
+            grad_accum_steps=a,
+            precision="bf16",
+            parallelism="fsdp",
+            world_size=wp.FSDP_TRACE_WORLD,
+        )
+        for b, a in ((1, 1), (2, 1), (3, 1), (2, 2), (3, 2))
+    ]
+    (rank_truth,) = fit_memory_models(
+        trace_distributed_step_memories(direct, rank_specs, target_device_type="cuda")
+    )
+    for b, a in ((1, 1), (2, 1), (3, 1), (6, 1), (3, 2)):
+        assert sharded.predict(b, a) == pytest.approx(rank_truth.predict(b, a), rel=0.01)
 
 
 def _result(row: wp.Row, predicted: float) -> wp.Result:
@@ -85,7 +106,10 @@ def _result(row: wp.Row, predicted: float) -> wp.Result:
         row=row,
         predicted_tokens_per_s_per_gpu=predicted,
         step_time_s=1.0,
-        peak_memory_gib=10.0,
+        peak_memory_gib=10.0 if row.tune else 90.0,
+        traced_memory_gib=8.0,
+        gpu_memory_gib=80.0,
+        memory_source="test",
         parts={"gemm": 0.6, "attention": 0.2, "memory_bound": 0.1, "launch": 0.0},
         optimizer_s=0.05,
         exposed_communication_s=0.0,
@@ -115,6 +139,10 @@ def test_results_report_held_out_rows_apart_from_tuning_rows(tmp_path: Path) -> 
     tuning_line = next(line for line in text.splitlines() if line.startswith("- tuning rows"))
     assert "target MISSED" in tuning_line
     assert text.index("## Held-out rows") < text.index("## Tuning rows")
+    # Memory: the tuning rows are given a peak that fits, the held-out ones one that does not.
+    tuned = sum(r.tune for r in rows)
+    assert f"memory: {tuned} of {tuned} published configs predicted to fit" in tuning_line
+    assert f"memory: 0 of {len(rows) - tuned} published" in held_line
     assert len(csv_path.read_text().splitlines()) == len(rows) + 1
 
 

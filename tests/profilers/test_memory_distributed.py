@@ -47,6 +47,12 @@ _CPU_SPECS = (
     *(_spec("fsdp", 2, b) for b in (*PROBED, UNPROBED)),
     _spec("fsdp", 4, 4),
     _spec("fsdp", 2, 4, accum=2),
+    # Resharding a world-2 fit to 4 and 8 ranks is checked against these.
+    _spec("fsdp", 4, 1),
+    _spec("fsdp", 4, 4, accum=2),
+    _spec("fsdp", 8, 1),
+    _spec("fsdp", 8, 4),
+    _spec("fsdp", 8, 4, accum=2),
     *(_spec("ddp", 2, b) for b in (*PROBED, UNPROBED)),
     _spec("ddp", 2, 4, accum=2),
 )
@@ -94,6 +100,34 @@ def test_per_rank_peak_is_affine_in_micro_batch(parallelism: str) -> None:
     unprobed = _trace(parallelism, 2, UNPROBED)
     assert model.parallelism == parallelism and model.world_size == 2
     assert model.predict(UNPROBED) == pytest.approx(unprobed.peak_bytes, rel=0.05)
+
+
+@pytest.mark.parametrize("world_size", [4, 8])
+def test_a_world_2_fsdp_fit_resharded_matches_the_trace_at_more_ranks(world_size: int) -> None:
+    traces = _cpu_traces()
+    two = fit_memory(
+        [traces[_spec("fsdp", 2, b)] for b in PROBED] + [traces[_spec("fsdp", 2, 4, accum=2)]]
+    )
+    resharded = two.resharded(world_size)
+    assert (resharded.parallelism, resharded.world_size) == ("fsdp", world_size)
+    keep = 2 / world_size
+    for b in PROBED:
+        truth = traces[_spec("fsdp", world_size, b)].forward_backward_peak_bytes
+        # The sharded gradients live at the world-2 peak are kept as traced (an upper bound);
+        # resharding them too is the lower bound. The truth lies in between.
+        upper = resharded.forward_backward.predict(b)
+        live = traces[_spec("fsdp", 2, b)].forward_backward_breakdown.gradients
+        assert upper - live * (1 - keep) - 1024 <= truth <= upper + 1024
+        assert resharded.optimizer_step.predict(b) == pytest.approx(
+            traces[_spec("fsdp", world_size, b)].optimizer_step_peak_bytes, rel=1e-4
+        )
+    accumulating = traces[_spec("fsdp", world_size, 4, accum=2)]
+    assert resharded.predict(4, 2) == pytest.approx(accumulating.peak_bytes, rel=1e-4)
+    assert resharded.optimizer_state_bytes == pytest.approx(
+        accumulating.optimizer_state_bytes, rel=1e-4
+    )
+    with pytest.raises(ValueError, match="only FSDP"):
+        fit_memory([traces[_spec("ddp", 2, b)] for b in PROBED]).resharded(4)
 
 
 def test_ddp_keeps_one_gradient_copy_in_its_buckets() -> None:

@@ -414,3 +414,19 @@ def test_the_larger_timed_size_halves_until_the_memory_model_says_it_fits() -> N
         ToyWorkload(), ProfileOptions(seq_len=SEQ_LEN, time_micro_batch_sizes=(3, 5)), None
     )
     assert timed_sizes(asked, per_sequence, capacity=1, slowdown=20.0) == (3, 5)
+
+
+def test_one_device_still_traces_fsdp_ranks_for_the_what_if(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import profilers.comm
+    from profilers.profiler import _traced_layouts
+
+    options = ProfileOptions(seq_len=16)
+    monkeypatch.setattr(profilers.comm, "available_world_sizes", lambda target: ())
+    assert _traced_layouts(options, "cuda") == ((2,), ("fsdp",))
+    monkeypatch.setattr(profilers.comm, "available_world_sizes", lambda target: (2, 4))
+    assert _traced_layouts(options, "cuda") == ((2, 4), ("fsdp", "ddp"))
+    # Explicit world sizes are taken as they are, none included.
+    explicit = dataclasses.replace(options, comm_world_sizes=())
+    assert _traced_layouts(explicit, "cuda") == ((), ("fsdp", "ddp"))

@@ -321,13 +321,14 @@ def test_a_traced_per_rank_memory_fit_replaces_the_analytic_sharding() -> None:
     traced = model.predict(cand(micro=4, parallelism="fsdp", world=2))
     assert traced.breakdown.to_dict()["memory"]["source"] == "traced fsdp×2 per-rank fit"
     assert traced.breakdown.to_dict()["memory"]["traced_bytes"] == per_rank.predict(4, 1)
-    # Other layouts, and single-device lookups, are unaffected.
-    assert (
-        "source"
-        not in model.predict(cand(micro=4, parallelism="fsdp", world=4)).breakdown.to_dict()[
-            "memory"
-        ]
+    # Another FSDP world size reshards the traced fit's state; DDP has no trace: analytic.
+    other = model.predict(cand(micro=4, parallelism="fsdp", world=4)).breakdown.to_dict()
+    assert other["memory"]["source"] == (
+        "traced fsdp×2 per-rank fit, its sharded state resharded to 4 ranks"
     )
+    assert other["memory"]["traced_bytes"] == per_rank.resharded(4).predict(4, 1)
+    ddp = model.predict(cand(micro=4, parallelism="ddp", world=2)).breakdown.to_dict()
+    assert "source" not in ddp["memory"]
     assert model.memory_model("fp32", "none").parallelism == "single"
 
 

@@ -49,6 +49,7 @@ def test_two_workers_on_one_study_share_trials_and_agree_on_the_plan(
         "--global-batch-size", str(GLOBAL_BATCH),
         "--world-size", str(WORLD_SIZE),
         "--validate-top", "0",
+        "--trials", "512",  # enumerate the whole space (blocks:K and all): every one told
         "--storage", storage,
         "--study-name", study,
         "--quiet",

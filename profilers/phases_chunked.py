@@ -1,0 +1,265 @@
+"""The chunked loss (``loss_chunks``), after the core: its memory traced, its time measured.
+
+Runs after :mod:`profilers.phases_core` and its refinements (a new knob comes after the
+search's core in priority) and only for models whose logits are worth chunking
+(:func:`chosen_loss_chunks`). One setting is measured, fp32 without checkpointing, at the core's
+two traced sizes and its two timed sizes:
+
+* memory: the step traced with the knob on (the same fake-tensor traces as every group), so
+  its fit holds what the chunks keep and what the head's recompute and the summed weight
+  gradient add;
+* time: a measured *delta*. The recompute of the head's forward is real cost, but on a shared
+  CPU host a step's time drifts up to 35% between children (DESIGN.md): two groups timed in
+  different children would compare the host's moods. So one child times the plain and the
+  chunked step round-robin at the same sizes, and the chunked group's time model is the core's
+  fp32/none fit plus that same-child difference, affine in the micro-batch size.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import statistics
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from profilers import probe_rows
+from profilers.fit import AffineFit
+from profilers.memory_records import MemoryTrace
+from profilers.probe_run import CHILD_START_S, MIN_CHILD_SHARE_S, ProbeRun
+from profilers.throughput import StepTiming, TimeModel
+from profilers.workload import ModelFacts, StepSpec, Workload
+
+# Bytes per token the loss holds at its peak without chunks: the fp32 log-softmax kept for
+# backward and, in backward, the gradients of the log-probabilities and of the logits
+# (3 fp32 vocab-sized rows; measured on gpt-tiny with a 32000 vocabulary: 3.0 T·V·4 at b=8).
+LOSS_BYTES_PER_TOKEN_PER_VOCAB = 12
+# Bytes per token one block keeps for backward, per unit of width, fp32 (a GPT block saves
+# ~16 width-sized tensors per token: norms' outputs, q/k/v, attention output, projection input,
+# the MLP's 4x-wide input and activation); the chunk count that makes one chunk of the loss
+# about one block's activations is the loss's bytes over these.
+BLOCK_BYTES_PER_TOKEN_PER_WIDTH = 64
+# The part of the budget left after the core and its refinements that the phase may use (the
+# phases after it weigh 0.39 of profilers.budget.SHARES; this is about 0.04 of the whole).
+SHARE_OF_REMAINING = 0.1
+# Fewest tokens per chunk worth measuring: each chunk reads the head's whole weight (V·C) for
+# its forward, its recompute and both gradient matmuls, so small chunks turn the head into
+# memory traffic. gpt-tiny with V=32000, micro-batch 8 x 128 tokens, forward+backward against
+# the plain loss, interleaved on this host: 4 chunks (256 tokens each) +11%, 8 (128) +35%,
+# 32 (32) +126%; the traced peak 339 / 290 / 253 MB against 600 MB plain.
+MIN_CHUNK_TOKENS = 256
+# Rounds of the interleaved timing (each: a plain and a chunked step at both sizes).
+MAX_ROUNDS = 3
+# Planning only: a chunked step's time over the plain one's, before it is measured (the
+# head's forward runs twice; gpt-tiny with a 32000 vocabulary spends most of a step there).
+CHUNKED_STEP_FACTOR = 1.5
+
+
+def chosen_loss_chunks(facts: ModelFacts, tokens: int) -> int:
+    """The chunk count the profile measures, for micro-batches of ``tokens`` tokens (the largest
+    traced): the power of two that makes one chunk of the loss's fp32 logits about one block's
+    activations (12·V vs 64·C bytes per token), but no more than leaves each chunk
+    :data:`MIN_CHUNK_TOKENS`; 1 (not measured) when that is 1, or the model has no output head.
+
+    gpt-tiny (C=256) at 8 x 128 tokens: its byte vocabulary (V=256): 1; V=32000: 32 by memory,
+    4 by the chunk size. GPT-2 124M (V=50257, C=768) at 8 x 1024 tokens: 16.
+    """
+    if not facts.output_head or not facts.hidden_size:
+        return 1
+    ratio = (LOSS_BYTES_PER_TOKEN_PER_VOCAB * facts.vocab_size) / (
+        BLOCK_BYTES_PER_TOKEN_PER_WIDTH * facts.hidden_size
+    )
+    by_memory = 1 if ratio <= 1 else 2 ** math.ceil(math.log2(ratio))
+    by_size = 2 ** int(math.log2(max(1, tokens // MIN_CHUNK_TOKENS)))
+    return min(by_memory, by_size)
+
+
+@dataclass
+class ChunkedResult:
+    traces: list[MemoryTrace] = field(default_factory=list)
+    timings: list[StepTiming] = field(default_factory=list)
+    time_models: list[TimeModel] = field(default_factory=list)
+
+
+def chunked_loss_phase(
+    run: ProbeRun,
+    facts: ModelFacts,
+    target: str,
+    core_timings: Sequence[StepTiming],
+    core_models: Sequence[TimeModel],
+) -> ChunkedResult:
+    """Trace and time ``loss_chunks`` = :func:`chosen_loss_chunks` within its part of the budget.
+
+    Both traces are needed for a memory fit, so the second one runs past the share while the
+    whole budget still has room for it (twice the first one's time); the timing runs when the
+    budget has room for its least plan (one warm-up and one timed round of the four steps,
+    their time estimated from the core's fp32/none steps), else a row says which is missing.
+    """
+    from profilers.phases_core import _trace
+
+    out = ChunkedResult()
+    largest = run.options.trace_micro_batch_sizes[-1]
+    chunks = chosen_loss_chunks(facts, largest * run.options.seq_len)
+    if chunks == 1:
+        why = facts.loss_chunking_unavailable() or (
+            f"the logits (vocabulary {facts.vocab_size}) are no larger than one block's "
+            f"activations (width {facts.hidden_size}), or a micro-batch of {largest} x "
+            f"{run.options.seq_len} tokens makes chunks of fewer than {MIN_CHUNK_TOKENS}: "
+            "nothing measured"
+        )
+        run.rows.append(probe_rows.skipped("memory", None, why, name="loss_chunks"))
+        return out
+    # Not a share of its own in profilers.budget.SHARES: a model that gains nothing (gpt-tiny's
+    # byte vocabulary) leaves every other phase exactly the time it had; one that gains takes
+    # its part from the phases after it (memory checks, communication, input).
+    deadline = time.perf_counter() + run.clock.remaining() * SHARE_OF_REMAINING
+    last_s = 0.0
+    for b in run.options.trace_micro_batch_sizes[-2:]:
+        spec = dataclasses.replace(run.spec("fp32", "none", b), loss_chunks=chunks)
+        if time.perf_counter() > deadline and run.clock.remaining() < 2 * last_s:
+            run.rows.append(probe_rows.skipped("memory", spec, "time budget spent"))
+            continue
+        run.clock.say(f"memory: tracing {probe_rows.label(spec)} ({chunks} loss chunks)")
+        t0 = time.perf_counter()
+        trace = _trace(run, spec, target)
+        last_s = time.perf_counter() - t0
+        if trace is not None:
+            out.traces.append(trace)
+    plain = next(
+        (
+            m
+            for m in core_models
+            if (m.precision, m.activation_checkpointing, m.parallelism)
+            == ("fp32", "none", "single")
+            and m.loss_chunks == 1
+        ),
+        None,
+    )
+    steps = {
+        t.spec.micro_batch_size: t.median_step_s
+        for t in core_timings
+        if plain is not None
+        and (t.spec.precision, t.spec.activation_checkpointing) == ("fp32", "none")
+        and t.spec.loss_chunks == 1
+        and t.threads == plain.threads
+    }
+    name = f"fp32/none/lc{chunks}"
+    if plain is None or len(steps) < 2:
+        run.rows.append(
+            probe_rows.skipped(
+                "throughput",
+                None,
+                "fp32 without checkpointing was not timed at two sizes: the chunked loss's "
+                "time delta has no base",
+                name=name,
+            )
+        )
+        return out
+    small, large = min(steps), max(steps)
+    # The least plan: the four steps built, warmed up and timed once each (the build's first
+    # step costs about another one); the chunked step is taken as up to CHUNKED_STEP_FACTOR
+    # times the plain one.
+    least = max(
+        MIN_CHILD_SHARE_S,
+        CHILD_START_S + 3 * (1 + CHUNKED_STEP_FACTOR) * (steps[small] + steps[large]),
+    )
+    left = max(deadline - time.perf_counter(), least)
+    if run.clock.remaining() < least:
+        run.rows.append(
+            probe_rows.skipped(
+                "throughput",
+                None,
+                f"time budget spent (timing it needs ~{least:.0f} s more)",
+                name=name,
+            )
+        )
+        return out
+    specs = [
+        dataclasses.replace(run.spec("fp32", "none", b), loss_chunks=n)
+        for b in (small, large)
+        for n in (1, chunks)
+    ]
+    run.clock.say(f"throughput: timing {chunks} loss chunks against the plain loss")
+    outcome = run.isolated(
+        _interleaved_child,
+        run.workload,
+        specs,
+        run.options.device,
+        left - CHILD_START_S,
+        timeout_s=1.5 * left + 15,
+    )
+    if not outcome.ok:
+        run.rows.append(probe_rows.failed("throughput", specs[1], outcome))
+        return out
+    timings = [StepTiming.from_dict(d) for d in outcome.value]
+    for timing in timings:
+        run.rows.append(
+            probe_rows.measured(
+                "throughput",
+                timing.spec,
+                wall_s=outcome.wall_s,
+                value=timing.median_step_s,
+                unit="s/step",
+                reason="interleaved with the plain loss (loss_chunks delta)",
+            )
+        )
+    out.timings = [t for t in timings if t.spec.loss_chunks > 1]
+    out.time_models.append(chunked_time_model(plain, timings))
+    return out
+
+
+def chunked_time_model(plain: TimeModel, timings: Sequence[StepTiming]) -> TimeModel:
+    """``plain`` (fp32/none, the core's fit) plus the chunked steps' forward+backward excess
+    over the plain ones timed beside them, through the two sizes (medians per size)."""
+
+    def median_fb(b: int, chunked: bool) -> float:
+        return statistics.median(
+            s
+            for t in timings
+            if t.spec.micro_batch_size == b and (t.spec.loss_chunks > 1) == chunked
+            for s in t.forward_backward_s
+        )
+
+    chunks = max(t.spec.loss_chunks for t in timings)
+    sizes = sorted({t.spec.micro_batch_size for t in timings})
+    small, large = sizes[0], sizes[-1]
+    d_small = median_fb(small, True) - median_fb(small, False)
+    d_large = median_fb(large, True) - median_fb(large, False)
+    slope = (d_large - d_small) / (large - small)
+    delta = AffineFit(
+        intercept=d_small - slope * small,
+        slope=slope,
+        xs=(float(small), float(large)),
+        ys=(d_small, d_large),
+    )
+    fb = plain.forward_backward
+    return dataclasses.replace(
+        plain,
+        loss_chunks=chunks,
+        forward_backward=AffineFit(
+            intercept=fb.intercept + delta.intercept,
+            slope=fb.slope + delta.slope,
+            xs=fb.xs,
+            ys=tuple(y + delta.predict(x) for x, y in zip(fb.xs, fb.ys, strict=True)),
+        ),
+        split_threads=0,
+        split_ratio=None,
+    )
+
+
+# -- child-process entry point (top level: pickled by reference) ------------------------------
+
+
+def _interleaved_child(
+    workload: Workload, specs: Sequence[StepSpec], device: str, budget_s: float
+) -> list[dict[str, Any]]:
+    """Time ``specs`` round-robin: as many rounds (up to :data:`MAX_ROUNDS`) as fit."""
+    from profilers.throughput import measure_interleaved
+
+    deadline = time.perf_counter() + budget_s
+    timings = measure_interleaved(
+        workload, specs, device, rounds=MAX_ROUNDS, warmup=1, deadline=deadline
+    )
+    return [t.to_dict() for t in timings]

@@ -1,0 +1,163 @@
+"""Selective activation checkpointing in the trainer: which blocks, what is saved, same maths."""
+
+from __future__ import annotations
+
+from collections import Counter
+from pathlib import Path
+
+import pytest
+import torch
+from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import CheckpointWrapper
+
+from advisor.trainer.step import AdvisorStep
+from advisor.workload import AdvisorWorkload
+from profilers.workload import StepSpec
+
+GPT4 = AdvisorWorkload("gpt-tiny", {"n_layer": 4, "n_embd": 32, "n_head": 2, "block_size": 32})
+LLAMA4 = AdvisorWorkload("llama-tiny", {"n_layer": 4})
+SETTINGS = ("none", "full", "ops", "blocks:1", "blocks:2", "blocks:3")
+
+
+def build(workload: AdvisorWorkload, checkpointing: str, seed: int = 0) -> AdvisorStep:
+    torch.manual_seed(seed)
+    spec = StepSpec(seq_len=16, micro_batch_size=2, activation_checkpointing=checkpointing)
+    step = workload.build_step(spec, "cpu")
+    assert isinstance(step, AdvisorStep)
+    return step
+
+
+def wrapped(step: AdvisorStep) -> list[int]:
+    return [i for i, b in enumerate(step.adapter.blocks()) if isinstance(b, CheckpointWrapper)]
+
+
+@pytest.mark.parametrize(
+    ("setting", "expected"),
+    [
+        ("none", []),
+        ("blocks:1", [0]),
+        ("blocks:2", [0, 2]),
+        ("blocks:3", [0, 1, 2]),
+        ("full", [0, 1, 2, 3]),
+        ("ops", [0, 1, 2, 3]),
+    ],
+)
+def test_blocks_k_wraps_k_blocks_spread_evenly(setting: str, expected: list[int]) -> None:
+    assert wrapped(build(GPT4, setting)) == expected
+
+
+def test_blocks_k_out_of_range_is_refused_naming_the_fix() -> None:
+    with pytest.raises(ValueError, match="use 'full'"):
+        build(GPT4, "blocks:4")
+    with pytest.raises(ValueError, match="1 to 3"):
+        build(GPT4, "blocks:7")
+    with pytest.raises(ValueError, match="use 'none'"):
+        StepSpec(seq_len=16, activation_checkpointing="blocks:0")
+    with pytest.raises(ValueError, match="blocks:K"):
+        StepSpec(seq_len=16, activation_checkpointing="selective")
+
+
+def saved_bytes(step: AdvisorStep) -> int:
+    """Bytes autograd keeps for backward during one forward (what checkpointing trades)."""
+    seen: dict[int, int] = {}
+
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        seen[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+        return t
+
+    batch = step.synthetic_batches(torch.Generator().manual_seed(1))[0]
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        step.loss(batch)
+    return sum(seen.values())
+
+
+def test_recompute_saves_less_the_more_it_recomputes() -> None:
+    saved = {s: saved_bytes(build(GPT4, s)) for s in ("none", "blocks:1", "blocks:2", "full")}
+    # blocks:K: each checkpointed block keeps only its input (autograd's saved tensors).
+    assert saved["none"] > saved["blocks:1"] > saved["blocks:2"] > saved["full"]
+
+
+def op_counts(step: AdvisorStep) -> Counter[str]:
+    """aten ops run by one forward+backward."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    counts: Counter[str] = Counter()
+
+    class Count(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+            counts[func.overloadpacket.__name__] += 1
+            return func(*args, **(kwargs or {}))
+
+    batches = step.synthetic_batches(torch.Generator().manual_seed(1))
+    with Count():
+        step.forward_backward(batches)
+    return counts
+
+
+def test_ops_recomputes_the_cheap_ops_and_no_matmul() -> None:
+    counts = {s: op_counts(build(GPT4, s)) for s in ("none", "ops", "full")}
+    matmuls = ("mm", "addmm", "bmm", "_scaled_dot_product_flash_attention_for_cpu")
+    for op in matmuls:
+        assert counts["ops"][op] == counts["none"][op], op
+    # full runs every block's forward again, matmuls included.
+    assert sum(counts["full"][op] for op in matmuls) > sum(counts["none"][op] for op in matmuls)
+    # ops recomputes the block's norms and activations (its non-matmul ops).
+    cheap = [op for op in ("native_layer_norm", "gelu") if counts["none"][op]]
+    assert cheap
+    for op in cheap:
+        assert counts["ops"][op] > counts["none"][op], op
+
+
+@pytest.mark.parametrize("workload", [GPT4, LLAMA4], ids=lambda w: w.model)
+def test_every_setting_trains_with_the_plain_losses(workload: AdvisorWorkload) -> None:
+    def losses(setting: str) -> list[float]:
+        step = build(workload, setting)
+        gen = torch.Generator().manual_seed(3)
+        out = []
+        for _ in range(3):
+            loss, _ = step.step(step.synthetic_batches(gen))
+            out.append(float(loss))
+        return out
+
+    plain = losses("none")
+    for setting in SETTINGS[1:]:
+        got = losses(setting)
+        assert got == pytest.approx(plain, rel=1e-6, abs=0), setting
+
+
+@pytest.mark.parametrize(
+    ("value", "line"),
+    [
+        (
+            "blocks:4",
+            "error: gpt-tiny: activation checkpointing 'blocks:4' checkpoints all 4 repeated "
+            "blocks: use 'full'",
+        ),
+        (
+            "blocks:two",
+            "error: Invalid value for '--activation-checkpointing': activation checkpointing "
+            "'blocks:two': K in blocks:K must be a whole number of blocks, e.g. blocks:2",
+        ),
+    ],
+)
+def test_the_cli_refuses_a_bad_setting_in_one_line(tmp_path: Path, value: str, line: str) -> None:
+    from click.testing import CliRunner
+
+    from advisor.cli import main
+
+    out = str(tmp_path / "run")
+    args = ["train", "--model", "gpt-tiny", "--seq-len", "32", "--global-batch-size", "2"]
+    args += ["--micro-batch-size", "2"]
+    result = CliRunner().invoke(
+        main, [*args, "--steps", "1", "--quiet", "--out", out, "--activation-checkpointing", value]
+    )
+    assert result.exit_code == 2
+    assert result.stderr.splitlines()[0].startswith(line)
+    assert len(result.stderr.splitlines()) <= 2  # the line, and click's "see --help" hint
+
+
+def test_a_plan_keeps_its_selective_setting() -> None:
+    from strategies.config import TrainConfig
+
+    for setting in ("ops", "blocks:3"):
+        config = TrainConfig(model="gpt-tiny", activation_checkpointing=setting)
+        assert TrainConfig.from_dict(config.to_dict()).activation_checkpointing == setting

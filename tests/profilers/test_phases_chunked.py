@@ -1,0 +1,116 @@
+"""The profiler's chunked-loss phase: which chunk count it measures, its traced memory, and the
+step time it builds from a same-child delta against the plain loss."""
+
+from __future__ import annotations
+
+import pytest
+
+from profilers.fit import AffineFit
+from profilers.memory_model import fit_memory
+from profilers.phases_chunked import chosen_loss_chunks, chunked_loss_phase, chunked_time_model
+from profilers.probe_run import ProbeRun, ProfileOptions
+from profilers.throughput import StepTiming, TimeModel
+from profilers.workload import ModelFacts, StepSpec
+
+
+def facts(vocab: int, width: int, head: bool = True) -> ModelFacts:
+    return ModelFacts(
+        name="m",
+        family="gpt",
+        objective="causal_lm",
+        num_params=1,
+        num_trainable_params=1,
+        num_embedding_params=1,
+        num_layers=2,
+        hidden_size=width,
+        num_heads=4,
+        vocab_size=vocab,
+        max_seq_len=512,
+        block_class="Block",
+        output_head=head,
+    )
+
+
+def test_chunk_count_makes_a_chunk_of_the_loss_about_one_blocks_activations() -> None:
+    many = 1 << 20  # tokens enough for any chunk count
+    assert chosen_loss_chunks(facts(256, 256), many) == 1  # gpt-tiny's bytes: nothing to gain
+    assert chosen_loss_chunks(facts(32000, 256), many) == 32  # 12·32000 / (64·256) = 23.4
+    assert chosen_loss_chunks(facts(50257, 768), 8 * 1024) == 16  # GPT-2 124M: 12.3 -> 16
+    assert chosen_loss_chunks(facts(32000, 256, head=False), many) == 1
+    # ... but no chunk below 256 tokens: 8 x 128 tokens make 4 chunks, 1 x 128 none
+    assert chosen_loss_chunks(facts(32000, 256), 8 * 128) == 4
+    assert chosen_loss_chunks(facts(32000, 256), 128) == 1
+
+
+def timing(b: int, chunks: int, fb: tuple[float, ...]) -> StepTiming:
+    return StepTiming(
+        spec=StepSpec(seq_len=64, micro_batch_size=b, loss_chunks=chunks),
+        device="cpu",
+        num_warmup=1,
+        forward_backward_s=fb,
+        optimizer_s=tuple(0.01 for _ in fb),
+    )
+
+
+def test_time_model_is_the_plain_fit_plus_the_same_child_delta() -> None:
+    plain = TimeModel(
+        precision="fp32",
+        activation_checkpointing="none",
+        seq_len=64,
+        parallelism="single",
+        world_size=1,
+        device="cpu",
+        forward_backward=AffineFit(intercept=0.1, slope=0.05, xs=(2.0, 8.0), ys=(0.2, 0.5)),
+        optimizer_s=0.01,
+    )
+    # In the child the host ran slower than in the core's (0.3 s and 0.9 s plain): only the
+    # differences, +0.02 s at b=2 and +0.08 s at b=8 (the medians), are carried over.
+    timings = [
+        timing(2, 1, (0.30, 0.31, 0.29)),
+        timing(2, 16, (0.32, 0.33, 0.31)),
+        timing(8, 1, (0.90, 0.90, 0.95)),
+        timing(8, 16, (0.98, 0.99, 0.90)),
+    ]
+    model = chunked_time_model(plain, timings)
+    assert model.loss_chunks == 16
+    assert model.forward_backward_s(2) == pytest.approx(0.2 + 0.02)
+    assert model.forward_backward_s(8) == pytest.approx(0.5 + 0.08)
+    assert model.optimizer_s == plain.optimizer_s
+    assert TimeModel.from_dict(model.to_dict()) == model
+    old = plain.to_dict()
+    del old["loss_chunks"]
+    assert TimeModel.from_dict(old).loss_chunks == 1  # a profile from before the knob
+
+
+@pytest.mark.slow  # two traces and a timing child: 20-40 s on two shared cores
+def test_phase_traces_and_times_the_chunked_loss_of_a_large_vocabulary_model() -> None:
+    from advisor.workload import AdvisorWorkload
+
+    workload = AdvisorWorkload("gpt-tiny", {"vocab_size": 8192, "n_layer": 1, "n_embd": 64})
+    options = ProfileOptions(seq_len=128, budget_s=60, trace_micro_batch_sizes=(1, 2, 4))
+    run = ProbeRun(workload, options, None)
+    model_facts = workload.facts()
+    chunks = chosen_loss_chunks(model_facts, 4 * 128)
+    assert chunks == 2  # 32 by memory (12·8192 / (64·64) = 24), 2 by 256-token chunks
+    # The core's fp32/none timings (hand-made: only their sizes and times plan the child).
+    plain_timings = [timing(1, 1, (0.2, 0.2)), timing(2, 1, (0.4, 0.4))]
+    result = chunked_loss_phase(run, model_facts, "cpu", plain_timings, [_plain_model()])
+    assert {t.spec.loss_chunks for t in result.traces} == {chunks}
+    assert sorted(t.spec.micro_batch_size for t in result.traces) == [2, 4]
+    assert fit_memory(result.traces).loss_chunks == chunks
+    assert [m.loss_chunks for m in result.time_models] == [chunks]
+    assert {t.spec.loss_chunks for t in result.timings} == {chunks}
+    assert any(r.name.endswith(f"/lc{chunks}") and r.status == "ok" for r in run.rows)
+
+
+def _plain_model() -> TimeModel:
+    return TimeModel(
+        precision="fp32",
+        activation_checkpointing="none",
+        seq_len=32,
+        parallelism="single",
+        world_size=1,
+        device="cpu",
+        forward_backward=AffineFit(intercept=0.0, slope=0.2, xs=(1.0, 2.0), ys=(0.2, 0.4)),
+        optimizer_s=0.001,
+    )

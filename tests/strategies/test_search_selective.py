@@ -1,0 +1,102 @@
+"""The search with selective checkpointing: blocks:K priced for every K from the measured
+settings, ops only when measured, and the least recompute that fits a tight budget."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from profilers.fit import AffineFit
+from strategies.cost import backward_share, cost_model_from_profile
+from strategies.search import evaluate, rank
+from strategies.space import Candidate, SearchRequest, build_space
+from tests.strategies.profiles import flop_count, hand_profile, memory_model, time_model
+
+
+def candidate(setting: str, micro: int = 4, accum: int = 1) -> Candidate:
+    return Candidate(
+        precision="fp32",
+        activation_checkpointing=setting,
+        parallelism="single",
+        world_size=1,
+        micro_batch_size=micro,
+        grad_accum_steps=accum,
+    )
+
+
+def test_blocks_k_is_priced_on_the_line_between_none_and_full() -> None:
+    model = cost_model_from_profile(hand_profile(), 0.9)
+    none, full = (model.predict(candidate(s)) for s in ("none", "full"))
+    for k in (1, 2, 3):
+        got = model.predict(candidate(f"blocks:{k}"))
+        # Memory: full stands at K = L = 4 (the peak is convex in K: the line is safe).
+        memory = none.peak_memory_bytes + k / 4 * (full.peak_memory_bytes - none.peak_memory_bytes)
+        assert got.peak_memory_bytes == pytest.approx(memory, rel=1e-6)
+        # Time: each checkpointed block recomputes its forward: a quarter of full's extra.
+        step = none.step_time_s + k / 4 * (full.step_time_s - none.step_time_s)
+        assert got.step_time_s == pytest.approx(step, rel=1e-6)
+        assert "interpolated: blocks:" in got.breakdown.time.compute_source
+
+
+def test_a_measured_middle_k_is_an_anchor_of_the_line() -> None:
+    base = hand_profile()
+    mid = dataclasses.replace(memory_model("fp32", "none"), activation_checkpointing="blocks:2")
+    mid = dataclasses.replace(
+        mid, forward_backward=AffineFit(intercept=1.0e7, slope=5.0e6, xs=(1.0, 4.0), ys=())
+    )
+    fits = dataclasses.replace(base.fits, memory=(*base.fits.memory, mid))
+    model = cost_model_from_profile(dataclasses.replace(base, fits=fits), 0.9)
+    none = model.memory_model("fp32", "none").forward_backward.predict(4)
+    assert model.memory_model("fp32", "blocks:2") == mid  # traced: used as it is
+    one = model.memory_model("fp32", "blocks:1").forward_backward.predict(4)
+    assert mid.forward_backward.predict(4) == pytest.approx(3.0e7)
+    # blocks:1 halfway between none (K = 0) and the traced blocks:2, not the none-full line.
+    assert one == pytest.approx((none + 3.0e7) / 2)
+
+
+def test_ops_is_searched_only_when_the_profile_measured_it() -> None:
+    plain = hand_profile()
+    space = build_space(plain, SearchRequest(global_batch_size=8))
+    assert space.checkpointing == ("none", "full", "blocks:1", "blocks:2", "blocks:3")
+    assert any(e.startswith("ops checkpointing: the profile did not") for e in space.excluded)
+    ops_memory = dataclasses.replace(memory_model("fp32", "none"), activation_checkpointing="ops")
+    ops_time = dataclasses.replace(time_model("fp32", "none"), activation_checkpointing="ops")
+    fits = dataclasses.replace(
+        plain.fits, memory=(*plain.fits.memory, ops_memory), time=(*plain.fits.time, ops_time)
+    )
+    measured = dataclasses.replace(plain, fits=fits)
+    assert "ops" in build_space(measured, SearchRequest(global_batch_size=8)).checkpointing
+
+
+def test_a_tight_budget_takes_the_least_recompute_that_fits() -> None:
+    model = cost_model_from_profile(hand_profile(), 0.9)
+    peaks = {
+        s: model.predict(candidate(s, micro=8)).budgeted_bytes
+        for s in ("none", "blocks:1", "blocks:2", "blocks:3", "full")
+    }
+    assert list(peaks.values()) == sorted(peaks.values(), reverse=True)
+    # A budget between blocks:2's and blocks:1's need at micro-batch 8 (no accumulation).
+    budget = (peaks["blocks:1"] + peaks["blocks:2"]) // 2
+    memory = int(budget / 0.9 / model.memory_budget * 0.9) + 1
+    tight = cost_model_from_profile(
+        hand_profile(memory_bytes=memory, precisions=("fp32",)), model.memory_budget
+    )
+    assert peaks["blocks:2"] <= tight.budget_bytes < peaks["blocks:1"]
+    space = build_space(
+        hand_profile(memory_bytes=memory, precisions=("fp32",)),
+        SearchRequest(global_batch_size=8),
+    )
+    ranked = rank([evaluate(tight, c) for c in space.candidates() if c.grad_accum_steps == 1])
+    assert ranked[0].candidate.activation_checkpointing == "blocks:2"
+
+
+def test_backward_share_grows_with_the_recomputed_blocks() -> None:
+    flops = flop_count()
+    shares = [backward_share(s, flops, 4) for s in ("none", "blocks:2", "full")]
+    assert shares[0] == pytest.approx(2 / 3) and shares[2] == pytest.approx(3 / 4)
+    assert shares[0] < shares[1] < shares[2]
+    # Without counted FLOPs: (2 + f) / (3 + f), f the recomputed fraction; ops recomputes no
+    # matmul.
+    assert backward_share("blocks:2", None, 4) == pytest.approx(2.5 / 3.5)
+    assert backward_share("ops", None, 4) == pytest.approx(2 / 3)
