@@ -26,10 +26,12 @@ if TYPE_CHECKING:
         profile,
         recommend,
         train,
+        tune,
     )
     from advisor.errors import AdvisorError, TrainingDiverged, UsageProblem
     from advisor.exporters import Export, load_plan
     from advisor.training import TrainSummary
+    from advisor.tuning import TuneResult
     from profilers.profile_record import Profile
     from strategies.config import ConfigError, TrainConfig
     from strategies.errors import NothingFits, StrategyError, Unpredictable
@@ -40,6 +42,7 @@ _OWNERS = {
     "profile": "advisor.api",
     "recommend": "advisor.api",
     "train": "advisor.api",
+    "tune": "advisor.api",
     "export": "advisor.api",
     "load_profile": "advisor.api",
     "load_plan": "advisor.exporters",
@@ -48,6 +51,7 @@ _OWNERS = {
     "Plan": "strategies.plan_records",
     "TrainConfig": "strategies.config",
     "TrainSummary": "advisor.training",
+    "TuneResult": "advisor.tuning",
     "Export": "advisor.exporters",
     "AdvisorError": "advisor.errors",
     "UsageProblem": "advisor.errors",
@@ -69,6 +73,7 @@ __all__ = [
     "TrainConfig",
     "TrainSummary",
     "TrainingDiverged",
+    "TuneResult",
     "Unpredictable",
     "UsageProblem",
     "__version__",
@@ -79,6 +84,7 @@ __all__ = [
     "profile",
     "recommend",
     "train",
+    "tune",
 ]
 
 

@@ -5,6 +5,7 @@ like its flags (``--global-batch-size`` → ``global_batch_size=``).
     profile = advisor.profile(model="gpt-tiny", seq_len=128, out="runs/p")   → Profile
     plan = advisor.recommend(profile, global_batch_size=8)                   → Plan
     advisor.export(plan, "hf")                                               → Export
+    tuned = advisor.tune(plan, trials=12, out="runs/p")                      → TuneResult
     result = advisor.train(plan, steps=50, out="runs/x")                     → TrainSummary
 
 Records are the frozen dataclasses the CLI writes to disk (profile.json, plan.json); errors
@@ -41,9 +42,11 @@ from profilers.defaults import DEFAULT_MEMORY_BUDGET, DEFAULT_PROFILE_BUDGET_S
 from profilers.workload import PRECISIONS
 from strategies.budgets import DEFAULT_VALIDATE_ROUNDS, DEFAULT_VALIDATE_TOP_K
 from strategies.config import DEFAULT_DATA, DEFAULT_MODEL, DEFAULT_SEQ_LEN, TrainConfig
+from strategies.tuning import DEFAULT_TUNE_TRIALS
 
 if TYPE_CHECKING:
     from advisor.exporters import Export
+    from advisor.tuning import TuneProgress, TuneResult
     from profilers.profile_record import Profile
     from strategies.plan_records import Plan
 
@@ -451,3 +454,54 @@ def export(
     if target is not None:
         write_export(result, target)
     return result
+
+
+def tune(
+    plan: Plan | str | os.PathLike[str],
+    *,
+    trials: int = DEFAULT_TUNE_TRIALS,
+    tokens_per_trial: int | None = None,
+    params: str | None = None,
+    storage: str | None = None,
+    out: str | os.PathLike[str] | None = None,
+    device: str = "auto",
+    seed: int | None = None,
+    progress: TuneProgress | None = None,
+) -> TuneResult:
+    """Tune lr / warm-up / weight decay at the plan's config (``advisor tune``).
+
+    ``plan``: a Plan, or the path of a plan.json or of its run directory. ``trials``: the
+    study's size; ``tokens_per_trial``: what each trial trains (default 300 of the plan's
+    steps); ``params``: ``"lr,warmup,wd"`` or with ranges ``"lr=1e-4:1e-2,wd=0:0.2"``;
+    ``storage``: an Optuna RDB URL (default ``sqlite:///OUT/study.db``), shared by workers;
+    ``out``: where ``tuned_plan.json`` and ``tune/`` go (default: the plan's directory; needed
+    for a Plan record, which is written there as ``tune/plan.json`` first); ``seed``: the
+    sampler's (default: fresh per worker). Returns a :class:`advisor.tuning.TuneResult`
+    (``.plan`` is the tuned Plan, ``.trials`` every trial, ``.summary`` the study)."""
+    from advisor.tuning import TuneRequest
+    from advisor.tuning import tune as run_tune
+    from profilers.rundir import PLAN, RunDir
+    from profilers.rundir import write_atomically as write
+    from strategies.plan_records import Plan
+
+    _check_choice("device", device, DEVICES)
+    _check_int("trials", trials, 1)
+    _check_int("tokens_per_trial", tokens_per_trial, 1)
+    directory = _path(out)
+    if isinstance(plan, Plan):
+        if directory is None:
+            raise UsageProblem("tune(plan=Plan(...)) needs out= naming where the study goes")
+        source = RunDir(directory).tune.root / PLAN
+        source.parent.mkdir(parents=True, exist_ok=True)
+        write(source, json.dumps(plan.to_dict(), indent=1) + "\n")
+    else:
+        source = Path(plan)
+    request = TuneRequest(
+        trials=trials,
+        tokens_per_trial=tokens_per_trial,
+        params=params,
+        storage=storage,
+        device=device,
+        seed=seed,
+    )
+    return run_tune(source, request, out=directory, progress=progress)

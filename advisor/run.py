@@ -2,6 +2,7 @@
 
     RUN/profile.json, probes.csv     advisor.profiling.profile
     RUN/plan.json, trials.csv, study.db   advisor.recommending.recommend
+    RUN/tuned_plan.json, tune/       advisor.tuning.tune (with --tune-trials N; train runs it)
     RUN/train/metrics.jsonl, checkpoints/ advisor.trainer.loop.train (torchrun for ddp/fsdp)
     RUN/report.html                  reports.write_report
     RUN/run.json                     this job: the request, the command, each stage's status
@@ -69,6 +70,8 @@ class RunRequest:
     validate_rounds: int = DEFAULT_VALIDATE_ROUNDS
     storage: str | None = None
     config_overrides: Mapping[str, Any] = field(default_factory=dict)  # HYPERPARAMETER_KEYS
+    # tune (0: no study; train runs the plan's own hyper-parameters)
+    tune_trials: int = 0
     # train
     eval_every: int | None = None
     eval_batches: int = DEFAULT_EVAL_BATCHES
@@ -79,6 +82,8 @@ class RunRequest:
     def __post_init__(self) -> None:
         if self.steps is not None and self.tokens is not None:
             raise UsageProblem("give --steps or --tokens, not both")
+        if self.tune_trials < 0:
+            raise UsageProblem(f"--tune-trials must be 0 (off) or more, got {self.tune_trials}")
         unknown = sorted(set(self.config_overrides) - set(HYPERPARAMETER_KEYS))
         if unknown:
             raise UsageProblem(
@@ -122,6 +127,7 @@ class RunRequest:
             .option("validate_top", self.validate_top, default=DEFAULT_VALIDATE_TOP_K)
             .option("validate_rounds", self.validate_rounds, default=DEFAULT_VALIDATE_ROUNDS)
             .option("trials", self.trials)
+            .option("tune_trials", self.tune_trials, default=0)
             .option("device", self.device, default="auto")
             .repeated("precision", self.precisions or ())
             .switch("no_comm", not self.comm)
@@ -149,6 +155,7 @@ class RunResult:
     report: Path | None
     stages: tuple[StageResult, ...]
     plan: Any = None  # strategies.plan.Plan when recommend ran in this call
+    tuned: Any = None  # advisor.tuning.TuneResult when the tune stage ran
     train: Any = None  # profilers.metrics_record.Metrics when training ran
 
 
@@ -187,7 +194,14 @@ class _Silent:
 def _run_files(out: Path) -> list[str]:
     """The files of a run already in ``out``, as paths relative to it."""
     run = RunDir(out)
-    paths = (run.profile, run.plan, run.trials, run.train.metrics, run.train.checkpoints)
+    paths = (
+        run.profile,
+        run.plan,
+        run.trials,
+        run.tuned_plan,
+        run.train.metrics,
+        run.train.checkpoints,
+    )
     return [str(p.relative_to(out)) for p in paths if p.exists()]
 
 
@@ -300,6 +314,52 @@ def _recommend_stage(request: RunRequest, out: Path, say: ProgressFn) -> tuple[s
     return detail, plan
 
 
+def _tune_stage(request: RunRequest, out: Path, say: ProgressFn) -> tuple[str, Any]:
+    """``advisor tune --plan RUN/plan.json --out RUN``: each trial trains as many tokens as the
+    run's training will, so the tuned values are tuned for this run's length (the cosine
+    schedule spans it). A resumed run resumes the study (same name, same storage)."""
+    from advisor.tuning import SilentProgress, TuneRequest, tune
+    from strategies.config import load_plan_config
+
+    run = RunDir(out)
+    config = load_plan_config(run.plan)
+    tokens = request.tokens or (request.train_steps or 0) * config.tokens_per_step
+
+    class Say(SilentProgress):
+        def message(self, text: str) -> None:
+            say(text, -1.0)
+
+        def trial_finished(self, record: Any, steps: int) -> None:
+            shown = ", ".join(
+                f"{k} {v:.3g}" if isinstance(v, float) else f"{k} {v}"
+                for k, v in record.params.items()
+            )
+            how = f"eval loss {record.score:.4f}" if record.score is not None else record.reason
+            say(f"trial {record.number} ({shown}): {record.state}; {how}", -1.0)
+
+    result = tune(
+        run.plan,
+        TuneRequest(
+            trials=request.tune_trials,
+            tokens_per_trial=tokens,
+            storage=request.storage,
+            device=request.device,
+            eval_batches=request.eval_batches,
+        ),
+        out=out,
+        progress=Say(),
+    )
+    best, summary = result.best, result.summary
+    shown = ", ".join(
+        f"{k} {v:.3g}" if isinstance(v, float) else f"{k} {v}" for k, v in best.params.items()
+    )
+    detail = (
+        f"trial {best.number} of {len(result.trials)}: {shown}, eval loss {best.score:.4f}; "
+        f"cost {summary.cost_runs:.2f}x one run"
+    )
+    return detail, result
+
+
 def _train_stage(request: RunRequest, out: Path, show_progress: bool) -> tuple[str, Any]:
     """``advisor train --plan RUN/plan.json`` in a child process, as a user would run it.
 
@@ -324,7 +384,8 @@ def _train_stage(request: RunRequest, out: Path, show_progress: bool) -> tuple[s
         device=request.device,
         progress=show_progress,
     )
-    code, last = _run_advisor(options.train_args(run.plan))
+    plan = run.tuned_plan if request.tune_trials else run.plan
+    code, last = _run_advisor(options.train_args(plan))
     if code != 0:
         raise AdvisorError(f"training failed (exit {code}): {last.removeprefix('error: ')}")
     metrics = read_metrics(run.train.metrics)
@@ -391,7 +452,9 @@ def run(request: RunRequest, out: Path, progress: RunProgress | None = None) -> 
     log = _RunLog(out, request)
     stages: list[StageResult] = []
     plan: Any = None
+    tuned: Any = None
     trained: Any = None
+    total = 5 if request.tune_trials else 4
 
     def stage(index: int, name: str, description: str, body: Callable[[ProgressFn], str]) -> None:
         started = time.perf_counter()
@@ -423,6 +486,11 @@ def run(request: RunRequest, out: Path, progress: RunProgress | None = None) -> 
         detail, plan = _recommend_stage(request, out, say)
         return detail
 
+    def do_tune(say: ProgressFn) -> str:
+        nonlocal tuned
+        detail, tuned = _tune_stage(request, out, say)
+        return detail
+
     def do_train(say: ProgressFn) -> str:
         nonlocal trained
         detail, trained = _train_stage(request, out, display.train_progress)
@@ -450,16 +518,28 @@ def run(request: RunRequest, out: Path, progress: RunProgress | None = None) -> 
                 do_recommend,
             )
         steps = f"{request.tokens:,} tokens" if request.tokens else f"{request.train_steps} steps"
-        stage(3, "train", f"the plan's config for {steps}", do_train)
+        if request.tune_trials:
+            stage(
+                3,
+                "tune",
+                f"{request.tune_trials} trials of lr / warm-up / weight decay, {steps} each",
+                do_tune,
+            )
+        which = "the tuned plan's" if request.tune_trials else "the plan's"
+        stage(total - 1, "train", f"{which} config for {steps}", do_train)
     except BaseException as exc:  # Ctrl-C included: the partial run still gets its report
         failure = exc
-    report = _report(out, stage, failure)
+    report = _report(out, stage, failure, total)
     if failure is not None:
         raise failure
-    return RunResult(out=out, report=report, stages=tuple(stages), plan=plan, train=trained)
+    return RunResult(
+        out=out, report=report, stages=tuple(stages), plan=plan, tuned=tuned, train=trained
+    )
 
 
-def _report(out: Path, stage: Callable[..., None], failure: BaseException | None) -> Path | None:
+def _report(
+    out: Path, stage: Callable[..., None], failure: BaseException | None, index: int = 4
+) -> Path | None:
     """Render RUN/report.html from whatever the run has; after a failure, never mask it."""
     from reports import ReportError, write_report
 
@@ -470,7 +550,7 @@ def _report(out: Path, stage: Callable[..., None], failure: BaseException | None
         return str(path[0])
 
     try:
-        stage(4, "report", "one self-contained HTML page", body)
+        stage(index, "report", "one self-contained HTML page", body)
     except ReportError:
         if failure is None:
             raise

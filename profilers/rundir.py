@@ -12,6 +12,13 @@ nothing but the standard library.
       run.json                    advisor run's log  (advisor.run)
       report.html                 advisor report     (reports.render.write_report)
       train/                      a training directory, below
+      tuned_plan.json             advisor tune: the plan with tuned hyper-parameters
+      tune/                       its evidence, below
+
+    TUNE/                       advisor tune --out OUT: OUT/tune (strategies.tuning)
+      study.json                  the study: ranges, pruner, best trial, sensitivity, cost
+      trials.jsonl                one line per trial: params, eval curve, state
+      trial_NNNN/                 each trial's training directory (metrics.jsonl, plan.json)
 
     TRAIN/                      advisor train --out TRAIN  (RUN/train for advisor run)
       metrics.jsonl               one line per step and per eval (profilers.metrics_record)
@@ -40,6 +47,11 @@ STUDY = "study.db"
 RUN_LOG = "run.json"
 REPORT = "report.html"
 TRAIN = "train"
+TUNED_PLAN = "tuned_plan.json"
+TUNE = "tune"
+TUNE_STUDY = "study.json"
+TUNE_TRIALS = "trials.jsonl"
+TRIAL_PLAN = "plan.json"
 
 METRICS = "metrics.jsonl"
 TRAIN_CONFIG = "train_config.json"
@@ -90,6 +102,29 @@ class TrainDir:
 
 
 @dataclass(frozen=True, slots=True)
+class TuneDir:
+    """The evidence of ``advisor tune --out OUT``: ``OUT/tune``."""
+
+    root: Path
+
+    @property
+    def study(self) -> Path:
+        return self.root / TUNE_STUDY
+
+    @property
+    def trials(self) -> Path:
+        return self.root / TUNE_TRIALS
+
+    def trial(self, number: int) -> TrainDir:
+        """Trial ``number``'s training directory (``trial_0003``)."""
+        return TrainDir(self.root / f"trial_{number:04d}")
+
+    def trial_plan(self, number: int) -> Path:
+        """The plan trial ``number`` trained (``advisor train --plan`` of the trial)."""
+        return self.trial(number).root / TRIAL_PLAN
+
+
+@dataclass(frozen=True, slots=True)
 class RunDir:
     """The directory of ``advisor run --out RUN`` (also of ``advisor profile/recommend``)."""
 
@@ -126,6 +161,14 @@ class RunDir:
     @property
     def train(self) -> TrainDir:
         return TrainDir(self.root / TRAIN)
+
+    @property
+    def tuned_plan(self) -> Path:
+        return self.root / TUNED_PLAN
+
+    @property
+    def tune(self) -> TuneDir:
+        return TuneDir(self.root / TUNE)
 
 
 def profile_path(path: str | Path) -> Path:

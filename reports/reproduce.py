@@ -32,9 +32,10 @@ CHARTJS_ZOOM_VERSION = "2.2.0"
 @dataclass(frozen=True, kw_only=True, slots=True)
 class Commands:
     run: str  # the whole job again
-    steps: tuple[str, ...]  # profile, recommend, train
+    steps: tuple[str, ...]  # profile, recommend, (tune,) train
     train_flags: str  # the plan's config as explicit flags (no plan file needed)
     torchrun: tuple[str, ...]
+    tune: str = ""  # advisor tune's command, when the run has a study
 
 
 def _workload(run: RunFiles) -> dict[str, Any]:
@@ -81,7 +82,12 @@ def commands(run: RunFiles) -> Commands:
     train_dir = run.train_dir or files.train.root
     w = _workload(run)
     plan = mapping(run.plan)
-    config = mapping(plan.get("config")) or mapping(mapping(run.train_config).get("config"))
+    tuned = mapping(run.tuned_plan)
+    config = (
+        mapping(tuned.get("config"))
+        or mapping(plan.get("config"))
+        or mapping(mapping(run.train_config).get("config"))
+    )
     request = mapping(mapping(plan.get("profile")).get("request"))
     info = mapping(run.run_info)
     total = num(mapping(run.train_config).get("total_steps"))
@@ -108,7 +114,14 @@ def commands(run: RunFiles) -> Commands:
         .option("memory_budget", num(request.get("memory_budget")), default=DEFAULT_MEMORY_BUDGET)
         .option("world_size", request.get("world_size") or None)
     )
-    train = Command("train").option("plan", files.plan).option("steps", steps)
+    recorded_tune = mapping(run.tuning).get("command")
+    tune = ""
+    if isinstance(recorded_tune, list) and recorded_tune:
+        tune = shlex.join([str(a) for a in recorded_tune])
+    elif run.tuning is not None:
+        tune = Command("tune").option("plan", files.plan).option("out", run.root).shell()
+    plan_file = files.tuned_plan if run.tuned_plan is not None else files.plan
+    train = Command("train").option("plan", plan_file).option("steps", steps)
     train.option("out", train_dir)
     explicit = (
         _with_workload("train", w)
@@ -121,10 +134,12 @@ def commands(run: RunFiles) -> Commands:
         steps=(
             profile.option("out", run.root).shell(),
             recommend.option("out", run.root).shell(),
+            *((tune,) if tune else ()),
             train.shell(),
         ),
         train_flags=explicit.shell(),
         torchrun=_torchrun(int(num(config.get("world_size")) or 1), train.args()),
+        tune=tune,
     )
 
 
@@ -152,7 +167,12 @@ def reproduce_section(run: RunFiles) -> tuple[Section, Commands]:
     c = commands(run)
     has_plan = run.plan is not None
     blocks = [
-        CodeBlock(title="The whole job again (profile → recommend → train → report)", text=c.run),
+        CodeBlock(
+            title="The whole job again (profile → recommend → "
+            + ("tune → " if c.tune else "")
+            + "train → report)",
+            text=c.run,
+        ),
         CodeBlock(title="Step by step", text="\n".join(c.steps)),
     ]
     if has_plan or run.train_config:

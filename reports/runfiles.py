@@ -39,6 +39,10 @@ class RunFiles:
     run_info: Mapping[str, Any] | None = None  # run.json, written by ``advisor run``
     train_dir: Path | None = None
     has_study: bool = False
+    # advisor tune's files (OUT/tuned_plan.json, OUT/tune/study.json, OUT/tune/trials.jsonl)
+    tuned_plan: Mapping[str, Any] | None = None
+    tuning: Mapping[str, Any] | None = None
+    tune_trials: tuple[Mapping[str, Any], ...] = ()
     problems: tuple[str, ...] = field(default_factory=tuple)
     # Stages run.json records as failed (stage → its one-line error), unless a later command
     # redid the stage: its output is newer than run.json.
@@ -115,6 +119,30 @@ def _read_metrics(path: Path, problems: list[str]) -> Metrics:
     return metrics
 
 
+def _read_jsonl(path: Path, problems: list[str]) -> tuple[dict[str, Any], ...]:
+    if not path.is_file():
+        return ()
+    try:
+        lines = path.read_text().splitlines()
+    except (OSError, UnicodeDecodeError) as exc:
+        problems.append(f"{path.name} could not be read ({type(exc).__name__}: {exc})")
+        return ()
+    out, bad = [], 0
+    for line in lines:
+        try:
+            value = json.loads(line)
+        except json.JSONDecodeError:
+            bad += 1
+            continue
+        if isinstance(value, dict):
+            out.append(value)
+        else:
+            bad += 1
+    if bad:
+        problems.append(f"{path.name}: {bad} unreadable line(s) skipped")
+    return tuple(out)
+
+
 def find_train_dir(root: Path) -> Path | None:
     """RUN/train (the layout of ``advisor run``), or RUN itself when it is a training run."""
     for candidate in (RunDir(root).train, TrainDir(root)):
@@ -142,6 +170,7 @@ def failed_stages(
     outputs = {
         "profile": files.profile,
         "recommend": files.plan,
+        "tune": files.tune.study,
         "train": (train or files.train).metrics,
     }
     logged = _mtime(files.run_log)
@@ -179,6 +208,9 @@ def load_run(root: str | Path) -> RunFiles:
         run_info=_read_json(files.run_log, problems),
         train_dir=train_dir,
         has_study=files.study.is_file(),
+        tuned_plan=_read_json(files.tuned_plan, problems),
+        tuning=_read_json(files.tune.study, problems),
+        tune_trials=_read_jsonl(files.tune.trials, problems),
         problems=tuple(problems),
     )
     run = dataclasses.replace(run, failed_stages=failed_stages(run.run_info, files, train))

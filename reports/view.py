@@ -39,6 +39,7 @@ from reports.training import (
     training_stats,
     training_validation,
 )
+from reports.tuning import TuningView, tuning_section
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -66,6 +67,7 @@ class ReportView:
     commands: Commands
     estimate_label: str = ""
     failures: tuple[StageFailure, ...] = ()  # failed stages of ``advisor run``, in run order
+    tuning: TuningView | None = None  # advisor tune's study, when the run has one
 
     @property
     def charts(self) -> tuple[Chart, ...]:
@@ -88,7 +90,7 @@ def _stages(run: RunFiles, stats: TrainingStats | None) -> tuple[Stage, ...]:
             f"{stats.steps}" + (f"/{stats.total_steps}" if stats.total_steps else "") + " steps"
         )
     failed = run.failed_stages
-    stages = (
+    stages: tuple[Stage, ...] = (
         Stage(
             name="profile",
             done=run.profile is not None,
@@ -103,6 +105,10 @@ def _stages(run: RunFiles, stats: TrainingStats | None) -> tuple[Stage, ...]:
         ),
         Stage(name="train", done=stats is not None and stats.complete, detail=training),
     )
+    if run.tuning is not None or "tune" in failed:
+        trials = len(run.tune_trials)
+        tune = Stage(name="tune", done=run.tuned_plan is not None, detail=f"{trials} trials")
+        stages = (*stages[:2], tune, stages[2])
     return tuple(
         dataclasses.replace(
             s,
@@ -133,6 +139,7 @@ def build_view(run: RunFiles | str | Path, *, now: datetime.datetime | None = No
     candidates, trials = candidates_section(run.trials, plan)
     validations = validation_rows(plan, training_row)
     reproduce, commands = reproduce_section(run)
+    tuning, tuning_view = tuning_section(run)
     sections: tuple[Section, ...] = (
         summary_section(summary, plan, stats, profile is not None),
         facts_section(profile, run.probes),
@@ -140,6 +147,7 @@ def build_view(run: RunFiles | str | Path, *, now: datetime.datetime | None = No
         candidates,
         validation_section(validations, plan),
         comm_section(profile, run.probes),
+        tuning,
         training_section(run, plan, stats),
         reproduce,
     )
@@ -178,6 +186,7 @@ def build_view(run: RunFiles | str | Path, *, now: datetime.datetime | None = No
         commands=commands,
         estimate_label=summary.estimate_label if summary else "",
         failures=failures,
+        tuning=tuning_view,
     )
 
 

@@ -84,8 +84,9 @@ def _register() -> None:
     from advisor.cli.report import report
     from advisor.cli.run import run
     from advisor.cli.train import train
+    from advisor.cli.tune import tune
 
-    for command in (profile, recommend, train, predict, report, run, export):
+    for command in (profile, recommend, tune, train, predict, report, run, export):
         main.add_command(command)
 
 

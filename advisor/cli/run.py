@@ -42,8 +42,9 @@ class CliRunProgress:
     """One header and one closing line per stage; the profile's budget bar, a spinner with the
     search's latest message on a terminal (plain lines otherwise), the trainer's own bar."""
 
-    def __init__(self, quiet: bool) -> None:
+    def __init__(self, quiet: bool, stages: int = 4) -> None:
         self.quiet = quiet
+        self.stages = stages
         self.train_progress = not quiet
         self.interactive = sys.stderr.isatty()
 
@@ -52,7 +53,9 @@ class CliRunProgress:
         if self.quiet:
             yield lambda _m, _f: None
             return
-        click.echo(click.style(f"[{index}/4] {name}: {description}", bold=True), err=True)
+        click.echo(
+            click.style(f"[{index}/{self.stages}] {name}: {description}", bold=True), err=True
+        )
         if name == "profile":
             with budget_progress("profile") as update:
                 yield update or (lambda _m, _f: None)
@@ -88,6 +91,15 @@ class CliRunProgress:
 @search_options("Most ranks to consider (default: the devices the profile saw; 1 on CPU).")
 @validation_options
 @hyperparameter_options
+@click.option(
+    "--tune-trials",
+    type=click.IntRange(min=0),
+    default=0,
+    show_default=True,
+    help="Between recommend and train, tune lr / warm-up / weight decay with this many trials "
+    "of the run's length ('advisor tune'; pruned trials stop early), then train the tuned "
+    "plan. 0: off.",
+)
 @train_output_options
 @quiet_option()
 def run(**params: Any) -> None:
@@ -108,11 +120,13 @@ def run(**params: Any) -> None:
         **pick(params, "trials", "validate_top", "validate_rounds", "storage"),
         **pick(params, "eval_every", "eval_batches", "checkpoint_every", "keep_checkpoints"),
         config_overrides=hyperparameters(params),
+        tune_trials=params["tune_trials"],
         resume=params["resume"],
     )
     started = time.time()
     try:
-        result = run_all(request, out, CliRunProgress(params["quiet"]))
+        stages = 5 if params["tune_trials"] else 4
+        result = run_all(request, out, CliRunProgress(params["quiet"], stages))
     except BaseException:
         report = RunDir(out).report
         if report.is_file() and report.stat().st_mtime >= started:
@@ -131,6 +145,9 @@ def summarize(result: Any) -> None:
         elif baseline is not None and baseline.expected_speedup:
             line += f" ({baseline.expected_speedup:.2f}× the naive fp32 loop, predicted)"
         click.echo(line)
+    tune = next((s for s in result.stages if s.name == "tune"), None)
+    if tune is not None and tune.status == "done":
+        click.echo(f"tuned: {tune.detail}; plan in {RunDir(result.out).tuned_plan}")
     train = next((s for s in result.stages if s.name == "train"), None)
     if train is not None:
         click.echo(f"trained: {train.detail}; metrics in {RunDir(result.out).train.metrics}")

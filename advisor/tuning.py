@@ -1,0 +1,751 @@
+"""``advisor tune``: an Optuna study over the learning rate, warm-up and weight decay at a plan's
+config, each trial a real short ``advisor train`` run, scored by held-out eval loss.
+
+    OUT/tuned_plan.json          the plan with the winning values (every speed key unchanged)
+    OUT/tune/study.json          ranges, pruner, best trial, sensitivity, cost (TuningSummary)
+    OUT/tune/trials.jsonl        one line per trial of the study (TrialRecord)
+    OUT/tune/trial_NNNN/         each trial's plan.json, metrics.jsonl, stderr.log
+
+Every trial trains the same tokens (whole global batches) with ``eval_every`` set for about ten
+evaluations; each eval line is read from the trial's metrics.jsonl as it appears, reported to
+Optuna, and a trial the pruner stops is ended with SIGTERM. A trial is ``python -m advisor
+train --plan`` in a child process, so a ddp/fsdp plan goes through torchrun exactly as
+``advisor train`` runs it, and the memory is the trainer's alone.
+
+The loop is ask/tell (as :func:`strategies.search.run_search`) so advisor decides where a trial
+runs. The study lives in ``--storage`` (default ``sqlite:///OUT/study.db``) under a name derived
+from the plan, the ranges and the trial length: re-running the command resumes it, and several
+workers with one ``--storage`` share it (each runs trials until the study holds ``trials``).
+A trial left RUNNING by a killed worker (its process gone on this host, or no eval reported
+for :data:`ABANDONED_S` from another) is marked failed and its parameters re-queued, so the
+study still reaches ``trials`` scored trials.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Protocol
+
+from advisor.errors import AdvisorError, UsageProblem
+from advisor.trainer.options import DEFAULT_EVAL_BATCHES, RunOptions
+from profilers.rundir import PLAN, RunDir, TrainDir, TuneDir, write_atomically
+from strategies.commands import Command
+from strategies.config import DEFAULT_STEPS, TrainConfig
+from strategies.tuning import (
+    DEFAULT_PARAMS,
+    DEFAULT_TUNE_TRIALS,
+    REDUCTION_FACTOR,
+    EvalPoint,
+    ParamRange,
+    TrialRecord,
+    TuningSummary,
+    best_trial,
+    config_values,
+    default_ranges,
+    eval_every,
+    make_pruner,
+    make_sampler,
+    parse_params,
+    plan_values,
+    sensitivity,
+    study_name,
+    suggest,
+    trial_steps,
+    tuned_config,
+    write_trials,
+)
+
+if TYPE_CHECKING:
+    import optuna
+
+    from strategies.plan_records import Plan
+
+ATTR = "advisor_tune"  # each trial's user attribute: worker, heartbeat, then its outcome
+BASELINE_ATTR = "advisor_tune_baseline"
+REQUEUED_ATTR = "advisor_tune_requeued_from"  # on a re-queued trial: the number it replaces
+ABANDONED_S = 1800.0  # a RUNNING trial of another host with no eval for this long has no worker
+POLL_S = 0.25  # how often a running trial's metrics.jsonl is read
+WAIT_S = 1.0  # how often a finished worker looks whether the others' trials are done
+STOP_GRACE_S = 60.0  # a pruned trial's SIGTERM -> exit (it saves a checkpoint first)
+
+
+@dataclass(frozen=True, kw_only=True)
+class TuneRequest:
+    """What ``advisor tune`` was asked (each field mirrors a flag)."""
+
+    trials: int = DEFAULT_TUNE_TRIALS
+    tokens_per_trial: int | None = None  # None: DEFAULT_STEPS global batches of the plan
+    params: str | None = None  # "lr,warmup,wd" or "lr=1e-4:1e-2,..." (None: DEFAULT_PARAMS)
+    storage: str | None = None  # None: sqlite:///OUT/study.db
+    device: str = "auto"
+    eval_batches: int = DEFAULT_EVAL_BATCHES
+    seed: int | None = None  # the sampler's; None: fresh per worker (trials' losses are seeded)
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.trials, int) or self.trials < 1:
+            raise UsageProblem(f"--trials must be a positive integer, got {self.trials!r}")
+        if self.tokens_per_trial is not None and self.tokens_per_trial < 1:
+            raise UsageProblem(
+                f"--tokens-per-trial must be a positive integer, got {self.tokens_per_trial}"
+            )
+
+    def command(self, plan: Path, out: Path) -> list[str]:
+        """The ``advisor tune`` command line (for study.json and the report; no --storage: a
+        database URL may hold a password)."""
+        return (
+            Command("tune")
+            .option("plan", plan)
+            .option("trials", self.trials, default=DEFAULT_TUNE_TRIALS)
+            .option("tokens_per_trial", self.tokens_per_trial)
+            .option("params", self.params, default=DEFAULT_PARAMS)
+            .option("device", self.device, default="auto")
+            .option("out", out)
+            .argv()
+        )
+
+
+@dataclass(frozen=True, kw_only=True)
+class TuneResult:
+    """What ``advisor.tune`` returns: the tuned plan (written to ``plan_path``), the study's
+    summary (OUT/tune/study.json) and every trial (OUT/tune/trials.jsonl)."""
+
+    plan: Plan
+    plan_path: Path
+    summary: TuningSummary
+    trials: tuple[TrialRecord, ...]
+    best: TrialRecord
+    out: Path
+
+
+# -- one trial ------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, kw_only=True)
+class TrialSpec:
+    """One trial to run: ``config`` for ``steps`` steps, an eval every ``eval_every``."""
+
+    number: int
+    config: TrainConfig
+    steps: int
+    eval_every: int
+    directory: TrainDir
+    plan: Path
+    device: str = "auto"
+    eval_batches: int = DEFAULT_EVAL_BATCHES
+
+
+@dataclass(frozen=True, kw_only=True)
+class TrialOutcome:
+    """``state``: complete | pruned (stopped by the pruner) | diverged | failed."""
+
+    state: str
+    evals: tuple[EvalPoint, ...] = ()
+    reason: str = ""
+    exit_code: int = 0
+    tokens: int | None = None  # tokens trained (a pruned run goes on a little past its eval)
+
+
+# ``on_eval(point)`` -> True when the trial should stop now (pruned).
+OnEval = Callable[[EvalPoint], bool]
+
+
+class TrialRunner(Protocol):
+    """Runs one trial, calling ``on_eval`` for each evaluation as it happens, in step order,
+    and stopping the run when it returns True. Must not raise for a failed run: the outcome
+    says how it ended."""
+
+    def __call__(self, spec: TrialSpec, on_eval: OnEval) -> TrialOutcome: ...
+
+
+def _die_with_parent() -> None:  # pragma: no cover - runs in the child before exec
+    """Linux: the trial gets SIGTERM (and saves, then exits) when the tuning process dies."""
+    if not sys.platform.startswith("linux"):
+        return
+    import ctypes
+
+    with contextlib.suppress(OSError):
+        ctypes.CDLL("libc.so.6").prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+
+
+class ChildTrainer:
+    """The real runner: ``python -m advisor train --plan`` in a child, its metrics.jsonl read as
+    it grows. Works for every layout: a ddp/fsdp plan's child launches its ranks itself."""
+
+    def __call__(self, spec: TrialSpec, on_eval: OnEval) -> TrialOutcome:
+        options = RunOptions(
+            out=spec.directory.root,
+            steps=spec.steps,
+            eval_every=spec.eval_every,
+            eval_batches=spec.eval_batches,
+            checkpoint_every=spec.steps,  # one checkpoint, at the end (deleted after)
+            keep_checkpoints=1,
+            device=spec.device,
+            progress=False,
+        )
+        log = spec.directory.root / "stderr.log"
+        evals: list[EvalPoint] = []
+        stopped = False
+        offset = 0
+        with open(log, "w") as err:
+            child = subprocess.Popen(
+                [sys.executable, "-m", "advisor", *options.train_args(spec.plan)],
+                stdout=subprocess.DEVNULL,
+                stderr=err,
+                preexec_fn=_die_with_parent,
+            )
+            try:
+                while True:
+                    done = child.poll() is not None
+                    new, offset = _new_evals(spec.directory.metrics, offset)
+                    for point in new:
+                        if stopped:
+                            break
+                        evals.append(point)
+                        if on_eval(point):
+                            stopped = True
+                            _stop(child)
+                    if done or stopped:
+                        break
+                    time.sleep(POLL_S)
+                child.wait()
+            except BaseException:
+                _stop(child)
+                raise
+        code = child.returncode
+        trained = _trained_tokens(spec.directory)
+        if stopped:
+            return TrialOutcome(state="pruned", evals=tuple(evals), exit_code=code, tokens=trained)
+        if code == 0:
+            return TrialOutcome(state="complete", evals=tuple(evals), tokens=trained)
+        last = _last_line(log).removeprefix("error: ")
+        state = "diverged" if "loss became" in last else "failed"
+        return TrialOutcome(
+            state=state, evals=tuple(evals), reason=last, exit_code=code, tokens=trained
+        )
+
+
+def _trained_tokens(directory: TrainDir) -> int | None:
+    from profilers.metrics_record import read_metrics
+
+    try:
+        train = read_metrics(directory.metrics).train
+    except (OSError, UnicodeDecodeError):
+        return None
+    return train[-1].tokens if train and train[-1].tokens is not None else None
+
+
+def _new_evals(metrics: Path, offset: int) -> tuple[list[EvalPoint], int]:
+    """Eval lines appended to ``metrics`` since byte ``offset`` (whole lines only)."""
+    try:
+        with open(metrics, "rb") as f:
+            f.seek(offset)
+            chunk = f.read()
+    except FileNotFoundError:
+        return [], offset
+    end = chunk.rfind(b"\n") + 1
+    points = []
+    for line in chunk[:end].splitlines():
+        try:
+            record = json.loads(line)
+        except ValueError:
+            continue
+        if record.get("kind") == "eval" and record.get("eval_loss") is not None:
+            points.append(
+                EvalPoint(
+                    step=int(record["step"]),
+                    tokens=int(record.get("tokens") or 0),
+                    eval_loss=float(record["eval_loss"]),
+                )
+            )
+    return points, offset + end
+
+
+def _stop(child: subprocess.Popen[Any]) -> None:
+    if child.poll() is not None:
+        return
+    child.terminate()
+    try:
+        child.wait(timeout=STOP_GRACE_S)
+    except subprocess.TimeoutExpired:
+        child.kill()
+        child.wait()
+
+
+def _last_line(path: Path) -> str:
+    try:
+        lines = [line.strip() for line in path.read_text(errors="replace").splitlines()]
+    except OSError:
+        return ""
+    lines = [line for line in lines if line]
+    return lines[-1] if lines else ""
+
+
+# -- progress -------------------------------------------------------------------------------------
+
+
+class TuneProgress(Protocol):
+    """How a study shows its progress (the CLI draws it; the library never prints)."""
+
+    def message(self, text: str) -> None: ...
+
+    def trial_started(self, number: int, params: Mapping[str, Any], steps: int) -> None: ...
+
+    def trial_evaluated(self, number: int, point: EvalPoint, steps: int) -> None: ...
+
+    def trial_finished(self, record: TrialRecord, steps: int) -> None: ...
+
+
+class SilentProgress:
+    def message(self, text: str) -> None:
+        pass
+
+    def trial_started(self, number: int, params: Mapping[str, Any], steps: int) -> None:
+        pass
+
+    def trial_evaluated(self, number: int, point: EvalPoint, steps: int) -> None:
+        pass
+
+    def trial_finished(self, record: TrialRecord, steps: int) -> None:
+        pass
+
+
+# -- the study ------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, kw_only=True)
+class _Setup:
+    plan: Plan
+    plan_path: Path
+    out: Path
+    steps: int
+    tokens_per_trial: int
+    eval_every: int
+    ranges: tuple[ParamRange, ...]
+    storage: str
+    study_name: str
+    command: list[str] = field(default_factory=list)
+
+
+def prepare(plan_path: Path, request: TuneRequest, out: Path | None) -> _Setup:
+    """Read the plan and check the request against it: every one-line error before a trial."""
+    from advisor.exporters.source import load_plan, plan_file
+    from strategies.search import default_storage
+
+    file = plan_file(plan_path)
+    plan = load_plan(file)
+    config = plan.config
+    tokens = request.tokens_per_trial or DEFAULT_STEPS * config.tokens_per_step
+    steps = trial_steps(config, tokens)
+    ranges = parse_params(request.params, default_ranges(config, steps))
+    directory = out if out is not None else file.parent
+    if directory.exists() and not directory.is_dir():
+        raise UsageProblem(f"--out {directory} is a file: name a directory")
+    return _Setup(
+        plan=plan,
+        plan_path=file,
+        out=directory,
+        steps=steps,
+        tokens_per_trial=steps * config.tokens_per_step,
+        eval_every=eval_every(steps),
+        ranges=ranges,
+        storage=request.storage or default_storage(directory),
+        study_name=study_name(config, ranges, steps * config.tokens_per_step),
+        command=request.command(file, directory),
+    )
+
+
+def tune(
+    plan_path: Path,
+    request: TuneRequest,
+    *,
+    out: Path | None = None,
+    progress: TuneProgress | None = None,
+    runner: TrialRunner | None = None,
+) -> TuneResult:
+    """Run (or resume, or join) the study for ``plan_path`` and write the tuned plan."""
+    from strategies.study import open_study, quiet_optuna
+
+    setup = prepare(plan_path, request, out)
+    show = progress or SilentProgress()
+    run_trial = runner or ChildTrainer()
+    setup.out.mkdir(parents=True, exist_ok=True)
+    files = TuneDir(RunDir(setup.out).tune.root)
+    files.root.mkdir(parents=True, exist_ok=True)
+    with quiet_optuna(), _no_experimental_warnings():
+        study = open_study(
+            setup.storage,
+            setup.study_name,
+            0,
+            None,
+            direction="minimize",
+            sampler=make_sampler(request.seed, request.trials),
+            pruner=make_pruner(setup.eval_every),
+        )
+        reclaimed = reclaim_abandoned(study)
+        base = plan_values(setup.plan.config, setup.ranges)
+        if all(r.contains(float(base[r.name])) for r in setup.ranges):
+            # The plan's own values first: the study then never ends worse than them.
+            study.enqueue_trial(base, user_attrs={BASELINE_ATTR: True}, skip_if_exists=True)
+        else:
+            show.message(
+                "the plan's own values are outside --params' ranges: the study does not try them"
+            )
+        show.message(
+            f"study {setup.study_name}: {request.trials} trials of {setup.steps} steps "
+            f"({setup.tokens_per_trial:,} tokens), eval every {setup.eval_every}"
+            + (f"; re-queued {reclaimed} trial(s) of a killed worker" if reclaimed else "")
+        )
+        while True:
+            while _wants_more(study, request.trials):
+                _one_trial(study, setup, request, files, show, run_trial)
+            if not _wait_for_others(study, show):
+                break
+        records = collect(study, setup)
+    write_trials(files.trials, records)
+    return _finish(setup, request, records, files)
+
+
+def _wants_more(study: optuna.Study, target: int) -> bool:
+    """Another trial is needed: a re-queued one is waiting, or the study holds fewer than
+    ``target`` trials that count (finished, or running in a worker; re-queued failures are
+    replaced by their re-run)."""
+    from optuna.trial import TrialState
+
+    trials = study.get_trials(deepcopy=False)
+    replaced = _replaced(trials)
+    counted = waiting = 0
+    for t in trials:
+        if t.state == TrialState.WAITING:
+            waiting += 1
+        elif t.number not in replaced:
+            counted += 1
+    return waiting > 0 or counted < target
+
+
+def _replaced(trials: list[optuna.trial.FrozenTrial]) -> dict[int, int]:
+    """Trial number -> the number of the trial that re-runs it."""
+    out = {}
+    for t in trials:
+        source = t.user_attrs.get(REQUEUED_ATTR)
+        if isinstance(source, int):
+            out[source] = t.number
+    return out
+
+
+def _wait_for_others(study: optuna.Study, show: TuneProgress) -> bool:
+    """Wait until no other worker's trial is running, so that every worker of a shared study
+    ranks the same trials and writes the same tuned plan. True when a worker died meanwhile
+    and its trial was re-queued (the caller then runs it)."""
+    from optuna.trial import TrialState
+
+    said = False
+    while True:
+        if reclaim_abandoned(study):
+            return True
+        running = study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
+        if not running:
+            return False
+        if not said:
+            show.message(f"waiting for {len(running)} trial(s) running in other workers")
+            said = True
+        time.sleep(WAIT_S)
+
+
+def _attr(trial: optuna.trial.FrozenTrial) -> dict[str, Any]:
+    value = trial.user_attrs.get(ATTR)
+    return dict(value) if isinstance(value, dict) else {}
+
+
+def _worker() -> dict[str, Any]:
+    return {"host": socket.gethostname(), "pid": os.getpid(), "heartbeat": time.time()}
+
+
+def _one_trial(
+    study: optuna.Study,
+    setup: _Setup,
+    request: TuneRequest,
+    files: TuneDir,
+    show: TuneProgress,
+    run_trial: TrialRunner,
+) -> None:
+    from optuna.trial import TrialState
+
+    trial = study.ask()
+    number = trial.number
+    params = suggest(trial, setup.ranges)
+    attr: dict[str, Any] = {**_worker(), "out": str(setup.out)}
+    trial.set_user_attr(ATTR, attr)
+    config = tuned_config(setup.plan.config, config_values(setup.ranges, params))
+    directory = files.trial(number)
+    if directory.root.exists():
+        shutil.rmtree(directory.root)  # a study started afresh over an old OUT
+    directory.root.mkdir(parents=True)
+    plan_file = files.trial_plan(number)
+    write_atomically(plan_file, json.dumps({"config": config.to_dict()}, indent=1) + "\n")
+    show.trial_started(number, params, setup.steps)
+    started = time.perf_counter()
+
+    def on_eval(point: EvalPoint) -> bool:
+        trial.report(point.eval_loss, point.step)
+        attr["heartbeat"] = time.time()
+        trial.set_user_attr(ATTR, attr)
+        show.trial_evaluated(number, point, setup.steps)
+        return point.step < setup.steps and trial.should_prune()
+
+    spec = TrialSpec(
+        number=number,
+        config=config,
+        steps=setup.steps,
+        eval_every=setup.eval_every,
+        directory=directory,
+        plan=plan_file,
+        device=request.device,
+        eval_batches=request.eval_batches,
+    )
+    try:
+        outcome = run_trial(spec, on_eval)
+    except BaseException:  # Ctrl-C, SIGTERM: the next run of the study re-runs this trial
+        with contextlib.suppress(Exception):
+            study.tell(trial, state=TrialState.FAIL)
+            requeue(study, study.get_trials(deepcopy=False)[number])
+        raise
+    with contextlib.suppress(OSError):
+        shutil.rmtree(directory.checkpoints)  # the evidence is the metrics; weights are bulk
+    last = outcome.evals[-1] if outcome.evals else None
+    reason = outcome.reason
+    if outcome.state == "pruned" and last is not None:
+        reason = f"pruned at step {last.step} (eval loss {last.eval_loss:.4f})"
+    elif outcome.state == "diverged":
+        reason = f"diverged: {outcome.reason}"
+    attr.update(
+        evals=[e.to_list() for e in outcome.evals],
+        tokens=outcome.tokens if outcome.tokens is not None else last.tokens if last else 0,
+        reason=reason,
+        wall_s=round(time.perf_counter() - started, 3),
+        directory=str(directory.root.relative_to(setup.out)),
+    )
+    trial.set_user_attr(ATTR, attr)
+    if outcome.state == "complete" and last is not None and last.step == setup.steps:
+        study.tell(trial, last.eval_loss)
+    elif outcome.state in ("pruned", "diverged"):
+        # A diverged trial is told PRUNED, not FAIL: TPE then learns from its last eval that
+        # its region is bad (a failed trial is ignored and its lr would be tried again).
+        study.tell(trial, state=TrialState.PRUNED)
+    else:
+        study.tell(trial, state=TrialState.FAIL)
+        if outcome.state == "complete":
+            reason = f"ended without its final evaluation at step {setup.steps}"
+        message = f"trial {number} failed (exit {outcome.exit_code}): {reason or 'no message'}"
+        if outcome.exit_code == 2:
+            raise UsageProblem(message)  # the plan cannot train here: every trial would fail
+        raise AdvisorError(message + f"; its log: {directory.root / 'stderr.log'}")
+    records = collect(study, setup)
+    write_trials(files.trials, records)
+    record = next((r for r in records if r.number == number), None)
+    if record is not None:
+        show.trial_finished(record, setup.steps)
+
+
+def reclaim_abandoned(study: optuna.Study) -> int:
+    """Fail RUNNING trials whose worker is gone and re-queue their parameters; how many.
+
+    Gone: its process no longer exists on this host, or (another host) it reported nothing for
+    :data:`ABANDONED_S`. A trial with no worker attribute yet (killed between ask and the
+    first write) counts as gone after a minute."""
+    from optuna.trial import TrialState
+
+    host = socket.gethostname()
+    now = time.time()
+    count = 0
+    for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
+        attr = _attr(t)
+        if not attr:
+            start = t.datetime_start or datetime.datetime.now()
+            gone = (datetime.datetime.now() - start).total_seconds() > 60
+        elif attr.get("host") == host:
+            gone = not _alive(int(attr.get("pid", -1)))
+        else:
+            gone = now - float(attr.get("heartbeat", 0)) > ABANDONED_S
+        if not gone:
+            continue
+        if not dict(t.params):
+            continue
+        try:
+            study.tell(t.number, state=TrialState.FAIL, skip_if_finished=True)
+        except Exception:  # another worker reclaimed it first
+            continue
+        requeue(study, t)
+        count += 1
+    return count
+
+
+def requeue(study: optuna.Study, trial: optuna.trial.FrozenTrial) -> None:
+    """Queue ``trial``'s parameters again (it was failed for a lost worker, not for itself)."""
+    attrs = {k: v for k, v in trial.user_attrs.items() if k != ATTR}
+    attrs[REQUEUED_ATTR] = trial.number
+    study.enqueue_trial(dict(trial.params), user_attrs=attrs, skip_if_exists=False)
+
+
+def _alive(pid: int) -> bool:
+    if pid <= 0:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def collect(study: optuna.Study, setup: _Setup) -> list[TrialRecord]:
+    """Every trial of the study as a :class:`TrialRecord` (all workers')."""
+    from optuna.trial import TrialState
+
+    states = {
+        TrialState.COMPLETE: "complete",
+        TrialState.PRUNED: "pruned",
+        TrialState.FAIL: "failed",
+        TrialState.RUNNING: "running",
+        TrialState.WAITING: "waiting",
+    }
+    per_step = setup.plan.config.tokens_per_step
+    trials = study.get_trials(deepcopy=False)
+    replaced = _replaced(trials)
+    records = []
+    for t in trials:
+        attr = _attr(t)
+        if attr.get("evals"):
+            evals = tuple(EvalPoint.from_list(e) for e in attr["evals"])
+        else:
+            evals = tuple(
+                EvalPoint(step=s, tokens=s * per_step, eval_loss=v)
+                for s, v in sorted(t.intermediate_values.items())
+            )
+        params = dict(t.params or t.system_attrs.get("fixed_params") or {})
+        complete = t.state == TrialState.COMPLETE
+        here = attr.get("out") == str(setup.out)
+        records.append(
+            TrialRecord(
+                number=t.number,
+                state=states.get(t.state, "failed"),
+                params=params,
+                evals=evals,
+                score=float(t.value) if complete and t.value is not None else None,
+                tokens=int(attr.get("tokens") or (evals[-1].tokens if evals else 0)),
+                reason=(
+                    f"its worker stopped; re-run as trial {replaced[t.number]}"
+                    if t.number in replaced
+                    else str(attr.get("reason") or "")
+                ),
+                wall_s=float(attr.get("wall_s") or 0.0),
+                worker=f"{attr.get('host', '')}:{attr.get('pid', '')}" if attr else "",
+                directory=str(attr.get("directory") or "") if here else "",
+            )
+        )
+    return records
+
+
+def _finish(
+    setup: _Setup, request: TuneRequest, records: list[TrialRecord], files: TuneDir
+) -> TuneResult:
+    from strategies.study import redact
+
+    best = best_trial(records)
+    if best is None:
+        raise AdvisorError(
+            f"no trial of study {setup.study_name} completed ({len(records)} in it): raise "
+            "--trials or --tokens-per-trial, or narrow --params"
+        )
+    config = tuned_config(setup.plan.config, config_values(setup.ranges, best.params))
+    shown = ", ".join(f"{r.key}={_fmt(best.params[r.name])}" for r in setup.ranges)
+    counts = {s: sum(r.state == s for r in records) for s in ("complete", "pruned", "failed")}
+    reason = (
+        f"hyper-parameters tuned by advisor tune: {shown} (trial {best.number} of "
+        f"{len(records)}, held-out loss {best.score:.4f} after {setup.tokens_per_trial:,} tokens)"
+    )
+    plan = replace(setup.plan, config=config, reasons=(*setup.plan.reasons, reason))
+    path = RunDir(setup.out).tuned_plan
+    write_atomically(path, json.dumps(plan.to_dict(), indent=1) + "\n")
+    base = next(
+        (r for r in records if r.state == "complete" and _is_base(r, setup)),
+        None,
+    )
+    summary = TuningSummary(
+        study_name=setup.study_name,
+        storage=redact(setup.storage),
+        pruner=f"successive halving (reduction factor {REDUCTION_FACTOR}, first rung at step "
+        f"{setup.eval_every})",
+        sampler="TPE",
+        trials_asked=request.trials,
+        tokens_per_trial=setup.tokens_per_trial,
+        steps_per_trial=setup.steps,
+        eval_every=setup.eval_every,
+        ranges=setup.ranges,
+        plan=str(setup.plan_path),
+        tuned_plan=str(path),
+        base_values=plan_values(setup.plan.config, setup.ranges),
+        best_number=best.number,
+        best_values=dict(best.params),
+        best_score=best.score,
+        base_score=base.score if base else None,
+        counts=counts,
+        tokens_trained=sum(r.tokens for r in records),
+        sensitivity=tuple(sensitivity(records, [r.name for r in setup.ranges])),
+        command=tuple(setup.command),
+    )
+    summary.save(files.study)
+    return TuneResult(
+        plan=plan,
+        plan_path=path,
+        summary=summary,
+        trials=tuple(records),
+        best=best,
+        out=setup.out,
+    )
+
+
+def _is_base(record: TrialRecord, setup: _Setup) -> bool:
+    base = plan_values(setup.plan.config, setup.ranges)
+    return all(
+        abs(float(record.params.get(k, float("nan"))) - float(v)) <= 1e-12 * max(1.0, abs(v))
+        for k, v in base.items()
+    )
+
+
+def _fmt(value: Any) -> str:
+    return f"{value:.3g}" if isinstance(value, float) else str(value)
+
+
+@contextlib.contextmanager
+def _no_experimental_warnings() -> Any:
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=".*experimental.*")
+        yield
+
+
+__all__ = [
+    "PLAN",
+    "ChildTrainer",
+    "TrialOutcome",
+    "TrialRunner",
+    "TrialSpec",
+    "TuneProgress",
+    "TuneRequest",
+    "TuneResult",
+    "tune",
+]

@@ -1,0 +1,103 @@
+"""``advisor tune``: bad input is one line and exit 2 before any trial; end to end (slow), the
+tuned plan trains with ``advisor train --plan`` to the best trial's loss."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner, Result
+
+from advisor.cli import main
+from profilers.metrics_record import read_metrics
+from profilers.rundir import RunDir
+from tests.advisor.test_tuning import write_plan
+
+
+def invoke(*args: str) -> Result:
+    return CliRunner().invoke(main, list(args))
+
+
+def _one_line_error(result: Result, *fragments: str) -> None:
+    assert result.exit_code == 2, result.output
+    lines = [line for line in result.output.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error: "), result.output
+    for fragment in fragments:
+        assert fragment in lines[0], lines[0]
+    assert "Traceback" not in result.output
+
+
+def test_missing_plan(tmp_path: Path) -> None:
+    _one_line_error(
+        invoke("tune", "--plan", str(tmp_path / "nope.json")), "no plan at", "advisor recommend"
+    )
+
+
+def test_plan_is_required() -> None:
+    _one_line_error(invoke("tune"), "--plan")
+
+
+@pytest.mark.parametrize(
+    ("params", "fragment"),
+    [
+        ("lr=1e-2:1e-4", "the range is empty"),
+        ("lr=0:1", "LOW must be > 0"),
+        ("batch", "unknown parameter 'batch'"),
+        ("wd=0.1", "wd=LOW:HIGH"),
+    ],
+)
+def test_bad_ranges(tmp_path: Path, params: str, fragment: str) -> None:
+    plan = write_plan(tmp_path)
+    _one_line_error(invoke("tune", "--plan", str(plan), "--params", params), fragment)
+    assert not RunDir(tmp_path).tune.root.exists()  # nothing ran
+
+
+def test_too_few_tokens_for_one_evaluation(tmp_path: Path) -> None:
+    plan = write_plan(tmp_path)  # 4 sequences of 32 tokens per step
+    _one_line_error(
+        invoke("tune", "--plan", str(plan), "--tokens-per-trial", "200"),
+        "--tokens-per-trial 200 is too few",
+        "give at least 256",
+    )
+
+
+def test_zero_trials(tmp_path: Path) -> None:
+    plan = write_plan(tmp_path)
+    _one_line_error(invoke("tune", "--plan", str(plan), "--trials", "0"), "--trials")
+
+
+@pytest.mark.slow
+def test_tune_then_train_the_tuned_plan(tmp_path: Path) -> None:
+    """Real trials (each an ``advisor train`` child), then the tuned plan trained again: the
+    same held-out loss as its trial (training is deterministic per seed)."""
+    plan = write_plan(
+        tmp_path, parallelism="single", world_size=1, micro_batch_size=4, grad_accum_steps=1
+    )
+    command = [sys.executable, "-m", "advisor"]
+    done = subprocess.run(
+        [*command, "tune", "--plan", str(plan), "--trials", "3", "--tokens-per-trial", "1280",
+         "--device", "cpu"],
+        capture_output=True, text=True, check=False, timeout=900,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert "tuned plan:" in done.stdout
+    study = json.loads(RunDir(tmp_path).tune.study.read_text())
+    best = study["best_number"]
+    trial_dir = RunDir(tmp_path).tune.trial(best)
+    assert not trial_dir.checkpoints.exists()  # deleted: the metrics are the evidence
+    out = tmp_path / "train"
+    done = subprocess.run(
+        [*command, "train", "--plan", str(RunDir(tmp_path).tuned_plan), "--out", str(out),
+         "--steps", "10", "--eval-every", "1", "--quiet", "--device", "cpu"],
+        capture_output=True, text=True, check=False, timeout=900,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert read_metrics(out / "metrics.jsonl").evals[-1].eval_loss == pytest.approx(
+        study["best_score"], rel=1e-6
+    )
+    assert read_metrics(trial_dir.metrics).evals[-1].eval_loss == pytest.approx(
+        study["best_score"], rel=1e-6
+    )
