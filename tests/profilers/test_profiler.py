@@ -68,6 +68,15 @@ def rows(profile: Profile, probe: str, precision: str | None = None) -> list[Pro
     ]
 
 
+def budget_skipped(profile: Profile, precision: str, checkpointing: str) -> bool:
+    """Whether a memory row of this group says it was skipped for the time budget."""
+    return any(
+        r.status == "skipped" and "budget" in r.reason
+        for r in rows(profile, "memory", precision)
+        if r.activation_checkpointing == checkpointing
+    )
+
+
 # -- the healthy profile -------------------------------------------------------------------------
 
 
@@ -87,9 +96,13 @@ def test_profile_has_every_design_key_and_is_json(toy_profile: Profile) -> None:
 
 @slow
 def test_memory_fits_cover_every_precision_and_checkpointing(toy_profile: Profile) -> None:
-    # The toy's traces are cheap, so every group is traced before any timing (phases_core).
+    # The toy's traces are cheap, so on a quiet host every group is traced before any timing
+    # (phases_core). On a loaded one (CI) the last groups may lose their traces to the budget:
+    # then each says so in a row. The baseline group is always traced.
     groups = {(m.precision, m.activation_checkpointing) for m in toy_profile.fits.memory}
-    assert groups == set(itertools.product(PRECISIONS, CHECKPOINTING))
+    assert ("fp32", "none") in groups
+    for group in set(itertools.product(PRECISIONS, CHECKPOINTING)) - groups:
+        assert budget_skipped(toy_profile, *group), group
     for model in toy_profile.fits.memory:
         traced = [
             t
@@ -161,7 +174,10 @@ def test_probe_rows_record_every_probe_with_a_status(toy_profile: Profile) -> No
         # refinement while the budget lasts.
         sizes = ProfileOptions(seq_len=SEQ_LEN).trace_micro_batch_sizes
         status = {r.micro_batch_size: r.status for r in traced}
-        assert [status[b] for b in sizes[-2:]] == ["ok", "ok"]
+        if budget_skipped(toy_profile, precision, checkpointing):  # a loaded host: see above
+            assert {status.get(b, "skipped") for b in sizes[-2:]} <= {"ok", "skipped"}
+        else:
+            assert [status[b] for b in sizes[-2:]] == ["ok", "ok"]
         assert status[sizes[0]] in ("ok", "skipped")
         assert all(r.value and r.unit == "bytes" for r in traced if r.status == "ok")
         # Each throughput group has a row: timed, skipped for the budget, or failed.
