@@ -404,18 +404,21 @@ class CostModel:
         """An FSDP per-rank fit of the candidate's (precision, checkpointing) traced at another
         world size, resharded to the candidate's (:meth:`MemoryModel.resharded`): what a rank
         gathers, its activations and temporaries are traced, not derived from one device.
-        The largest traced world size is taken (the least state to reshard upward)."""
-        traced = [
-            m
+        The largest traced world size is taken (the least state to reshard upward); at that
+        world size ``blocks:K`` may be the line between its traced anchors (none, full), as on
+        one device, before it is resharded."""
+        worlds = {
+            m.world_size
             for m in self.memory_models
             if getattr(m, "parallelism", "single") == "fsdp"
-            and (m.precision, m.activation_checkpointing, getattr(m, "loss_chunks", 1))
-            == (c.precision, c.activation_checkpointing, c.loss_chunks)
-        ]
-        if not traced:
-            return None, None
-        source = max(traced, key=lambda m: m.world_size)
-        return source.resharded(c.world_size), source.world_size
+        }
+        for world in sorted(worlds, reverse=True):
+            source = self._find_memory_model(
+                c.precision, c.activation_checkpointing, "fsdp", world, c.loss_chunks
+            )
+            if source is not None:
+                return source.resharded(c.world_size), world
+        return None, None
 
     def _fsdp_memory(
         self, model: MemoryModel, c: Candidate, optimizer: float

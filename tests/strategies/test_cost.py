@@ -332,6 +332,33 @@ def test_a_traced_per_rank_memory_fit_replaces_the_analytic_sharding() -> None:
     assert model.memory_model("fp32", "none").parallelism == "single"
 
 
+def test_blocks_k_at_an_untraced_fsdp_world_size_reshards_the_traced_line() -> None:
+    """blocks:K under FSDP at a world size with no trace: the traced world's none/full rank
+    fits give K's line there, which is then resharded (not the analytic sharding)."""
+    from profilers.checkpointing_fits import blocks_memory_model
+    from tests.strategies.profiles import memory_model
+
+    profile = hand_profile()
+    ranks = {
+        ckpt: dataclasses.replace(memory_model("fp32", ckpt), parallelism="fsdp", world_size=2)
+        for ckpt in ("none", "full")
+    }
+    fits = dataclasses.replace(profile.fits, memory=(*profile.fits.memory, *ranks.values()))
+    model = cost_model_from_profile(dataclasses.replace(profile, fits=fits), 0.9)
+    layers = model.facts.num_layers
+    assert layers >= 2
+    setting = "blocks:1"
+    line = blocks_memory_model(lambda s: ranks.get(s), setting, layers)
+    assert line is not None
+    memory = model.predict(cand(micro=4, ckpt=setting, parallelism="fsdp", world=4))
+    terms = memory.breakdown.to_dict()["memory"]
+    assert terms["source"] == "traced fsdp×2 per-rank fit, its sharded state resharded to 4 ranks"
+    assert terms["traced_bytes"] == line.resharded(4).predict(4, 1)
+    # Between the resharded none and full ranks: K of L blocks recomputed.
+    low, high = (ranks[c].resharded(4).predict(4, 1) for c in ("full", "none"))
+    assert low <= terms["traced_bytes"] <= high
+
+
 def test_a_negative_slope_never_makes_larger_batches_free() -> None:
     from profilers.fit import fit_affine
     from strategies.cost import affine_seconds
