@@ -146,6 +146,25 @@ def test_results_report_held_out_rows_apart_from_tuning_rows(tmp_path: Path) -> 
     assert len(csv_path.read_text().splitlines()) == len(rows) + 1
 
 
+def test_a_row_that_fits_only_with_the_loss_in_chunks_is_counted_apart(tmp_path: Path) -> None:
+    rows = wp.read_rows()[:3]
+    results = [_result(r, r.tokens_per_s_per_gpu) for r in rows]
+    over = dataclasses.replace(results[0], peak_memory_gib=results[0].gpu_memory_gib + 5)
+    chunked = dataclasses.replace(
+        over, loss_chunks=8, chunked_peak_memory_gib=over.gpu_memory_gib - 1
+    )
+    still_over = dataclasses.replace(chunked, chunked_peak_memory_gib=over.gpu_memory_gib + 1)
+    assert not over.fits and not over.fits_chunked
+    assert not chunked.fits and chunked.fits_chunked
+    assert not still_over.fits_chunked
+    s = wp.summary([chunked, still_over, results[1]])
+    assert (s["predicted_to_fit"], s["predicted_to_fit_chunked"]) == (1, 2)
+    _, md_path = wp.write_results([chunked, still_over, results[1]], tmp_path)
+    text = md_path.read_text()
+    assert "8 chunks: " in text and "(fits)" in text and "(NO)" in text
+    assert "(2 with the loss in chunks where the plain loss did not fit)" in text
+
+
 @pytest.mark.parametrize(
     "model, args",
     [
