@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from profilers import probe_rows
@@ -45,6 +45,11 @@ CHEAP_TRACES_FRACTION = 0.5
 # compared with) gets at least this part of the core's time left, more than an even split, and
 # at least its estimated least cost.
 FIRST_GROUP_MIN_PART = 3
+# The baseline's timing runs even past the core's share, while its least cost is within this
+# multiple of the whole budget's remainder (issue 13: the budget holds within +10%), or is the
+# least child at all; beyond that (a huge model on a small host: a step of hours) it is
+# skipped with the budget that covers it.
+BASELINE_OVERRUN = 1.1
 # Planning only, never a prediction: a training step runs at about this fraction of the
 # device's measured fp32 GEMM rate (the device probe). gpt-small fp32 on this 2-vCPU host:
 # 0.70 of the 1024^3 GEMM's rate at micro-batch 2, 0.87 at 8; a small model runs far below
@@ -83,6 +88,8 @@ class CoreResult:
     skipped: list[tuple[str, str]] = field(default_factory=list)  # not timed: the budget
     traced: set[tuple[str, str]] = field(default_factory=set)  # groups with core traces
     timed: set[tuple[str, str]] = field(default_factory=set)  # groups with two timed sizes
+    # Traced, never timed: a step at micro-batch 1 is predicted not to fit the device.
+    unfit: list[tuple[str, str]] = field(default_factory=list)
 
     def untraced(self) -> list[tuple[str, str]]:
         """Skipped groups whose core sizes were not traced either."""
@@ -163,6 +170,22 @@ def core_phase(
         model = _fit_or_none(traced[(p, c)])
         b1, b_max = timed_sizes(run, model, capacity, _slowdown(device, p))
         small = run.spec(p, c, b1)
+        usable = run.options.memory_budget * capacity
+        if model is not None and model.predict(1) > usable:
+            # A real step would only swap or be killed (a 70B model on a 24 GiB host): no
+            # child at all. Its traces stay, for a what-if on a larger device (--target).
+            out.unfit.append((p, c))
+            run.rows.append(
+                probe_rows.skipped(
+                    "throughput",
+                    run.spec(p, c, 1),
+                    f"predicted not to fit the device: {model.predict(1) / 2**30:.1f} GiB at "
+                    f"micro-batch 1 against {usable / 2**30:.1f} GiB usable; plan it for a "
+                    "larger device with 'advisor recommend --target'",
+                    name=f"{p}/{c}",
+                )
+            )
+            continue
         left = deadline - time.perf_counter()
         # What the groups still to come need for their own traces is kept back, so one
         # group's timing does not starve the next one's traces; the rest is split evenly
@@ -171,7 +194,10 @@ def core_phase(
         even = left / (len(to_come) + 1)
         per_group = max(even - reserved / (len(to_come) + 1), even / 2)
         least = timing_cost(p, c)
-        if i == 0:  # the baseline: without it the search has nothing to compare against
+        if i == 0 and least <= max(run.clock.remaining() * BASELINE_OVERRUN, MIN_CHILD_SHARE_S):
+            # The baseline: without it the search has nothing to compare against, so it may
+            # take the budget's whole remainder and a little more (or the least child at all,
+            # on a spent budget), never an unbounded time.
             per_group = max(per_group, left / FIRST_GROUP_MIN_PART, least)
         if per_group < least:
             out.skipped.append((p, c))  # traced, not timed; every later group is skipped too
@@ -183,7 +209,7 @@ def core_phase(
         if len({t.spec.micro_batch_size for t in timings}) >= 2:
             timed.add((p, c))
     if out.skipped:
-        _record_skipped(run, out, sizes, costs)
+        _record_skipped(run, out, sizes, costs, timing_cost)
     return out
 
 
@@ -197,7 +223,7 @@ def refine_phase(run: ProbeRun, core: CoreResult, target: str) -> list[MemoryTra
     sizes = run.options.trace_micro_batch_sizes
     core_sizes, hinge = sizes[-2:], sizes[:-2]
     plan = [run.spec(p, c, b) for p, c in core.untraced() for b in core_sizes]
-    every = [*core.groups, *core.skipped]  # the priority order: the skipped are its tail
+    every = [*core.groups, *core.unfit, *core.skipped]  # priority: the skipped are its tail
     plan += [run.spec(p, c, core_sizes[0], 2) for p, c in every]
     plan += [run.spec(p, c, b) for b in hinge for p, c in every]
     traces = []
@@ -275,14 +301,21 @@ def _fit_or_none(traces: Sequence[MemoryTrace]) -> MemoryModel | None:
         return None
 
 
-def _record_skipped(run: ProbeRun, core: CoreResult, sizes: Sequence[int], costs: _Costs) -> None:
+def _record_skipped(
+    run: ProbeRun,
+    core: CoreResult,
+    sizes: Sequence[int],
+    costs: _Costs,
+    timing_cost: Callable[[str, str], float],
+) -> None:
     """One row per skipped group, with the budget that would have covered it."""
     from profilers.budget import SHARES
 
     # The groups' missing traces plus a timing child each, over the part of the budget the
     # core gets (the memory and throughput weights of the whole): what to add to --budget-s.
     need = sum(
-        (0.0 if g in core.traced else costs.trace(g[1]) * len(sizes)) + 2 * MIN_CHILD_SHARE_S
+        (0.0 if g in core.traced else costs.trace(g[1]) * len(sizes))
+        + max(2 * MIN_CHILD_SHARE_S, timing_cost(*g))
         for g in core.skipped
     )
     fraction = (SHARES["memory"] + SHARES["throughput"]) / sum(SHARES.values())

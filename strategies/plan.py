@@ -95,11 +95,32 @@ def naive_baseline(model: CostModel, global_batch_size: int) -> Baseline:
     )
 
 
+def _unfit_device(model: CostModel) -> StrategyError | None:
+    """When even the least traced single-device step (micro-batch 1) needs more than the
+    budget, the profile timed nothing (profilers.phases_core): say so and point at a what-if,
+    rather than at the fits that are missing because of it. None when some step fits."""
+    single = [m for m in model.memory_models if getattr(m, "parallelism", "single") == "single"]
+    if not single:
+        return None
+    least = min(m.predict(1) for m in single)
+    if least <= model.budget_bytes:
+        return None
+    return StrategyError(
+        f"the model does not fit this device: its least traced step needs {least / 2**30:.1f} "
+        f"GiB at micro-batch 1, the budget is {model.budget_bytes / 2**30:.2f} GiB, so the "
+        "profile timed nothing here; plan it for larger devices with --target (e.g. --target "
+        "h100-80gb --world-size 64)"
+    )
+
+
 def nothing_fits(evaluations: Sequence[Evaluation], model: CostModel) -> StrategyError:
     """The error for a search with no feasible candidate: the least memory any needs, and the
     knob that would help most, read off that candidate's breakdown."""
     priced = [e for e in evaluations if e.prediction is not None]
     if not priced:
+        unfit = _unfit_device(model)
+        if unfit is not None:
+            return unfit
         reasons = sorted({e.reason for e in evaluations if e.reason})
         return StrategyError(
             "no candidate could be predicted from this profile: "

@@ -118,12 +118,13 @@ def profile_core(
     *,
     budget_s: float,
     precisions: tuple[str, ...] = ("fp32", "bf16", "fp16"),
+    capacity: int = 64 * GiB,
 ) -> tuple[ProbeRun, CoreResult]:
     monkeypatch.setattr(core_module, "_trace", fake_trace(clock, script))
     monkeypatch.setattr(time_module, "_time_group", fake_time_group(clock, script))
     run = ProbeRun(ToyWorkload(), ProfileOptions(seq_len=16, budget_s=budget_s), None)
     device = cast(DeviceInfo, SimpleNamespace(precisions={}))  # only its precision speeds are read
-    return run, core_phase(run, precisions, "cpu", 64 * GiB, device)
+    return run, core_phase(run, precisions, "cpu", capacity, device)
 
 
 def test_groups_go_fp32_first_and_no_checkpointing_before_full() -> None:
@@ -179,6 +180,42 @@ def test_expensive_traces_are_spent_only_on_groups_that_are_also_timed(
         assert ("derived from" in row.reason) == derivable
     suggested = int(skipped_rows[-1].reason.split("--budget-s ")[1].split()[0])
     assert suggested > 120
+
+
+def test_a_model_predicted_not_to_fit_is_traced_but_never_timed(
+    clock: FakeClock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A 70B model on a 24 GiB host: a real step would only swap or be killed. Here every
+    # traced step needs > 1 GiB and the device has 1 GiB.
+    script = Script(trace_s={"none": 0.1, "full": 0.15})
+    run, core = profile_core(clock, monkeypatch, script, budget_s=200, capacity=GiB)
+    assert not [e for e in script.events if e.startswith("time")]
+    order = ordered_groups(("fp32", "bf16", "fp16"), ("none", "full"))
+    assert core.unfit == order and not core.groups and not core.timed
+    assert core.traced == set(order)  # the traces stay, for a what-if (--target)
+    rows = [r for r in run.rows if r.probe == "throughput"]
+    assert len(rows) == len(order)
+    for row in rows:
+        assert row.status == "skipped" and "predicted not to fit the device" in row.reason
+        assert "--target" in row.reason
+    # The refinement still traces their accumulation variants and the hinge.
+    refined = refine_phase(run, core, "cpu")
+    assert {(t.spec.precision, t.spec.activation_checkpointing) for t in refined} == set(order)
+
+
+def test_a_baseline_step_far_beyond_the_budget_is_skipped_not_run_unbounded(
+    clock: FakeClock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The baseline may overrun the core's share, never the whole budget by more than 10%: a
+    # step estimated at hours is skipped with the budget that would cover it.
+    monkeypatch.setattr(core_module, "least_timing_s", lambda *args: 10_000.0)
+    script = Script(trace_s={"none": 1.0, "full": 1.5})
+    run, core = profile_core(clock, monkeypatch, script, budget_s=120, precisions=("fp32",))
+    assert "time fp32/none" not in script.events
+    assert core.skipped[0] == ("fp32", "none") and not core.timed
+    (row, *_) = [r for r in run.rows if r.probe == "throughput" and r.status == "skipped"]
+    suggested = int(row.reason.split("--budget-s ")[1].split()[0])
+    assert suggested > 10_000
 
 
 def test_a_checkpointed_group_is_traced_without_a_timing_when_its_time_can_be_derived(

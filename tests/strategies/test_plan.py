@@ -10,7 +10,7 @@ import pytest
 
 from strategies.config import TrainConfig
 from strategies.cost import CostModel, cost_model_from_profile
-from strategies.errors import NothingFits
+from strategies.errors import NothingFits, StrategyError
 from strategies.plan import (
     TRIAL_COLUMNS,
     Measurement,
@@ -166,6 +166,21 @@ def test_nothing_fits_names_the_smallest_need_and_a_knob() -> None:
         "fsdp over more devices",
     ):
         _plan(gpu, 8)
+
+
+def test_a_model_that_fits_nowhere_here_points_at_a_what_if_not_at_missing_fits() -> None:
+    """A 70B model on a 24 GiB host: the profile traced it but timed nothing (no step fits),
+    so no candidate has a time fit; the error says why and names --target."""
+    import dataclasses
+
+    profile = hand_profile(memory_bytes=16 * 2**20)
+    profile = dataclasses.replace(profile, fits=dataclasses.replace(profile.fits, time=()))
+    model = cost_model_from_profile(profile, 0.9)
+    with pytest.raises(StrategyError) as info:
+        _plan(model, 8)
+    message = str(info.value)
+    assert message.startswith("the model does not fit this device: its least traced step needs")
+    assert "--target" in message and "timed nothing" in message
 
 
 def test_plan_round_trips_and_writes_plan_json_and_trials_csv(
