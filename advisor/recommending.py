@@ -27,7 +27,7 @@ from advisor.validation import (
 from profilers.profile_record import Profile, load_profile
 from profilers.rundir import profile_path
 from strategies.budgets import DEFAULT_VALIDATE_ROUNDS, DEFAULT_VALIDATE_TOP_K
-from strategies.config import ConfigError, TrainConfig
+from strategies.config import DEFAULT_STEPS, ConfigError, TrainConfig
 from strategies.cost import CostModel, cost_model_from_profile
 from strategies.plan import Baseline, Measurement, Plan, decide, naive_baseline, top_candidates
 from strategies.search import SearchResult, default_storage, run_search, study_name_for
@@ -79,7 +79,7 @@ def cost_model_for(profile: Profile, request: SearchRequest) -> tuple[CostModel,
     """(the cost model, its estimate label or ""): measured, or a what-if for ``--target``."""
     if request.target is not None:
         return whatif_cost_model(profile, request)
-    return cost_model_from_profile(profile, request.memory_budget), ""
+    return cost_model_from_profile(profile, request.memory_budget, run_steps=request.run_steps), ""
 
 
 def default_validators(
@@ -273,8 +273,11 @@ def predict(
     target: str | None = None,
     nodes: int = 1,
     network: str | None = None,
+    steps: int | None = None,
 ) -> dict[str, Any]:
-    """What ``config`` would cost on the profiled device (or, with ``target``, an estimate).
+    """What ``config`` would cost on the profiled device (or, with ``target``, an estimate);
+    ``steps``: the run's length, over which a compiled config's compile time is amortised
+    (None: strategies.config.DEFAULT_STEPS).
 
     Returns ``{"config", "predicted": {peak_memory_bytes, step_time_s, tokens_per_s,
     step_time_s_interval, tokens_per_s_interval (90%), uncertainty, fits, breakdown ...},
@@ -289,6 +292,7 @@ def predict(
         target=target,
         nodes=nodes,
         network=network,
+        run_steps=steps if steps is not None else DEFAULT_STEPS,
     )
     model, label = cost_model_for(prof, request)
     prediction = model.predict_config(config)

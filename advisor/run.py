@@ -295,6 +295,10 @@ def _recommend_stage(request: RunRequest, out: Path, say: ProgressFn) -> tuple[s
         world_size=request.world_size,
         trials=request.trials,
         config_overrides=dict(request.config_overrides),
+        # The run's length, for amortising a compiled candidate's compile time; --tokens:
+        # the steps its global batches take (at least one).
+        run_steps=request.train_steps
+        or max(1, (request.tokens or 0) // (request.global_batch_size * request.seq_len)),
     )
     plan = recommend(
         RunDir(out).profile,

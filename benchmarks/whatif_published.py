@@ -482,17 +482,9 @@ def predict_row(row: Row, profile: Any) -> dict[str, Any]:
 def predict_row_constant_mfu(row: Row, profile: Any) -> float:
     """The same row under the what-if model this benchmark replaced (counted FLOPs at one
     constant efficiency, ``strategies.whatif.MFU``), tokens/s/GPU: the baseline column."""
-    from strategies.space import SearchRequest
-    from strategies.whatif import FlopsTime, whatif_cost_model
+    from strategies.whatif import FlopsTime
 
-    request = SearchRequest(
-        global_batch_size=row.global_batch_size,
-        world_size=row.n_gpus,
-        target=row.target,
-        nodes=row.nodes,
-        network=row.network,
-    )
-    model, _ = whatif_cost_model(profile, request)
+    model = row_cost_model(row, profile)
     time_source = FlopsTime(
         target=model.time.target,  # type: ignore[attr-defined]
         facts=profile.model,
@@ -592,6 +584,11 @@ def run(rows: Sequence[Row], say: Any = print) -> list[Result]:
 def predict_memory(profile: Any, config: Any, row: Row) -> int:
     """The predicted per-rank peak (bytes) of ``config`` on the row's target: the what-if cost
     model's memory, as ``advisor predict --target`` computes it."""
+    return int(row_cost_model(row, profile).predict_config(config).peak_memory_bytes)
+
+
+def row_cost_model(row: Row, profile: Any) -> Any:
+    """The what-if cost model ``advisor predict --target`` builds for the row's request."""
     from strategies.space import SearchRequest
     from strategies.whatif import whatif_cost_model
 
@@ -603,7 +600,7 @@ def predict_memory(profile: Any, config: Any, row: Row) -> int:
         network=row.network,
     )
     model, _ = whatif_cost_model(profile, request)
-    return int(model.predict_config(config).peak_memory_bytes)
+    return model
 
 
 # -- fitting (tuning rows only) -------------------------------------------------------------------

@@ -13,7 +13,9 @@ group is process-global (it is the default group), so the trace runs in a child 
   ``__enter__`` snapshots what is live), and ``reset_mod_stats()`` does *not* reset it; so, as
   for one device, each phase of the second iteration runs in its own ``with tracker:`` block.
   A single block over both iterations reports iteration 1's optimizer-state creation (5x the
-  state on gpt-tiny at micro-batch 1) as the peak.
+  state on gpt-tiny at micro-batch 1) as the peak. With ``fsdp_reshard_after_forward`` False
+  the same trace sees every block's unsharded parameters live from its forward to its
+  backward (on gpt-tiny, the whole model in fp32 beside the shards at the peak).
 * **DDP** is traced too, reducer included, not added by hand: its C++ reducer allocates the
   gradient buckets and copies each gradient into them through the dispatcher, so the fake
   mode and the tracker see them. Three things of DDP need real data or real peers, and are
@@ -161,6 +163,7 @@ def _describe(spec: StepSpec) -> str:
     return (
         f"{spec.parallelism} x{spec.world_size} {spec.precision}/"
         f"{spec.activation_checkpointing}/b={spec.micro_batch_size}x{spec.grad_accum_steps}"
+        + ("" if spec.fsdp_reshard_after_forward else " kept gathered")
     )
 
 

@@ -62,6 +62,9 @@ class MemoryModel:
     world_size: int = 1
     # Traced with the loss over this many chunks; 1 (and records before the knob): plain.
     loss_chunks: int = 1
+    # FSDP: traced with every block resharded after forward (True; records before the knob) or
+    # kept gathered until backward (False: the whole model's compute-dtype parameters held).
+    fsdp_reshard_after_forward: bool = True
 
     def predict(self, micro_batch_size: int, grad_accum_steps: int = 1) -> int:
         """Predicted peak bytes of one optimizer step."""
@@ -91,9 +94,16 @@ class MemoryModel:
           (parameters + optimizer state + gradients) x (1 - W/N);
         * optimizer step: everything live is per parameter, hence sharded: x W/N.
 
+        Kept gathered (``fsdp_reshard_after_forward`` False) the same holds: the unsharded
+        parameters every block keeps from forward to backward are the whole model in the
+        compute dtype at any N, so they stay as traced (they are not in ``parameter_bytes``,
+        which counts the rank's shards); only the sharded state moves.
+
         Checked against fake-process-group traces at N (tests/profilers/
         test_memory_distributed.py: gpt-tiny, W=2 -> N=4, 8): optimizer step and accumulation
-        within 0.01%, forward/backward between the two bounds above.
+        within 0.01%, forward/backward between the two bounds above; the same kept gathered
+        (tests/profilers/test_memory_reshard.py; gpt-tiny at 64 tokens, W=2 -> N=4: the
+        forward/backward peak within 110 bytes, no sharded gradient being live there).
         """
         if self.parallelism != "fsdp":
             raise ValueError(f"only FSDP per-rank fits reshard, not {self.parallelism}")
@@ -132,6 +142,7 @@ class MemoryModel:
             "parallelism": self.parallelism,
             "world_size": self.world_size,
             "loss_chunks": self.loss_chunks,
+            "fsdp_reshard_after_forward": self.fsdp_reshard_after_forward,
         }
 
     @classmethod
@@ -154,6 +165,7 @@ class MemoryModel:
             parallelism=str(data.get("parallelism", "single")),
             world_size=int(data.get("world_size", 1)),
             loss_chunks=int(data.get("loss_chunks", 1)),
+            fsdp_reshard_after_forward=bool(data.get("fsdp_reshard_after_forward", True)),
         )
 
 
@@ -221,6 +233,7 @@ def fit_memory(traces: Sequence[MemoryTrace]) -> MemoryModel:
         parallelism=first.spec.parallelism,
         world_size=first.spec.world_size,
         loss_chunks=first.spec.loss_chunks,
+        fsdp_reshard_after_forward=first.spec.fsdp_reshard_after_forward,
     )
 
 
@@ -234,7 +247,7 @@ def _fit(traces: Sequence[MemoryTrace], attribute: str) -> AffineFit:
 def fit_memory_models(traces: Iterable[MemoryTrace]) -> list[MemoryModel]:
     """One :class:`MemoryModel` per (precision, checkpointing, seq_len, target, parallelism,
     world_size) in ``traces``."""
-    groups: dict[tuple[str, str, int, str, str, int, int], list[MemoryTrace]] = {}
+    groups: dict[tuple[str, str, int, str, str, int, int, bool], list[MemoryTrace]] = {}
     for t in traces:
         groups.setdefault(_group_key(t), []).append(t)
     # Single-device fits first: callers that look a fit up by (precision, checkpointing) alone
@@ -243,7 +256,7 @@ def fit_memory_models(traces: Iterable[MemoryTrace]) -> list[MemoryModel]:
     return [fit_memory(group) for _, group in ordered]
 
 
-def _group_key(trace: MemoryTrace) -> tuple[str, str, int, str, str, int, int]:
+def _group_key(trace: MemoryTrace) -> tuple[str, str, int, str, str, int, int, bool]:
     s = trace.spec
     return (
         s.precision,
@@ -253,4 +266,5 @@ def _group_key(trace: MemoryTrace) -> tuple[str, str, int, str, str, int, int]:
         s.parallelism,
         s.world_size,
         s.loss_chunks,
+        s.fsdp_reshard_after_forward,
     )

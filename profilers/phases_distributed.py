@@ -8,6 +8,8 @@ variant) until its budget ends, and reports one result per spec.
 from __future__ import annotations
 
 import dataclasses
+import math
+import statistics
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -22,6 +24,8 @@ from profilers.workload import StepSpec, Workload
 # a healthy child is killed and every trace it had made is lost with it.
 DISTRIBUTED_TRACE_TIMEOUT_MARGIN_S = 20
 GROUP_NAME = "ddp/fsdp per-rank"  # the name of the rows about the phase as a whole
+KEPT_GATHERED_NAME = "fsdp kept gathered"  # the row about the reshard-False traces left out
+DEFAULT_TRACE_S = 2.0  # a gpt-tiny trace when none was made to time one
 
 
 def distributed_trace_phase(
@@ -30,16 +34,18 @@ def distributed_trace_phase(
     target: str,
     world_sizes: Sequence[int],
     parallelisms: Sequence[str] = ("fsdp", "ddp"),
+    group_order: Sequence[tuple[str, str]] | None = None,
 ) -> list[MemoryTrace]:
     """Per-rank memory of ``parallelisms`` steps at each world size, traced under a fake
-    process group in one child (the group is process-global). fp32 first; the rest while
-    the budget lasts."""
+    process group in one child (the group is process-global). fp32 first (or the
+    (precision, checkpointing) groups in ``group_order``, the others after them); the rest
+    while the budget lasts."""
     share = run.clock.share("memory_distributed")
     if not world_sizes or share < MIN_CHILD_SHARE_S:
         reason = "no world size > 1" if not world_sizes else "time budget spent"
         run.rows.append(probe_rows.skipped("memory_distributed", None, reason, name=GROUP_NAME))
         return []
-    specs = _distributed_specs(run, precisions, world_sizes, parallelisms)
+    specs = _distributed_specs(run, precisions, world_sizes, parallelisms, group_order)
     run.clock.say(
         f"memory: per-rank {'/'.join(parallelisms)} traces at world size "
         f"{', '.join(map(str, world_sizes))}"
@@ -63,9 +69,11 @@ def _distributed_specs(
     precisions: Sequence[str],
     world_sizes: Sequence[int],
     parallelisms: Sequence[str] = ("fsdp", "ddp"),
+    group_order: Sequence[tuple[str, str]] | None = None,
 ) -> list[StepSpec]:
     """Every precision x checkpointing x layout x world size at each traced size and once
-    with accumulation; fp32 first, every group's sizes before any accumulation variant."""
+    with accumulation; fp32 first (or ``group_order`` first), every group's sizes before any
+    accumulation variant."""
     sizes = run.options.trace_micro_batch_sizes
     specs = []
     for precision in sorted(precisions, key=lambda p: p != "fp32"):
@@ -80,9 +88,28 @@ def _distributed_specs(
                                 world_size=world,
                             )
                         )
+    if group_order:
+        rank = {g: i for i, g in enumerate(group_order)}
+        specs.sort(key=lambda s: rank.get((s.precision, s.activation_checkpointing), len(rank)))
     # Priority: every group's two sizes before any accumulation variant.
     specs.sort(key=lambda s: s.grad_accum_steps > 1)
-    return specs
+    # FSDP with every block kept gathered from forward to backward (reshard_after_forward
+    # False): the baseline group's sizes (fp32 without checkpointing: a few seconds on a
+    # small model) right after that group's own traces, so a default profile can price the
+    # knob; every other kept trace after all the traces above, so they never displace one.
+    kept = [
+        dataclasses.replace(s, fsdp_reshard_after_forward=False)
+        for s in specs
+        if s.parallelism == "fsdp"
+    ]
+    first = (specs[0].precision, specs[0].activation_checkpointing) if specs else None
+
+    def baseline(s: StepSpec) -> bool:
+        return (s.precision, s.activation_checkpointing) == first and s.grad_accum_steps == 1
+
+    cut = next((i for i, s in enumerate(specs) if not baseline(s)), len(specs))
+    early = [s for s in kept if baseline(s)]
+    return [*specs[:cut], *early, *specs[cut:], *(s for s in kept if not baseline(s))]
 
 
 def _record_results(
@@ -92,6 +119,8 @@ def _record_results(
     traces = []
     for spec, result in zip(specs, results, strict=True):
         name = f"{spec.parallelism}x{spec.world_size} {probe_rows.label(spec)}"
+        if not spec.fsdp_reshard_after_forward:
+            name += " kept gathered"
         if result["status"] != "ok":
             if result["status"] == "error":
                 run.rows.append(
@@ -127,7 +156,35 @@ def _record_results(
                 name=GROUP_NAME,
             )
         )
+    kept = [
+        r
+        for s, r in zip(specs, results, strict=True)
+        if not s.fsdp_reshard_after_forward and r["status"] == "skipped"
+    ]
+    if kept:
+        run.rows.append(
+            probe_rows.skipped(
+                "memory_distributed",
+                None,
+                f"{len(kept)} FSDP traces with the blocks kept gathered "
+                "(fsdp_reshard_after_forward false) left out: time budget spent; --budget-s "
+                f"{_covering_budget_s(run, results, skipped)} would cover them",
+                name=KEPT_GATHERED_NAME,
+            )
+        )
     return traces
+
+
+def _covering_budget_s(run: ProbeRun, results: Sequence[dict[str, Any]], skipped: int) -> int:
+    """The --budget-s whose share for this phase also covers the ``skipped`` traces (they come
+    last, so every skipped one must fit), at the mean wall time of the traces made, rounded up
+    to 30 s."""
+    from profilers.budget import SHARES
+
+    walls = [float(r["wall_s"]) for r in results if r["status"] == "ok"]
+    per_trace = statistics.fmean(walls) if walls else DEFAULT_TRACE_S
+    fraction = SHARES["memory_distributed"] / sum(SHARES.values())
+    return int(math.ceil((run.options.budget_s + skipped * per_trace / fraction) / 30.0) * 30)
 
 
 # -- child-process entry point (top level: pickled by reference) ------------------------------
@@ -150,9 +207,9 @@ def _distributed_trace_child(
             continue
         started = time.perf_counter()
         try:
-            trace = trace_in_this_process(workload, [spec], target)[0]
+            traced = trace_in_this_process(workload, [spec], target)[0]
             out.append(
-                {"status": "ok", "trace": trace.to_dict(), "wall_s": time.perf_counter() - started}
+                {"status": "ok", "trace": traced.to_dict(), "wall_s": time.perf_counter() - started}
             )
         except Exception as exc:
             out.append(

@@ -21,7 +21,8 @@ def label(spec: StepSpec) -> str:
     loss in N chunks, e.g. fp32/none/b=4, fp32/none/b=4/lc32."""
     text = f"{spec.precision}/{spec.activation_checkpointing}/b={spec.micro_batch_size}"
     text += f"x{spec.grad_accum_steps}" if spec.grad_accum_steps > 1 else ""
-    return text + (f"/lc{spec.loss_chunks}" if spec.loss_chunks > 1 else "")
+    text += f"/lc{spec.loss_chunks}" if spec.loss_chunks > 1 else ""
+    return text + ("/compiled" if spec.compile else "")
 
 
 def one_line(exc: BaseException) -> str:

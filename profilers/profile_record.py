@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from profilers.comm_records import CommFit, CommRun, CommSample
+from profilers.compile_records import CompileMeasurement
 from profilers.device import DeviceInfo
 from profilers.flops import FlopCount
 from profilers.memory_model import MemoryModel
@@ -33,7 +34,7 @@ class ProbeRow:
     """One probe run: a row of probes.csv (tidy: one observation per row)."""
 
     # device | model | flops | memory | memory_distributed | memory_check | throughput |
-    # communication | input
+    # compile | communication | input
     probe: str
     name: str  # e.g. "fp32/none/b=4"
     status: str  # one of PROBE_STATUSES
@@ -124,6 +125,7 @@ class Fits:
         world_size: int = 1,
         loss_chunks: int = 1,
         num_layers: int = 0,
+        fsdp_reshard_after_forward: bool = True,
     ) -> MemoryModel | None:
         """The fit for this configuration; per rank for ``ddp``/``fsdp``. ``blocks:K`` without
         a fit of its own is interpolated in K when ``num_layers`` (the model's L) is given
@@ -137,6 +139,7 @@ class Fits:
                 and m.parallelism == parallelism
                 and m.world_size == world_size
                 and m.loss_chunks == loss_chunks
+                and m.fsdp_reshard_after_forward == fsdp_reshard_after_forward
             ),
             None,
         )
@@ -151,6 +154,7 @@ class Fits:
                 parallelism=parallelism,
                 world_size=world_size,
                 loss_chunks=loss_chunks,
+                fsdp_reshard_after_forward=fsdp_reshard_after_forward,
             )
 
         return blocks_memory_model(same_layout, checkpointing, num_layers)
@@ -232,6 +236,8 @@ class Profile:
     communication: tuple[CommSample, ...] = ()
     communication_runs: tuple[CommRun, ...] = ()
     input: tuple[InputSample, ...] = ()
+    # torch.compile per group (profilers.phases_compile); empty (old profiles): not measured.
+    compile: tuple[CompileMeasurement, ...] = ()
     fits: Fits = field(default_factory=Fits)
     probes: tuple[ProbeRow, ...] = ()
     tool: dict[str, Any] = field(default_factory=dict)  # versions of advisor, torch, python ...
@@ -265,6 +271,7 @@ class Profile:
             "communication": [s.to_dict() for s in self.communication],
             "communication_runs": [r.to_dict() for r in self.communication_runs],
             "input": [s.to_dict() for s in self.input],
+            "compile": [c.to_dict() for c in self.compile],
             "fits": self.fits.to_dict(),
             "probes": [p.to_dict() for p in self.probes],
             "budget_s": self.budget_s,
@@ -305,6 +312,7 @@ class Profile:
                 CommRun.from_dict(r) for r in data.get("communication_runs", ())
             ),
             input=tuple(InputSample.from_dict(s) for s in data.get("input", ())),
+            compile=tuple(CompileMeasurement.from_dict(c) for c in data.get("compile", ())),
             fits=Fits.from_dict(data.get("fits", {})),
             probes=tuple(ProbeRow.from_dict(p) for p in data.get("probes", ())),
             budget_s=data.get("budget_s"),

@@ -26,6 +26,7 @@ from typing import Any, Protocol, TypeVar
 from profilers.budget import Progress as Progress
 from profilers.phases_chunked import chunked_loss_phase
 from profilers.phases_comm import communication_phase
+from profilers.phases_compile import compile_phase
 from profilers.phases_core import core_phase, refine_phase
 from profilers.phases_distributed import distributed_trace_phase
 from profilers.phases_facts import device_phase, model_phase, usable_precisions
@@ -80,11 +81,27 @@ def run_profile(
     traces += chunked.traces
     timings = [*timings, *chunked.timings]
     time_models += chunked.time_models
+    compiled = compile_phase(run, core.groups, core.timings)
     models = _fit_groups(fit_memory_models, traces, [], "memory")
     checks = memory_check_phase(run, models, precisions, capacity)
     comm = communication_phase(run)
     world_sizes, layouts = _traced_layouts(options, target)
-    traces += distributed_trace_phase(run, precisions, target, world_sizes, layouts)
+    order = None
+    if core.unfit and not core.groups:
+        # Nothing fits this device even at micro-batch 1 (a 70B model on a small host): the
+        # profile serves a what-if (--target), where memory binds. DDP ranks hold a whole
+        # step each, so they fit no better: FSDP only, the groups needing least memory first.
+        layouts = tuple(layout for layout in layouts if layout == "fsdp")
+        # Ranked by forward/backward at the largest traced size: at micro-batch 1 the
+        # optimizer step (the same for every group) hides what the groups' activations differ by.
+        largest = options.trace_micro_batch_sizes[-1]
+        fitted = {
+            (m.precision, m.activation_checkpointing): m.forward_backward.predict(largest)
+            for m in models
+            if m.loss_chunks == 1
+        }
+        order = sorted(fitted, key=lambda g: fitted[g])
+    traces += distributed_trace_phase(run, precisions, target, world_sizes, layouts, order)
     models = _fit_groups(fit_memory_models, traces, run.rows, "memory")
     # blocks:K: how far the none-full line is from the measured middle K (memory and time).
     sizes = options.trace_micro_batch_sizes
@@ -106,6 +123,7 @@ def run_profile(
         communication=tuple(comm.samples) if comm is not None else (),
         communication_runs=tuple(comm.runs) if comm is not None else (),
         input=tuple(inputs),
+        compile=tuple(compiled),
         fits=Fits(
             memory=tuple(models),
             time=tuple(time_models),
@@ -174,7 +192,7 @@ def _fit_groups(
     except ValueError:
         pass
     # One bad group must not sink the others: fit group by group.
-    groups: dict[tuple[str, str, str, int, int], list[_Record]] = {}
+    groups: dict[tuple[str, str, str, int, int, bool], list[_Record]] = {}
     for record in records:
         spec = record.spec
         key = (
@@ -183,10 +201,11 @@ def _fit_groups(
             spec.parallelism,
             spec.world_size,
             spec.loss_chunks,
+            spec.fsdp_reshard_after_forward,
         )
         groups.setdefault(key, []).append(record)
     out: list[_Fitted] = []
-    for (precision, checkpointing, parallelism, world, _chunks), group in groups.items():
+    for (precision, checkpointing, parallelism, world, _chunks, _reshard), group in groups.items():
         try:
             out.extend(fit(group))
         except ValueError as exc:

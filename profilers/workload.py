@@ -65,6 +65,12 @@ class StepSpec:
     # logits recomputed in backward (advisor.models.objectives.chunked_lm_loss); 1: the plain
     # loss over the whole logits.
     loss_chunks: int = 1
+    # FSDP: free each block's gathered parameters after its forward and all-gather them again in
+    # backward (True: ZeRO-3-like), or keep them gathered until backward (False: ZeRO-2-like,
+    # no backward all-gather, whole-model compute-dtype parameters held per rank).
+    fsdp_reshard_after_forward: bool = True
+    # torch.compile the repeated blocks (advisor.trainer.compile); False: eager.
+    compile: bool = False
 
     def __post_init__(self) -> None:
         for name in (
@@ -80,6 +86,19 @@ class StepSpec:
         _check_choice("precision", self.precision, PRECISIONS)
         parse_checkpointing(self.activation_checkpointing)  # ValueError naming the forms
         _check_choice("parallelism", self.parallelism, PARALLELISMS)
+        if not isinstance(self.compile, bool):
+            raise ValueError(f"compile must be true or false, got {self.compile!r}")
+        if not isinstance(self.fsdp_reshard_after_forward, bool):
+            raise ValueError(
+                "fsdp_reshard_after_forward must be true or false, got "
+                f"{self.fsdp_reshard_after_forward!r}"
+            )
+        if not self.fsdp_reshard_after_forward and self.parallelism != "fsdp":
+            raise ValueError(
+                "fsdp_reshard_after_forward false keeps FSDP's gathered parameters, but "
+                f"parallelism is {self.parallelism!r}: use --parallelism fsdp, or drop "
+                "--no-fsdp-reshard-after-forward"
+            )
         if self.parallelism == "single" and self.world_size != 1:
             raise ValueError(
                 f"parallelism 'single' runs on one device but world_size is {self.world_size}: "

@@ -113,6 +113,8 @@ def commands(run: RunFiles) -> Commands:
         .option("global_batch_size", gbs)
         .option("memory_budget", num(request.get("memory_budget")), default=DEFAULT_MEMORY_BUDGET)
         .option("world_size", request.get("world_size") or None)
+        # The run length a compiled candidate's compile was amortised over (absent: default).
+        .option("steps", request.get("run_steps"), default=DEFAULT_STEPS)
     )
     recorded_tune = mapping(run.tuning).get("command")
     tune = ""

@@ -73,6 +73,10 @@ def plain_label(c: Mapping[str, Any]) -> str:
         text += f", {c['num_workers']} loader workers"
     if (c.get("loss_chunks") or 1) > 1:
         text += f", the loss in {c['loss_chunks']} chunks"
+    if c.get("fsdp_reshard_after_forward") is False:  # absent (older plans): resharded
+        text += ", the blocks kept gathered from forward to backward"
+    if c.get("compile"):  # absent (older plans): eager
+        text += ", each block torch.compile'd"
     return text
 
 
@@ -226,6 +230,24 @@ def _comparison(plan: Mapping[str, Any], stats: TrainingStats | None) -> Table:
     )
 
 
+def _compile_fact(predicted: Mapping[str, Any]) -> Fact:
+    """torch.compile in the plan: the per-step time and the one measured on the whole run."""
+    compile_s = num(predicted.get("compile_s"))
+    step, amortised = num(predicted.get("step_time_s")), num(predicted.get("amortised_step_time_s"))
+    value = "each repeated block"
+    if compile_s is not None and step is not None and amortised is not None:
+        value += (
+            f": cold compile {compile_s:.0f} s once; predicted {step:.3f} s/step, "
+            f"{amortised:.3f} s/step over the run's {predicted.get('run_steps')} steps"
+        )
+    return Fact(
+        label="torch.compile",
+        value=value,
+        hint="speed-up and compile time measured by the profile's compile probe (an empty "
+        "inductor cache: a later run on this machine compiles faster)",
+    )
+
+
 def summary_section(
     summary: Summary | None,
     plan: Mapping[str, Any] | None,
@@ -285,6 +307,23 @@ def summary_section(
             if (config.get("loss_chunks") or 1) > 1
             else []
         ),
+        *(
+            [
+                Fact(
+                    label="FSDP resharding",
+                    value=(
+                        "after forward (parameters all-gathered again in backward)"
+                        if config.get("fsdp_reshard_after_forward", True)
+                        else "none: blocks kept gathered from forward to backward"
+                    ),
+                    hint="reshard_after_forward: less memory per rank, or one all-gather less "
+                    "per micro-batch",
+                )
+            ]
+            if config.get("parallelism") == "fsdp"
+            else []
+        ),
+        *([_compile_fact(mapping(plan.get("predicted")))] if config.get("compile") else []),
         Fact(
             label="optimizer",
             value=f"AdamW lr {fmt.plain(config.get('lr'))} → {fmt.plain(config.get('min_lr'))}, "

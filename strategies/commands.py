@@ -66,6 +66,9 @@ class Command:
     def option(self, key: str, value: Any, *, default: Any = _MISSING) -> Command:
         if value is None or (default is not Command._MISSING and value == default):
             return self
+        if isinstance(value, bool):  # a --key/--no-key flag pair
+            self.words.append(flag(key) if value else "--no-" + flag(key)[2:])
+            return self
         self.words += [flag(key), cli_value(value)]
         return self
 

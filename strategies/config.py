@@ -52,6 +52,11 @@ class TrainConfig:
     # The LM loss over this many chunks of each micro-batch's tokens, their logits recomputed in
     # backward (advisor.models.objectives.chunked_lm_loss); 1: the plain loss (old plans).
     loss_chunks: int = 1
+    # FSDP only: reshard each block's parameters after forward (all-gathered again in backward)
+    # or keep them gathered until backward; True (and old plans): reshard.
+    fsdp_reshard_after_forward: bool = True
+    # torch.compile each repeated block (advisor.trainer.compile); False (and old plans): eager.
+    compile: bool = False
     # Initial weights (advisor.trainer.checkpoint.resolve_init_from): a weights file or a
     # checkpoint directory. None: the model's own (hf:DIR: DIR's weights when it has any).
     init_from: str | None = None
@@ -117,6 +122,8 @@ class TrainConfig:
             weight_decay=self.weight_decay,
             grad_clip=self.grad_clip,
             loss_chunks=self.loss_chunks,
+            fsdp_reshard_after_forward=self.fsdp_reshard_after_forward,
+            compile=self.compile,
         )
 
     def replace(self, **changes: Any) -> TrainConfig:

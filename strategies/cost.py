@@ -28,7 +28,7 @@ from profilers.flops import FlopCount
 from profilers.memory_model import MemoryModel
 from profilers.profile_record import Profile
 from profilers.workload import ModelFacts
-from strategies.config import TrainConfig
+from strategies.config import DEFAULT_STEPS, TrainConfig
 from strategies.errors import Unpredictable
 from strategies.prediction import (
     MEASURED_COMMUNICATION,
@@ -81,6 +81,10 @@ DDP_FIRST_BUCKET_BYTES = 1 * MiB
 # dtype or fp32, reduce_dtype=fp32); every block resharded after forward, the root not.
 COMPUTE_BYTES_PER_PARAM: Mapping[str, int] = {"fp32": 4, "bf16": 2, "fp16": 2}
 REDUCE_BYTES_PER_PARAM = 4
+# FsdpCommunication.collectives with the blocks kept gathered (fsdp_reshard_after_forward False).
+KEPT_GATHERED_COLLECTIVES = (
+    "all_gather (forward only: blocks kept gathered) + reduce_scatter per micro-batch"
+)
 
 # Share of a micro-batch's forward+backward spent in backward when no FLOP count says better:
 # backward costs twice the forward (one matmul for the input's gradient, one for the weight's;
@@ -202,6 +206,8 @@ class CostModel:
     # How busy the host was when profiled (load average, CPUs): said with the interval.
     host_load_1m: float | None = None
     host_cpus: int | None = None
+    # The run's length: a compiled candidate's compile time is amortised over these steps.
+    run_steps: int = DEFAULT_STEPS
 
     @property
     def seq_len(self) -> int:
@@ -242,21 +248,29 @@ class CostModel:
         loss_chunks: int = 1,
         *,
         derive: bool = True,
+        reshard: bool = True,
     ) -> MemoryModel | None:
         for model in self.memory_models:
             # Profiles written before parallel layouts were traced have single-device fits only.
             layout = (getattr(model, "parallelism", "single"), getattr(model, "world_size", 1))
-            if (model.precision, model.activation_checkpointing) == (
-                precision,
-                checkpointing,
-            ) and (*layout, model.loss_chunks) == (parallelism, world_size, loss_chunks):
+            if (
+                (model.precision, model.activation_checkpointing) == (precision, checkpointing)
+                and (*layout, model.loss_chunks) == (parallelism, world_size, loss_chunks)
+                and model.fsdp_reshard_after_forward == reshard
+            ):
                 return model
         if not derive:
             return None
         # blocks:K without a trace of its own: the line in K between the measured settings.
         return blocks_memory_model(
             lambda setting: self._find_memory_model(
-                precision, setting, parallelism, world_size, loss_chunks, derive=False
+                precision,
+                setting,
+                parallelism,
+                world_size,
+                loss_chunks,
+                derive=False,
+                reshard=reshard,
             ),
             checkpointing,
             self.facts.num_layers,
@@ -287,6 +301,11 @@ class CostModel:
         """Memory and time of ``candidate``; :class:`Unpredictable` if the profile can't say."""
         assumptions = list(self.assumptions)
         memory = self._memory(candidate, assumptions)
+        if candidate.compile:
+            assumptions.append(
+                "torch.compile: memory as the eager step's trace (fake tensors cannot trace "
+                "inductor's kernels; its partitioner saves no more activations than eager)"
+            )
         compute = self.time.compute(candidate)
         time = self._time(candidate, compute, assumptions)
         tokens = candidate.global_batch_size * self.seq_len
@@ -299,6 +318,8 @@ class CostModel:
             estimate=self.machine.estimate,
             breakdown=Breakdown(memory=memory, time=time, assumptions=tuple(assumptions)),
             uncertainty=self._uncertainty(candidate, compute, time),
+            compile_s=compute.compile_s,
+            run_steps=self.run_steps if compute.compile_s else 0,
         )
 
     def _uncertainty(self, c: Candidate, compute: ComputeTime, time: TimeTerms) -> Uncertainty:
@@ -333,7 +354,12 @@ class CostModel:
         traced_rank = None
         if c.parallelism != "single":
             traced_rank = self._find_memory_model(
-                c.precision, c.activation_checkpointing, c.parallelism, world, c.loss_chunks
+                c.precision,
+                c.activation_checkpointing,
+                c.parallelism,
+                world,
+                c.loss_chunks,
+                reshard=c.fsdp_reshard_after_forward,
             )
         resharded_from = None
         if traced_rank is None and c.parallelism == "fsdp":
@@ -344,10 +370,13 @@ class CostModel:
             traced = float(traced_rank.predict(b, accum))
             fitted = int(traced)
             source = f"traced {c.parallelism}×{world} per-rank fit"
+            if not c.fsdp_reshard_after_forward:
+                source += " (blocks kept gathered)"
             if resharded_from is not None:
+                kept = "" if c.fsdp_reshard_after_forward else " (blocks kept gathered)"
                 source = (
-                    f"traced fsdp×{resharded_from} per-rank fit, its sharded state resharded "
-                    f"to {world} ranks"
+                    f"traced fsdp×{resharded_from} per-rank fit{kept}, its sharded state "
+                    f"resharded to {world} ranks"
                 )
         elif c.parallelism == "single":
             # MemoryModel.predict: max of the phase fits; the accumulating fit already holds
@@ -414,7 +443,12 @@ class CostModel:
         }
         for world in sorted(worlds, reverse=True):
             source = self._find_memory_model(
-                c.precision, c.activation_checkpointing, "fsdp", world, c.loss_chunks
+                c.precision,
+                c.activation_checkpointing,
+                "fsdp",
+                world,
+                c.loss_chunks,
+                reshard=c.fsdp_reshard_after_forward,
             )
             if source is not None:
                 return source.resharded(c.world_size), world
@@ -428,7 +462,8 @@ class CostModel:
 
         forward/backward peak = (params + grads + optimizer state) / N
             + gathered units: the root (never resharded) + two blocks (the running one and the
-              prefetched next one), in the compute dtype
+              prefetched next one), in the compute dtype; every block when they are kept
+              gathered (``fsdp_reshard_after_forward`` False: none is freed after forward)
             + one block's unsharded fp32 gradients awaiting their reduce-scatter
             + activations as on one device: the single-device peak minus its persistent state.
         optimizer-step peak = the single-device optimizer-phase peak / N: everything live then
@@ -438,7 +473,8 @@ class CostModel:
         state = model.parameter_bytes + model.gradient_bytes + model.optimizer_state_bytes
         root, block = fsdp_units(self.facts)
         compute_bytes = COMPUTE_BYTES_PER_PARAM[c.precision]
-        gathered = (root + 2 * block) * compute_bytes
+        blocks = 2 if c.fsdp_reshard_after_forward else max(self.facts.num_layers, 2)
+        gathered = (root + blocks * block) * compute_bytes
         grad_buffer = block * REDUCE_BYTES_PER_PARAM
         single = model.forward_backward.predict(c.micro_batch_size)
         activations = max(single - model.parameter_bytes - model.optimizer_state_bytes, 0.0)
@@ -546,19 +582,25 @@ class CostModel:
         layers = self.facts.num_layers
         cb = COMPUTE_BYTES_PER_PARAM[c.precision]
         # Per micro-batch: all-gather every unit for forward, every block again for backward
-        # (resharded after forward; the root is not), reduce-scatter every unit's gradients.
+        # (resharded after forward; the root is not; none kept gathered:
+        # fsdp_reshard_after_forward False), reduce-scatter every unit's gradients.
+        again = layers if c.fsdp_reshard_after_forward else 0
         ag_root = self.comm.collective_s("all_gather", world, root * cb)
         ag_block = self.comm.collective_s("all_gather", world, block * cb)
         rs_root = self.comm.collective_s("reduce_scatter", world, root * REDUCE_BYTES_PER_PARAM)
         rs_block = self.comm.collective_s("reduce_scatter", world, block * REDUCE_BYTES_PER_PARAM)
         forward_s = fb_s - backward_s
         exposed_fwd = overlapped_exposure_s(ag_root, layers * ag_block, forward_s)
-        exposed_bwd = overlapped_exposure_s(
-            ag_block, (layers - 1) * ag_block + layers * rs_block, backward_s, last_s=rs_root
-        )
-        per_micro = ag_root + 2 * layers * ag_block + rs_root + layers * rs_block
+        if again:
+            exposed_bwd = overlapped_exposure_s(
+                ag_block, (layers - 1) * ag_block + layers * rs_block, backward_s, last_s=rs_root
+            )
+        else:  # nothing to gather before the first block's backward
+            exposed_bwd = overlapped_exposure_s(0.0, layers * rs_block, backward_s, last_s=rs_root)
+        per_micro = ag_root + (layers + again) * ag_block + rs_root + layers * rs_block
         fsdp = FsdpCommunication(
-            all_gather_bytes=(root + 2 * layers * block) * cb,
+            **({} if again else {"collectives": KEPT_GATHERED_COLLECTIVES}),
+            all_gather_bytes=(root + (layers + again) * block) * cb,
             reduce_scatter_bytes=(root + layers * block) * REDUCE_BYTES_PER_PARAM,
             exposed_forward_s=exposed_fwd,
             exposed_backward_s=exposed_bwd,
@@ -618,8 +660,10 @@ def machine_from_profile(profile: Profile) -> Machine:
     )
 
 
-def cost_model_from_profile(profile: Profile, memory_budget: float) -> CostModel:
-    """The measured cost model of ``profile``'s device."""
+def cost_model_from_profile(
+    profile: Profile, memory_budget: float, *, run_steps: int = DEFAULT_STEPS
+) -> CostModel:
+    """The measured cost model of ``profile``'s device, for a run of ``run_steps`` steps."""
     target = profile.device.kind
     models = tuple(m for m in profile.fits.memory if m.target_device_type == target) or tuple(
         profile.fits.memory
@@ -636,4 +680,5 @@ def cost_model_from_profile(profile: Profile, memory_budget: float) -> CostModel
         input_tokens_per_s=input_rates(profile),
         host_load_1m=profile.device.host_load_1m,
         host_cpus=profile.device.cpu.num_usable_cores,
+        run_steps=run_steps,
     )

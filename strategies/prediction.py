@@ -376,10 +376,26 @@ class Prediction:
     estimate: bool = False
     breakdown: Breakdown = field(default_factory=Breakdown)
     uncertainty: Uncertainty | None = None
+    # torch.compile: the cold compile the run pays once, spread over its ``run_steps`` steps
+    # (0: eager, nothing to amortise).
+    compile_s: float = 0.0
+    run_steps: int = 0
 
     @property
     def fits(self) -> bool:
         return self.budgeted_bytes <= self.budget_bytes
+
+    @property
+    def amortised_step_time_s(self) -> float:
+        """Seconds per step over the whole run, its compile included (the search ranks by it:
+        a 300-step run may not recoup a minute of compilation that a 100k-step run does)."""
+        if not self.compile_s or self.run_steps < 1:
+            return self.step_time_s
+        return self.step_time_s + self.compile_s / self.run_steps
+
+    @property
+    def amortised_tokens_per_s(self) -> float:
+        return self.tokens_per_s * self.step_time_s / self.amortised_step_time_s
 
     @property
     def step_time_interval_s(self) -> tuple[float, float] | None:
@@ -412,8 +428,19 @@ class Prediction:
             "step_time_s": self.step_time_s,
             "tokens_per_s": self.tokens_per_s,
             **self._interval_dict(),
+            **self._compile_dict(),
             "estimate": self.estimate,
             "breakdown": self.breakdown.to_dict(),
+        }
+
+    def _compile_dict(self) -> dict[str, Any]:
+        if not self.compile_s:
+            return {}
+        return {
+            "compile_s": self.compile_s,
+            "run_steps": self.run_steps,
+            "amortised_step_time_s": self.amortised_step_time_s,
+            "amortised_tokens_per_s": self.amortised_tokens_per_s,
         }
 
     def _interval_dict(self) -> dict[str, Any]:
@@ -434,6 +461,8 @@ class Prediction:
             budget_bytes=int(data["budget_bytes"]),
             step_time_s=float(data["step_time_s"]),
             tokens_per_s=float(data["tokens_per_s"]),
+            compile_s=float(data.get("compile_s", 0.0)),
+            run_steps=int(data.get("run_steps", 0)),
             estimate=bool(data.get("estimate", False)),
             breakdown=Breakdown.from_dict(_mapping(data.get("breakdown"))),
             uncertainty=(

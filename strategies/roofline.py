@@ -296,6 +296,7 @@ def step_ops(
     casts_weights: bool,
     sharded: bool = False,
     loss_chunks: int = 1,
+    gathers: int = FSDP_GATHERS,
 ) -> list[Op]:
     """Every kernel of one micro-batch's forward and backward (``tokens`` = micro-batch × seq).
 
@@ -305,6 +306,8 @@ def step_ops(
     every block's forward again inside backward. A loss in ``loss_chunks`` > 1 chunks runs the
     head's forward GEMM again in backward, one chunk of the tokens at a time (its share of the
     loss's memory traffic is left out: one read of the logits, small beside the GEMM).
+    ``gathers``: FSDP all-gathers of each block per micro-batch (1 with the blocks kept
+    gathered from forward to backward, ``fsdp_reshard_after_forward`` False).
     """
     e = ELEMENT_BYTES[precision]
     L, h = shape.num_layers, shape.hidden
@@ -375,7 +378,7 @@ def step_ops(
             Op(
                 name="fsdp.gather_and_reduce_copies",
                 kind="memory_bound",
-                bytes=shape.num_params * (FSDP_GATHERS * 2 * e + 2 * 4) / shape.num_layers,
+                bytes=shape.num_params * (gathers * 2 * e + 2 * 4) / shape.num_layers,
                 count=shape.num_layers,  # one unit (block) at a time
             )
         )

@@ -85,7 +85,9 @@ class Evaluation:
 
     @property
     def tokens_per_s(self) -> float:
-        return self.prediction.tokens_per_s if self.prediction else 0.0
+        """What the search maximises: tokens/s over the whole run (a compiled candidate's
+        compile time amortised over its steps; an eager one's is its per-step figure)."""
+        return self.prediction.amortised_tokens_per_s if self.prediction else 0.0
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -190,6 +192,9 @@ def study_name_for(profile_digest: str, space: SearchSpace, model: CostModel) ->
             "space": space.to_dict(),
             "budget_bytes": model.budget_bytes,
             "machine": model.machine.to_dict(),
+            # The run's length ranks compiled candidates (their compile amortised): a study
+            # that searches compile is per run length; one that does not keeps its name.
+            **({"run_steps": model.run_steps} if True in space.compile else {}),
         },
         sort_keys=True,
     )

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from profilers.comm_records import CommFit, bus_bandwidth_factor, predict_collective_time
+from profilers.compile_records import CompileMeasurement, find_compile
 from profilers.fit import AffineFit
 from profilers.flops import FlopCount
 from profilers.profile_record import Fits, Profile
@@ -50,6 +51,8 @@ class ComputeTime:
     # where it was measured when not in this candidate's own group ("" = its own).
     rank_slowdown: float | None = None
     rank_slowdown_from: str = ""
+    # torch.compile: the measured cold compile the run pays once (0: eager).
+    compile_s: float = 0.0
     # What its uncertainty is read from: the time fit used (None for an estimate) and whether
     # the time was derived rather than timed (strategies.uncertainty).
     fit: AffineFit | None = None
@@ -112,6 +115,10 @@ class MeasuredTime:
     gaps: Mapping[tuple[str, str], str] = field(default_factory=dict)
     # The model's repeated blocks: blocks:K is interpolated in K between the timed settings.
     num_layers: int = 0
+    # torch.compile per (precision, checkpointing), measured by profilers.phases_compile, and
+    # why a group was not (its compile probe row: the budget, naming the --budget-s).
+    compiled: tuple[CompileMeasurement, ...] = ()
+    compile_gaps: Mapping[tuple[str, str], str] = field(default_factory=dict)
 
     @classmethod
     def from_profile(cls, profile: Profile) -> MeasuredTime:
@@ -125,11 +132,22 @@ class MeasuredTime:
                 key = (row.precision, row.activation_checkpointing or "none")
                 gaps.setdefault(key, f"{row.status}: {row.reason}" if row.reason else row.status)
         return cls(
-            fits=profile.fits, flops=profile.flops, gaps=gaps, num_layers=profile.model.num_layers
+            fits=profile.fits,
+            flops=profile.flops,
+            gaps=gaps,
+            num_layers=profile.model.num_layers,
+            compiled=profile.compile,
+            compile_gaps={
+                (r.precision, r.activation_checkpointing or "none"): r.reason
+                for r in profile.probes
+                if r.probe == "compile" and r.status != "ok" and r.precision
+            },
         )
 
     def compute(self, candidate: Candidate) -> ComputeTime:
         c = candidate
+        if c.compile:
+            return self._compiled(c)
         if c.loss_chunks > 1:
             return self._chunked(c)
         if c.parallelism != "single":
@@ -210,6 +228,38 @@ class MeasuredTime:
             f"the profile has no step-time fit for {c.precision} with "
             f"{c.activation_checkpointing} checkpointing: re-run 'advisor profile --precision "
             f"{c.precision}' with a larger --budget-s so it times this group"
+        )
+
+    def _compiled(self, c: Candidate) -> ComputeTime:
+        """The eager time of the candidate over the measured speed-up of its group's compiled
+        forward+backward (profilers.phases_compile: timed side by side in one child), and the
+        group's cold compile time; the optimizer step is not compiled. The speed-up is the
+        single device's, also for a rank of DDP/FSDP (their collectives run between the
+        compiled blocks, in eager code). A group the profile did not reach, or whose compile
+        failed, is unpredictable with that reason: never assumed."""
+        group = f"{c.precision}/{c.activation_checkpointing}"
+        measured = find_compile(self.compiled, c.precision, c.activation_checkpointing)
+        if measured is None:
+            why = self.compile_gaps.get((c.precision, c.activation_checkpointing))
+            raise Unpredictable(
+                f"the profile did not measure torch.compile for {group}"
+                + (f" ({why})" if why else "")
+                + ": re-run 'advisor profile' with a larger --budget-s (see its 'compile' probe "
+                "rows), or use --no-compile"
+            )
+        if not measured.ok:
+            raise Unpredictable(
+                f"torch.compile of {group} was not measured ({measured.status}: "
+                f"{measured.reason}): use --no-compile"
+            )
+        eager = self.compute(dataclasses.replace(c, compile=False))
+        ratio = measured.speedup_at(c.micro_batch_size)
+        return dataclasses.replace(
+            eager,
+            forward_backward_s=eager.forward_backward_s / ratio,
+            compile_s=measured.compile_s or 0.0,
+            source=f"{eager.source} / {ratio:.2f}, the measured speed-up of the compiled "
+            f"forward+backward (cold compile {measured.compile_s:.0f} s once)",
         )
 
     def _chunked(self, c: Candidate) -> ComputeTime:

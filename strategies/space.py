@@ -20,7 +20,7 @@ from profilers.checkpointing import parse_checkpointing
 from profilers.hardware import HardwareSpec
 from profilers.profile_record import Profile
 from profilers.workload import PRECISIONS
-from strategies.config import TrainConfig
+from strategies.config import DEFAULT_STEPS, TrainConfig
 from strategies.errors import StrategyError
 
 # Knobs a candidate sets; every other TrainConfig key comes from the base config.
@@ -33,6 +33,19 @@ KNOBS: tuple[str, ...] = (
     "grad_accum_steps",
     "num_workers",
     "loss_chunks",
+    "fsdp_reshard_after_forward",
+    "compile",
+)
+
+
+# torch.compile on a target: its speed-up is measured on the profiled device only
+# (profilers.phases_compile); torchtitan's published Llama-3.1-8B table (8 H100s, FSDP, bf16:
+# +16% tokens/s from compile) is one data point of one model, stack and kernel set, so the
+# what-if assumes none rather than carrying it over to every model.
+COMPILE_UNAVAILABLE = (
+    "torch.compile has no measured speed-up on a what-if target (torchtitan's +16% on "
+    "Llama-3.1-8B is one published data point, not assumed here): plan without --compile, "
+    "then measure it on the target with 'advisor profile'"
 )
 
 
@@ -48,6 +61,8 @@ class Candidate:
     grad_accum_steps: int
     num_workers: int = 0
     loss_chunks: int = 1
+    fsdp_reshard_after_forward: bool = True  # False (fsdp only): blocks kept gathered
+    compile: bool = False  # torch.compile of each block (its speed-up measured per group)
 
     @property
     def global_batch_size(self) -> int:
@@ -64,7 +79,10 @@ class Candidate:
         return (
             f"{self.precision}/{self.activation_checkpointing}/{self.parallelism}"
             f"{self.world_size}/mb{self.micro_batch_size}xga{self.grad_accum_steps}"
-            f"/nw{self.num_workers}" + (f"/lc{self.loss_chunks}" if self.loss_chunks > 1 else "")
+            f"/nw{self.num_workers}"
+            + (f"/lc{self.loss_chunks}" if self.loss_chunks > 1 else "")
+            + ("" if self.fsdp_reshard_after_forward else "/kg")
+            + ("/tc" if self.compile else "")
         )
 
     def label(self) -> str:
@@ -78,6 +96,10 @@ class Candidate:
             parts.append(f"{self.num_workers} loader workers")
         if self.loss_chunks > 1:
             parts.append(f"loss in {self.loss_chunks} chunks")
+        if not self.fsdp_reshard_after_forward:
+            parts.append("blocks kept gathered (no reshard after forward)")
+        if self.compile:
+            parts.append("torch.compile")
         return ", ".join(parts)
 
     def short_label(self) -> str:
@@ -93,6 +115,10 @@ class Candidate:
             parts.append(f"{self.num_workers}w")
         if self.loss_chunks > 1:
             parts.append(f"{self.loss_chunks}ch")
+        if not self.fsdp_reshard_after_forward:
+            parts.append("kept")
+        if self.compile:
+            parts.append("compiled")
         return " · ".join(parts)
 
     def apply(self, base: TrainConfig) -> TrainConfig:
@@ -131,9 +157,11 @@ class SearchRequest:
     seed: int = 0
     study_name: str | None = None
     config_overrides: Mapping[str, Any] = field(default_factory=dict)
+    # The run's optimizer steps: a compiled candidate's compile time is amortised over them.
+    run_steps: int = DEFAULT_STEPS
 
     def __post_init__(self) -> None:
-        for name in ("global_batch_size", "nodes", "seed"):
+        for name in ("global_batch_size", "nodes", "seed", "run_steps"):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 0:
                 raise StrategyError(f"{name} must be a non-negative integer, got {value!r}")
@@ -203,6 +231,11 @@ class SearchSpace:
     num_workers: tuple[int, ...] = (0,)
     excluded: tuple[str, ...] = ()
     loss_chunks: tuple[int, ...] = (1,)  # 1: the plain loss; more: the profile measured them
+    # FSDP layouts only: True reshards every block after forward; False (when the profile
+    # traced it) keeps them gathered until backward.
+    fsdp_reshard_after_forward: tuple[bool, ...] = (True,)
+    # torch.compile off, and on where the profile measured its speed-up (compile_settings).
+    compile: tuple[bool, ...] = (False,)
 
     def __post_init__(self) -> None:
         if not self.precisions:
@@ -242,20 +275,30 @@ class SearchSpace:
                                     grad_accum_steps=per_rank // micro,
                                     num_workers=workers,
                                     loss_chunks=chunks,
+                                    fsdp_reshard_after_forward=reshard,
+                                    compile=compiled,
                                 )
                                 for chunks in self.loss_chunks
+                                for reshard in self._reshard_values(parallelism)
+                                for compiled in self.compile
                             )
         return out
 
+    def _reshard_values(self, parallelism: str) -> tuple[bool, ...]:
+        return self.fsdp_reshard_after_forward if parallelism == "fsdp" else (True,)
+
     @property
     def size(self) -> int:
-        per_layout = sum(len(self.micro_batch_sizes(w)) for _, w in self.layouts)
+        per_layout = sum(
+            len(self.micro_batch_sizes(w)) * len(self._reshard_values(p)) for p, w in self.layouts
+        )
         return (
             len(self.precisions)
             * len(self.checkpointing)
             * per_layout
             * len(self.num_workers)
             * len(self.loss_chunks)
+            * len(self.compile)
         )
 
     def contains(self, candidate: Candidate) -> bool:
@@ -266,6 +309,8 @@ class SearchSpace:
             and candidate.global_batch_size == self.global_batch_size
             and candidate.num_workers in self.num_workers
             and candidate.loss_chunks in self.loss_chunks
+            and candidate.fsdp_reshard_after_forward in self._reshard_values(candidate.parallelism)
+            and candidate.compile in self.compile
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -276,6 +321,9 @@ class SearchSpace:
             "layouts": [f"{p}/{w}" for p, w in self.layouts],
             "num_workers": list(self.num_workers),
             "loss_chunks": list(self.loss_chunks),
+            "fsdp_reshard_after_forward": list(self.fsdp_reshard_after_forward),
+            # Only when searched: an eager space keeps the study name it had before the knob.
+            **({"compile": list(self.compile)} if True in self.compile else {}),
             "excluded": list(self.excluded),
             "size": self.size,
         }
@@ -409,14 +457,57 @@ def build_space(
         measured = sorted({s.num_workers for s in profile.input if s.status == "ok"})
         workers = tuple(measured) or (0,)
     chunks, no_chunks = loss_chunk_counts(profile)
+    reshard, no_kept = reshard_settings(profile, layouts)
+    compiled, no_compile = compile_settings(profile, what_if=target is not None)
     return SearchSpace(
         global_batch_size=request.global_batch_size,
         precisions=precisions,
         checkpointing=checkpointing,
         layouts=layouts,
         num_workers=workers,
-        excluded=(*excluded, *no_chunks),
+        excluded=(*excluded, *no_chunks, *no_kept, *no_compile),
         loss_chunks=chunks,
+        fsdp_reshard_after_forward=reshard,
+        compile=compiled,
+    )
+
+
+def compile_settings(
+    profile: Profile, *, what_if: bool = False
+) -> tuple[tuple[bool, ...], tuple[str, ...]]:
+    """(the ``compile`` values to search, why not on): on only where the profile measured a
+    compiled step's speed-up and compile time (profilers.phases_compile); the groups it did not
+    reach, or that failed to compile, are priced as unpredictable with the reason. A what-if
+    has no measured speed-up for its target, and none is assumed."""
+    if what_if:
+        if not profile.compile:
+            return (False,), ()
+        return (False,), (f"compile: {COMPILE_UNAVAILABLE}",)
+    if any(m.ok for m in profile.compile):
+        return (False, True), ()
+    reasons = {m.reason for m in profile.compile if m.reason}
+    skipped = [r.reason for r in profile.probes if r.probe == "compile" and r.status != "ok"]
+    why = next(iter(sorted(reasons)), None) or next(iter(skipped), None)
+    if why is None:  # a profile from before the knob, or a model with no timed group
+        return (False,), ()
+    return (False,), (f"compile: {why}",)
+
+
+def reshard_settings(
+    profile: Profile, layouts: Sequence[tuple[str, int]]
+) -> tuple[tuple[bool, ...], tuple[str, ...]]:
+    """(the ``fsdp_reshard_after_forward`` values to search for FSDP layouts, why not False):
+    False only when the profile traced an FSDP rank with the blocks kept gathered (at any world
+    size: MemoryModel.resharded moves it to another), as measured knobs enter the search."""
+    if not any(p == "fsdp" for p, _ in layouts):
+        return (True,), ()
+    if any(
+        m.parallelism == "fsdp" and not m.fsdp_reshard_after_forward for m in profile.fits.memory
+    ):
+        return (True, False), ()
+    return (True,), (
+        "fsdp_reshard_after_forward false: the profile traced no FSDP rank with the blocks kept "
+        "gathered (its budget ran out first; see the 'fsdp kept gathered' probe row)",
     )
 
 

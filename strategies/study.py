@@ -47,6 +47,13 @@ def trial_params(candidate: Candidate) -> dict[str, Any]:
         _micro_name(candidate.world_size): candidate.micro_batch_size,
         "num_workers": candidate.num_workers,
         "loss_chunks": candidate.loss_chunks,
+        "compile": candidate.compile,
+        # Conditional: only FSDP layouts turn it.
+        **(
+            {"fsdp_reshard_after_forward": candidate.fsdp_reshard_after_forward}
+            if candidate.parallelism == "fsdp"
+            else {}
+        ),
     }
 
 
@@ -61,6 +68,12 @@ def suggest_candidate(trial: optuna.Trial, space: SearchSpace) -> Candidate:
     )
     workers = trial.suggest_categorical("num_workers", list(space.num_workers))
     chunks = trial.suggest_categorical("loss_chunks", list(space.loss_chunks))
+    compiled = trial.suggest_categorical("compile", list(space.compile))
+    reshard = True
+    if parallelism == "fsdp":
+        reshard = trial.suggest_categorical(
+            "fsdp_reshard_after_forward", list(space.fsdp_reshard_after_forward)
+        )
     return Candidate(
         precision=str(precision),
         activation_checkpointing=str(checkpointing),
@@ -70,6 +83,8 @@ def suggest_candidate(trial: optuna.Trial, space: SearchSpace) -> Candidate:
         grad_accum_steps=space.global_batch_size // (world_size * int(micro)),
         num_workers=int(workers),
         loss_chunks=int(chunks),
+        fsdp_reshard_after_forward=bool(reshard),
+        compile=bool(compiled),
     )
 
 
@@ -87,6 +102,8 @@ def candidate_from_params(params: Mapping[str, Any], space: SearchSpace) -> Cand
             grad_accum_steps=space.global_batch_size // (world_size * micro),
             num_workers=int(params["num_workers"]),
             loss_chunks=int(params.get("loss_chunks", 1)),  # studies from before the knob: 1
+            fsdp_reshard_after_forward=bool(params.get("fsdp_reshard_after_forward", True)),
+            compile=bool(params.get("compile", False)),  # studies from before the knob: eager
         )
     except (KeyError, ValueError, ZeroDivisionError):
         return None

@@ -33,7 +33,7 @@ from profilers.workload import ModelFacts
 from strategies import roofline
 from strategies.cost import ComputeTime, CostModel, Machine
 from strategies.errors import StrategyError, Unpredictable
-from strategies.space import Candidate, SearchRequest
+from strategies.space import COMPILE_UNAVAILABLE, Candidate, SearchRequest
 
 GiB = 2**30
 
@@ -101,6 +101,8 @@ class FlopsTime:
         return plain * (1 + fraction / 3)
 
     def compute(self, candidate: Candidate) -> ComputeTime:
+        if candidate.compile:
+            raise Unpredictable(COMPILE_UNAVAILABLE)
         peak = self.target.peak_flops(candidate.precision)
         if peak is None:
             raise Unpredictable(
@@ -161,6 +163,8 @@ class RooflineTime:
         return ratio if abs(ratio - 1.0) > GEMM_COUNT_TOLERANCE else 1.0
 
     def compute(self, candidate: Candidate) -> ComputeTime:
+        if candidate.compile:
+            raise Unpredictable(COMPILE_UNAVAILABLE)
         t = self.target
         if t.peak_flops(candidate.precision) is None:
             raise Unpredictable(
@@ -179,6 +183,7 @@ class RooflineTime:
             casts_weights=candidate.parallelism != "fsdp",
             sharded=candidate.parallelism == "fsdp",
             loss_chunks=candidate.loss_chunks,
+            gathers=roofline.FSDP_GATHERS if candidate.fsdp_reshard_after_forward else 1,
         )
         scale = self.gemm_scale()
         times = roofline.time_ops(

@@ -132,6 +132,7 @@ PROFILER_RECORDS = {
     "profilers.checkpointing",
     "profilers.checkpointing_fits",
     "profilers.comm_records",
+    "profilers.compile_records",
     "profilers.defaults",
     "profilers.device",
     "profilers.device_records",

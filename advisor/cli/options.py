@@ -173,6 +173,19 @@ config_options = _stack(
         help="Compute the LM loss over N chunks of each micro-batch's tokens, each chunk's "
         "logits recomputed in backward (less memory for a large vocabulary); 1: the plain loss.",
     ),
+    click.option(
+        "--fsdp-reshard-after-forward/--no-fsdp-reshard-after-forward",
+        default=None,
+        help="FSDP: free each block's gathered parameters after forward and all-gather them "
+        "again in backward (default), or keep them until backward (one all-gather less per "
+        "micro-batch, whole-model parameters held per rank).",
+    ),
+    click.option(
+        "--compile/--no-compile",
+        default=None,
+        help="torch.compile each repeated block (inductor; on CPU it needs a C++ compiler). "
+        "The first steps pay the compilation.",
+    ),
 )
 
 

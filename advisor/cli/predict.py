@@ -8,6 +8,7 @@ from typing import Any
 import click
 
 from advisor.cli.options import (
+    DEFAULT_STEPS,
     check_whatif,
     config_options,
     explicit_config,
@@ -23,6 +24,13 @@ from advisor.cli.options import (
 @config_options
 @memory_budget_option
 @whatif_options
+@click.option(
+    "--steps",
+    type=click.IntRange(min=1),
+    default=None,
+    help=f"Optimizer steps of the run (default {DEFAULT_STEPS}): --compile's compile time is "
+    "amortised over them (amortised_step_time_s).",
+)
 def predict(**params: Any) -> None:
     """Predict peak memory, step time and tokens/s of one config (TrainConfig flags) from a
     profile, with the breakdown, as JSON."""
@@ -40,6 +48,6 @@ def predict(**params: Any) -> None:
     )
     config = compose_config(base, explicit_config(params))
     result = run_predict(
-        profile, config, **pick(params, "memory_budget", "target", "nodes", "network")
+        profile, config, **pick(params, "memory_budget", "target", "nodes", "network", "steps")
     )
     click.echo(json.dumps(result, indent=1))

@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Any
 import click
 
 from advisor.cli.options import (
+    DEFAULT_STEPS,
     check_whatif,
     device_option,
     global_batch_option,
@@ -44,6 +45,15 @@ GiB = 2**30
     help="Study name (default: derived from the profile and the request, so a re-run resumes).",
 )
 @whatif_options
+@click.option(
+    "--steps",
+    "run_steps",
+    type=click.IntRange(min=1),
+    default=DEFAULT_STEPS,
+    show_default=True,
+    help="Optimizer steps the plan will train: a compiled candidate's compile time is "
+    "amortised over them when ranking.",
+)
 @out_option("Where plan.json, trials.csv and study.db go (default: the profile's directory).")
 @device_option("Where validation runs (auto: the profiled device).")
 @quiet_option("No progress lines on stderr.")
@@ -63,7 +73,7 @@ def recommend(**params: Any) -> None:
 
     request = SearchRequest(
         **pick(params, "global_batch_size", "memory_budget", "world_size", "trials"),
-        **pick(params, "target", "nodes", "network", "study_name"),
+        **pick(params, "target", "nodes", "network", "study_name", "run_steps"),
     )
     plan = run_recommend(
         profile,

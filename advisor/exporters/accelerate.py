@@ -25,7 +25,16 @@ FILENAME = "accelerate_config.yaml"
 MIXED_PRECISION = {"fp32": "no", "bf16": "bf16", "fp16": "fp16"}
 PRECISIONS = {v: k for k, v in MIXED_PRECISION.items()}
 # The TrainConfig keys this file sets natively; every other key is named by an unmapped line.
-MAPPED = frozenset({"precision", "parallelism", "world_size", "activation_checkpointing"})
+MAPPED = frozenset(
+    {
+        "precision",
+        "parallelism",
+        "world_size",
+        "activation_checkpointing",
+        "fsdp_reshard_after_forward",  # FSDP only: fsdp_reshard_after_forward
+        "compile",  # dynamo_config (regional: the repeated blocks, as advisor compiles them)
+    }
+)
 
 
 def _distributed_type(source: Source) -> str:
@@ -57,12 +66,18 @@ def build(source: Source) -> Export:
             f"world_size {c.world_size} over {source.nodes} machines: set machine_rank on each "
             f"machine and main_process_ip to machine 0 (here {host})"
         )
+    if c.compile:
+        # Regional compilation compiles the model's repeated blocks, not the whole model.
+        settings["dynamo_config"] = {
+            "dynamo_backend": "INDUCTOR",
+            "dynamo_use_regional_compilation": True,
+        }
     full = c.activation_checkpointing == "full"
     unmapped += selective_checkpointing_unmapped(c.activation_checkpointing, "Accelerate")
     if c.parallelism == "fsdp":
         fsdp: dict[str, Any] = {
             "fsdp_version": 2,
-            "fsdp_reshard_after_forward": True,
+            "fsdp_reshard_after_forward": c.fsdp_reshard_after_forward,
             "fsdp_activation_checkpointing": full,
             "fsdp_auto_wrap_policy": "TRANSFORMER_BASED_WRAP",
             "fsdp_state_dict_type": "SHARDED_STATE_DICT",

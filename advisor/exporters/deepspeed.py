@@ -3,9 +3,9 @@
 ``train_batch_size`` is the global batch; DeepSpeed itself checks it equals micro-batch ×
 accumulation × data-parallel ranks. The layout maps to a ZeRO stage: DDP replicates everything
 (stage 0); our FSDP shards parameters, gradients and optimizer state and reshards after forward,
-which is ZeRO stage 3. JSON holds no comments, but DeepSpeed's parser ignores unknown top-level
-keys (checked by the tests against ``deepspeed.runtime.config.DeepSpeedConfig``), so the header
-is the ``"_advisor"`` key.
+which is ZeRO stage 3 (with the blocks kept gathered, stage 2 is the nearest). JSON holds no
+comments, but DeepSpeed's parser ignores unknown top-level keys (checked by the tests against
+``deepspeed.runtime.config.DeepSpeedConfig``), so the header is the ``"_advisor"`` key.
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ from typing import Any
 from advisor.exporters.record import Export
 from advisor.exporters.source import TRAIN_SCRIPT, Source, adam_hyperparameters
 from advisor.exporters.text import (
+    compile_unmapped,
     header_lines,
     selective_checkpointing_unmapped,
     workload_unmapped,
@@ -24,9 +25,26 @@ from advisor.exporters.text import (
 FILENAME = "ds_config.json"
 HEADER_KEY = "_advisor"
 ZERO_STAGE = {"single": 0, "ddp": 0, "fsdp": 3}
+
+
+def _zero_stage(c: Any, unmapped: list[str]) -> int:
+    """ZeRO stage 3 for FSDP; 2 with the blocks kept gathered (fsdp_reshard_after_forward
+    False), the nearest: no parameter all-gather in backward, but unlike FSDP stage 2 keeps
+    every parameter whole on each rank between steps too, so it holds more than predicted."""
+    if c.parallelism != "fsdp" or c.fsdp_reshard_after_forward:
+        return ZERO_STAGE[c.parallelism]
+    unmapped.append(
+        "fsdp_reshard_after_forward false: ZeRO stage 2, the nearest (no parameter all-gather "
+        "in backward); it keeps every parameter whole on each rank between steps as well, so "
+        "a rank holds more than advisor predicted for FSDP with the blocks kept gathered"
+    )
+    return 2
+
+
 # The TrainConfig keys this file sets natively; every other key is named by an unmapped line.
 MAPPED = frozenset(
     {
+        "fsdp_reshard_after_forward",  # FSDP only: ZeRO stage 3, or 2 when kept gathered
         "global_batch_size",
         "micro_batch_size",
         "grad_accum_steps",
@@ -56,12 +74,13 @@ FP16 = {
 def build(source: Source) -> Export:
     c = source.config
     beta1, beta2, eps = adam_hyperparameters()
+    kept: list[str] = []  # the ZeRO stage's line, when it is only the nearest
     config: dict[str, Any] = {
         "train_batch_size": c.global_batch_size,
         "train_micro_batch_size_per_gpu": c.micro_batch_size,
         "gradient_accumulation_steps": c.grad_accum_steps,
         "gradient_clipping": c.grad_clip,  # 0 disables clipping in both
-        "zero_optimization": {"stage": ZERO_STAGE[c.parallelism]},
+        "zero_optimization": {"stage": _zero_stage(c, kept)},
         "optimizer": {
             "type": "AdamW",
             "params": {
@@ -87,7 +106,12 @@ def build(source: Source) -> Export:
         config["bf16"] = {"enabled": True}
     elif c.precision == "fp16":
         config["fp16"] = dict(FP16)
-    unmapped = workload_unmapped(source)
+    unmapped = workload_unmapped(source) + kept
+    unmapped += compile_unmapped(
+        c.compile,
+        "DeepSpeed's config",
+        "call block.compile() on each repeated block before deepspeed.initialize",
+    )
     unmapped += selective_checkpointing_unmapped(c.activation_checkpointing, "DeepSpeed")
     if c.activation_checkpointing == "full":
         # DeepSpeed's section configures deepspeed.checkpointing; the model must call it.
@@ -155,6 +179,6 @@ def read_back(text: str, launch: str | None) -> dict[str, Any]:
         "global_batch_size": total,
         "precision": precision,
         "activation_checkpointing": "full" if "activation_checkpointing" in config else "none",
-        "parallelism": "fsdp" if stage == 3 else "ddp" if world > 1 else "single",
+        "parallelism": "fsdp" if stage >= 2 else "ddp" if world > 1 else "single",
         "world_size": world,
     }

@@ -31,6 +31,8 @@ FILENAME = "training_args.json"
 # The TrainConfig keys this file sets natively; every other key is named by an unmapped line.
 MAPPED = frozenset(
     {
+        "fsdp_reshard_after_forward",  # FSDP only: fsdp_config.reshard_after_forward
+        "compile",  # torch_compile
         "global_batch_size",  # with the launch line's world size
         "micro_batch_size",
         "grad_accum_steps",
@@ -71,14 +73,22 @@ def build(source: Source) -> Export:
         "dataloader_num_workers": c.num_workers,
         "bf16": c.precision == "bf16",
         "fp16": c.precision == "fp16",
+        "torch_compile": c.compile,
     }
     unmapped = workload_unmapped(source)
+    if c.compile:
+        unmapped.append(
+            "compile true: torch_compile compiles the whole model (one graph, graph breaks at "
+            "the DDP/FSDP wrapper's seams); advisor compiles and measured each repeated block "
+            "(block.compile() before wrapping): for the same graphs do that in your model and "
+            "leave torch_compile false"
+        )
     unmapped += selective_checkpointing_unmapped(c.activation_checkpointing, "the HF Trainer")
     full = c.activation_checkpointing == "full"
     if c.parallelism == "fsdp":
         fsdp_config: dict[str, Any] = {
             "version": 2,
-            "reshard_after_forward": True,
+            "reshard_after_forward": c.fsdp_reshard_after_forward,
             "activation_checkpointing": full,
             "auto_wrap_policy": "TRANSFORMER_BASED_WRAP",
         }

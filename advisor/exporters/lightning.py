@@ -16,6 +16,7 @@ from advisor.exporters.record import Export
 from advisor.exporters.source import TRAIN_SCRIPT, Source, block_class, torchrun_line
 from advisor.exporters.text import (
     comment_block,
+    compile_unmapped,
     header_lines,
     schedule_code,
     selective_checkpointing_unmapped,
@@ -31,6 +32,7 @@ FSDP = "lightning.pytorch.strategies.FSDPStrategy"
 # The TrainConfig keys this file sets natively; every other key is named by an unmapped line.
 MAPPED = frozenset(
     {
+        "fsdp_reshard_after_forward",  # FSDP only: FULL_SHARD or SHARD_GRAD_OP
         "precision",
         "parallelism",
         "world_size",
@@ -47,7 +49,11 @@ def _strategy(source: Source, unmapped: list[str]) -> Any:
     if c.parallelism == "ddp":
         return {"class_path": DDP, "init_args": {"gradient_as_bucket_view": True}}
     if c.parallelism == "fsdp":
-        init: dict[str, Any] = {"sharding_strategy": "FULL_SHARD"}
+        # FULL_SHARD reshards after forward; SHARD_GRAD_OP keeps the parameters gathered from
+        # forward to backward (fsdp_reshard_after_forward False).
+        init: dict[str, Any] = {
+            "sharding_strategy": "FULL_SHARD" if c.fsdp_reshard_after_forward else "SHARD_GRAD_OP"
+        }
         block = block_class(c)
         if isinstance(block, tuple):
             path = ".".join(block)
@@ -71,6 +77,12 @@ def _strategy(source: Source, unmapped: list[str]) -> Any:
 def build(source: Source) -> Export:
     c = source.config
     unmapped = workload_unmapped(source)
+    unmapped += compile_unmapped(
+        c.compile,
+        "Lightning's Trainer",
+        "call block.compile() on each repeated block in configure_model (or torch.compile(model) "
+        "before trainer.fit, the whole model)",
+    )
     unmapped += selective_checkpointing_unmapped(c.activation_checkpointing, "Lightning")
     strategy = _strategy(source, unmapped)
     trainer: dict[str, Any] = {

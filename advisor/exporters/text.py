@@ -109,6 +109,18 @@ def workload_unmapped(source: Source, *, seq_len_mapped: bool = False) -> list[s
     return out
 
 
+def compile_unmapped(compiled: bool, stack: str, how: str) -> list[str]:
+    """The line of ``compile`` in a stack with no setting for it: eager is its default; with
+    compile on, ``how`` says what to write in the script (advisor compiles each repeated block
+    in place before wrapping, advisor.trainer.compile, and measured the speed-up so)."""
+    if not compiled:
+        return [f"compile false: eager, as {stack} runs by default"]
+    return [
+        f"compile true: {stack} has no setting for it; {how} (advisor compiles each repeated "
+        "block with block.compile() before the data-parallel wrapper, as measured)"
+    ]
+
+
 def selective_checkpointing_unmapped(setting: str, stack: str) -> list[str]:
     """The unmapped line of a selective checkpointing setting in a stack that checkpoints every
     block or none (profilers.checkpointing names the settings); none for the others."""

@@ -21,6 +21,8 @@ MIXED_PRECISION = {"fp32": "float32", "bf16": "bfloat16"}
 # The TrainConfig keys this file sets natively; every other key is named by an unmapped line.
 MAPPED = frozenset(
     {
+        "fsdp_reshard_after_forward",  # FSDP only: parallelism.fsdp_reshard_after_forward
+        "compile",  # compile.enable: torchtitan compiles each TransformerBlock, as advisor does
         "global_batch_size",
         "micro_batch_size",
         "grad_accum_steps",  # torchtitan derives it from the two batch sizes
@@ -88,7 +90,18 @@ def build(source: Source) -> Export:
         "parallelism": {
             "data_parallel_replicate_degree": degrees[0],
             "data_parallel_shard_degree": degrees[1],
+            # always: every block resharded after forward (advisor's FSDP); never: kept.
+            **(
+                {
+                    "fsdp_reshard_after_forward": "always"
+                    if c.fsdp_reshard_after_forward
+                    else "never"
+                }
+                if c.parallelism == "fsdp"
+                else {}
+            ),
         },
+        "compile": {"enable": c.compile},
         "debug": {"seed": c.seed},
     }
     unmapped.append(

@@ -26,6 +26,7 @@ from advisor.launch import die_with_parent
 from advisor.models import ModelAdapter
 from advisor.models.weights import LoadedWeights, load_weights
 from advisor.trainer.checkpoint import CheckpointDir, initial_weights, rng_state, set_rng_state
+from advisor.trainer.compile import check_compile_available, compile_problem
 from advisor.trainer.dist import (
     DistContext,
     init_distributed,
@@ -174,6 +175,8 @@ class Trainer:
         )
         self.facts = self.workload.facts()
         check_block_knobs(config, self.facts)
+        if config.compile:
+            check_compile_available(self.device.type)
         # Resolved now, so a missing or unreadable path fails before anything is built.
         self.weights_source = initial_weights(config.model, config.init_from)
         self.weights: LoadedWeights | None = None
@@ -549,5 +552,11 @@ def train(config: TrainConfig, options: RunOptions) -> TrainResult:
     """Train ``config`` as ``options`` say; the one public entry of the trainer."""
     try:
         return Trainer(config, options).run()
+    except Exception as exc:
+        # A model dynamo/inductor cannot compile fails in its first step: one line, not a trace.
+        problem = compile_problem(config.model, exc) if config.compile else None
+        if problem is None:
+            raise
+        raise problem from None
     finally:
         shutdown_distributed()

@@ -1,8 +1,9 @@
 """The one training step, shared by ``advisor train`` and every probe (via AdvisorWorkload).
 
 Wrapping order lives in :func:`prepare_module` (as in torchtitan): activation checkpointing of
-the repeated blocks, then data parallelism (DDP, or FSDP2 per block then the root), then the
-optimizer over the (possibly sharded) parameters.
+the repeated blocks, then torch.compile of each block (:mod:`advisor.trainer.compile`), then
+data parallelism (DDP, or FSDP2 per block then the root), then the optimizer over the (possibly
+sharded) parameters.
 """
 
 from __future__ import annotations
@@ -32,7 +33,6 @@ class ParallelOptions:
     """Knobs of the data-parallel wrappers that are not part of the plan's identity."""
 
     ddp_bucket_cap_mb: float = 25.0
-    fsdp_reshard_after_forward: bool = True
 
 
 def apply_activation_checkpointing(adapter: ModelAdapter, setting: str = "full") -> None:
@@ -95,9 +95,13 @@ def save_matmuls_policy(ctx: Any, op: Any, *args: Any, **kwargs: Any) -> Any:
 def prepare_module(
     adapter: ModelAdapter, spec: StepSpec, device: torch.device, options: ParallelOptions
 ) -> nn.Module:
-    """Checkpointing, then parallelism; returns the module the step calls."""
+    """Checkpointing, then compile, then parallelism; returns the module the step calls."""
     if spec.activation_checkpointing != "none":
         apply_activation_checkpointing(adapter, spec.activation_checkpointing)
+    if spec.compile:  # per block, before DDP/FSDP: advisor.trainer.compile says why
+        from advisor.trainer.compile import apply_compile
+
+        apply_compile(adapter)
     module = adapter.module
     if spec.parallelism == "ddp":
         from torch.nn.parallel import DistributedDataParallel
@@ -124,7 +128,8 @@ def prepare_module(
                 block,
                 mesh=mesh,
                 mp_policy=policy,
-                reshard_after_forward=options.fsdp_reshard_after_forward,
+                # False: kept gathered from forward to backward (no all-gather in backward).
+                reshard_after_forward=spec.fsdp_reshard_after_forward,
             )
         # The root keeps its parameters gathered after forward: backward needs them at once.
         fully_shard(module, mesh=mesh, mp_policy=policy, reshard_after_forward=False)

@@ -87,6 +87,7 @@ class LauncherValidator:
             )
             command = [sys.executable, "-m", "advisor", *options.train_args(plan)]
             timeout = STARTUP_S * 2 + SAFETY * steps * prediction.step_time_s
+            timeout += SAFETY * prediction.compile_s  # torch.compile: paid in the first step
             try:
                 done = subprocess.run(
                     command,

@@ -102,6 +102,9 @@ class LocalValidator:
     def _isolation(self, predictions: Sequence[Prediction]) -> Isolation:
         steps = self.warmup + self.rounds + 4  # + the memory pass (warm-up + measured step)
         work = sum(p.step_time_s for p in predictions) * steps
+        # torch.compile: each compiled config compiles once in the child (twice: the memory pass
+        # builds its step again), its measured cold compile time.
+        work += sum(2 * p.compile_s for p in predictions)
         limit = self.budget_bytes if self.memory_limit and self.device == "cpu" else None
         return Isolation(
             timeout_s=STARTUP_S * len(predictions) + SAFETY * work,

@@ -11,13 +11,13 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
+from tests.advisor.torchrun import run_world_2
+
 TOLERANCE = 1e-6
 
 
@@ -27,19 +27,7 @@ def test_chunked_loss_equals_the_plain_loss_at_world_size_2(
     tmp_path: Path, parallelism: str
 ) -> None:
     out = tmp_path / "diff.json"
-    proc = subprocess.run(
-        [
-            *(sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node"),
-            *("2", "-m", "tests.advisor.test_chunked_loss_distributed", parallelism, str(out)),
-        ],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=300,
-        env={**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"},
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    diff = json.loads(out.read_text())
+    diff = run_world_2("tests.advisor.test_chunked_loss_distributed", parallelism, out=out)
     assert diff["num_grads"] > 0 and diff["tied"]
     assert diff["loss"] <= TOLERANCE * diff["plain_loss"]
     assert diff["grad"] <= TOLERANCE, diff

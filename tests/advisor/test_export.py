@@ -191,6 +191,7 @@ def test_fsdp_maps_to_zero_3_and_shard_degree_and_the_block_class() -> None:
     assert titan["parallelism"] == {
         "data_parallel_replicate_degree": 1,
         "data_parallel_shard_degree": 4,
+        "fsdp_reshard_after_forward": "always",  # every block, as advisor's trainer
     }
     assert titan["training"]["dataloader"]["num_workers"] == 3
     strategy = export_plan(plan, "lightning").settings["trainer"]["strategy"]

@@ -1,0 +1,176 @@
+"""FSDP ranks with the blocks kept gathered (``fsdp_reshard_after_forward`` False): traced with
+the fake process group like the resharded ones, fitted apart from them, resharded to other world
+sizes with the kept parameters left whole, and scheduled after every existing distributed trace.
+
+All traces come from ONE child process (cached), on a small gpt-tiny (two blocks) so it is quick.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import pytest
+
+from advisor.workload import AdvisorWorkload
+from profilers.budget import SHARES
+from profilers.memory import MemoryModel, MemoryTrace, fit_memory, fit_memory_models
+from profilers.memory_distributed import trace_distributed_step_memories
+from profilers.phases_distributed import KEPT_GATHERED_NAME, _distributed_specs, _record_results
+from profilers.probe_run import ProbeRun, ProfileOptions
+from profilers.profile_record import Fits
+from profilers.workload import StepSpec
+
+WORKLOAD = AdvisorWorkload("gpt-tiny", {"n_layer": 2, "n_embd": 128, "vocab_size": 4096})
+SEQ_LEN = 64
+
+
+def _spec(world: int, b: int, accum: int = 1, *, kept: bool = True) -> StepSpec:
+    return StepSpec(
+        seq_len=SEQ_LEN,
+        micro_batch_size=b,
+        grad_accum_steps=accum,
+        parallelism="fsdp",
+        world_size=world,
+        fsdp_reshard_after_forward=not kept,
+    )
+
+
+_SPECS = (
+    *(_spec(2, b) for b in (1, 4)),
+    _spec(2, 4, 2),
+    *(_spec(4, b) for b in (1, 4)),
+    _spec(4, 4, 2),
+    _spec(2, 4, kept=False),
+)
+
+
+@functools.cache
+def _traces() -> dict[StepSpec, MemoryTrace]:
+    return {t.spec: t for t in trace_distributed_step_memories(WORKLOAD, _SPECS)}
+
+
+def _fit(world: int) -> MemoryModel:
+    traces = _traces()
+    return fit_memory([traces[_spec(world, b)] for b in (1, 4)] + [traces[_spec(world, 4, 2)]])
+
+
+def test_kept_blocks_hold_the_whole_model_unsharded_whatever_the_world_size() -> None:
+    traces = _traces()
+    kept, resharded = traces[_spec(2, 4)], traces[_spec(2, 4, kept=False)]
+    # The same shards and optimizer state; more parameters live at the forward/backward peak.
+    assert kept.parameter_bytes == resharded.parameter_bytes
+    assert kept.optimizer_state_bytes == resharded.optimizer_state_bytes
+    assert kept.forward_backward_peak_bytes > resharded.forward_backward_peak_bytes
+    whole = {
+        w: traces[_spec(w, 4)].forward_backward_breakdown.parameters
+        - traces[_spec(w, 4)].parameter_bytes
+        for w in (2, 4)
+    }
+    # The gathered parameters at the peak: every block and the root, fp32, at any world size.
+    assert whole[2] == whole[4]
+    assert whole[2] == pytest.approx(2 * kept.parameter_bytes, rel=0.01)
+
+
+def test_a_world_2_kept_fit_resharded_matches_the_direct_trace_at_4() -> None:
+    traces = _traces()
+    two = _fit(2)
+    assert two.fsdp_reshard_after_forward is False
+    four = two.resharded(4)
+    assert four.fsdp_reshard_after_forward is False and four.world_size == 4
+    for b in (1, 4):
+        truth = traces[_spec(4, b)]
+        # Kept parameters whole, sharded state x 2/4; the sharded gradients live at the world-2
+        # peak are kept as traced (the upper bound), resharding them too is the lower bound.
+        upper = four.forward_backward.predict(b)
+        live = traces[_spec(2, b)].forward_backward_breakdown.gradients
+        assert (
+            upper - live * (1 - 2 / 4) - 1024 <= truth.forward_backward_peak_bytes <= upper + 1024
+        )
+        assert four.optimizer_step.predict(b) == pytest.approx(
+            truth.optimizer_step_peak_bytes, rel=1e-4
+        )
+    assert four.predict(4, 2) == pytest.approx(traces[_spec(4, 4, 2)].peak_bytes, rel=1e-4)
+    # Scaling the kept parameters by 2/4 as well would miss by a quarter of the model or more.
+    wrong = four.forward_backward.predict(4) - (
+        traces[_spec(2, 4)].forward_backward_breakdown.parameters
+        - traces[_spec(2, 4)].parameter_bytes
+    ) * (1 - 2 / 4)
+    assert wrong < 0.97 * traces[_spec(4, 4)].forward_backward_peak_bytes
+
+
+def test_kept_and_resharded_fits_are_told_apart_and_old_records_read_as_resharded() -> None:
+    traces = list(_traces().values())
+    models = fit_memory_models(t for t in traces if not t.spec.fsdp_reshard_after_forward)
+    fits = Fits(memory=tuple(models))
+    kept = fits.memory_model(
+        "fp32", "none", parallelism="fsdp", world_size=2, fsdp_reshard_after_forward=False
+    )
+    assert kept is not None and kept.fsdp_reshard_after_forward is False
+    # No resharded fit here: the kept one is never returned instead.
+    assert fits.memory_model("fp32", "none", parallelism="fsdp", world_size=2) is None
+    data = kept.to_dict()
+    assert MemoryModel.from_dict(data) == kept
+    del data["fsdp_reshard_after_forward"]
+    assert MemoryModel.from_dict(data).fsdp_reshard_after_forward is True
+    old_trace = traces[0].to_dict()
+    del old_trace["spec"]["fsdp_reshard_after_forward"]
+    assert MemoryTrace.from_dict(old_trace).spec.fsdp_reshard_after_forward is True
+
+
+def test_kept_traces_follow_the_baseline_group_then_come_last_and_say_what_covers_them() -> None:
+    run = ProbeRun(
+        WORKLOAD,
+        ProfileOptions(seq_len=SEQ_LEN, budget_s=120, checkpointing=("none", "full")),
+        None,
+    )
+    specs = _distributed_specs(run, ("fp32", "bf16"), (2,), ("fsdp", "ddp"))
+    kept = [i for i, s in enumerate(specs) if not s.fsdp_reshard_after_forward]
+    resharded_fsdp = [s for s in specs if s.parallelism == "fsdp" and s.fsdp_reshard_after_forward]
+    assert len(kept) == len(resharded_fsdp)
+
+    def baseline(s: StepSpec) -> bool:
+        return (s.precision, s.activation_checkpointing, s.grad_accum_steps) == ("fp32", "none", 1)
+
+    # The baseline group's kept sizes right after its own traces (fsdp and ddp), so a default
+    # profile can price the knob; every other kept trace after all the existing ones.
+    n_base = sum(baseline(s) for s in specs if s.fsdp_reshard_after_forward)
+    early = [i for i in kept if baseline(specs[i])]
+    assert early == list(range(n_base, n_base + len(early))) and early
+    late = [i for i in kept if not baseline(specs[i])]
+    assert late == list(range(len(specs) - len(late), len(specs)))  # the rest at the end
+    # The budget ran out after the first three: a row names the --budget-s covering the rest.
+    results = [
+        {"status": "ok", "trace": _traces()[_spec(2, 4)].to_dict(), "wall_s": 2.0}
+        if i < 3
+        else {"status": "skipped", "reason": "time budget spent"}
+        for i in range(len(specs))
+    ]
+    _record_results(run, specs, results)
+    row = next(r for r in run.rows if r.name == KEPT_GATHERED_NAME)
+    assert row.status == "skipped"
+    assert f"{len(kept)} FSDP traces with the blocks kept gathered" in row.reason
+    skipped = len(specs) - 3
+    # 2 s each over the phase's share, on top of the 120 s asked for, rounded up to 30 s.
+    share = SHARES["memory_distributed"] / sum(SHARES.values())
+    expected = -(-(120 + skipped * 2.0 / share) // 30) * 30
+    assert f"--budget-s {int(expected)} would cover them" in row.reason
+
+
+def test_a_group_order_puts_its_groups_first_keeping_sizes_before_accumulation() -> None:
+    # A model that fits no device here: the profile serves a what-if, least memory first.
+    run = ProbeRun(
+        WORKLOAD,
+        ProfileOptions(seq_len=SEQ_LEN, budget_s=120, checkpointing=("none", "full")),
+        None,
+    )
+    order = [("bf16", "full"), ("fp32", "full")]
+    specs = _distributed_specs(run, ("fp32", "bf16"), (2,), ("fsdp",), order)
+    sizes = run.options.trace_micro_batch_sizes
+    resharded = [s for s in specs if s.fsdp_reshard_after_forward]
+    head = [(s.precision, s.activation_checkpointing, s.micro_batch_size) for s in resharded[:6]]
+    assert head == [("bf16", "full", b) for b in sizes] + [("fp32", "full", b) for b in sizes]
+    accumulating = [i for i, s in enumerate(specs) if s.grad_accum_steps > 1]
+    plain = [
+        i for i, s in enumerate(specs) if s.grad_accum_steps == 1 and s.fsdp_reshard_after_forward
+    ]
+    assert max(plain) < min(accumulating)

@@ -1,0 +1,149 @@
+"""``compile`` in the cost model and the search: a compiled candidate is its eager prediction
+over the measured speed-up, its compile time amortised over the run's steps; searched only
+where the profile measured it; never assumed for a group or a what-if target it was not."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import pytest
+
+from profilers.compile_records import CompileMeasurement, amortised_step_s
+from profilers.hardware import lookup_target
+from profilers.profile_record import ProbeRow, Profile
+from strategies.cost import cost_model_from_profile
+from strategies.errors import Unpredictable
+from strategies.search import evaluate, rank
+from strategies.space import Candidate, SearchRequest, build_space
+from tests.strategies import profiles as hp
+
+SPEEDUP = {2: 1.5, 8: 1.1}  # eager / compiled forward+backward, per timed micro-batch size
+COMPILE_S = 60.0
+
+
+def measured(precision: str = "fp32", checkpointing: str = "none", **kw: Any) -> CompileMeasurement:
+    fields: dict[str, Any] = dict(
+        precision=precision,
+        activation_checkpointing=checkpointing,
+        status="ok",
+        speedup=1.3,
+        compile_s=COMPILE_S,
+        micro_batch_sizes=tuple(SPEEDUP),
+        speedup_by_size=tuple(SPEEDUP.values()),
+    )
+    return CompileMeasurement(**{**fields, **kw})
+
+
+def compiled_profile(*records: CompileMeasurement) -> Profile:
+    return dataclasses.replace(hp.hand_profile(), compile=records or (measured(),))
+
+
+def candidate(**changes: Any) -> Candidate:
+    fields: dict[str, Any] = dict(
+        precision="fp32",
+        activation_checkpointing="none",
+        parallelism="single",
+        world_size=1,
+        micro_batch_size=8,
+        grad_accum_steps=1,
+    )
+    return Candidate(**{**fields, **changes})
+
+
+def test_forward_backward_is_divided_by_the_speedup_at_its_size_and_compile_amortised() -> None:
+    cost = cost_model_from_profile(compiled_profile(), 0.9, run_steps=300)
+    for micro, speedup in [(2, 1.5), (8, 1.1), (5, 1.3), (1, 1.5)]:  # between: linear in b
+        eager = cost.predict(candidate(micro_batch_size=micro, grad_accum_steps=8 // micro))
+        compiled = cost.predict(
+            candidate(micro_batch_size=micro, grad_accum_steps=8 // micro, compile=True)
+        )
+        e, c = eager.breakdown.time, compiled.breakdown.time
+        assert e is not None and c is not None
+        assert c.forward_backward_s == pytest.approx(e.forward_backward_s / speedup, rel=1e-9)
+        assert c.optimizer_s == pytest.approx(e.optimizer_s)  # the optimizer is not compiled
+        assert compiled.compile_s == COMPILE_S
+        assert compiled.amortised_step_time_s == pytest.approx(
+            compiled.step_time_s + COMPILE_S / 300
+        )
+        assert eager.amortised_step_time_s == eager.step_time_s
+    assert compiled.to_dict()["amortised_step_time_s"] == compiled.amortised_step_time_s
+    assert "compile_s" not in eager.to_dict()
+
+
+def test_a_short_run_does_not_recoup_the_compile_a_long_one_does() -> None:
+    def best(steps: int) -> Candidate:
+        cost = cost_model_from_profile(compiled_profile(), 0.9, run_steps=steps)
+        pair = [evaluate(cost, candidate(compile=c)) for c in (False, True)]
+        return rank(pair)[0].candidate
+
+    assert best(300).compile is False  # 60 s over 300 steps outweighs what each step saves
+    assert best(100_000).compile is True
+
+
+def test_unmeasured_or_failed_groups_are_unpredictable_with_the_reason() -> None:
+    failed = measured(
+        "fp32", "full", status="error", reason="Unsupported: data-dependent", speedup=None
+    )
+    cost = cost_model_from_profile(compiled_profile(measured(), failed), 0.9)
+    with pytest.raises(Unpredictable, match=r"did not measure torch.compile for bf16/none"):
+        cost.predict(candidate(precision="bf16", compile=True))
+    with pytest.raises(Unpredictable, match=r"error: Unsupported: data-dependent\): use --no"):
+        cost.predict(candidate(activation_checkpointing="full", compile=True))
+
+
+def test_the_search_turns_compile_on_only_where_measured() -> None:
+    request = SearchRequest(global_batch_size=8, world_size=1)
+    space = build_space(compiled_profile(), request)
+    assert space.compile == (False, True)
+    assert {c.compile for c in space.candidates()} == {False, True}
+    assert len(space.candidates()) == space.size
+    # An old profile (no compile records, no compile rows): eager only, nothing to explain.
+    old = build_space(hp.hand_profile(), request)
+    assert old.compile == (False,)
+    assert not any("compile" in e for e in old.excluded)
+    # Skipped for the budget: eager only, the row's reason in the plan's reasons.
+    row = ProbeRow(
+        probe="compile",
+        name="fp32/none/compiled",
+        status="skipped",
+        reason="time budget spent; --budget-s 300 would cover it",
+    )
+    skipped = dataclasses.replace(hp.hand_profile(), probes=(row,))
+    space = build_space(skipped, request)
+    assert space.compile == (False,)
+    assert "compile: time budget spent; --budget-s 300 would cover it" in space.excluded
+
+
+def test_no_compiler_makes_the_dimension_unavailable_with_the_reason() -> None:
+    why = "torch.compile on CPU needs a C++ compiler"
+    profile = compiled_profile(
+        CompileMeasurement(
+            precision="fp32", activation_checkpointing="none", status="unavailable", reason=why
+        )
+    )
+    space = build_space(profile, SearchRequest(global_batch_size=8, world_size=1))
+    assert space.compile == (False,)
+    assert f"compile: {why}" in space.excluded
+
+
+def test_a_what_if_never_assumes_the_speedup() -> None:
+    from strategies.whatif import whatif_cost_model
+
+    request = SearchRequest(global_batch_size=8, world_size=8, target="h100-80gb")
+    space = build_space(compiled_profile(), request, target=lookup_target("h100-80gb"))
+    assert space.compile == (False,)
+    assert any("torchtitan" in e for e in space.excluded)
+    model, _ = whatif_cost_model(compiled_profile(), request)
+    with pytest.raises(Unpredictable, match="no measured speed-up on a what-if target"):
+        model.predict(candidate(parallelism="ddp", world_size=8, micro_batch_size=1, compile=True))
+
+
+def test_records_round_trip_and_old_profiles_read_as_not_measured() -> None:
+    profile = compiled_profile()
+    again = Profile.from_dict(profile.to_dict())
+    assert again.compile == profile.compile
+    data = profile.to_dict()
+    del data["compile"]
+    assert Profile.from_dict(data).compile == ()
+    assert amortised_step_s(0.5, 60.0, 300) == pytest.approx(0.7)
