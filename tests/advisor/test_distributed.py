@@ -253,7 +253,7 @@ def test_launcher_validator_measures_ddp_and_fsdp_candidates() -> None:
     assert "needs 4 cores" in str(
         validator.unsupported_reason(config.replace(world_size=4, global_batch_size=8))
     )
-    prediction = SimpleNamespace(step_time_s=0.5)
+    prediction = SimpleNamespace(step_time_s=0.5, compile_s=0.0)
     measured = route(
         [config, config.replace(parallelism="fsdp")],
         [prediction] * 2,  # type: ignore[list-item]
