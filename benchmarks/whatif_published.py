@@ -298,10 +298,12 @@ def fsdp_memory_models(
     layers: int,
     sizes: Sequence[int],
     loss_chunks: int = 1,
+    reshard_after_forward: bool = True,
 ) -> tuple[Any, ...]:
     """FSDP per-rank memory fits of ``row``'s shape at :data:`FSDP_TRACE_WORLD` ranks, traced
     on 3- and 4-block copies at ``sizes`` (and with accumulation at the two largest) and
-    extended to ``layers`` blocks."""
+    extended to ``layers`` blocks (kept gathered when not ``reshard_after_forward``: the
+    whole model's gathered parameters are affine in depth too)."""
     from advisor.workload import AdvisorWorkload
     from profilers.memory_distributed import trace_distributed_step_memories
     from profilers.memory_model import fit_memory_models
@@ -318,6 +320,7 @@ def fsdp_memory_models(
             parallelism="fsdp",
             world_size=FSDP_TRACE_WORLD,
             loss_chunks=loss_chunks,
+            fsdp_reshard_after_forward=reshard_after_forward,
         )
         for c in checkpointing
         for b, a in shapes
@@ -587,13 +590,15 @@ def predict_memory(profile: Any, config: Any, row: Row) -> int:
     return int(row_cost_model(row, profile).predict_config(config).peak_memory_bytes)
 
 
-def row_cost_model(row: Row, profile: Any) -> Any:
-    """The what-if cost model ``advisor predict --target`` builds for the row's request."""
+def row_cost_model(row: Row, profile: Any, memory_budget: float = 0.9) -> Any:
+    """The what-if cost model ``advisor predict --target`` builds for the row's request
+    (``memory_budget``: its ``--memory-budget``)."""
     from strategies.space import SearchRequest
     from strategies.whatif import whatif_cost_model
 
     request = SearchRequest(
         global_batch_size=row.global_batch_size,
+        memory_budget=memory_budget,
         world_size=row.n_gpus,
         target=row.target,
         nodes=row.nodes,

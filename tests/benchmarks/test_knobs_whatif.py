@@ -1,0 +1,94 @@
+"""The knobs-on-H100 what-if benchmark: profiles completed with the knobs, one knob at a time,
+the best plan with and without them; and the kept-gathered rank extended in depth."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import pytest
+
+from benchmarks import knobs_whatif as kw
+from benchmarks import whatif_published as wp
+
+TINY = {"n_layer": 5, "n_head": 2, "n_embd": 32, "vocab_size": 128, "block_size": 32}
+
+
+def tiny_row() -> wp.Row:
+    """R09's run (8 H100s, FSDP, bf16) on a 5-block toy, global batch 16: 2 per rank."""
+    row = next(r for r in wp.read_rows() if r.row == "R09")
+    return dataclasses.replace(
+        row,
+        model_args={**TINY, "bias": False},
+        seq_len=32,
+        label="tiny",
+        row="T1",
+        global_batch_size=16,
+        micro_batch_size=2,
+        grad_accum_steps=1,
+    )
+
+
+@pytest.mark.slow
+def test_each_knob_is_predicted_alone_and_the_search_compares_knob_sets(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(wp, "PROFILES", tmp_path)
+    monkeypatch.setattr(kw, "MODES", ("none", "full"))  # ops: fewer traces, and one gap
+    row = tiny_row()
+    (result,) = kw.run([row], [row], say=lambda *_: None)
+    assert (tmp_path / f"{row.shape_key}.json").is_file()  # completed and cached
+    knobs = {k["variant"]: k for k in result["knobs"]}
+    base = knobs["as published"]
+    assert base["fits"] and base["tokens_per_s_per_gpu"] > 0
+    # The traced modes are predicted, blocks:K from their two lines; an untraced one says why.
+    for mode in ("full", "blocks:2"):
+        assert "reason" not in knobs[f"checkpointing {mode}"], knobs[f"checkpointing {mode}"]
+    assert "no memory fit" in knobs["checkpointing ops"]["reason"]
+    assert knobs["checkpointing full"]["peak_gib"] < base["peak_gib"]
+    assert knobs["checkpointing full"]["tokens_per_s_per_gpu"] < base["tokens_per_s_per_gpu"]
+    # Kept gathered holds the whole model's gathered parameters, with one all-gather less.
+    kept = knobs["FSDP kept gathered"]
+    assert kept["peak_gib"] > base["peak_gib"]
+    assert kept["tokens_per_s_per_gpu"] >= base["tokens_per_s_per_gpu"]
+    assert "no measured speed-up" in knobs["torch.compile"]["reason"]
+    founding, every = result["best_founding_knobs"]["best"], result["best_all_knobs"]["best"]
+    assert founding["activation_checkpointing"] in ("none", "full")
+    assert founding["fsdp_reshard_after_forward"] is True
+    assert every["tokens_per_s_per_gpu"] >= founding["tokens_per_s_per_gpu"]
+    assert result["all_knobs_gain"] == pytest.approx(
+        every["tokens_per_s_per_gpu"] / founding["tokens_per_s_per_gpu"]
+    )
+    text = "\n".join(kw.table_lines([result]))
+    assert (
+        "FSDP kept gathered" in text and "not predicted" in text and "gain of the new knobs" in text
+    )
+
+
+def test_the_kept_gathered_rank_extended_from_3_and_4_blocks_matches_a_direct_trace() -> None:
+    from advisor.workload import AdvisorWorkload
+    from profilers.memory_distributed import trace_distributed_step_memories
+    from profilers.memory_model import fit_memory_models
+    from profilers.workload import StepSpec
+
+    row = tiny_row()
+    (extended,) = wp.fsdp_memory_models(row, ("none",), 5, (1, 2), reshard_after_forward=False)
+    assert not extended.fsdp_reshard_after_forward
+    specs = [
+        StepSpec(
+            seq_len=32,
+            micro_batch_size=b,
+            grad_accum_steps=a,
+            precision="bf16",
+            parallelism="fsdp",
+            world_size=wp.FSDP_TRACE_WORLD,
+            fsdp_reshard_after_forward=False,
+        )
+        for b, a in ((1, 1), (2, 1), (1, 2), (2, 2))
+    ]
+    direct = AdvisorWorkload(model=row.model, model_args=row.model_args)
+    (truth,) = fit_memory_models(
+        trace_distributed_step_memories(direct, specs, target_device_type="cuda")
+    )
+    for b, a in ((1, 1), (2, 1), (4, 1), (2, 2)):
+        assert extended.predict(b, a) == pytest.approx(truth.predict(b, a), rel=0.01)
