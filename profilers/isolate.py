@@ -393,10 +393,27 @@ def _child_main(
         sender.close()
     finally:
         # Skip interpreter teardown (slow with torch, and nothing is left to lose); flush what
-        # the probe printed first.
+        # the probe printed first, and run multiprocessing's exit finalizers, which os._exit
+        # skips: a semaphore the probe created (a SimpleQueue in torch's elastic launcher or in
+        # inductor's compile workers) is registered with the parent's resource tracker, which
+        # otherwise warns "leaked semaphore objects" when the parent exits. The result is sent
+        # already: a finalizer that hangs costs the grace period, never the outcome.
         sys.stdout.flush()
         sys.stderr.flush()
+        _run_exit_finalizers()
         os._exit(0)
+
+
+def _run_exit_finalizers() -> None:
+    try:
+        from multiprocessing import util
+
+        # What a normal exit runs first (the SemLock cleanups among them); private, so guarded.
+        util._run_finalizers(0)  # type: ignore[attr-defined]
+    except BaseException:  # nothing here may keep the child from exiting
+        pass
+    sys.stdout.flush()
+    sys.stderr.flush()
 
 
 def _failure(status: str, reason: str, run_s: float | None, exc: BaseException) -> bytes:

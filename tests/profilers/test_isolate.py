@@ -87,6 +87,18 @@ def _environment() -> tuple[str | None, str | None, int]:
     )
 
 
+_KEPT: list[object] = []
+
+
+def _keep_a_queue() -> int:
+    """What torch's elastic launcher and inductor's workers do: a spawn-context SimpleQueue (two
+    named semaphores, registered with the parent's resource tracker) alive at the end."""
+    import multiprocessing
+
+    _KEPT.append(multiprocessing.get_context("spawn").SimpleQueue())
+    return 1
+
+
 def test_ok_returns_value_and_times() -> None:
     outcome = run_isolated(Isolation(timeout_s=60), _add, 2, 3, scale=10)
     assert outcome.status == "ok" and outcome.ok
@@ -238,3 +250,30 @@ def test_describe_exception_is_one_bounded_line() -> None:
     assert describe_exception(ValueError("")) == "ValueError"
     long = describe_exception(RuntimeError("x" * 1000 + "\nmore"))
     assert "\n" not in long and len(long) <= 300 and long.endswith("…")
+
+
+def test_semaphores_a_probe_keeps_are_cleaned_up_without_a_leak_warning() -> None:
+    # The warning comes from the parent's resource tracker when the parent exits, so the parent
+    # is a fresh interpreter here.
+    script = (
+        "from profilers.isolate import Isolation, run_isolated\n"
+        "from tests.profilers.test_isolate import _keep_a_queue\n"
+        "if __name__ == '__main__':\n"
+        "    print(run_isolated(Isolation(timeout_s=60), _keep_a_queue).status)\n"
+    )
+    root = Path(__file__).resolve().parents[2]
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(root), os.environ.get("PYTHONPATH", "")]),
+    }
+    done = subprocess.run(
+        [sys.executable, "-c", script],
+        cwd=root,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "ok"
+    assert "leaked semaphore" not in done.stderr, done.stderr
