@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import importlib.util
+import math
 import os
 import shutil
 from collections.abc import Mapping, Sequence
@@ -31,6 +32,10 @@ class CompileMeasurement:
     the same per micro-batch size of ``micro_batch_sizes``. ``compile_s``: the first compiled
     step's time minus an eager step's, with an empty inductor cache (``cache`` "cold": what a
     user's first run pays; a second run on the same machine reads inductor's on-disk cache).
+    ``extra_bytes_by_size``: per size of ``micro_batch_sizes``, the compiled forward+backward's
+    allocator peak above its start minus the eager step's, measured in the same child after the
+    timing (negative where inductor's partitioner saves activations; empty in profiles written
+    before it was measured, or where the allocator could not say).
     """
 
     precision: str
@@ -42,6 +47,7 @@ class CompileMeasurement:
     micro_batch_sizes: tuple[int, ...] = ()
     speedup_by_size: tuple[float, ...] = ()
     cache: str = "cold"
+    extra_bytes_by_size: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
         if self.status not in COMPILE_STATUSES:
@@ -73,10 +79,25 @@ class CompileMeasurement:
         b = min(max(float(micro_batch_size), b0), b1)
         return s0 + (s1 - s0) * (b - b0) / (b1 - b0)
 
+    def extra_bytes_at(self, micro_batch_size: int) -> int | None:
+        """What a compiled forward+backward holds beyond the eager one at ``micro_batch_size``:
+        the line through the measured sizes (activations grow linearly in b, and so does a
+        difference of them; extended beyond the sizes, not held flat), never below zero (a
+        saving that was measured, not traced, is not counted on). None when not measured."""
+        pairs = sorted(zip(self.micro_batch_sizes, self.extra_bytes_by_size, strict=False))
+        if not pairs:
+            return None
+        if len(pairs) < 2:
+            return max(pairs[0][1], 0)
+        (b0, e0), (b1, e1) = pairs[0], pairs[-1]
+        slope = (e1 - e0) / (b1 - b0)
+        return max(math.ceil(e0 + slope * (micro_batch_size - b0)), 0)
+
     def to_dict(self) -> dict[str, Any]:
         out = dataclasses.asdict(self)
         out["micro_batch_sizes"] = list(self.micro_batch_sizes)
         out["speedup_by_size"] = list(self.speedup_by_size)
+        out["extra_bytes_by_size"] = list(self.extra_bytes_by_size)
         return out
 
     @classmethod
@@ -85,6 +106,7 @@ class CompileMeasurement:
         kept = {k: v for k, v in data.items() if k in names}
         kept["micro_batch_sizes"] = tuple(int(b) for b in data.get("micro_batch_sizes", ()))
         kept["speedup_by_size"] = tuple(float(s) for s in data.get("speedup_by_size", ()))
+        kept["extra_bytes_by_size"] = tuple(int(e) for e in data.get("extra_bytes_by_size", ()))
         return cls(**kept)
 
 

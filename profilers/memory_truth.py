@@ -9,14 +9,14 @@ exists, as it does in steady training.
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 
 import torch
 from torch._C._profiler import _EventType, _ProfilerEvent
 from torch.profiler import ProfilerActivity, profile, record_function
 
 from profilers.memory_records import CpuStepMemory, CudaStepMemory
-from profilers.workload import StepSpec, TrainStep, Workload
+from profilers.workload import Batch, StepSpec, TrainStep, Workload
 
 _MAX_WARMUP_STEPS = 8
 _FORWARD_BACKWARD = "memory_probe::forward_backward"
@@ -161,6 +161,41 @@ def measure_cuda(
         context_bytes=outside_before,
         workspace_bytes=max(0, outside_after - outside_before),
     )
+
+
+_TRANSIENT = "memory_probe::transient"
+
+
+def forward_backward_transient_bytes(
+    step: TrainStep, batches: Sequence[Batch], device_type: str
+) -> int:
+    """The bytes one forward+backward of an already warmed-up ``step`` allocates above what it
+    started with, at its peak: activations, temporaries and new gradients.
+
+    CUDA: the caching allocator's peak counter, reset at the start. CPU: the profiler's CPU
+    memory events over the call; the count only sees blocks allocated while it runs (frees of
+    older blocks, e.g. the previous step's gradients, are not subtracted), the same for every
+    step measured this way, so two steps measured so compare like for like. The optimizer step
+    is left to the caller.
+    """
+    if device_type == "cuda":
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        base = torch.cuda.memory_allocated()
+        loss = step.forward_backward(batches)
+        torch.cuda.synchronize()
+        peak = torch.cuda.max_memory_allocated() - base
+        del loss
+        return max(int(peak), 0)
+    if device_type != "cpu":
+        raise ValueError(f"no allocator peak for device type {device_type!r}")
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        with record_function(_TRANSIENT):
+            loss = step.forward_backward(batches)
+        del loss
+    assert prof.profiler is not None and prof.profiler.kineto_results is not None
+    events = list(_walk(prof.profiler.kineto_results.experimental_event_tree()))
+    return max(_window_peak(events, _TRANSIENT) - _level_at_start(events), 0)
 
 
 def _status_bytes(field: str) -> int | None:

@@ -141,6 +141,7 @@ def measurement_from_child(
     eager = timings[0]
     compile_s = float(value["first_step_s"][1]) - eager.median_step_s
     return CompileMeasurement(
+        extra_bytes_by_size=extra_bytes_by_size(timings, value.get("transient_bytes") or ()),
         precision=precision,
         activation_checkpointing=checkpointing,
         status="ok",
@@ -149,6 +150,22 @@ def measurement_from_child(
         micro_batch_sizes=tuple(sizes),
         speedup_by_size=tuple(statistics.median(r) for r in by_size),
     )
+
+
+def extra_bytes_by_size(
+    timings: Sequence[StepTiming], transient: Sequence[int | None]
+) -> tuple[int, ...]:
+    """Per timed size, ascending: the compiled forward+backward's allocator peak minus the eager
+    one's (negative where compile saves memory); empty unless every size has both."""
+    peaks: dict[tuple[int, bool], int] = {
+        (t.spec.micro_batch_size, t.spec.compile): int(p)
+        for t, p in zip(timings, transient, strict=False)
+        if p is not None
+    }
+    sizes = sorted({t.spec.micro_batch_size for t in timings})
+    if not sizes or any((b, c) not in peaks for b in sizes for c in (False, True)):
+        return ()
+    return tuple(peaks[(b, True)] - peaks[(b, False)] for b in sizes)
 
 
 def paired_speedups(timings: Sequence[StepTiming], micro_batch_size: int) -> list[float]:
@@ -264,4 +281,21 @@ def _compile_child(
                 break
             timers[index].sample()
         timings = [t.timing() for t in timers]
-    return {"first_step_s": first_step_s, "timings": [t.to_dict() for t in timings]}
+        transient = [_transient_or_none(t) for t in timers]  # after the timing: no profiler in it
+    return {
+        "first_step_s": first_step_s,
+        "timings": [t.to_dict() for t in timings],
+        "transient_bytes": transient,
+    }
+
+
+def _transient_or_none(timer: Any) -> int | None:
+    """The step's forward+backward allocator peak above its start, or None if the allocator
+    cannot say (the speed-up stands without it)."""
+    from profilers.isolate import quiet_native_output
+
+    try:
+        with quiet_native_output():  # kineto prints "USDT: profiler_start/stop" on CPU
+            return int(timer.transient_bytes())
+    except Exception:
+        return None

@@ -162,6 +162,18 @@ class StepTimer:
         self._opt.append(opt_s)
         return fb_s, opt_s
 
+    def transient_bytes(self) -> int:
+        """One untimed step whose forward+backward's allocator peak above its start is measured
+        (:func:`profilers.memory_truth.forward_backward_transient_bytes`); call after warm-up."""
+        from profilers.memory_truth import forward_backward_transient_bytes
+
+        step = self._step
+        if step is None:
+            raise RuntimeError("StepTimer is used outside its `with` block")
+        peak = forward_backward_transient_bytes(step, self._batches, self._device_type)
+        step.optimizer_step()
+        return peak
+
     def timing(self) -> StepTiming:
         import torch
 

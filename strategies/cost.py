@@ -24,6 +24,7 @@ from typing import Any
 
 from profilers.checkpointing import block_fraction
 from profilers.checkpointing_fits import blocks_memory_model
+from profilers.compile_records import CompileMeasurement, find_compile
 from profilers.flops import FlopCount
 from profilers.memory_model import MemoryModel
 from profilers.profile_record import Profile
@@ -208,6 +209,8 @@ class CostModel:
     host_cpus: int | None = None
     # The run's length: a compiled candidate's compile time is amortised over these steps.
     run_steps: int = DEFAULT_STEPS
+    # The profile's torch.compile records: what a compiled step holds beyond the eager trace.
+    compiled: tuple[CompileMeasurement, ...] = ()
 
     @property
     def seq_len(self) -> int:
@@ -301,11 +304,6 @@ class CostModel:
         """Memory and time of ``candidate``; :class:`Unpredictable` if the profile can't say."""
         assumptions = list(self.assumptions)
         memory = self._memory(candidate, assumptions)
-        if candidate.compile:
-            assumptions.append(
-                "torch.compile: memory as the eager step's trace (fake tensors cannot trace "
-                "inductor's kernels; its partitioner saves no more activations than eager)"
-            )
         compute = self.time.compute(candidate)
         time = self._time(candidate, compute, assumptions)
         tokens = candidate.global_batch_size * self.seq_len
@@ -398,7 +396,8 @@ class CostModel:
                 "FSDP: the gradients of every micro-batch are reduce-scattered (no no_sync), so "
                 "only sharded gradients accumulate"
             )
-        traced += self.rounding_allowance_bytes
+        compile_extra = self._compile_extra_bytes(c, assumptions) if c.compile else None
+        traced += self.rounding_allowance_bytes + (compile_extra or 0)
         fragmentation = traced * self.machine.fragmentation_fraction
         rank_extra = self.machine.parallel_overhead_bytes.get(c.parallelism, 0)  # none: single
         per_rank = math.ceil(traced + fragmentation) + self.machine.fixed_overhead_bytes
@@ -427,7 +426,33 @@ class CostModel:
             parameter_bytes=model.parameter_bytes,
             gradient_bytes=model.gradient_bytes,
             optimizer_state_bytes=model.optimizer_state_bytes,
+            compile_extra_bytes=compile_extra,
         )
+
+    def _compile_extra_bytes(self, c: Candidate, assumptions: list[str]) -> int | None:
+        """What the compiled forward+backward held beyond the eager one where the compile probe
+        measured it (profilers.phases_compile: both steps' allocator peaks in one child, per
+        micro-batch size; a line in b, never below zero), added to the eager trace; None where
+        it was not measured (fake tensors cannot trace inductor's kernels), said so."""
+        measured = find_compile(self.compiled, c.precision, c.activation_checkpointing)
+        extra = measured.extra_bytes_at(c.micro_batch_size) if measured is not None else None
+        if extra is None:
+            assumptions.append(
+                "torch.compile: memory as the eager step's trace (fake tensors cannot trace "
+                "inductor's kernels and this profile did not measure the compiled step's "
+                "peak; its partitioner saves no more activations than eager)"
+            )
+            return None
+        assert measured is not None
+        sizes = ", ".join(
+            f"{e / 2**20:+.1f} MiB at b={b}"
+            for b, e in zip(measured.micro_batch_sizes, measured.extra_bytes_by_size, strict=False)
+        )
+        assumptions.append(
+            "torch.compile: the eager step's trace plus what the compiled forward+backward "
+            f"measured beyond the eager one ({sizes}; a saving is not counted on)"
+        )
+        return extra
 
     def _resharded_fsdp_model(self, c: Candidate) -> tuple[MemoryModel | None, int | None]:
         """An FSDP per-rank fit of the candidate's (precision, checkpointing) traced at another
@@ -681,4 +706,5 @@ def cost_model_from_profile(
         host_load_1m=profile.device.host_load_1m,
         host_cpus=profile.device.cpu.num_usable_cores,
         run_steps=run_steps,
+        compiled=tuple(profile.compile),
     )

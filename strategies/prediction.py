@@ -149,6 +149,9 @@ class MemoryTerms:
     source: str | None = None
     ddp_gradient_buckets_bytes: int | None = None
     fsdp: FsdpMemory | None = None
+    # torch.compile: what the compiled forward+backward measured beyond the eager one (in
+    # traced_bytes); None when eager, or compiled without that measurement.
+    compile_extra_bytes: int | None = None
 
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {}
@@ -159,6 +162,8 @@ class MemoryTerms:
             out["source"] = self.source
         if self.ddp_gradient_buckets_bytes is not None:
             out["ddp_gradient_buckets_bytes"] = self.ddp_gradient_buckets_bytes
+        if self.compile_extra_bytes is not None:
+            out["compile_extra_bytes"] = self.compile_extra_bytes
         for name in _MEMORY_TOTALS:
             out[name] = getattr(self, name)
         return out
@@ -185,6 +190,11 @@ class MemoryTerms:
             source=str(data["source"]) if data.get("source") is not None else None,
             ddp_gradient_buckets_bytes=int(buckets) if buckets is not None else None,
             fsdp=FsdpMemory.from_dict(fsdp) if isinstance(fsdp, Mapping) else None,
+            compile_extra_bytes=(
+                int(data["compile_extra_bytes"])
+                if data.get("compile_extra_bytes") is not None
+                else None
+            ),
         )
 
     @property

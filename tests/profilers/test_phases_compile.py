@@ -52,6 +52,48 @@ def test_speedup_is_the_median_of_same_round_ratios_and_compile_the_first_step_e
     assert CompileMeasurement.from_dict(m.to_dict()) == m
 
 
+def test_extra_bytes_are_compiled_minus_eager_per_size_and_need_every_peak() -> None:
+    timings = [
+        timing(2, (0.2,)),
+        timing(2, (0.1,), compiled=True),
+        timing(8, (0.8,)),
+        timing(8, (0.6,), compiled=True),
+    ]
+    value: dict[str, Any] = {
+        "first_step_s": [0.5, 20.0, 0.9, 15.0],
+        "timings": [t.to_dict() for t in timings],
+        "transient_bytes": [1000, 900, 4000, 4500],
+    }
+    assert measurement_from_child("fp32", "none", value).extra_bytes_by_size == (-100, 500)
+    value["transient_bytes"] = [1000, None, 4000, 4500]  # the allocator could not say once
+    assert measurement_from_child("fp32", "none", value).extra_bytes_by_size == ()
+    del value["transient_bytes"]  # a child from before the measurement
+    assert measurement_from_child("fp32", "none", value).extra_bytes_by_size == ()
+
+
+@pytest.mark.slow
+def test_the_compile_child_times_both_steps_and_measures_both_peaks() -> None:
+    # The real child on a one-block toy: a cold compile at each size, interleaved timing, then
+    # each step's forward+backward allocator peak (CPU: the profiler's memory events).
+    from advisor.workload import AdvisorWorkload
+    from profilers.compile_records import compile_unavailable
+    from profilers.phases_compile import _compile_child
+
+    if compile_unavailable("cpu"):
+        pytest.skip(compile_unavailable("cpu"))
+    args = {"n_layer": 1, "n_head": 2, "n_embd": 32, "vocab_size": 128, "block_size": 16}
+    workload = AdvisorWorkload(model="gpt-tiny", model_args=args)
+    specs = [StepSpec(seq_len=16, micro_batch_size=b) for b in (1, 4)]
+    value = _compile_child(workload, specs, "cpu", 1.0)  # one round: the budget is spent
+    m = measurement_from_child("fp32", "none", value)
+    assert m.ok and m.micro_batch_sizes == (1, 4) and m.compile_s and m.compile_s > 0
+    assert m.speedup is not None and m.speedup > 0
+    peaks = value["transient_bytes"]
+    assert len(peaks) == 4 and all(isinstance(p, int) and p > 0 for p in peaks)
+    assert peaks[2] > peaks[0] and peaks[3] > peaks[1]  # b=4 holds more than b=1
+    assert len(m.extra_bytes_by_size) == 2
+
+
 def statistics_median(values: list[float]) -> float:
     import statistics
 

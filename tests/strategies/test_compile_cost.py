@@ -147,3 +147,55 @@ def test_records_round_trip_and_old_profiles_read_as_not_measured() -> None:
     del data["compile"]
     assert Profile.from_dict(data).compile == ()
     assert amortised_step_s(0.5, 60.0, 300) == pytest.approx(0.7)
+
+
+def test_the_compiled_steps_measured_extra_memory_is_added_and_a_saving_is_not_counted() -> None:
+    mib = 2**20
+    eager_cost = cost_model_from_profile(compiled_profile(), 0.9)
+    eager = eager_cost.predict(candidate(compile=False)).breakdown.memory
+    unmeasured = eager_cost.predict(candidate(compile=True))
+    assert unmeasured.breakdown.memory is not None and eager is not None
+    # Profiles from before the measurement: the eager trace, and the prediction says so.
+    assert unmeasured.breakdown.memory.traced_bytes == eager.traced_bytes
+    assert unmeasured.breakdown.memory.compile_extra_bytes is None
+    assert any("did not measure the compiled step" in a for a in unmeasured.breakdown.assumptions)
+
+    # +1 MiB at b=2, +4 MiB at b=8: 0.5 MiB per sample beyond b=2, extended past b=8.
+    grows = cost_model_from_profile(
+        compiled_profile(measured(extra_bytes_by_size=(1 * mib, 4 * mib))), 0.9
+    )
+    for micro, extra in [(2, 1 * mib), (8, 4 * mib), (4, 2 * mib), (16, 8 * mib)]:
+        p = grows.predict(
+            candidate(micro_batch_size=micro, grad_accum_steps=max(8 // micro, 1), compile=True)
+        )
+        e = eager_cost.predict(
+            candidate(micro_batch_size=micro, grad_accum_steps=max(8 // micro, 1))
+        )
+        assert p.breakdown.memory is not None and e.breakdown.memory is not None
+        assert p.breakdown.memory.compile_extra_bytes == extra
+        assert p.breakdown.memory.traced_bytes == e.breakdown.memory.traced_bytes + extra
+        assert p.peak_memory_bytes > e.peak_memory_bytes
+    said = grows.predict(candidate(compile=True))
+    assert any("+1.0 MiB at b=2, +4.0 MiB at b=8" in a for a in said.breakdown.assumptions)
+    assert said.to_dict()["breakdown"]["memory"]["compile_extra_bytes"] == 4 * mib
+
+    # Inductor's partitioner saved memory: measured, reported, not counted on.
+    saves = cost_model_from_profile(
+        compiled_profile(measured(extra_bytes_by_size=(-1 * mib, -4 * mib))), 0.9
+    )
+    s = saves.predict(candidate(compile=True))
+    assert s.breakdown.memory is not None
+    assert s.breakdown.memory.compile_extra_bytes == 0
+    assert s.breakdown.memory.traced_bytes == eager.traced_bytes
+    assert any("a saving is not counted on" in a for a in s.breakdown.assumptions)
+
+
+def test_extra_bytes_line_clamps_at_zero_and_round_trips() -> None:
+    m = measured(extra_bytes_by_size=(-2_000, 6_000))  # sizes 2 and 8: 1333.3 B per sample
+    assert m.extra_bytes_at(2) == 0 and m.extra_bytes_at(8) == 6_000
+    assert m.extra_bytes_at(5) == 2_000 and m.extra_bytes_at(1) == 0
+    assert CompileMeasurement.from_dict(m.to_dict()) == m
+    assert measured().extra_bytes_at(4) is None  # not measured
+    old = measured().to_dict()
+    del old["extra_bytes_by_size"]
+    assert CompileMeasurement.from_dict(old).extra_bytes_by_size == ()
