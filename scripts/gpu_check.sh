@@ -11,7 +11,8 @@
 # which passed. Paths covered: CUDA memory stats (max allocated/reserved, mem_get_info), NVML,
 # tf32/bf16/fp16 GEMM peaks, CUDA-event timing, fp16 GradScaler, bf16 autocast, NCCL through
 # torchrun (DDP and FSDP at world size 1, and the comm probe when several GPUs are visible),
-# the GPU-marked tests, and profile -> recommend -> train with predicted vs measured.
+# the GPU-marked tests (the compile probe's child with triton and the allocator peaks among them),
+# and profile -> recommend -> train with predicted vs measured.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 
@@ -54,7 +55,7 @@ stage() {  # stage NAME SECONDS COMMAND...
 advisor() { python -m advisor "$@"; }
 
 stage env 30 bash -c "nvidia-smi || true; python -c 'import torch; print(torch.__version__, torch.cuda.is_available(), torch.version.cuda)'"
-stage gpu_tests 150 python -m pytest -q -m gpu -p no:cacheprovider tests
+stage gpu_tests 210 python -m pytest -q -m gpu -p no:cacheprovider tests
 stage profile $((PROFILE_BUDGET + 90)) advisor profile --device "$DEVICE" --model "$MODEL" \
   --seq-len "$SEQ" --budget-s "$PROFILE_BUDGET" --out "$OUT/profile" --quiet
 stage predict 60 advisor predict --profile "$OUT/profile/profile.json" --seq-len "$SEQ" \

@@ -71,20 +71,40 @@ def test_extra_bytes_are_compiled_minus_eager_per_size_and_need_every_peak() -> 
     assert measurement_from_child("fp32", "none", value).extra_bytes_by_size == ()
 
 
+def _cuda_available() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
+
+
 @pytest.mark.slow
-def test_the_compile_child_times_both_steps_and_measures_both_peaks() -> None:
+@pytest.mark.parametrize(
+    "device",
+    [
+        "cpu",
+        pytest.param(
+            "cuda",
+            marks=[
+                pytest.mark.gpu,
+                pytest.mark.skipif(not _cuda_available(), reason="needs a CUDA device"),
+            ],
+        ),
+    ],
+)
+def test_the_compile_child_times_both_steps_and_measures_both_peaks(device: str) -> None:
     # The real child on a one-block toy: a cold compile at each size, interleaved timing, then
-    # each step's forward+backward allocator peak (CPU: the profiler's memory events).
+    # each step's forward+backward allocator peak (CPU: the profiler's memory events; CUDA:
+    # the caching allocator's peak counter).
     from advisor.workload import AdvisorWorkload
     from profilers.compile_records import compile_unavailable
     from profilers.phases_compile import _compile_child
 
-    if compile_unavailable("cpu"):
-        pytest.skip(compile_unavailable("cpu"))
+    if compile_unavailable(device):
+        pytest.skip(compile_unavailable(device))
     args = {"n_layer": 1, "n_head": 2, "n_embd": 32, "vocab_size": 128, "block_size": 16}
     workload = AdvisorWorkload(model="gpt-tiny", model_args=args)
     specs = [StepSpec(seq_len=16, micro_batch_size=b) for b in (1, 4)]
-    value = _compile_child(workload, specs, "cpu", 1.0)  # one round: the budget is spent
+    value = _compile_child(workload, specs, device, 1.0)  # one round: the budget is spent
     m = measurement_from_child("fp32", "none", value)
     assert m.ok and m.micro_batch_sizes == (1, 4) and m.compile_s and m.compile_s > 0
     assert m.speedup is not None and m.speedup > 0
