@@ -48,6 +48,10 @@ class CompileMeasurement:
     speedup_by_size: tuple[float, ...] = ()
     cache: str = "cold"
     extra_bytes_by_size: tuple[int, ...] = ()
+    # The scatter of the paired ratios about their size's median (sd of the log ratios, pooled
+    # over the sizes) and how many pairs there were per size; None in older profiles.
+    speedup_log_sd: float | None = None
+    pairs_per_size: int = 0
 
     def __post_init__(self) -> None:
         if self.status not in COMPILE_STATUSES:

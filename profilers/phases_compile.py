@@ -149,7 +149,24 @@ def measurement_from_child(
         compile_s=max(0.0, compile_s),
         micro_batch_sizes=tuple(sizes),
         speedup_by_size=tuple(statistics.median(r) for r in by_size),
+        speedup_log_sd=ratio_log_sd(by_size),
+        pairs_per_size=min((len(r) for r in by_size), default=0),
     )
+
+
+def ratio_log_sd(by_size: Sequence[Sequence[float]]) -> float | None:
+    """The sd of the paired ratios' logs about their size's median log, pooled over the sizes
+    (one degree of freedom per size spent on its median); None without a spare pair."""
+    deviations = [
+        math.log(r) - math.log(statistics.median(ratios))
+        for ratios in by_size
+        if ratios
+        for r in ratios
+    ]
+    dof = len(deviations) - sum(1 for ratios in by_size if ratios)
+    if dof < 1:
+        return None
+    return math.sqrt(sum(d * d for d in deviations) / dof)
 
 
 def extra_bytes_by_size(

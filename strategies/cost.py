@@ -54,7 +54,13 @@ from strategies.sources import (
     affine_seconds,
 )
 from strategies.space import Candidate
-from strategies.uncertainty import Uncertainty, fit_terms, host_term, source_term
+from strategies.uncertainty import (
+    Uncertainty,
+    compile_term,
+    fit_terms,
+    host_term,
+    source_term,
+)
 
 __all__ = [
     "CommSource",
@@ -335,6 +341,15 @@ class CostModel:
         if c.parallelism != "single" and not compute.parallel_measured:
             kind = f"cpu_{c.parallelism}" if shared else "gpu_collectives"
             terms.append(source_term(kind))
+        measured = compute.compiled
+        if measured is not None and time.step_s > 0:
+            weight = min(time.micro_batches * time.forward_backward_s / time.step_s, 1.0)
+            speedup = measured.speedup_at(c.micro_batch_size)
+            terms.append(
+                compile_term(weight, measured.speedup_log_sd, measured.pairs_per_size, speedup)
+            )
+            if c.parallelism != "single":
+                terms.append(source_term("compile_ranks"))
         return Uncertainty(terms=tuple(terms))
 
     # -- memory ----------------------------------------------------------------------------

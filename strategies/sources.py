@@ -51,8 +51,10 @@ class ComputeTime:
     # where it was measured when not in this candidate's own group ("" = its own).
     rank_slowdown: float | None = None
     rank_slowdown_from: str = ""
-    # torch.compile: the measured cold compile the run pays once (0: eager).
+    # torch.compile: the measured cold compile the run pays once (0: eager), and the
+    # measurement the forward+backward was divided by (its uncertainty: strategies.uncertainty).
     compile_s: float = 0.0
+    compiled: CompileMeasurement | None = None
     # What its uncertainty is read from: the time fit used (None for an estimate) and whether
     # the time was derived rather than timed (strategies.uncertainty).
     fit: AffineFit | None = None
@@ -258,6 +260,7 @@ class MeasuredTime:
             eager,
             forward_backward_s=eager.forward_backward_s / ratio,
             compile_s=measured.compile_s or 0.0,
+            compiled=measured,
             source=f"{eager.source} / {ratio:.2f}, the measured speed-up of the compiled "
             f"forward+backward (cold compile {measured.compile_s:.0f} s once)",
         )

@@ -21,6 +21,13 @@ host that may be shared. Its error has independent parts, each a relative standa
   collectives modelled (their errors on the tuning models: ddp×2 median |error| 6-9%, fsdp×2
   16-27%), or a what-if estimate for hardware never measured (its constant efficiency was
   +26% / −5% against published runs).
+* ``compile``: a compiled candidate's forward+backward is the eager one over a measured
+  speed-up, itself uncertain: two probe children of the same group disagree. Measured on the
+  tuning model gpt-tiny (fp32, none and full, micro-batch 2 and 8, 2-3 children each:
+  benchmarks/results/compile_children/README.md), the pooled sd of their log speed-ups is
+  0.043 (6 degrees of freedom); 0.05 is used. A child whose own paired ratios scatter more
+  than that (the standard error of its median) uses its own. A DDP/FSDP rank gets the single
+  device's speed-up, not measured on a rank: a ``source`` part, assumed 0.10, said so.
 
 The parts add in quadrature; the interval is ``step × exp(±z·σ)`` with ``z`` the normal 95th
 percentile (a central 90% interval). Whether 90% of real measurements land inside is not
@@ -40,6 +47,7 @@ from profilers.fit import AffineFit
 __all__ = [
     "INTERVAL_LEVEL",
     "Uncertainty",
+    "compile_term",
     "fit_terms",
     "interval_overlaps",
     "source_term",
@@ -59,6 +67,9 @@ CPU_RANKS_DDP = 0.08
 CPU_RANKS_FSDP = 0.20
 GPU_COLLECTIVES_MODELLED = 0.10
 WHAT_IF = 0.20
+# torch.compile's measured speed-up, between two children; and applied to a rank (module doc).
+COMPILE_BETWEEN_CHILDREN = 0.05
+COMPILE_ON_RANKS = 0.10
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -149,6 +160,26 @@ def host_term(shared_host: bool, load: float | None, cpus: int | None) -> tuple[
     )
 
 
+def compile_term(
+    weight: float, log_sd: float | None, pairs: int, speedup: float
+) -> tuple[str, float, str]:
+    """The ``compile`` part for a forward+backward that is ``weight`` of the step, divided by
+    a speed-up measured from ``pairs`` paired ratios per size scattering ``log_sd``."""
+    within = log_sd / math.sqrt(pairs) if log_sd is not None and pairs > 0 else None
+    sigma = max(COMPILE_BETWEEN_CHILDREN, within or 0.0)
+    own = (
+        f"; this child's {pairs} pairs per size scatter {log_sd:.1%} (standard error {within:.1%})"
+        if within is not None and log_sd is not None
+        else ""
+    )
+    return (
+        "compile",
+        weight * sigma,
+        f"the measured speed-up {speedup:.2f}×: two probe children of one group differ by "
+        f"σ ≈ {COMPILE_BETWEEN_CHILDREN:.0%} (gpt-tiny){own}",
+    )
+
+
 def source_term(kind: str) -> tuple[str, float, str]:
     """The part for what the profile did not measure: ``kind`` names it (see module doc)."""
     sources = {
@@ -169,6 +200,11 @@ def source_term(kind: str) -> tuple[str, float, str]:
         "gpu_collectives": (
             GPU_COLLECTIVES_MODELLED,
             "collectives from the α-β fits and their overlap modelled, not timed together",
+        ),
+        "compile_ranks": (
+            COMPILE_ON_RANKS,
+            "torch.compile's speed-up measured on one device, applied to a ddp/fsdp rank as is "
+            "(not measured on a rank: assumed)",
         ),
         "what_if": (
             WHAT_IF,

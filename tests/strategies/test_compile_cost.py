@@ -199,3 +199,44 @@ def test_extra_bytes_line_clamps_at_zero_and_round_trips() -> None:
     old = measured().to_dict()
     del old["extra_bytes_by_size"]
     assert CompileMeasurement.from_dict(old).extra_bytes_by_size == ()
+
+
+def test_a_compiled_prediction_carries_the_speedups_uncertainty_and_a_ranks_assumption() -> None:
+    from strategies.uncertainty import COMPILE_BETWEEN_CHILDREN, COMPILE_ON_RANKS
+
+    def terms(record: CompileMeasurement, **changes: Any) -> dict[str, tuple[float, str]]:
+        cost = cost_model_from_profile(compiled_profile(record), 0.9)
+        p = cost.predict(candidate(compile=True, **changes))
+        assert p.uncertainty is not None
+        return {name: (sigma, text) for name, sigma, text in p.uncertainty.terms}
+
+    eager = cost_model_from_profile(compiled_profile(), 0.9).predict(candidate())
+    assert eager.uncertainty is not None
+    assert "compile" not in {name for name, _, _ in eager.uncertainty.terms}
+    # A quiet child: the between-children scatter, scaled by the forward+backward's share.
+    quiet = terms(measured(speedup_log_sd=0.02, pairs_per_size=3))
+    sigma, text = quiet["compile"]
+    assert 0 < sigma <= COMPILE_BETWEEN_CHILDREN and "1.10×" in text and "3 pairs" in text
+    # A noisy child: its own standard error, 0.3 / sqrt(3).
+    noisy = terms(measured(speedup_log_sd=0.3, pairs_per_size=3))
+    assert noisy["compile"][0] > COMPILE_BETWEEN_CHILDREN
+    assert noisy["compile"][0] == pytest.approx(sigma * (0.3 / 3**0.5) / COMPILE_BETWEEN_CHILDREN)
+    # An older record without the spread: the between-children part alone.
+    assert terms(measured())["compile"][0] == pytest.approx(sigma)
+    # On a rank: the single device's speed-up is assumed to hold, and said so.
+    ranked = terms(measured(), parallelism="ddp", world_size=2, micro_batch_size=4)
+    assert ranked["source"] == (COMPILE_ON_RANKS, ranked["source"][1])
+    assert "applied to a ddp/fsdp rank" in ranked["source"][1]
+
+
+def test_the_childs_ratio_scatter_is_pooled_about_each_sizes_median() -> None:
+    import math
+
+    from profilers.phases_compile import ratio_log_sd
+
+    assert ratio_log_sd([[1.2], [1.1]]) is None  # no pair to spare
+    # Logs about the medians: (+a, 0, -a) at one size, (0, 0) at the other: 3 dof, ss = 2a².
+    a = math.log(1.1)
+    assert ratio_log_sd([[1.1 * 1.1, 1.1, 1.0], [1.5, 1.5]]) == pytest.approx(
+        math.sqrt(2 * a * a / 3)
+    )
