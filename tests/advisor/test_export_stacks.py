@@ -268,3 +268,84 @@ def test_lightning_cli_reads_the_file_as_its_config(
     if c.parallelism == "fsdp":
         checkpointing = trainer.strategy._activation_checkpointing_kwargs
         assert bool(checkpointing) == (c.activation_checkpointing == "full")
+
+
+def _kept_and_compiled() -> Any:
+    import dataclasses
+
+    plan = PLANS["fsdp-bf16-golden"]
+    config = plan.config.replace(compile=True, fsdp_reshard_after_forward=False)
+    return dataclasses.replace(plan, config=config)
+
+
+def test_accelerate_reads_regional_compilation_and_kept_gathered_blocks(tmp_path: Path) -> None:
+    config_args = pytest.importorskip("accelerate.commands.config.config_args")
+    launch = pytest.importorskip("accelerate.commands.launch")
+    path = _write(tmp_path, export_plan(_kept_and_compiled(), "accelerate"))
+    config = config_args.load_config_from_file(str(path))
+    assert config.dynamo_config["dynamo_backend"] == "INDUCTOR"
+    assert config.dynamo_config["dynamo_use_regional_compilation"] is True
+    assert config.fsdp_config["fsdp_reshard_after_forward"] is False
+    parsed = launch.launch_command_parser().parse_args(["--config_file", str(path), "train.py"])
+    args = launch._validate_launch_command(parsed)[0]
+    assert str(args.dynamo_backend).upper() == "INDUCTOR"
+    assert str(args.dynamo_use_regional_compilation).lower() == "true"
+    assert str(args.fsdp_reshard_after_forward).lower() == "false"
+
+
+def test_torchtitan_reads_compile_and_never_reshard(tmp_path: Path) -> None:
+    manager = pytest.importorskip("torchtitan.config.manager")
+    path = _write(tmp_path, export_plan(_kept_and_compiled(), "torchtitan"))
+    job = manager.ConfigManager().parse_args(["--job.config_file", str(path)])
+    assert job.compile.enable is True
+    assert job.parallelism.fsdp_reshard_after_forward == "never"
+    resharded = dataclasses_replace_config(_kept_and_compiled(), fsdp_reshard_after_forward=True)
+    path = _write(tmp_path, export_plan(resharded, "torchtitan"))
+    job = manager.ConfigManager().parse_args(["--job.config_file", str(path)])
+    assert job.parallelism.fsdp_reshard_after_forward == "always"
+
+
+def test_transformers_reads_torch_compile_and_the_fsdp_reshard_flag(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    training_args = pytest.importorskip("transformers.training_args")
+    kw = json.loads(export_plan(_kept_and_compiled(), "hf").text)
+    kw["output_dir"] = str(tmp_path / "out")
+    monkeypatch.setattr(training_args, "is_torch_bf16_gpu_available", lambda: True)
+    args = training_args.TrainingArguments(**kw)
+    assert args.torch_compile is True
+    assert args.fsdp_config["reshard_after_forward"] is False
+
+
+def test_deepspeed_reads_kept_gathered_blocks_as_zero_2(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    ds_config = pytest.importorskip("deepspeed.runtime.config")
+    plan = _kept_and_compiled()
+    path = _write(tmp_path, export_plan(plan, "deepspeed"))
+    monkeypatch.setattr(ds_config.dist, "get_rank", lambda: 0)
+    config = ds_config.DeepSpeedConfig(str(path), mpu=_DataParallel(plan.config.world_size))
+    assert config.zero_optimization_stage == 2
+
+
+def dataclasses_replace_config(plan: Any, **changes: Any) -> Any:
+    import dataclasses
+
+    return dataclasses.replace(plan, config=plan.config.replace(**changes))
+
+
+def test_lightning_reads_kept_gathered_blocks_as_shard_grad_op(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    lightning = pytest.importorskip("lightning")
+    yaml = pytest.importorskip("yaml")
+    from advisor.exporters.lightning import trainer_kwargs
+
+    kw: dict[str, Any] = trainer_kwargs(
+        yaml.safe_load(export_plan(_kept_and_compiled(), "lightning").text)
+    )
+    _pretend_gpus(monkeypatch, kw["devices"])
+    trainer = lightning.Trainer(
+        **kw, logger=False, enable_checkpointing=False, default_root_dir=str(tmp_path)
+    )
+    assert trainer.strategy.sharding_strategy.name == "SHARD_GRAD_OP"
