@@ -38,8 +38,9 @@ MIN_TRIAL_STEPS = 2  # one intermediate evaluation to prune on, and the final on
 # reached that rung. Chosen over the median rule because its cost is bounded by construction
 # and it prunes from the second trial on, asynchronously (several workers): with 10 evals per
 # trial the rungs sit at 10%, 30% and 90% of a trial, so once the study has a few trials a new
-# one costs on average 0.1 + 0.2/3 + 0.6/9 + 0.1/27 ≈ 0.24 of a full trial (measured, 8 trials:
-# 2.8-3.0 full trials in all, benchmarks/results/tune/); the median rule waits for its startup
+# one costs on average 0.1 + 0.2/3 + 0.6/9 + 0.1/27 ≈ 0.24 of a full trial (measured, 24
+# trials: 6.9-7.8 full trials in all, ~0.3 a trial, benchmarks/results/tune/); the median rule
+# waits for its startup
 # trials to complete, then stops about half of the rest.
 REDUCTION_FACTOR = 3
 # Spearman's rank correlation needs this many scored trials to say anything.
