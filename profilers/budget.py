@@ -49,6 +49,7 @@ class Clock:
         self.now = now or (lambda: time.perf_counter())
         self.start = self.now()
         self.started: set[str] = set()
+        self.dropped: set[str] = set()
 
     def elapsed(self) -> float:
         return self.now() - self.start
@@ -59,10 +60,22 @@ class Clock:
     def share(self, phase: str) -> float:
         """Seconds this phase may use: its weight's part of what is left, among the phases
         not started yet. Time an earlier phase left unused flows to the later ones, and one
-        that overran shrinks them all a little rather than starving the last."""
+        that overran shrinks them all a little rather than starving the last. A dropped phase
+        gets nothing."""
+        if phase in self.dropped:
+            return 0.0
         waiting = sum(w for p, w in SHARES.items() if p not in self.started)
         self.started.add(phase)
         return self.remaining() * SHARES[phase] / waiting if waiting > 0 else 0.0
+
+    def drop(self, *phases: str) -> None:
+        """Phases known from the start to have nothing to do (the options turned them off):
+        their weights leave the budget at once, so the earlier phases share their time."""
+        for phase in phases:
+            if phase not in SHARES:
+                raise ValueError(f"unknown phase {phase!r}")
+            self.dropped.add(phase)
+            self.started.add(phase)
 
     def say(self, message: str) -> None:
         """Report ``message`` and the fraction of the budget spent (capped at 1)."""

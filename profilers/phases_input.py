@@ -27,9 +27,14 @@ INPUT_TIMEOUT_MARGIN_S = 30
 def input_phase(run: ProbeRun, micro_batch: int) -> list[InputSample]:
     """Loader throughput at each of ``options.input_workers``, a row per setting."""
     share = run.clock.share("input")
-    if not isinstance(run.workload, DataWorkload) or share < MIN_INPUT_SHARE_S:
-        reason = "no data loader" if share >= MIN_INPUT_SHARE_S else "time budget spent"
-        run.rows.append(probe_rows.skipped("input", None, reason))
+    if not isinstance(run.workload, DataWorkload):
+        run.rows.append(probe_rows.skipped("input", None, "no data loader"))
+        return []
+    if not run.options.input_workers:
+        run.rows.append(probe_rows.skipped("input", None, "no num_workers setting asked for"))
+        return []
+    if share < MIN_INPUT_SHARE_S:
+        run.rows.append(probe_rows.skipped("input", None, "time budget spent"))
         return []
     spec = run.spec("fp32", "none", micro_batch)
     run.clock.say(f"input: data loader at num_workers {run.options.input_workers}")

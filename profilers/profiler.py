@@ -51,6 +51,18 @@ from profilers.profile_record import Fits, ProbeRow, Profile
 from profilers.workload import StepSpec, Workload
 
 
+def _phases_turned_off(workload: Workload, options: ProfileOptions) -> list[str]:
+    """The budget phases these options leave with nothing to do."""
+    from profilers.workload import DataWorkload
+
+    off = []
+    if not options.comm or options.comm_world_sizes == ():
+        off.append("communication")
+    if not options.input_workers or not isinstance(workload, DataWorkload):
+        off.append("input")
+    return off
+
+
 def run_profile(
     workload: Workload, options: ProfileOptions, progress: Progress | None = None
 ) -> Profile:
@@ -61,6 +73,9 @@ def run_profile(
     if options.budget_s <= 0:
         raise ValueError(f"budget_s must be positive, got {options.budget_s}")
     run = ProbeRun(workload, options, progress)
+    # Phases the options turn off give their share to the others from the start (a phase's
+    # share is fixed when it starts, so a weight that only left at its turn would be lost).
+    run.clock.drop(*_phases_turned_off(workload, options))
     device = device_phase(run)
     precisions = usable_precisions(run, device)
     model = model_phase(run)

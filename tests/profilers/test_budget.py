@@ -81,3 +81,45 @@ def test_progress_reports_the_fraction_spent_capped_at_one() -> None:
     clock.say("b")
     assert calls == [("a", 0.25), ("b", 1.0)]
     Clock(BUDGET_S, None, now=now).say("nobody listens")  # no progress callback: silent
+
+
+def test_dropped_phases_give_their_share_to_the_others_from_the_start() -> None:
+    now = FakeTime()
+    clock = Clock(BUDGET_S, None, now=now)
+    clock.drop("communication", "input")
+    kept = [p for p in SHARES if p not in ("communication", "input")]
+    total = sum(SHARES[p] for p in kept)
+    shares = {}
+    for phase in SHARES:
+        shares[phase] = clock.share(phase)
+        now.t += shares[phase]
+    assert shares["communication"] == 0.0 and shares["input"] == 0.0
+    for phase in kept:  # each its weight's part of the whole budget among the kept phases
+        assert shares[phase] == pytest.approx(BUDGET_S * SHARES[phase] / total)
+    assert sum(shares.values()) == pytest.approx(BUDGET_S)
+    with pytest.raises(ValueError, match="unknown phase"):
+        clock.drop("no-such-phase")
+
+
+def test_options_that_turn_a_phase_off_drop_it() -> None:
+    from profilers.probe_run import ProfileOptions
+    from profilers.profiler import _phases_turned_off
+    from tests.profilers.toy_workload import ToyWorkload
+
+    toy = ToyWorkload()
+    assert _phases_turned_off(toy, ProfileOptions(seq_len=8)) == ["input"]  # no data loader
+    off = _phases_turned_off(toy, ProfileOptions(seq_len=8, comm=False))
+    assert off == ["communication", "input"]
+    assert "communication" in _phases_turned_off(
+        toy, ProfileOptions(seq_len=8, comm_world_sizes=())
+    )
+
+
+def test_a_data_workload_keeps_its_input_phase_unless_no_worker_setting_is_asked_for() -> None:
+    from advisor.workload import AdvisorWorkload
+    from profilers.probe_run import ProfileOptions
+    from profilers.profiler import _phases_turned_off
+
+    data = AdvisorWorkload(model="gpt-tiny", model_args={}, data="synthetic")
+    assert _phases_turned_off(data, ProfileOptions(seq_len=8)) == []
+    assert _phases_turned_off(data, ProfileOptions(seq_len=8, input_workers=())) == ["input"]
