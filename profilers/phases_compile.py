@@ -33,7 +33,7 @@ from typing import Any
 from profilers import probe_rows
 from profilers.compile_records import CompileMeasurement, compile_unavailable
 from profilers.probe_run import CHILD_START_S, MIN_CHILD_SHARE_S, ProbeRun
-from profilers.throughput import StepTiming
+from profilers.throughput import StepTimer, StepTiming
 from profilers.workload import StepSpec, Workload
 
 PROBE = "compile"
@@ -281,7 +281,7 @@ def _compile_child(
         import torch._dynamo
 
         torch._dynamo.config.automatic_dynamic_shapes = False  # one static graph per size
-        from profilers.throughput import StepTimer, round_robin
+        from profilers.throughput import round_robin
 
         deadline = time.perf_counter() + budget_s
         timers: list[StepTimer] = []
@@ -306,7 +306,7 @@ def _compile_child(
     }
 
 
-def _transient_or_none(timer: Any) -> int | None:
+def _transient_or_none(timer: StepTimer) -> int | None:
     """The step's forward+backward allocator peak above its start, or None if the allocator
     cannot say (the speed-up stands without it)."""
     from profilers.isolate import quiet_native_output

@@ -48,13 +48,11 @@ from profilers.probe_run import CHILD_START_S as CHILD_START_S
 from profilers.probe_run import ProbeRun
 from profilers.probe_run import ProfileOptions as ProfileOptions
 from profilers.profile_record import Fits, ProbeRow, Profile
-from profilers.workload import StepSpec, Workload
+from profilers.workload import DataWorkload, StepSpec, Workload
 
 
 def _phases_turned_off(workload: Workload, options: ProfileOptions) -> list[str]:
     """The budget phases these options leave with nothing to do."""
-    from profilers.workload import DataWorkload
-
     off = []
     if not options.comm or options.comm_world_sizes == ():
         off.append("communication")

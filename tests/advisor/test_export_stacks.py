@@ -10,6 +10,7 @@ is parsed and validated for real.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 from collections.abc import Iterator
@@ -19,6 +20,7 @@ from typing import Any
 import pytest
 
 from advisor.exporters import Export, export_plan
+from strategies.plan_records import Plan
 from tests.advisor.test_export import PLANS
 
 NAMES = sorted(PLANS)
@@ -270,12 +272,12 @@ def test_lightning_cli_reads_the_file_as_its_config(
         assert bool(checkpointing) == (c.activation_checkpointing == "full")
 
 
-def _kept_and_compiled() -> Any:
-    import dataclasses
+def _with_config(plan: Plan, **changes: Any) -> Plan:
+    return dataclasses.replace(plan, config=plan.config.replace(**changes))
 
-    plan = PLANS["fsdp-bf16-golden"]
-    config = plan.config.replace(compile=True, fsdp_reshard_after_forward=False)
-    return dataclasses.replace(plan, config=config)
+
+def _kept_and_compiled() -> Plan:
+    return _with_config(PLANS["fsdp-bf16-golden"], compile=True, fsdp_reshard_after_forward=False)
 
 
 def test_accelerate_reads_regional_compilation_and_kept_gathered_blocks(tmp_path: Path) -> None:
@@ -299,7 +301,7 @@ def test_torchtitan_reads_compile_and_never_reshard(tmp_path: Path) -> None:
     job = manager.ConfigManager().parse_args(["--job.config_file", str(path)])
     assert job.compile.enable is True
     assert job.parallelism.fsdp_reshard_after_forward == "never"
-    resharded = dataclasses_replace_config(_kept_and_compiled(), fsdp_reshard_after_forward=True)
+    resharded = _with_config(_kept_and_compiled(), fsdp_reshard_after_forward=True)
     path = _write(tmp_path, export_plan(resharded, "torchtitan"))
     job = manager.ConfigManager().parse_args(["--job.config_file", str(path)])
     assert job.parallelism.fsdp_reshard_after_forward == "always"
@@ -326,12 +328,6 @@ def test_deepspeed_reads_kept_gathered_blocks_as_zero_2(
     monkeypatch.setattr(ds_config.dist, "get_rank", lambda: 0)
     config = ds_config.DeepSpeedConfig(str(path), mpu=_DataParallel(plan.config.world_size))
     assert config.zero_optimization_stage == 2
-
-
-def dataclasses_replace_config(plan: Any, **changes: Any) -> Any:
-    import dataclasses
-
-    return dataclasses.replace(plan, config=plan.config.replace(**changes))
 
 
 def test_lightning_reads_kept_gathered_blocks_as_shard_grad_op(
