@@ -55,6 +55,8 @@ from strategies.tuning import (
     config_values,
     default_ranges,
     eval_every,
+    first_rung,
+    longest_warmup,
     make_pruner,
     make_sampler,
     parse_params,
@@ -332,6 +334,8 @@ class _Setup:
     steps: int
     tokens_per_trial: int
     eval_every: int
+    first_rung: int  # the pruner's first rung (step): the first eval after the longest warm-up
+    warmup: int  # the longest warm-up a trial can have
     ranges: tuple[ParamRange, ...]
     storage: str
     study_name: str
@@ -352,13 +356,17 @@ def prepare(plan_path: Path, request: TuneRequest, out: Path | None) -> _Setup:
     directory = out if out is not None else file.parent
     if directory.exists() and not directory.is_dir():
         raise UsageProblem(f"--out {directory} is a file: name a directory")
+    every = eval_every(steps)
+    warmup = longest_warmup(config, ranges)
     return _Setup(
         plan=plan,
         plan_path=file,
         out=directory,
         steps=steps,
         tokens_per_trial=steps * config.tokens_per_step,
-        eval_every=eval_every(steps),
+        eval_every=every,
+        first_rung=first_rung(steps, every, warmup),
+        warmup=warmup,
         ranges=ranges,
         storage=request.storage or default_storage(directory),
         study_name=study_name(config, ranges, steps * config.tokens_per_step),
@@ -391,7 +399,7 @@ def tune(
             None,
             direction="minimize",
             sampler=make_sampler(request.seed, request.trials),
-            pruner=make_pruner(setup.eval_every),
+            pruner=make_pruner(setup.first_rung),
         )
         reclaimed = reclaim_abandoned(study)
         base = plan_values(setup.plan.config, setup.ranges)
@@ -404,7 +412,8 @@ def tune(
             )
         show.message(
             f"study {setup.study_name}: {request.trials} trials of {setup.steps} steps "
-            f"({setup.tokens_per_trial:,} tokens), eval every {setup.eval_every}"
+            f"({setup.tokens_per_trial:,} tokens), eval every {setup.eval_every}, "
+            f"first pruning at step {setup.first_rung}"
             + (f"; re-queued {reclaimed} trial(s) of a killed worker" if reclaimed else "")
         )
         while True:
@@ -687,7 +696,7 @@ def _finish(
         study_name=setup.study_name,
         storage=redact(setup.storage),
         pruner=f"successive halving (reduction factor {REDUCTION_FACTOR}, first rung at step "
-        f"{setup.eval_every})",
+        f"{setup.first_rung}, after the longest warm-up: {setup.warmup} steps)",
         sampler="TPE",
         trials_asked=request.trials,
         tokens_per_trial=setup.tokens_per_trial,

@@ -5,7 +5,7 @@ sources) and one run length (``--steps``, default 100 optimizer steps = 102,400 
 
 - **tuned**: ``advisor tune`` (the Python API, ``seed=0`` for the sampler) over lr (log, 1/10 to
   10x the default), warm-up (0 to a fifth of the run) and weight decay (0 to 0.3), ``--trials``
-  trials (default 8), each trial the full run length, successive-halving pruning. Its number is
+  trials (default 24), each trial the full run length, successive-halving pruning. Its number is
   the best trial's final eval loss; with ``--rerun`` the tuned plan is also trained again by
   ``advisor train --plan tuned_plan.json`` for the same steps, which must give the same loss
   (training is deterministic per seed; the table shows both).
@@ -318,7 +318,7 @@ def table(result: dict[str, Any]) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--steps", type=int, default=100)
-    parser.add_argument("--trials", type=int, default=8)
+    parser.add_argument("--trials", type=int, default=24)
     parser.add_argument("--lrrt-steps", type=int, default=40)
     parser.add_argument("--seed", type=int, default=0, help="the sampler's seed")
     parser.add_argument("--models", default=",".join(MODELS))

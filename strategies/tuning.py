@@ -34,14 +34,16 @@ EVALS_PER_TRIAL = 10  # evaluations per trial: the points the pruner can stop a 
 MIN_TRIAL_STEPS = 2  # one intermediate evaluation to prune on, and the final one
 # Successive halving (ASHA, Li et al. 2020 "A System for Massively Parallel Hyperparameter
 # Tuning"; Optuna's SuccessiveHalvingPruner): a trial goes on past rung k (its eval at step
-# r·3^k, r the first eval) only while its eval loss is in the best third of the trials that
+# r·3^k, r the first rung) only while its eval loss is in the best third of the trials that
 # reached that rung. Chosen over the median rule because its cost is bounded by construction
-# and it prunes from the second trial on, asynchronously (several workers): with 10 evals per
-# trial the rungs sit at 10%, 30% and 90% of a trial, so once the study has a few trials a new
-# one costs on average 0.1 + 0.2/3 + 0.6/9 + 0.1/27 ≈ 0.24 of a full trial (measured, 24
-# trials: 6.9-7.8 full trials in all, ~0.3 a trial, benchmarks/results/tune/); the median rule
-# waits for its startup
-# trials to complete, then stops about half of the rest.
+# and it prunes from the second trial on, asynchronously (several workers); the median rule
+# waits for its startup trials to complete, then stops about half of the rest. The first rung
+# r is the first eval after the longest warm-up a trial can have (first_rung): with the default
+# warm-up range (up to a fifth of a trial) and 10 evals per trial the rungs sit at 20% and 60%
+# of a trial, so once the study has a few trials a new one costs on average
+# 0.2 + 0.4/3 + 0.4/9 ≈ 0.38 of a full trial (measured: benchmarks/results/tune/). Before, the
+# first rung was the first eval (10%), inside the warm-up: a trial was judged while its learning
+# rate was still ramping up, which favours short warm-ups (half the trials stopped there).
 REDUCTION_FACTOR = 3
 # Spearman's rank correlation needs this many scored trials to say anything.
 MIN_TRIALS_FOR_SENSITIVITY = 3
@@ -190,6 +192,23 @@ def eval_every(steps: int) -> int:
     return max(1, steps // EVALS_PER_TRIAL)
 
 
+def longest_warmup(config: TrainConfig, ranges: Sequence[ParamRange]) -> int:
+    """The most warm-up steps any trial of the study can have: the top of the ``warmup`` range
+    when it is tuned, else the plan's own warm-up (every trial keeps it)."""
+    tuned = next((r for r in ranges if r.key == "warmup_steps"), None)
+    return int(tuned.high) if tuned is not None else int(config.warmup_steps)
+
+
+def first_rung(steps: int, every: int, warmup: int) -> int:
+    """The step of the pruner's first rung: the first evaluation at or after ``warmup`` steps,
+    so no trial is judged while its learning rate is still ramping up (a trial with a long
+    warm-up is behind early by construction, not because its values are worse). When the
+    warm-up reaches the end of a trial, the last evaluation before the final one."""
+    last_before_end = max(every, (steps - 1) // every * every)
+    at_warmup = max(every, -(-warmup // every) * every)
+    return min(at_warmup, last_before_end)
+
+
 def tuned_config(config: TrainConfig, values: Mapping[str, Any]) -> TrainConfig:
     """``config`` with ``values`` (TrainConfig keys) for its hyper-parameters; ``min_lr`` keeps
     its ratio to ``lr``. Every speed key and the global batch stay as they are."""
@@ -255,12 +274,13 @@ def config_values(ranges: Sequence[ParamRange], params: Mapping[str, Any]) -> di
     return {r.key: params[r.name] for r in ranges if r.name in params}
 
 
-def make_pruner(first_eval_step: int) -> optuna.pruners.BasePruner:
-    """Successive halving with its first rung at the first evaluation (see REDUCTION_FACTOR)."""
+def make_pruner(first_rung_step: int) -> optuna.pruners.BasePruner:
+    """Successive halving with its first rung at ``first_rung_step`` (see REDUCTION_FACTOR and
+    first_rung)."""
     import optuna
 
     return optuna.pruners.SuccessiveHalvingPruner(
-        min_resource=first_eval_step, reduction_factor=REDUCTION_FACTOR
+        min_resource=first_rung_step, reduction_factor=REDUCTION_FACTOR
     )
 
 

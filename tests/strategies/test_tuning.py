@@ -17,6 +17,8 @@ from strategies.tuning import (
     best_trial,
     default_ranges,
     eval_every,
+    first_rung,
+    longest_warmup,
     parse_params,
     read_trials,
     sensitivity,
@@ -93,6 +95,20 @@ def test_trial_steps_are_whole_global_batches_and_need_two() -> None:
     with pytest.raises(ConfigError, match=f"give at least {2 * per_step:,}"):
         trial_steps(PLAN, 2 * per_step - 1)
     assert eval_every(100) == 10 and eval_every(5) == 1
+
+
+def test_the_first_rung_is_the_first_eval_after_the_longest_warmup() -> None:
+    config = TrainConfig(model="gpt-tiny", warmup_steps=7)
+    ranges = default_ranges(config, 100)
+    assert longest_warmup(config, parse_params(None, ranges)) == 20  # the range's top
+    assert longest_warmup(config, parse_params("lr,wd", ranges)) == 7  # the plan's own
+    assert first_rung(100, 10, 20) == 20
+    assert first_rung(100, 10, 21) == 30  # the first eval at or after the warm-up's end
+    assert first_rung(100, 10, 0) == 10  # no warm-up: the first eval
+    # A warm-up as long as the trial: the last eval before the final one, still one to prune at.
+    assert first_rung(100, 10, 500) == 90
+    assert first_rung(95, 9, 500) == 90
+    assert first_rung(2, 1, 5) == 1
 
 
 def test_tuned_config_changes_only_hyperparameters() -> None:
