@@ -36,7 +36,7 @@ from __future__ import annotations
 import dataclasses
 import time
 from collections.abc import Mapping
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from profilers.checkpointing import parse_checkpointing
 from profilers.memory_records import MemoryBreakdown, MemoryTrace
@@ -48,6 +48,9 @@ SCALE_FROM_BLOCKS: tuple[int, int] = (2, 3)
 MIN_LAYERS_TO_SCALE = 6
 
 _T = TypeVar("_T")
+
+if TYPE_CHECKING:
+    from profilers.memory_tracing import RawTrace
 
 
 def scalable_layers(workload: Workload) -> int | None:
@@ -86,6 +89,26 @@ def trace_scaled(
             f"the {k1}- and {k2}-block traces saw different windows "
             f"({sorted(raws[0].windows)} vs {sorted(raws[1].windows)})"
         )
+    low, high = raws
+    scaled = extend_raw(
+        low, high, windows={k: (k, k) for k in low.windows}, blocks=(k1, k2), num_layers=num_layers
+    )
+    trace = scaled.assemble(spec, cuda_rounding=cuda_rounding, started=started)
+    return dataclasses.replace(trace, scaled_from_blocks=(k1, k2))
+
+
+def extend_raw(
+    low: RawTrace,
+    high: RawTrace,
+    *,
+    windows: Mapping[str, tuple[str, str]],
+    blocks: tuple[int, int],
+    num_layers: int,
+) -> RawTrace:
+    """The raw trace at ``num_layers`` blocks from ``low`` and ``high``, traced with ``blocks``
+    blocks: every byte count along the line through the two. ``windows`` names each window of
+    the result by the window of ``low`` and of ``high`` that holds the same moment."""
+    k1, k2 = blocks
 
     def at(x1: int, x2: int) -> int:
         return x1 + (num_layers - k1) * (x2 - x1) // (k2 - k1)
@@ -93,18 +116,15 @@ def trace_scaled(
     def breakdown(b1: MemoryBreakdown, b2: MemoryBreakdown) -> MemoryBreakdown:
         return _fieldwise(b1, b2, at)
 
-    low, high = raws
-    scaled = dataclasses.replace(
+    return dataclasses.replace(
         low,
-        windows={k: breakdown(low.windows[k], high.windows[k]) for k in low.windows},
+        windows={k: breakdown(low.windows[a], high.windows[b]) for k, (a, b) in windows.items()},
         optimizer_step=breakdown(low.optimizer_step, high.optimizer_step),
         parameter_bytes=at(low.parameter_bytes, high.parameter_bytes),
         gradient_bytes=at(low.gradient_bytes, high.gradient_bytes),
         optimizer_state_bytes=at(low.optimizer_state_bytes, high.optimizer_state_bytes),
         resident_bytes=at(low.resident_bytes, high.resident_bytes),
     )
-    trace = scaled.assemble(spec, cuda_rounding=cuda_rounding, started=started)
-    return dataclasses.replace(trace, scaled_from_blocks=(k1, k2))
 
 
 def _fieldwise(a: _T, b: _T, combine: Any) -> _T:

@@ -62,18 +62,27 @@ import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
+from profilers.checkpointing import parse_checkpointing
 from profilers.isolate import Isolation, run_isolated
+from profilers.memory_blocks import extend_raw
 from profilers.memory_records import TARGET_DEVICE_TYPES, MemoryBreakdown, MemoryTrace
-from profilers.workload import StepSpec, Workload
+from profilers.workload import BlockScalableWorkload, StepSpec, Workload
 
 if TYPE_CHECKING:
     import torch
 
+    from profilers.memory_tracing import RawTrace
     from profilers.workload import TrainStep
 
 DISTRIBUTED_PARALLELISMS: tuple[str, ...] = ("ddp", "fsdp")
 # gpt-tiny: ~1.5 s per spec once torch is imported (~5 s); bigger models trace longer.
 DEFAULT_ISOLATION = Isolation(timeout_s=900.0, num_threads=1)
+# A deep model's rank is traced from copies with this many blocks (trace_scaled), one more than
+# one device's (2, 3): the shallower copy must have a block between its last and its first
+# (block 1 of trace_scaled), whose moments differ from both under FSDP's prefetch. With (2, 3)
+# and the rest of backward as one window, gpt-tiny's 8-block FSDP rank read 2-15% high; with
+# (3, 4) exact, in one window or per block.
+SCALE_FROM_BLOCKS: tuple[int, int] = (3, 4)
 
 
 class DistributedTraceError(RuntimeError):
@@ -183,12 +192,92 @@ def _fake_process_group(world_size: int) -> Iterator[None]:
 
 
 def _trace(workload: Workload, spec: StepSpec, *, cuda_rounding: bool) -> MemoryTrace:
+    """The rank's trace: from two shallow copies for a deep model whose blocks are identical
+    (:func:`trace_scaled`), whole otherwise or if that fails."""
+    started = time.perf_counter()
+    layers = scalable_layers(workload)
+    if layers is not None:
+        assert isinstance(workload, BlockScalableWorkload)
+        try:
+            return trace_scaled(workload, spec, cuda_rounding=cuda_rounding, num_layers=layers)
+        except Exception:  # a model whose forward needs all its blocks: trace it whole
+            pass
+    raw = trace_raw(workload, spec, cuda_rounding=cuda_rounding)
+    return raw.assemble(spec, cuda_rounding=cuda_rounding, started=started)
+
+
+def trace_scaled(
+    workload: BlockScalableWorkload, spec: StepSpec, *, cuda_rounding: bool, num_layers: int
+) -> MemoryTrace:
+    """A rank of the ``num_layers``-block model from copies with :data:`SCALE_FROM_BLOCKS`
+    blocks, window by window (:mod:`profilers.memory_blocks` says why a line holds per window).
+
+    Backward after the last block is cut per block. The blocks' windows of the deep model
+    differ only by position: block 0 has no block below it to prefetch, the others all do,
+    and within blocks 1 … L-2 the live bytes are affine in the block's index, so their largest
+    is at block 1 or at block L-2. Each of those, block 0 and "E" (after block 0) is one moment
+    whose place does not move with L, extended along its own line: block L-2 from block
+    k1-2 and k2-2 of the copies, block 1 and block 0 from the same block of both. The largest
+    window at L is the forward+backward peak."""
+    if parse_checkpointing(spec.activation_checkpointing).kind == "blocks":
+        raise ValueError(
+            f"{spec.activation_checkpointing} checkpointing treats blocks differently: trace "
+            "the whole model"
+        )
+    started = time.perf_counter()
+    k1, k2 = SCALE_FROM_BLOCKS
+    low, high = (
+        trace_raw(
+            workload.with_blocks(k),
+            spec,
+            cuda_rounding=cuda_rounding,
+            split_blocks=workload.step_blocks,
+        )
+        for k in (k1, k2)
+    )
+    pairs = {
+        **{w: (w, w) for w in ("F", "A", "E")},
+        "last block": (f"bw{k1 - 2}", f"bw{k2 - 2}"),
+        "block 1": ("bw1", "bw1"),
+        "block 0": ("bw0", "bw0"),
+    }
+    windows = {k: ab for k, ab in pairs.items() if ab[0] in low.windows and ab[1] in high.windows}
+    seen = {w for pair in windows.values() for w in pair}
+    left_out = (set(low.windows) | set(high.windows)) - seen - {f"bw{i}" for i in range(2, k2)}
+    if left_out or not {"F", "A"} & set(windows) or "E" not in windows:
+        raise ValueError(
+            f"the {k1}- and {k2}-block traces have unexpected windows ({sorted(low.windows)} "
+            f"vs {sorted(high.windows)})"
+        )
+    scaled = extend_raw(low, high, windows=windows, blocks=(k1, k2), num_layers=num_layers)
+    trace = scaled.assemble(spec, cuda_rounding=cuda_rounding, started=started)
+    return dataclasses.replace(trace, scaled_from_blocks=(k1, k2))
+
+
+def scalable_layers(workload: Workload) -> int | None:
+    """The number of repeated blocks when a rank of ``workload`` is traced from shallow copies:
+    a :class:`BlockScalableWorkload` deeper than the two copies together."""
+    if not isinstance(workload, BlockScalableWorkload):
+        return None
+    layers = workload.facts().num_layers
+    return layers if layers > sum(SCALE_FROM_BLOCKS) else None
+
+
+def trace_raw(
+    workload: Workload,
+    spec: StepSpec,
+    *,
+    cuda_rounding: bool,
+    split_blocks: Callable[[Any], Sequence[torch.nn.Module]] | None = None,
+) -> RawTrace:
+    """One rank's step, per window when ``split_blocks(step)`` names the repeated blocks
+    (``memory_tracing.PeakWindows``: "A" up to the last block's backward, then one per
+    block); one window, "all", otherwise."""
     import torch.distributed._tools.mem_tracker as mem_tracker_module
     from torch._subclasses.fake_tensor import FakeTensorMode
 
     from profilers import memory_tracing as single
 
-    started = time.perf_counter()
     round_bytes = single.cuda_block_bytes if cuda_rounding else single._identity
     with contextlib.ExitStack() as stack:
         stack.enter_context(FakeTensorMode(allow_non_fake_inputs=True))
@@ -212,12 +301,19 @@ def _trace(workload: Workload, spec: StepSpec, *, cuda_rounding: bool) -> Memory
         with tracker:
             tracker.calibrate_grad_sums()
         gradient_bytes = 0
+        windows: dict[str, MemoryBreakdown] = {}
         for iteration in range(2):  # the second iteration is measured: optimizer state exists
             tracker.reset_mod_stats()
-            with tracker:
+            if split_blocks is not None:
+                blocks = tuple(split_blocks(step))
+                tracker.start_windows(blocks[-1], blocks)
+            with tracker, single._on_autocast_cache_clear(tracker.autocast_cache_cleared):
                 batches = step.synthetic_batches()
                 loss = step.forward_backward(batches)
-                forward_backward = breakdown(tracker.get_tracker_snapshot("peak"))
+                if split_blocks is not None:
+                    windows = {k: breakdown(v) for k, v in tracker.finish_windows().items()}
+                else:
+                    windows = {"all": breakdown(tracker.get_tracker_snapshot("peak"))}
                 if iteration == 0 and spec.parallelism == "ddp":
                     _label_buckets_as_gradients(tracker, step)
                 grads = [p.grad for p in step.model.parameters() if p.grad is not None]
@@ -232,16 +328,13 @@ def _trace(workload: Workload, spec: StepSpec, *, cuda_rounding: bool) -> Memory
         optimizer_state_bytes = _storage_bytes(
             (v for state in step.optimizer.state.values() for v in state.values()), round_bytes
         )
-    return single.assemble_trace(
-        spec,
-        cuda_rounding=cuda_rounding,
-        forward_backward=forward_backward,
+    return single.RawTrace(
+        windows=windows,
         optimizer_step=optimizer_step,
         parameter_bytes=parameter_bytes,
         gradient_bytes=gradient_bytes,
         optimizer_state_bytes=optimizer_state_bytes,
         resident_bytes=resident,
-        started=started,
     )
 
 
@@ -277,15 +370,28 @@ def _fsdp_tracker(step: TrainStep) -> Any:
     from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker
 
     from profilers.memory_grad_sums import GradSumsInPlace
+    from profilers.memory_tracing import PeakWindows
 
-    class _FSDPStepMemTracker(GradSumsInPlace, FSDPMemTracker):
+    class _FSDPStepMemTracker(GradSumsInPlace, PeakWindows, FSDPMemTracker):
         """FSDPMemTracker that accepts gradient accumulation (as ``_StepMemTracker`` does)
         and sums gradients in place where the engine would.
 
         A second forward of the root in one tracked region raises ("multiple iterative
         calls"): it guards the per-module stats, which are not read here, so a new root
-        forward restarts them.
+        forward restarts them. Peak windows as one device's (``PeakWindows``): "F" opens at
+        the root's forward; a block's backward ends when its FSDP unit has run its
+        post-backward (its gradients reduce-scattered, its parameters resharded).
         """
+
+        def _fsdp_param_group_post_backward(self, fsdp_mod: Any, orig: Any) -> Any:
+            inner = super()._fsdp_param_group_post_backward(fsdp_mod, orig)
+
+            @functools.wraps(orig)
+            def then_split(*args: Any, **kwargs: Any) -> None:
+                inner(*args, **kwargs)
+                self.block_backward_ended(fsdp_mod)
+
+            return then_split
 
         def _fsdp_state_pre_forward(self, fsdp_mod: Any, orig: Any) -> Any:
             inner = super()._fsdp_state_pre_forward(fsdp_mod, orig)
@@ -293,11 +399,11 @@ def _fsdp_tracker(step: TrainStep) -> Any:
             @functools.wraps(orig)
             def restart_per_micro_batch(*args: Any, **kwargs: Any) -> Any:
                 name = self._mod_tracker.get_known_fqn(fsdp_mod)
-                if (
-                    fsdp_mod in self.memory_tracking
-                    and not self._mod_tracker.is_bw
-                    and set(self._mod_tracker.parents) - {name} == {"Global"}
-                ):
+                outer = set(self._mod_tracker.parents) - {name}
+                root = not self._mod_tracker.is_bw and outer == {"Global"}
+                if root and self.split_after is not None:
+                    self.close_window("F")
+                if root and fsdp_mod in self.memory_tracking:
                     self.reset_mod_stats()
                 return inner(*args, **kwargs)
 

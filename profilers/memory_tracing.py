@@ -25,7 +25,7 @@ import dataclasses
 import math
 import time
 from collections.abc import Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.distributed._tools.mem_tracker as mem_tracker_module
@@ -69,39 +69,63 @@ class _CudaRoundedWeakRefInfo(mem_tracker_module._WeakRefInfo):
         return cuda_block_bytes(self.size * self.element_size)
 
 
-class _StepMemTracker(GradSumsInPlace, MemTracker):
-    """MemTracker that accepts gradient accumulation and sums gradients as the engine does.
+class PeakWindows:
+    """Peak windows (for traces scaled by block count, memory_blocks), mixed into a MemTracker
+    (one device's, or FSDP's): with ``split_after`` set, the forward+backward peak is kept per
+    window, each from one boundary to the next: "F" from a micro-batch's forward until autocast
+    drops its cache of low-precision weight copies (one per block: every block's is live until
+    then; no such moment in fp32), "A" until the last block's backward ends (every block's
+    activations live), "B" the rest of backward (gradients accumulate as activations are
+    freed). Within each window the peak sits at a moment whose place does not depend on the
+    number of blocks. The tracker calls ``close_window("F")`` at each root forward and
+    :meth:`block_backward_ended` when a module's backward ends.
 
-    MemTracker refuses a second forward of the root module in one tracked region ("multiple
-    iterative calls"), which is what every micro-batch after the first is. Its per-module stats
-    are the only thing that check protects and we do not read them, so a new root forward simply
-    starts them afresh. Parameter gradient hooks stay installed (they are keyed by parameter).
-    """
+    With ``split_blocks`` (a DDP/FSDP rank's trace, ``memory_distributed``) the rest of
+    backward is cut at every block instead: window "bw{i}" is block i's backward (from the
+    end of block i+1's to the end of its own), "E" what follows block 0's (the embedding, the
+    root's gradients). A rank's block windows differ by more than their depth (FSDP
+    prefetches block i-1 during block i's backward, except at block 0), so which end of
+    backward holds its peak can change with the depth; per-block windows keep each end's own
+    line."""
 
-    # Peak windows (for traces scaled by block count, memory_blocks): with ``split_after`` set,
-    # the forward+backward peak is kept per window, each from one boundary to the next:
-    # "F" from a micro-batch's forward until autocast drops its cache of low-precision weight
-    # copies (one per block: every block's is live until then; no such moment in fp32), "A"
-    # until the last block's backward ends (every block's activations live), "B" the rest of
-    # backward (gradients accumulate as activations are freed). Within each window the peak
-    # sits at a moment whose place does not depend on the number of blocks.
     split_after: torch.nn.Module | None = None
+    split_blocks: tuple[torch.nn.Module, ...] = ()
     windows: dict[str, dict[torch.device, dict[Any, int]]]
     window: str = "B"
+    _peak_mem_snap: dict[torch.device, dict[Any, int]]
+    _peak_mem: dict[torch.device, int]
 
-    def _pre_fw_hook(self, module: torch.nn.Module, inputs: Any) -> None:
-        name = self._mod_tracker.get_known_fqn(module)
-        root = not self._mod_tracker.is_bw and set(self._mod_tracker.parents) - {name} == {"Global"}
-        if root and self.split_after is not None:
-            self.close_window("F")
-        if module in self.memory_tracking and root:
-            self.reset_mod_stats()
-        super()._pre_fw_hook(module, inputs)
+    if TYPE_CHECKING:  # MemTracker's (a stub here would shadow it: the mixin comes first)
 
-    def _post_bw_hook(self, module: torch.nn.Module, args: Any) -> None:
-        super()._post_bw_hook(module, args)
-        if self.split_after is not None and module is self.split_after:
-            self.close_window("B")
+        def get_tracker_snapshot(
+            self, type: str = "current"
+        ) -> dict[torch.device, dict[Any, int]]: ...
+
+    def start_windows(
+        self, split_after: torch.nn.Module, blocks: tuple[torch.nn.Module, ...] = ()
+    ) -> None:
+        """Split from now on at ``split_after`` (the last block), or at each of ``blocks``."""
+        self.split_after, self.split_blocks, self.windows = split_after, blocks, {}
+        # Until the first forward: what the previous step left, the end of a backward.
+        self.window = "E" if blocks else "B"
+
+    def block_backward_ended(self, module: torch.nn.Module) -> None:
+        if self.split_after is None:
+            return
+        if not self.split_blocks:
+            if module is self.split_after:
+                self.close_window("B")
+            return
+        for i, block in enumerate(self.split_blocks):
+            if block is module:
+                self.close_window(f"bw{i - 1}" if i else "E")
+                return
+
+    def finish_windows(self) -> dict[str, dict[torch.device, dict[Any, int]]]:
+        """Close the last window and stop splitting; returns every window's peak snapshot."""
+        self.close_window("B")
+        windows, self.split_after, self.split_blocks = self.windows, None, ()
+        return windows
 
     def autocast_cache_cleared(self) -> None:
         """The outermost autocast exited: the forward's low-precision weight copies are gone
@@ -119,6 +143,30 @@ class _StepMemTracker(GradSumsInPlace, MemTracker):
         current = self.get_tracker_snapshot()
         self._peak_mem_snap = current
         self._peak_mem = {dev: snap[_TOTAL_KEY] for dev, snap in current.items()}
+
+
+class _StepMemTracker(GradSumsInPlace, PeakWindows, MemTracker):
+    """MemTracker that accepts gradient accumulation and sums gradients as the engine does.
+
+    MemTracker refuses a second forward of the root module in one tracked region ("multiple
+    iterative calls"), which is what every micro-batch after the first is. Its per-module stats
+    are the only thing that check protects and we do not read them, so a new root forward simply
+    starts them afresh. Parameter gradient hooks stay installed (they are keyed by parameter).
+    Peak windows: :class:`PeakWindows`.
+    """
+
+    def _pre_fw_hook(self, module: torch.nn.Module, inputs: Any) -> None:
+        name = self._mod_tracker.get_known_fqn(module)
+        root = not self._mod_tracker.is_bw and set(self._mod_tracker.parents) - {name} == {"Global"}
+        if root and self.split_after is not None:
+            self.close_window("F")
+        if module in self.memory_tracking and root:
+            self.reset_mod_stats()
+        super()._pre_fw_hook(module, inputs)
+
+    def _post_bw_hook(self, module: torch.nn.Module, args: Any) -> None:
+        super()._post_bw_hook(module, args)
+        self.block_backward_ended(module)
 
 
 def trace(workload: Workload, spec: StepSpec, *, cuda_rounding: bool) -> MemoryTrace:
@@ -180,14 +228,12 @@ def trace_raw(
         for _ in range(2):  # the second iteration is measured: optimizer state exists
             tracker.reset_mod_stats()
             if split_after is not None:
-                tracker.split_after, tracker.windows, tracker.window = split_after(step), {}, "B"
+                tracker.start_windows(split_after(step))
             with tracker, _on_autocast_cache_clear(tracker.autocast_cache_cleared):
                 batches = step.synthetic_batches()
                 loss = step.forward_backward(batches)
             if split_after is not None:
-                tracker.close_window("B")
-                windows = {k: _breakdown(v) for k, v in tracker.windows.items()}
-                tracker.split_after = None
+                windows = {k: _breakdown(v) for k, v in tracker.finish_windows().items()}
             else:
                 windows = {"all": _peak(tracker)}
             with tracker:
