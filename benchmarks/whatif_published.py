@@ -360,7 +360,8 @@ def depth_check(row: Row, profile: Any) -> dict[str, float]:
         world_size=FSDP_TRACE_WORLD,
     )
     whole = AdvisorWorkload(model=row.model, model_args=row.model_args, data="synthetic")
-    trace = trace_distributed_step_memory(whole, spec, target_device_type="cuda")
+    # whole=True: the product traces deep ranks from shallow copies itself; this is the check.
+    trace = trace_distributed_step_memory(whole, spec, target_device_type="cuda", whole=True)
     model = profile.fits.memory_model(
         row.precision, row.activation_checkpointing, parallelism="fsdp", world_size=2
     )

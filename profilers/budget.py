@@ -50,6 +50,7 @@ class Clock:
         self.start = self.now()
         self.started: set[str] = set()
         self.dropped: set[str] = set()
+        self.drop_reasons: dict[str, str] = {}
 
     def elapsed(self) -> float:
         return self.now() - self.start
@@ -68,14 +69,17 @@ class Clock:
         self.started.add(phase)
         return self.remaining() * SHARES[phase] / waiting if waiting > 0 else 0.0
 
-    def drop(self, *phases: str) -> None:
-        """Phases known from the start to have nothing to do (the options turned them off):
-        their weights leave the budget at once, so the earlier phases share their time."""
+    def drop(self, *phases: str, reason: str | None = None) -> None:
+        """Phases known to have nothing to do (the options turned them off, or nothing fits
+        the device): their weights leave the budget at once, so the other phases not started
+        yet share their time. ``reason`` is kept for the phase's skipped row."""
         for phase in phases:
             if phase not in SHARES:
                 raise ValueError(f"unknown phase {phase!r}")
             self.dropped.add(phase)
             self.started.add(phase)
+            if reason is not None:
+                self.drop_reasons[phase] = reason
 
     def say(self, message: str) -> None:
         """Report ``message`` and the fraction of the budget spent (capped at 1)."""

@@ -95,15 +95,18 @@ def trace_distributed_step_memory(
     *,
     target_device_type: str = "cpu",
     isolation: Isolation = DEFAULT_ISOLATION,
+    whole: bool = False,
 ) -> MemoryTrace:
     """Per-rank memory of one DDP or FSDP step (``spec.parallelism``, ``spec.world_size``).
 
     Runs in a child process (the fake process group is process-global); raises
     :class:`DistributedTraceError` if the child fails, times out or runs out of memory.
     ``target_device_type="cuda"`` rounds every storage to the CUDA allocator's 512-byte blocks.
+    ``whole``: trace the whole model even when it could be traced from shallow copies (a check
+    of that extension).
     """
     (trace,) = trace_distributed_step_memories(
-        workload, [spec], target_device_type=target_device_type, isolation=isolation
+        workload, [spec], target_device_type=target_device_type, isolation=isolation, whole=whole
     )
     return trace
 
@@ -114,12 +117,13 @@ def trace_distributed_step_memories(
     *,
     target_device_type: str = "cpu",
     isolation: Isolation = DEFAULT_ISOLATION,
+    whole: bool = False,
 ) -> list[MemoryTrace]:
     """:func:`trace_distributed_step_memory` for several specs in ONE child (torch is imported
     once: a few seconds saved per spec); ``isolation.timeout_s`` bounds them all together."""
     _check(specs, target_device_type)
     outcome = run_isolated(
-        isolation, trace_in_this_process, workload, list(specs), target_device_type
+        isolation, trace_in_this_process, workload, list(specs), target_device_type, whole=whole
     )
     if not outcome.ok:
         names = ", ".join(_describe(s) for s in specs)
@@ -132,7 +136,11 @@ def trace_distributed_step_memories(
 
 
 def trace_in_this_process(
-    workload: Workload, specs: Sequence[StepSpec], target_device_type: str = "cpu"
+    workload: Workload,
+    specs: Sequence[StepSpec],
+    target_device_type: str = "cpu",
+    *,
+    whole: bool = False,
 ) -> list[MemoryTrace]:
     """The child's body: one fake process group per world size, one trace per spec.
 
@@ -150,7 +158,8 @@ def trace_in_this_process(
     traces = []
     for spec in specs:
         with _fake_process_group(spec.world_size):
-            traces.append(_trace(workload, spec, cuda_rounding=target_device_type == "cuda"))
+            cuda = target_device_type == "cuda"
+            traces.append(_trace(workload, spec, cuda_rounding=cuda, whole=whole))
     return traces
 
 
@@ -191,11 +200,13 @@ def _fake_process_group(world_size: int) -> Iterator[None]:
 # -- the trace ------------------------------------------------------------------------------------
 
 
-def _trace(workload: Workload, spec: StepSpec, *, cuda_rounding: bool) -> MemoryTrace:
+def _trace(
+    workload: Workload, spec: StepSpec, *, cuda_rounding: bool, whole: bool = False
+) -> MemoryTrace:
     """The rank's trace: from two shallow copies for a deep model whose blocks are identical
     (:func:`trace_scaled`), whole otherwise or if that fails."""
     started = time.perf_counter()
-    layers = scalable_layers(workload)
+    layers = None if whole else scalable_layers(workload)
     if layers is not None:
         assert isinstance(workload, BlockScalableWorkload)
         try:

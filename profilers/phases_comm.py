@@ -25,13 +25,14 @@ def communication_phase(run: ProbeRun) -> CommProfile | None:
     device_type = "cuda" if run.on_gpu else "cpu"
     sizes = run.options.comm_world_sizes or available_world_sizes(device_type)
     if not run.options.comm or not sizes or share < MIN_COMM_SHARE_S:
-        reason = (
+        usual = (
             "disabled"
             if not run.options.comm
             else "no world size > 1 available"
             if not sizes
             else "time budget spent"
         )
+        reason = run.clock.drop_reasons.get("communication", usual)
         run.rows.append(probe_rows.skipped("communication", None, reason))
         return None
     run.clock.say(f"communication: collectives at world size {', '.join(map(str, sizes))}")

@@ -92,8 +92,8 @@ class CoreResult:
     unfit: list[tuple[str, str]] = field(default_factory=list)
 
     def untraced(self) -> list[tuple[str, str]]:
-        """Skipped groups whose core sizes were not traced either."""
-        return [g for g in self.skipped if g not in self.traced]
+        """Skipped or unfit groups whose core sizes were not traced."""
+        return [g for g in (*self.unfit, *self.skipped) if g not in self.traced]
 
 
 def ordered_groups(
@@ -148,9 +148,21 @@ def core_phase(
         return least_timing_s(run, device, flops, p, c, b1)
 
     timed = out.timed
+    state_unfit: str | None = None  # why no group can fit: the training state alone
     for i, (p, c) in enumerate(groups):
         left = deadline - time.perf_counter()
         to_come = groups[i + 1 :]
+        if state_unfit is not None:
+            # No group fits (precision and checkpointing leave the fp32 parameters,
+            # gradients and optimizer state as they are): trace it for a what-if while the
+            # share lasts, time nothing.
+            if (p, c) not in traced and left >= costs.trace(c) * len(sizes):
+                trace_group(i, (p, c))
+            out.unfit.append((p, c))
+            run.rows.append(
+                probe_rows.skipped("throughput", run.spec(p, c, 1), state_unfit, name=f"{p}/{c}")
+            )
+            continue
         # A checkpointed group whose precision was timed without checkpointing is predictable
         # from its traces alone (the cost model derives its time by the counted FLOPs ratio).
         # Not ops: its recompute holds no matmul, so its FLOPs ratio says nothing of its time.
@@ -175,6 +187,14 @@ def core_phase(
             # A real step would only swap or be killed (a 70B model on a 24 GiB host): no
             # child at all. Its traces stay, for a what-if on a larger device (--target).
             out.unfit.append((p, c))
+            state = model.parameter_bytes + model.gradient_bytes + model.optimizer_state_bytes
+            if state > usable:
+                state_unfit = (
+                    f"predicted not to fit the device: its parameters, gradients and optimizer "
+                    f"state alone need {state / 2**30:.1f} GiB against {usable / 2**30:.1f} GiB "
+                    "usable, whatever the precision or checkpointing; plan it for a larger "
+                    "device with 'advisor recommend --target'"
+                )
             run.rows.append(
                 probe_rows.skipped(
                     "throughput",

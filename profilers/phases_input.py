@@ -34,7 +34,8 @@ def input_phase(run: ProbeRun, micro_batch: int) -> list[InputSample]:
         run.rows.append(probe_rows.skipped("input", None, "no num_workers setting asked for"))
         return []
     if share < MIN_INPUT_SHARE_S:
-        run.rows.append(probe_rows.skipped("input", None, "time budget spent"))
+        reason = run.clock.drop_reasons.get("input", "time budget spent")
+        run.rows.append(probe_rows.skipped("input", None, reason))
         return []
     spec = run.spec("fp32", "none", micro_batch)
     run.clock.say(f"input: data loader at num_workers {run.options.input_workers}")

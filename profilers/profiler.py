@@ -88,6 +88,17 @@ def run_profile(
     # refinements while the budget lasts.
     core = core_phase(run, precisions, target, capacity, device, model.flops)
     timings = core.timings
+    if core.unfit and not core.groups:
+        # Nothing fits this device even at micro-batch 1 (a 70B model on a small host): the
+        # profile serves a what-if (--target), which prices the target from its datasheet.
+        # Measuring this device's collectives and loader serves no plan: their time goes to
+        # the memory traces the what-if needs (the refinements, the per-rank traces).
+        run.clock.drop(
+            "communication",
+            "input",
+            reason="the model does not fit this device (no plan on it to measure for); a "
+            "what-if (--target) uses the target's datasheet",
+        )
     time_models = _fit_groups(fit_step_times, timings, run.rows, "throughput")
     traces = core.traces + refine_phase(run, core, target)
     chunked = chunked_loss_phase(run, model.facts, target, timings, time_models)

@@ -74,3 +74,20 @@ def test_a_shallow_copy_keeps_everything_but_the_later_blocks() -> None:
         if not n.startswith(("blocks.2", "blocks.3", "blocks.4", "blocks.5"))
     }
     assert workload.with_blocks(2).facts().num_layers == 2 and workload.facts().num_layers == 6
+
+
+@pytest.mark.parametrize("model", ["gpt-tiny", "llama-tiny", "bert-tiny"])
+def test_flops_of_a_deep_model_are_counted_from_shallow_copies_op_by_op(model: str) -> None:
+    import dataclasses
+
+    from profilers.flops import _count, count_step_flops
+
+    workload = AdvisorWorkload(model=model, model_args={"n_layer": MIN_LAYERS_TO_SCALE})
+    spec = StepSpec(seq_len=16, micro_batch_size=1)
+    counted = count_step_flops(workload, spec)
+    assert counted.scaled_from_blocks == SCALE_FROM_BLOCKS
+    for mode, by_op in counted.flops_by_op.items():
+        whole = _count(workload, dataclasses.replace(spec), mode, fake=True)
+        assert {op: round(n * counted.tokens) for op, n in by_op.items()} == whole, mode
+    shallow = AdvisorWorkload(model=model, model_args={"n_layer": MIN_LAYERS_TO_SCALE - 1})
+    assert count_step_flops(shallow, spec).scaled_from_blocks is None

@@ -123,3 +123,23 @@ def test_a_data_workload_keeps_its_input_phase_unless_no_worker_setting_is_asked
     data = AdvisorWorkload(model="gpt-tiny", model_args={}, data="synthetic")
     assert _phases_turned_off(data, ProfileOptions(seq_len=8)) == []
     assert _phases_turned_off(data, ProfileOptions(seq_len=8, input_workers=())) == ["input"]
+
+
+def test_a_phase_dropped_midway_gives_its_time_to_the_later_ones_and_says_why() -> None:
+    # Nothing fits the device (known after the core): the collectives and the loader serve no
+    # plan on it, so the phases still to come (the per-rank traces) share their time.
+    from profilers.phases_comm import communication_phase
+    from profilers.probe_run import ProbeRun, ProfileOptions
+    from tests.profilers.toy_workload import ToyWorkload
+
+    run = ProbeRun(ToyWorkload(), ProfileOptions(seq_len=8, budget_s=BUDGET_S), None)
+    for phase in ("device", "model", "memory", "throughput"):
+        run.clock.share(phase)
+    before = run.clock.remaining() * SHARES["memory_distributed"]
+    run.clock.drop("communication", "input", reason="the model does not fit this device")
+    assert run.clock.drop_reasons["input"] == "the model does not fit this device"
+    assert communication_phase(run) is None
+    (row,) = [r for r in run.rows if r.probe == "communication"]
+    assert row.status == "skipped" and row.reason == "the model does not fit this device"
+    waiting = sum(w for p, w in SHARES.items() if p not in run.clock.started)
+    assert run.clock.share("memory_distributed") * waiting == pytest.approx(before, rel=1e-3)

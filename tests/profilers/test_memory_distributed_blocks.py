@@ -57,20 +57,15 @@ def _spec(case: tuple[Any, ...]) -> StepSpec:
 def _both_ways(workload: AdvisorWorkload) -> dict[str, tuple[dict[str, Any], dict[str, Any]]]:
     """Child: per case, (the whole model's trace, the profiler's trace) as dicts; for blocks:K
     the profiler's twice (it is the whole trace)."""
-    import time
-
     from profilers import memory_distributed as md
 
     out = {}
     for name, case in CASES.items():
-        spec, cuda = _spec(case), case[-1]
-        (profiled,) = md.trace_in_this_process(workload, [spec], "cuda" if cuda else "cpu")
+        spec, target = _spec(case), "cuda" if case[-1] else "cpu"
+        (profiled,) = md.trace_in_this_process(workload, [spec], target)
         whole = profiled
         if profiled.scaled_from_blocks is not None:
-            with md._fake_process_group(spec.world_size):
-                started = time.perf_counter()
-                raw = md.trace_raw(workload, spec, cuda_rounding=cuda)
-                whole = raw.assemble(spec, cuda_rounding=cuda, started=started)
+            (whole,) = md.trace_in_this_process(workload, [spec], target, whole=True)
         out[name] = (whole.to_dict(), profiled.to_dict())
     return out
 

@@ -203,6 +203,31 @@ def test_a_model_predicted_not_to_fit_is_traced_but_never_timed(
     assert {(t.spec.precision, t.spec.activation_checkpointing) for t in refined} == set(order)
 
 
+def test_when_the_training_state_alone_cannot_fit_no_group_waits_on_a_timing_budget(
+    clock: FakeClock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A 70B model: every step estimated at hours and the parameters, gradients and optimizer
+    # state (1 GiB here) beyond the device (0.5 GiB). No group can fit whatever its precision
+    # or checkpointing, so none is "skipped for the budget" with a --budget-s of days: each is
+    # unfit, traced while the core's share lasts, and the refinement traces the rest.
+    monkeypatch.setattr(core_module, "least_timing_s", lambda *args: 1_000_000.0)
+    script = Script(trace_s={"none": 8.0, "full": 10.0})
+    run, core = profile_core(clock, monkeypatch, script, budget_s=120, capacity=GiB // 2)
+    order = ordered_groups(("fp32", "bf16", "fp16"), ("none", "full"))
+    assert not [e for e in script.events if e.startswith("time")]
+    assert core.unfit == order and not core.skipped and not core.groups
+    assert 1 < len(core.traced) < len(order)  # the share ran out before the last groups
+    rows = [r for r in run.rows if r.probe == "throughput"]
+    assert len(rows) == len(order)
+    for row in rows[1:]:
+        assert "parameters, gradients and optimizer state alone need 1.0 GiB" in row.reason
+        assert "--target" in row.reason and "--budget-s" not in row.reason
+    assert set(core.untraced()) == set(order) - core.traced
+    refined = refine_phase(run, core, "cpu")
+    first = {(t.spec.precision, t.spec.activation_checkpointing) for t in refined}
+    assert first & set(core.untraced())  # the refinement traces the untraced groups first
+
+
 def test_a_baseline_step_far_beyond_the_budget_is_skipped_not_run_unbounded(
     clock: FakeClock, monkeypatch: pytest.MonkeyPatch
 ) -> None:
