@@ -67,12 +67,7 @@ def trace_scaled(
     """The trace of ``spec`` on the full model, from traces of two shallow copies."""
     from profilers.memory_tracing import trace_raw
 
-    if parse_checkpointing(spec.activation_checkpointing).kind == "blocks":
-        # Its blocks differ (K of L checkpointed): no shallow copy has the same mix.
-        raise ValueError(
-            f"{spec.activation_checkpointing} checkpointing treats blocks differently: trace "
-            "the whole model"
-        )
+    require_identical_blocks(spec)
     started = time.perf_counter()
     k1, k2 = SCALE_FROM_BLOCKS
     raws = [
@@ -95,6 +90,16 @@ def trace_scaled(
     )
     trace = scaled.assemble(spec, cuda_rounding=cuda_rounding, started=started)
     return dataclasses.replace(trace, scaled_from_blocks=(k1, k2))
+
+
+def require_identical_blocks(spec: StepSpec) -> None:
+    """ValueError when ``spec`` treats its blocks differently (``blocks:K``: K of L
+    checkpointed), which no shallow copy reproduces."""
+    if parse_checkpointing(spec.activation_checkpointing).kind == "blocks":
+        raise ValueError(
+            f"{spec.activation_checkpointing} checkpointing treats blocks differently: trace "
+            "the whole model"
+        )
 
 
 def extend_raw(

@@ -62,9 +62,8 @@ import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
-from profilers.checkpointing import parse_checkpointing
 from profilers.isolate import Isolation, run_isolated
-from profilers.memory_blocks import extend_raw
+from profilers.memory_blocks import extend_raw, require_identical_blocks
 from profilers.memory_records import TARGET_DEVICE_TYPES, MemoryBreakdown, MemoryTrace
 from profilers.workload import BlockScalableWorkload, StepSpec, Workload
 
@@ -230,11 +229,7 @@ def trace_scaled(
     whose place does not move with L, extended along its own line: block L-2 from block
     k1-2 and k2-2 of the copies, block 1 and block 0 from the same block of both. The largest
     window at L is the forward+backward peak."""
-    if parse_checkpointing(spec.activation_checkpointing).kind == "blocks":
-        raise ValueError(
-            f"{spec.activation_checkpointing} checkpointing treats blocks differently: trace "
-            "the whole model"
-        )
+    require_identical_blocks(spec)
     started = time.perf_counter()
     k1, k2 = SCALE_FROM_BLOCKS
     low, high = (
