@@ -168,6 +168,9 @@ def extend_memory_model(one: Any, two: Any, layers: int, at: tuple[int, int] = (
         one,
         **{k: round(_lerp(getattr(one, k), getattr(two, k), layers, at)) for k in ints},
         **{k: extend_fit(getattr(one, k), getattr(two, k), layers, at) for k in fits},
+        # The shallow copy's windows are not the deep model's: reshard by the bound, as the
+        # committed results (traced before windows were kept) do.
+        reshard_points=(),
     )
 
 

@@ -122,6 +122,8 @@ def _lerp_memory(low: MemoryModel, high: MemoryModel, w: float) -> MemoryModel:
             low.forward_backward_accumulating, high.forward_backward_accumulating, w
         ),
         optimizer_step=lerp_fit(low.optimizer_step, high.optimizer_step, w),
+        # Windows are not on the line: an FSDP fit reshards by the bound instead.
+        reshard_points=(),
     )
 
 

@@ -129,6 +129,14 @@ def extend_raw(
         gradient_bytes=at(low.gradient_bytes, high.gradient_bytes),
         optimizer_state_bytes=at(low.optimizer_state_bytes, high.optimizer_state_bytes),
         resident_bytes=at(low.resident_bytes, high.resident_bytes),
+        reshard_windows={
+            k: (
+                at(low.reshard_windows[a][0], high.reshard_windows[b][0]),
+                at(low.reshard_windows[a][1], high.reshard_windows[b][1]),
+            )
+            for k, (a, b) in windows.items()
+            if a in low.reshard_windows and b in high.reshard_windows
+        },
     )
 
 

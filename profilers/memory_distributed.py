@@ -212,7 +212,14 @@ def _trace(
             return trace_scaled(workload, spec, cuda_rounding=cuda_rounding, num_layers=layers)
         except Exception:  # a model whose forward needs all its blocks: trace it whole
             pass
-    raw = trace_raw(workload, spec, cuda_rounding=cuda_rounding)
+    # An FSDP rank of repeated blocks is cut per block even when traced whole: its windows'
+    # sharded and unsharded bytes reshard it to other world sizes (MemoryModel.resharded).
+    split = (
+        workload.step_blocks
+        if spec.parallelism == "fsdp" and isinstance(workload, BlockScalableWorkload)
+        else None
+    )
+    raw = trace_raw(workload, spec, cuda_rounding=cuda_rounding, split_blocks=split)
     return raw.assemble(spec, cuda_rounding=cuda_rounding, started=started)
 
 
@@ -308,6 +315,7 @@ def trace_raw(
             tracker.calibrate_grad_sums()
         gradient_bytes = 0
         windows: dict[str, MemoryBreakdown] = {}
+        bounds: dict[str, tuple[int, int]] = {}
         for iteration in range(2):  # the second iteration is measured: optimizer state exists
             tracker.reset_mod_stats()
             if split_blocks is not None:
@@ -318,6 +326,7 @@ def trace_raw(
                 loss = step.forward_backward(batches)
                 if split_blocks is not None:
                     windows = {k: breakdown(v) for k, v in tracker.finish_windows().items()}
+                    bounds = dict(getattr(tracker, "bounds", {}))
                 else:
                     windows = {"all": breakdown(tracker.get_tracker_snapshot("peak"))}
                 if iteration == 0 and spec.parallelism == "ddp":
@@ -341,6 +350,7 @@ def trace_raw(
         gradient_bytes=gradient_bytes,
         optimizer_state_bytes=optimizer_state_bytes,
         resident_bytes=resident,
+        reshard_windows=bounds,
     )
 
 
@@ -355,6 +365,9 @@ def _storage_bytes(tensors: Iterable[Any], round_bytes: Callable[[int], int]) ->
 
 
 # -- FSDP2 ----------------------------------------------------------------------------------------
+
+# What a rank holds 1/N of at N ranks: its parameter shards, sharded gradients, optimizer state.
+_SHARDED_CATEGORIES = frozenset({"Sharded Param", "Sharded Grad", "OptState"})
 
 # FSDPMemTracker's categories (``_FSDPRefType`` values) -> MemoryBreakdown fields.
 _FSDP_CATEGORY_FIELDS = {
@@ -388,6 +401,38 @@ def _fsdp_tracker(step: TrainStep) -> Any:
         the root's forward; a block's backward ends when its FSDP unit has run its
         post-backward (its gradients reduce-scattered, its parameters resharded).
         """
+
+        # Per window: the most unsharded and the most sharded bytes live at any moment
+        # (MemoryTrace.reshard_windows), noted at every update of the live bytes.
+        bounds: dict[str, tuple[int, int]]
+
+        def start_windows(self, split_after: Any, blocks: tuple[Any, ...] = ()) -> None:
+            super().start_windows(split_after, blocks)
+            self.bounds = {}
+            self._note_bounds()
+
+        def close_window(self, following: str) -> None:
+            super().close_window(following)
+            self._note_bounds()
+
+        def _update_peak_stats(self, peak_state: Any) -> None:
+            super()._update_peak_stats(peak_state)
+            self._note_bounds()
+
+        def _note_bounds(self) -> None:
+            if self.split_after is None:
+                return
+            unsharded = sharded = 0
+            for snapshot in self._curr_mem_snap.values():
+                for key, num_bytes in snapshot.items():
+                    if key == "Total":
+                        continue
+                    if getattr(key, "value", key) in _SHARDED_CATEGORIES:
+                        sharded += num_bytes
+                    else:
+                        unsharded += num_bytes
+            held = self.bounds.get(self.window, (0, 0))
+            self.bounds[self.window] = (max(held[0], unsharded), max(held[1], sharded))
 
         def _fsdp_param_group_post_backward(self, fsdp_mod: Any, orig: Any) -> Any:
             inner = super()._fsdp_param_group_post_backward(fsdp_mod, orig)

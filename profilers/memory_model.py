@@ -65,6 +65,10 @@ class MemoryModel:
     # FSDP: traced with every block resharded after forward (True; records before the knob) or
     # kept gathered until backward (False: the whole model's compute-dtype parameters held).
     fsdp_reshard_after_forward: bool = True
+    # FSDP: per traced micro-batch size (without accumulation), the trace's reshard_windows
+    # (per window, the most unsharded and the most sharded bytes live): what resharded() scales.
+    # Empty: not FSDP, or traced before windows were kept (resharded() bounds it instead).
+    reshard_points: tuple[tuple[int, tuple[tuple[int, int], ...]], ...] = ()
 
     def predict(self, micro_batch_size: int, grad_accum_steps: int = 1) -> int:
         """Predicted peak bytes of one optimizer step."""
@@ -86,10 +90,15 @@ class MemoryModel:
         gathers (a unit's compute-dtype parameters, the all-gather and reduce-scatter buffers),
         its activations and temporaries do not depend on N. So, from world W to N:
 
-        * forward/backward peak: minus (sharded parameters + optimizer state) x (1 - W/N).
-          Sharded gradients live at the peak (none at the start of backward, some later, e.g.
-          with checkpointing) are left as traced: an upper bound at N > W, exact when none
-          are live at the peak;
+        * forward/backward peak: per window of the trace (``reshard_points``: the forward, the
+          last block's backward, then each block's), the most unsharded bytes as traced plus
+          the most sharded bytes (parameter shards, sharded gradients, optimizer state) x W/N;
+          the largest window is the peak at N. The peak may move: a world-2 rank of a deep
+          model with full checkpointing peaks at the end of backward, where its sharded
+          gradients are live, and at 64 ranks earlier. FSDP pads every shard to equal size,
+          which is not scaled (gpt-tiny, 2 -> 8 ranks: -0.3%). Without windows (older
+          records): minus (sharded parameters + optimizer state) x (1 - W/N), the sharded
+          gradients live at the peak left as traced: an upper bound at N > W;
         * with accumulation every sharded gradient is live (the earlier micro-batches'): minus
           (parameters + optimizer state + gradients) x (1 - W/N);
         * optimizer step: everything live is per parameter, hence sharded: x W/N.
@@ -101,7 +110,7 @@ class MemoryModel:
 
         Checked against fake-process-group traces at N (tests/profilers/
         test_memory_distributed.py: gpt-tiny, W=2 -> N=4, 8): optimizer step and accumulation
-        within 0.01%, forward/backward between the two bounds above; the same kept gathered
+        within 0.01%, forward/backward within 0.5% and below the bound; the same kept gathered
         (tests/profilers/test_memory_reshard.py; gpt-tiny at 64 tokens, W=2 -> N=4: the
         forward/backward peak within 110 bytes, no sharded gradient being live there).
         """
@@ -111,12 +120,38 @@ class MemoryModel:
             raise ValueError(f"an FSDP world size is at least 2, got {world_size}")
         keep = self.world_size / world_size
         state = self.parameter_bytes + self.optimizer_state_bytes
+        forward_backward = self.forward_backward.mapped(1.0, -state * (1 - keep))
+        points = tuple(
+            (b, tuple((rest, round(sharded * keep)) for rest, sharded in windows))
+            for b, windows in self.reshard_points
+        )
+        accumulating = self.forward_backward_accumulating.mapped(
+            1.0, -(state + self.gradient_bytes) * (1 - keep)
+        )
+        if len(points) >= 2:
+            # Per window, what is not sharded as traced and what is, at 1/N: the largest window
+            # at each traced size, fitted as the traced peaks were. A window's two maxima may
+            # sit at different moments, so this bounds the window from above; at the traced
+            # world size it equals the traced peak when one moment holds both.
+            sizes = [float(b) for b, _ in points]
+            forward_backward = fit_hinged(
+                sizes, [float(max(rest + sharded for rest, sharded in w)) for _, w in points]
+            )
+            if self.accumulation_source == "gradient_bytes":
+                # No trace with accumulation: every micro-batch after the first runs with all
+                # the rank's gradient shards live (FSDP reduce-scatters each micro-batch), so
+                # at most the whole sharded state beside each window's unsharded bytes. (The
+                # shift by the gradient bytes would count the gradients live at the traced
+                # peak twice.)
+                everything = (state + self.gradient_bytes) * keep
+                accumulating = fit_hinged(
+                    sizes, [float(max(rest for rest, _ in w) + everything) for _, w in points]
+                )
         return dataclasses.replace(
             self,
-            forward_backward=self.forward_backward.mapped(1.0, -state * (1 - keep)),
-            forward_backward_accumulating=self.forward_backward_accumulating.mapped(
-                1.0, -(state + self.gradient_bytes) * (1 - keep)
-            ),
+            reshard_points=points,
+            forward_backward=forward_backward,
+            forward_backward_accumulating=accumulating,
             optimizer_step=self.optimizer_step.mapped(keep, 0.0),
             parameter_bytes=round(self.parameter_bytes * keep),
             gradient_bytes=round(self.gradient_bytes * keep),
@@ -143,6 +178,11 @@ class MemoryModel:
             "world_size": self.world_size,
             "loss_chunks": self.loss_chunks,
             "fsdp_reshard_after_forward": self.fsdp_reshard_after_forward,
+            **(
+                {"reshard_points": [[b, [list(w) for w in ws]] for b, ws in self.reshard_points]}
+                if self.reshard_points
+                else {}
+            ),
         }
 
     @classmethod
@@ -166,6 +206,10 @@ class MemoryModel:
             world_size=int(data.get("world_size", 1)),
             loss_chunks=int(data.get("loss_chunks", 1)),
             fsdp_reshard_after_forward=bool(data.get("fsdp_reshard_after_forward", True)),
+            reshard_points=tuple(
+                (int(b), tuple((int(r), int(s)) for r, s in ws))
+                for b, ws in data.get("reshard_points") or ()
+            ),
         )
 
 
@@ -234,7 +278,18 @@ def fit_memory(traces: Sequence[MemoryTrace]) -> MemoryModel:
         world_size=first.spec.world_size,
         loss_chunks=first.spec.loss_chunks,
         fsdp_reshard_after_forward=first.spec.fsdp_reshard_after_forward,
+        reshard_points=_reshard_points(single),
     )
+
+
+def _reshard_points(
+    single: Sequence[MemoryTrace],
+) -> tuple[tuple[int, tuple[tuple[int, int], ...]], ...]:
+    """Each size's reshard_windows, when every trace without accumulation has them."""
+    if not single or not all(t.reshard_windows for t in single):
+        return ()
+    by_size = {t.spec.micro_batch_size: t.reshard_windows for t in single}
+    return tuple(sorted(by_size.items()))
 
 
 def _fit(traces: Sequence[MemoryTrace], attribute: str) -> AffineFit:

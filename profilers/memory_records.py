@@ -78,6 +78,12 @@ class MemoryTrace:
     # (K1, K2): traced on copies with K1 and K2 repeated blocks and extended to the model's
     # depth (profilers.memory_blocks); None: traced whole.
     scaled_from_blocks: tuple[int, int] | None = None
+    # An FSDP rank's forward+backward per window (memory_tracing.PeakWindows): the most bytes
+    # not sharded and the most sharded (the rank's parameter shards, sharded gradients and
+    # optimizer state: 1/N of the model each) live at any moment of it. A rank at N' ranks
+    # holds at most max over windows of (unsharded + sharded x N/N'): MemoryModel.resharded.
+    # Empty: not an FSDP rank, or traced before windows were kept.
+    reshard_windows: tuple[tuple[int, int], ...] = ()
 
     @property
     def peak_phase(self) -> str:
@@ -110,6 +116,11 @@ class MemoryTrace:
             "scaled_from_blocks": list(self.scaled_from_blocks)
             if self.scaled_from_blocks
             else None,
+            **(
+                {"reshard_windows": [list(w) for w in self.reshard_windows]}
+                if self.reshard_windows
+                else {}
+            ),
         }
 
     @classmethod
@@ -130,6 +141,9 @@ class MemoryTrace:
             resident_bytes=int(data["resident_bytes"]),
             trace_seconds=float(data["trace_seconds"]),
             scaled_from_blocks=_pair(data.get("scaled_from_blocks")),
+            reshard_windows=tuple(
+                (int(rest), int(sharded)) for rest, sharded in data.get("reshard_windows") or ()
+            ),
         )
 
 

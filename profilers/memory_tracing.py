@@ -187,10 +187,13 @@ class RawTrace:
     gradient_bytes: int
     optimizer_state_bytes: int
     resident_bytes: int
+    # An FSDP rank's (most unsharded, most sharded) bytes per window (MemoryTrace's
+    # reshard_windows), by window name; empty elsewhere.
+    reshard_windows: dict[str, tuple[int, int]] = dataclasses.field(default_factory=dict)
 
     def assemble(self, spec: StepSpec, *, cuda_rounding: bool, started: float) -> MemoryTrace:
         forward_backward = max(self.windows.values(), key=lambda b: b.total)
-        return assemble_trace(
+        trace = assemble_trace(
             spec,
             cuda_rounding=cuda_rounding,
             forward_backward=forward_backward,
@@ -201,6 +204,8 @@ class RawTrace:
             resident_bytes=self.resident_bytes,
             started=started,
         )
+        windows = tuple(self.reshard_windows[k] for k in sorted(self.reshard_windows))
+        return dataclasses.replace(trace, reshard_windows=windows)
 
 
 def trace_raw(

@@ -89,6 +89,14 @@ def test_the_rank_extended_from_shallow_copies_equals_the_whole_trace(
     assert profiled.scaled_from_blocks == SCALE_FROM_BLOCKS and whole.scaled_from_blocks is None
     for field in FIELDS:
         assert getattr(profiled, field) == getattr(whole, field), field
+    if case.startswith("fsdp"):
+        # What a reshard to 64 ranks scales (the largest window, sharded bytes at 2/64): the
+        # same from the scaled trace's five windows as from the whole trace's per-block ones.
+        def at_64(trace: MemoryTrace) -> int:
+            return max(rest + sharded * 2 // 64 for rest, sharded in trace.reshard_windows)
+
+        assert at_64(profiled) == at_64(whole)
+        assert max(r + s for r, s in whole.reshard_windows) >= whole.forward_backward_peak_bytes
 
 
 def test_blocks_k_checkpointing_is_traced_whole(
