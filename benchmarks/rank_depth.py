@@ -24,6 +24,7 @@ sys.path.insert(0, str(ROOT))
 
 from advisor.workload import AdvisorWorkload  # noqa: E402
 from profilers import memory_distributed as md  # noqa: E402
+from profilers.memory_records import BYTE_COUNT_FIELDS  # noqa: E402
 from profilers.workload import StepSpec  # noqa: E402
 
 RESULTS = ROOT / "benchmarks" / "results"
@@ -72,16 +73,7 @@ def run() -> list[dict[str, object]]:
             started = time.perf_counter()
             scaled = md.trace_scaled(workload, spec, cuda_rounding=True, num_layers=layers)
             scaled_s = time.perf_counter() - started
-        fields = (
-            "peak_bytes",
-            "forward_backward_peak_bytes",
-            "optimizer_step_peak_bytes",
-            "parameter_bytes",
-            "gradient_bytes",
-            "optimizer_state_bytes",
-            "resident_bytes",
-        )
-        differ = [f for f in fields if getattr(whole, f) != getattr(scaled, f)]
+        differ = [f for f in BYTE_COUNT_FIELDS if getattr(whole, f) != getattr(scaled, f)]
         if whole.breakdown != scaled.breakdown:
             differ.append("breakdown")
         row = {

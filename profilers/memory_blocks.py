@@ -53,12 +53,13 @@ if TYPE_CHECKING:
     from profilers.memory_tracing import RawTrace
 
 
-def scalable_layers(workload: Workload) -> int | None:
-    """The number of repeated blocks when ``workload`` can be traced scaled, else None."""
+def scalable_layers(workload: Workload, min_layers: int = MIN_LAYERS_TO_SCALE) -> int | None:
+    """The number of repeated blocks when ``workload`` can be traced scaled (a
+    :class:`BlockScalableWorkload` at least ``min_layers`` deep), else None."""
     if not isinstance(workload, BlockScalableWorkload):
         return None
     layers = workload.facts().num_layers
-    return layers if layers >= MIN_LAYERS_TO_SCALE else None
+    return layers if layers >= min_layers else None
 
 
 def trace_scaled(

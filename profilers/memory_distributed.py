@@ -62,6 +62,7 @@ import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
+from profilers import memory_blocks
 from profilers.isolate import Isolation, run_isolated
 from profilers.memory_blocks import extend_raw, require_identical_blocks
 from profilers.memory_records import TARGET_DEVICE_TYPES, MemoryBreakdown, MemoryTrace
@@ -270,10 +271,7 @@ def trace_scaled(
 def scalable_layers(workload: Workload) -> int | None:
     """The number of repeated blocks when a rank of ``workload`` is traced from shallow copies:
     a :class:`BlockScalableWorkload` deeper than the two copies together."""
-    if not isinstance(workload, BlockScalableWorkload):
-        return None
-    layers = workload.facts().num_layers
-    return layers if layers > sum(SCALE_FROM_BLOCKS) else None
+    return memory_blocks.scalable_layers(workload, min_layers=sum(SCALE_FROM_BLOCKS) + 1)
 
 
 def trace_raw(

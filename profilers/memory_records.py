@@ -52,6 +52,18 @@ class MemoryBreakdown:
         return cls(**{k: int(v) for k, v in data.items() if k in names})
 
 
+# MemoryTrace's byte counts, whole-step and per phase (what two traces of one step must agree on).
+BYTE_COUNT_FIELDS: tuple[str, ...] = (
+    "peak_bytes",
+    "forward_backward_peak_bytes",
+    "optimizer_step_peak_bytes",
+    "parameter_bytes",
+    "gradient_bytes",
+    "optimizer_state_bytes",
+    "resident_bytes",
+)
+
+
 @dataclass(frozen=True, kw_only=True, slots=True)
 class MemoryTrace:
     """Traced memory of one full training step (the second one: optimizer state exists).

@@ -14,6 +14,7 @@ import pytest
 from advisor.workload import AdvisorWorkload
 from profilers.memory import trace_step_memory
 from profilers.memory_blocks import MIN_LAYERS_TO_SCALE, SCALE_FROM_BLOCKS, trace_scaled
+from profilers.memory_records import BYTE_COUNT_FIELDS
 from profilers.memory_tracing import trace
 from profilers.workload import BlockScalableWorkload, StepSpec
 
@@ -41,15 +42,7 @@ def test_the_scaled_trace_equals_the_whole_one(
     whole = trace(workload, spec, cuda_rounding=cuda)
     scaled = trace_scaled(workload, spec, cuda_rounding=cuda, num_layers=6)
     assert scaled.scaled_from_blocks == SCALE_FROM_BLOCKS and whole.scaled_from_blocks is None
-    for field in (
-        "peak_bytes",
-        "forward_backward_peak_bytes",
-        "optimizer_step_peak_bytes",
-        "parameter_bytes",
-        "gradient_bytes",
-        "optimizer_state_bytes",
-        "resident_bytes",
-    ):
+    for field in BYTE_COUNT_FIELDS:
         assert getattr(scaled, field) == getattr(whole, field), field
     assert scaled.breakdown == whole.breakdown
 

@@ -11,20 +11,12 @@ from advisor.workload import AdvisorWorkload
 from profilers.memory import measure_cpu_step_peak, trace_step_memory
 from profilers.memory_blocks import SCALE_FROM_BLOCKS, trace_scaled
 from profilers.memory_model import fit_memory_models
-from profilers.memory_records import MemoryTrace
+from profilers.memory_records import BYTE_COUNT_FIELDS, MemoryTrace
 from profilers.memory_tracing import trace
 from profilers.profile_record import Fits
 from profilers.workload import StepSpec
 
-FIELDS = (
-    "peak_bytes",
-    "forward_backward_peak_bytes",
-    "optimizer_step_peak_bytes",
-    "parameter_bytes",
-    "gradient_bytes",
-    "optimizer_state_bytes",
-    "resident_bytes",
-)
+FIELDS = BYTE_COUNT_FIELDS
 
 
 @pytest.mark.parametrize(

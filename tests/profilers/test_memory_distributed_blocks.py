@@ -15,18 +15,12 @@ import pytest
 from advisor.workload import AdvisorWorkload
 from profilers.isolate import Isolation, run_isolated
 from profilers.memory_distributed import SCALE_FROM_BLOCKS, scalable_layers
-from profilers.memory_records import MemoryTrace
+from profilers.memory_records import BYTE_COUNT_FIELDS, MemoryTrace
 from profilers.workload import StepSpec
 
 LAYERS = 8
 FIELDS = (
-    "peak_bytes",
-    "forward_backward_peak_bytes",
-    "optimizer_step_peak_bytes",
-    "parameter_bytes",
-    "gradient_bytes",
-    "optimizer_state_bytes",
-    "resident_bytes",
+    *BYTE_COUNT_FIELDS,
     "forward_backward_breakdown",
     "optimizer_step_breakdown",
 )
