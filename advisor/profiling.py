@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -40,7 +41,10 @@ def resolve_device_name(name: str) -> str:
 
 
 def profile(request: ProfileRequest, out: Path, progress: Progress | None = None) -> Profile:
-    """Validate the request cheaply, run every probe, write ``out``/profile.json + probes.csv."""
+    """Validate the request cheaply, run every probe, write ``out``/profile.json + probes.csv.
+    ``request.budget_s`` counts from this call: importing torch and reading the model's facts
+    (seconds for a 70B model) are part of it."""
+    started = time.perf_counter()
     from advisor.data import resolve_data
     from advisor.trainer.loop import check_shapes
     from advisor.workload import AdvisorWorkload
@@ -74,6 +78,7 @@ def profile(request: ProfileRequest, out: Path, progress: Progress | None = None
         ),
         comm=request.comm,
         tool={"advisor": __version__, "data": source.description},
+        started_at=started,
     )
     result = run_profile(workload, options, progress)
     result.save(out)

@@ -28,26 +28,31 @@ SHARES = {
     # 0.12 taken from the four phases after it in proportion (0.39 -> 0.27), so when it does
     # not run (the default budget cannot cover a cold compile) they split its time as before.
     "compile": 0.12,
-    "memory_check": 0.062,
+    # Collectives before the real-step memory check: without their fits no DDP/FSDP candidate
+    # can be priced (half the search), while the check only audits fits already made. Seen in
+    # CI: a loaded host overran the check, and a world-size-2 profile measured no collective.
     "communication": 0.104,
+    "memory_check": 0.062,
     "memory_distributed": 0.055,
     "input": 0.049,
 }
 
 
 class Clock:
-    """The budget's clock, started at construction; ``now`` (default: time.perf_counter, looked
-    up at each call) is injectable for tests."""
+    """The budget's clock, started at construction or at ``start`` (a reading of ``now``
+    taken earlier: the request's arrival, so what ran before the probes counts too); ``now``
+    (default: time.perf_counter, looked up at each call) is injectable for tests."""
 
     def __init__(
         self,
         budget_s: float,
         progress: Progress | None,
         now: Callable[[], float] | None = None,
+        start: float | None = None,
     ) -> None:
         self.budget_s, self.progress = budget_s, progress
         self.now = now or (lambda: time.perf_counter())
-        self.start = self.now()
+        self.start = self.now() if start is None else start
         self.started: set[str] = set()
         self.dropped: set[str] = set()
         self.drop_reasons: dict[str, str] = {}
@@ -65,8 +70,18 @@ class Clock:
         gets nothing."""
         if phase in self.dropped:
             return 0.0
-        waiting = sum(w for p, w in SHARES.items() if p not in self.started)
+        part = self._part(phase)
         self.started.add(phase)
+        return part
+
+    def peek(self, phase: str) -> float:
+        """Seconds ``phase`` would get if it started now, without starting it (0 when it has
+        started or was dropped): what a phase before it may borrow for its most valuable work."""
+        return 0.0 if phase in self.started else self._part(phase)
+
+    def _part(self, phase: str) -> float:
+        """``phase``'s weight's part of what is left, among the phases not started yet."""
+        waiting = sum(w for p, w in SHARES.items() if p not in self.started)
         return self.remaining() * SHARES[phase] / waiting if waiting > 0 else 0.0
 
     def drop(self, *phases: str, reason: str | None = None) -> None:

@@ -10,8 +10,9 @@ One value of the plan key ``activation_checkpointing`` (and ``--activation-check
   both are refused, naming the setting to use). Memory and recompute both move linearly in K.
 * ``ops``: every block is checkpointed with a selective policy: the outputs of matmuls and
   attention are saved, everything else (norms, activations, element-wise ops) is recomputed
-  (``torch.utils.checkpoint.create_selective_checkpoint_contexts``), as torchtitan's
-  ``selective_ac_option = "op"`` does.
+  (``torch.utils.checkpoint.create_selective_checkpoint_contexts``). torchtitan's
+  ``selective_ac_option = "op"`` is close but recomputes every other matmul too (more recompute,
+  less memory: advisor.exporters.torchtitan says so when it writes one for the other).
 
 This module is pure (no torch, no other profilers module): the trainer, the profiler, the
 search and the CLI all read the settings through it.

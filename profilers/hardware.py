@@ -351,6 +351,8 @@ NETWORKS: tuple[NetworkPreset, ...] = (
                   source=_IBTA),
     NetworkPreset(key="roce-400", name="RoCE v2 over 400 GbE", gbit_per_s=400,
                   source="IEEE 802.3bs (400GbE)"),
+    NetworkPreset(key="roce-400-x2", name="2x RoCE v2 over 400 GbE (800 Gb/s a node)",
+                  gbit_per_s=400, num_ports=2, source="IEEE 802.3bs (400GbE), two ports"),
     NetworkPreset(key="eth-100", name="100 Gigabit Ethernet", gbit_per_s=100,
                   source="IEEE 802.3ba/802.3bj (100GbE)"),
     NetworkPreset(key="eth-25", name="25 Gigabit Ethernet", gbit_per_s=25,

@@ -25,7 +25,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from profilers import probe_rows
-from profilers.checkpointing import OPS, is_selective
+from profilers.checkpointing import OPS, is_selective, parse_checkpointing
 from profilers.device import DeviceInfo
 from profilers.flops import FlopCount
 from profilers.memory_model import MemoryModel, fit_memory
@@ -38,6 +38,23 @@ from profilers.workload import StepSpec
 # uncheckpointed trace's time on gpt-small and gpt-tiny here. Used to plan a full group before
 # one was traced; afterwards its own traces' times are used.
 CHECKPOINTED_TRACE_FACTOR = 1.6
+
+
+def whole_trace_factor(num_layers: int | None) -> float:
+    """How much longer a whole-model trace of a model traced from shallow copies takes than a
+    scaled trace (``blocks:K`` cannot be scaled: profilers.memory_blocks): ``(L / (k1 + k2))²``
+    with k1, k2 the copies' depths, 1 when the model is not scaled. A fake-tensor trace's
+    time grows faster than its op count (the memory tracker revisits every live tensor at each
+    op): measured on llama-tiny here, a whole blocks:L/2 trace took 2.0x, 5.9x and 21.2x a
+    scaled one at 8, 16 and 32 blocks, under the square in each (2.6x, 10.2x, 41x); an 80-block
+    70B model's ran past 2.5 minutes unbounded, against 3.5 s for a scaled trace."""
+    from profilers.memory_blocks import SCALE_FROM_BLOCKS
+
+    if num_layers is None:
+        return 1.0
+    return max(1.0, (num_layers / sum(SCALE_FROM_BLOCKS)) ** 2)
+
+
 # Trace every group before timing any when their traces take at most this part of the core's
 # time left after the first group's traces (see core_phase).
 CHEAP_TRACES_FRACTION = 0.5
@@ -90,6 +107,7 @@ class CoreResult:
     timed: set[tuple[str, str]] = field(default_factory=set)  # groups with two timed sizes
     # Traced, never timed: a step at micro-batch 1 is predicted not to fit the device.
     unfit: list[tuple[str, str]] = field(default_factory=list)
+    costs: _Costs = field(default_factory=lambda: _Costs())  # what a trace took, for refine
 
     def untraced(self) -> list[tuple[str, str]]:
         """Skipped or unfit groups whose core sizes were not traced."""
@@ -128,14 +146,15 @@ def core_phase(
     model: one trace can take longer than a timing) each group is traced just before it is
     timed, so no trace is spent on a group that will not also be timed.
     """
+    from profilers.memory_blocks import scalable_layers
     from profilers.phases_time import _slowdown, _time_group, timed_sizes
 
     share = run.clock.share("memory") + run.clock.share("throughput")
     deadline = time.perf_counter() + share
     groups = ordered_groups(precisions, run.options.checkpointing)
     sizes = tuple(run.options.trace_micro_batch_sizes[-2:])
-    costs = _Costs()
-    out = CoreResult()
+    costs = _Costs(whole_factor=whole_trace_factor(scalable_layers(run.workload)))
+    out = CoreResult(costs=costs)
     traced: dict[tuple[str, str], list[MemoryTrace]] = {}
 
     def trace_group(i: int, group: tuple[str, str]) -> None:
@@ -237,22 +256,46 @@ def refine_phase(run: ProbeRun, core: CoreResult, target: str) -> list[MemoryTra
     """While the ``memory_refine`` share lasts: the core sizes of the groups the core skipped
     and did not trace (memory fits cost no step: the report and a what-if plan for another
     device use them), then each group's accumulation variant, then the sizes below the core's
-    two (the hinge of the memory fit)."""
+    two (the hinge of the memory fit).
+
+    First of all, and past the share into the next phase's (compile: on CPU at the default
+    budgets it has no room for a cold compile anyway): a skipped ``full`` group whose precision
+    was timed without checkpointing. The cost model scales that step time by the counted FLOPs,
+    so these two traces alone make a whole group priceable. Seen in CI: a loaded host spent the
+    core on the baseline's timing, the refinement's share was 5 s against 7 s for fp32/full's
+    traces, and the profile had no full memory fit. Borrowing the whole budget's remainder
+    instead starved the communication probe on another loaded run (its share fell below the
+    least a launch needs), so they borrow no further than compile's share."""
     share = run.clock.share("memory_refine")
     deadline = time.perf_counter() + share
+    borrowed = deadline + run.clock.peek("compile")
     sizes = run.options.trace_micro_batch_sizes
     core_sizes, hinge = sizes[-2:], sizes[:-2]
-    plan = [run.spec(p, c, b) for p, c in core.untraced() for b in core_sizes]
+    untraced = core.untraced()
+    pricing = [g for g in untraced if g[1] == "full" and (g[0], "none") in core.timed]
+    untraced = pricing + [g for g in untraced if g not in pricing]
+    plan = [run.spec(p, c, b) for p, c in untraced for b in core_sizes]
+    first = len(pricing) * len(core_sizes)  # the plan's items that may borrow compile's share
     every = [*core.groups, *core.unfit, *core.skipped]  # priority: the skipped are its tail
     plan += [run.spec(p, c, core_sizes[0], 2) for p, c in every]
     plan += [run.spec(p, c, b) for b in hinge for p, c in every]
     traces = []
+    costs = core.costs
     for i, spec in enumerate(plan):
-        if time.perf_counter() > deadline:
-            run.rows.append(probe_rows.skipped("memory", spec, "time budget spent"))
+        # Started only when it would end in time at what such a trace took (or is estimated to
+        # take: a blocks:K trace of a model traced from shallow copies is a whole-model one).
+        expected = costs.trace(spec.activation_checkpointing)
+        if time.perf_counter() + expected > (borrowed if i < first else deadline):
+            run.rows.append(
+                probe_rows.skipped(
+                    "memory", spec, "time budget spent" + costs.whole_note(spec, expected)
+                )
+            )
             continue
         run.clock.say(f"memory: tracing {probe_rows.label(spec)} (refinement {i + 1}/{len(plan)})")
+        t0 = time.perf_counter()
         trace = _trace(run, spec, target)
+        costs.add(spec.activation_checkpointing, time.perf_counter() - t0)
         if trace is not None:
             traces.append(trace)
     return traces
@@ -260,9 +303,25 @@ def refine_phase(run: ProbeRun, core: CoreResult, target: str) -> list[MemoryTra
 
 @dataclass
 class _Costs:
-    """Seconds one trace took, per checkpointing, as measured so far (None: not yet)."""
+    """Seconds one trace took, per checkpointing, as measured so far (None: not yet).
+    ``whole_factor``: a whole-model trace against a scaled one (:func:`whole_trace_factor`),
+    for the settings no shallow copy reproduces (``blocks:K``) until one was measured."""
 
     seconds: dict[str, list[float]] = field(default_factory=dict)
+    whole_factor: float = 1.0
+
+    def _factor(self, checkpointing: str) -> float:
+        blocks = parse_checkpointing(checkpointing).kind == "blocks"
+        return self.whole_factor if blocks else 1.0
+
+    def whole_note(self, spec: StepSpec, expected: float) -> str:
+        """Why a skipped blocks:K trace costs what it does, when it is a whole-model one."""
+        if self._factor(spec.activation_checkpointing) == 1.0:
+            return ""
+        return (
+            f" (a {spec.activation_checkpointing} trace is of the whole model, not of shallow "
+            f"copies: ~{expected:.0f} s estimated)"
+        )
 
     def add(self, checkpointing: str, seconds: float) -> None:
         self.seconds.setdefault(checkpointing, []).append(seconds)
@@ -271,12 +330,13 @@ class _Costs:
         own = self.seconds.get(checkpointing)
         if own:
             return max(own)
+        whole = self._factor(checkpointing)
         plain = self.seconds.get("none")
         if plain:
             factor = CHECKPOINTED_TRACE_FACTOR if checkpointing != "none" else 1.0
-            return max(plain) * factor
+            return max(plain) * factor * whole
         seen = [s for values in self.seconds.values() for s in values]
-        return max(seen) if seen else 0.0
+        return max(seen) * whole if seen else 0.0
 
 
 def _trace_group(

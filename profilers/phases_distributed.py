@@ -8,6 +8,7 @@ variant) until its budget ends, and reports one result per spec.
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import math
 import statistics
 import time
@@ -19,9 +20,10 @@ from profilers.memory_records import MemoryTrace
 from profilers.probe_run import CHILD_START_S, MIN_CHILD_SHARE_S, ProbeRun
 from profilers.workload import StepSpec, Workload
 
-# The child checks its deadline only between traces, so the last one it starts can run past
-# its share: the timeout allows one more trace, plus the child's start-up and teardown, before
-# a healthy child is killed and every trace it had made is lost with it.
+# The child starts a trace only when the mean of the ones it made would end it before its
+# deadline, but a trace can run longer than that mean: the timeout allows one more trace, plus
+# the child's start-up and teardown, before a healthy child is killed and every trace it had
+# made is lost with it.
 DISTRIBUTED_TRACE_TIMEOUT_MARGIN_S = 20
 GROUP_NAME = "ddp/fsdp per-rank"  # the name of the rows about the phase as a whole
 KEPT_GATHERED_NAME = "fsdp kept gathered"  # the row about the reshard-False traces left out
@@ -102,14 +104,25 @@ def _distributed_specs(
         for s in specs
         if s.parallelism == "fsdp"
     ]
-    first = (specs[0].precision, specs[0].activation_checkpointing) if specs else None
+    if not specs:
+        return []
 
     def baseline(s: StepSpec) -> bool:
-        return (s.precision, s.activation_checkpointing) == first and s.grad_accum_steps == 1
+        return _in_first_group(s, specs[0])
 
     cut = next((i for i, s in enumerate(specs) if not baseline(s)), len(specs))
     early = [s for s in kept if baseline(s)]
     return [*specs[:cut], *early, *specs[cut:], *(s for s in kept if not baseline(s))]
+
+
+def _in_first_group(spec: StepSpec, first: StepSpec) -> bool:
+    """``spec`` is of the first spec's precision x checkpointing group, without accumulation:
+    the group whose kept-gathered traces come right after its own (:func:`_distributed_specs`)."""
+    return (spec.precision, spec.activation_checkpointing, spec.grad_accum_steps) == (
+        first.precision,
+        first.activation_checkpointing,
+        1,
+    )
 
 
 def _record_results(
@@ -157,8 +170,8 @@ def _record_results(
             )
         )
     kept = [
-        r
-        for s, r in zip(specs, results, strict=True)
+        i
+        for i, (s, r) in enumerate(zip(specs, results, strict=True))
         if not s.fsdp_reshard_after_forward and r["status"] == "skipped"
     ]
     if kept:
@@ -167,23 +180,48 @@ def _record_results(
                 "memory_distributed",
                 None,
                 f"{len(kept)} FSDP traces with the blocks kept gathered "
-                "(fsdp_reshard_after_forward false) left out: time budget spent; --budget-s "
-                f"{_covering_budget_s(run, results, skipped)} would cover them",
+                "(fsdp_reshard_after_forward false) left out: time budget spent; "
+                + _kept_budget_advice(run, specs, results, kept),
                 name=KEPT_GATHERED_NAME,
             )
         )
     return traces
 
 
+def _kept_budget_advice(
+    run: ProbeRun,
+    specs: Sequence[StepSpec],
+    results: Sequence[dict[str, Any]],
+    kept: Sequence[int],
+) -> str:
+    """Which --budget-s traces the kept-gathered ranks the search needs. The knob is searched
+    once any FSDP rank was traced kept gathered (strategies.space.reshard_settings): the first
+    group's sizes, which come right after that group's own traces, are enough for it. Covering
+    every kept trace (they come last) can ask for hours on a large model."""
+    skipped_upto = list(itertools.accumulate(r["status"] == "skipped" for r in results))
+    every = _covering_budget_s(run, results, skipped_upto[-1])
+    first = specs[0]
+    group = [i for i in kept if _in_first_group(specs[i], first)]
+    if not group:
+        return f"--budget-s {every} would cover them"
+    enough = _covering_budget_s(run, results, skipped_upto[group[-1]])
+    return (
+        f"--budget-s {enough} would trace {first.precision}/{first.activation_checkpointing}'s "
+        f"(enough to search the knob), {every} all of them"
+    )
+
+
 def _covering_budget_s(run: ProbeRun, results: Sequence[dict[str, Any]], skipped: int) -> int:
-    """The --budget-s whose share for this phase also covers the ``skipped`` traces (they come
-    last, so every skipped one must fit), at the mean wall time of the traces made, rounded up
-    to 30 s."""
+    """The --budget-s whose share for this phase also covers ``skipped`` more traces, at the
+    mean wall time of the traces made, rounded up to 30 s. The share is this phase's weight
+    among the phases that run (one dropped for the run, e.g. the collectives of a model that
+    fits no device here, gives its weight to the others)."""
     from profilers.budget import SHARES
 
     walls = [float(r["wall_s"]) for r in results if r["status"] == "ok"]
     per_trace = statistics.fmean(walls) if walls else DEFAULT_TRACE_S
-    fraction = SHARES["memory_distributed"] / sum(SHARES.values())
+    running = sum(w for p, w in SHARES.items() if p not in run.clock.dropped)
+    fraction = SHARES["memory_distributed"] / running
     return int(math.ceil((run.options.budget_s + skipped * per_trace / fraction) / 30.0) * 30)
 
 
@@ -195,28 +233,28 @@ def _distributed_trace_child(
 ) -> list[dict[str, Any]]:
     """Per-rank traces under a fake process group, in priority order, until the budget ends.
 
-    Returns one dict per spec: the trace, or why there is none (error, or budget spent).
+    A trace starts only when it would end before the deadline at the mean wall time of the
+    traces made so far (the first always starts): a 70B rank's trace takes 10-15 s, and
+    checking only that the deadline had not passed let the last one overrun the whole
+    profile's budget by that much. Returns one dict per spec: the trace, or why there is none
+    (error, or budget spent).
     """
     from profilers.memory_distributed import trace_in_this_process
 
     deadline = time.perf_counter() + budget_s
     out: list[dict[str, Any]] = []
+    walls: list[float] = []
     for spec in specs:
-        if time.perf_counter() > deadline:
+        expected = statistics.fmean(walls) if walls else 0.0
+        if time.perf_counter() + expected > deadline:
             out.append({"status": "skipped", "reason": "time budget spent"})
             continue
         started = time.perf_counter()
         try:
             traced = trace_in_this_process(workload, [spec], target)[0]
-            out.append(
-                {"status": "ok", "trace": traced.to_dict(), "wall_s": time.perf_counter() - started}
-            )
+            walls.append(time.perf_counter() - started)
+            out.append({"status": "ok", "trace": traced.to_dict(), "wall_s": walls[-1]})
         except Exception as exc:
-            out.append(
-                {
-                    "status": "error",
-                    "reason": probe_rows.one_line(exc),
-                    "wall_s": time.perf_counter() - started,
-                }
-            )
+            walls.append(time.perf_counter() - started)
+            out.append({"status": "error", "reason": probe_rows.one_line(exc), "wall_s": walls[-1]})
     return out

@@ -46,6 +46,9 @@ class ProfileOptions:
     input_workers: tuple[int, ...] = (0, 1, 2)
     memory_budget: float = DEFAULT_MEMORY_BUDGET  # the fraction a probed config may use
     tool: dict[str, Any] = field(default_factory=dict)
+    # When the budget started (a time.perf_counter() reading, e.g. when the request arrived,
+    # before torch was imported and the model's facts read); None: when the probes start.
+    started_at: float | None = None
 
 
 class ProbeRun:
@@ -53,7 +56,7 @@ class ProbeRun:
 
     def __init__(self, workload: Workload, options: ProfileOptions, progress: Progress | None):
         self.workload, self.options = workload, options
-        self.clock = Clock(options.budget_s, progress)
+        self.clock = Clock(options.budget_s, progress, start=options.started_at)
         self.rows: list[ProbeRow] = []
         self.base = StepSpec(seq_len=options.seq_len)
 

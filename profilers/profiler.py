@@ -4,8 +4,9 @@ Order: device facts and micro-benchmarks, model facts and FLOPs, then the search
 by group (each precision x checkpointing: fake-traced memory at two micro-batch sizes, no
 allocation, then timed steps, isolated, interleaved across two sizes; fp32 first, a group the
 budget cannot complete skipped whole with the budget that would cover it), the refinements
-(accumulation and smaller traced sizes), real memory checks of configs that fit (what tracing
-cannot see), collectives, and the input pipeline. Each probe that runs real steps runs in a
+(accumulation and smaller traced sizes), collectives (without them no DDP/FSDP candidate is
+priced), real memory checks of configs that fit (what tracing cannot see), and the input
+pipeline. Each probe that runs real steps runs in a
 child process with a timeout: an OOM, crash or hang becomes a row with its status and reason,
 and profiling goes on.
 
@@ -107,8 +108,8 @@ def run_profile(
     time_models += chunked.time_models
     compiled = compile_phase(run, core.groups, core.timings)
     models = _fit_groups(fit_memory_models, traces, [], "memory")
-    checks = memory_check_phase(run, models, precisions, capacity)
     comm = communication_phase(run)
+    checks = memory_check_phase(run, models, precisions, capacity)
     world_sizes, layouts = _traced_layouts(options, target)
     order = None
     if core.unfit and not core.groups:

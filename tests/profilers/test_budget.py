@@ -143,3 +143,36 @@ def test_a_phase_dropped_midway_gives_its_time_to_the_later_ones_and_says_why() 
     assert row.status == "skipped" and row.reason == "the model does not fit this device"
     waiting = sum(w for p, w in SHARES.items() if p not in run.clock.started)
     assert run.clock.share("memory_distributed") * waiting == pytest.approx(before, rel=1e-3)
+
+
+def test_a_clock_started_earlier_counts_what_ran_before_the_probes() -> None:
+    """advisor.profiling starts the budget when the request arrives: importing torch and
+    reading a 70B model's facts (seconds) are spent from it, not added to it."""
+    from profilers.probe_run import ProbeRun, ProfileOptions
+    from tests.profilers.toy_workload import ToyWorkload
+
+    now = FakeTime()
+    clock = Clock(BUDGET_S, None, now=now, start=now.t - 7.0)
+    assert clock.elapsed() == pytest.approx(7.0)
+    assert clock.share(next(iter(SHARES))) == pytest.approx(
+        (BUDGET_S - 7.0) * next(iter(SHARES.values())) / sum(SHARES.values())
+    )
+    import time
+
+    arrived = time.perf_counter() - 30.0
+    run = ProbeRun(ToyWorkload(), ProfileOptions(seq_len=8, started_at=arrived), None)
+    assert run.clock.elapsed() >= 30.0
+
+
+def test_peek_tells_a_phase_its_share_without_starting_it() -> None:
+    now = FakeTime()
+    clock = Clock(BUDGET_S, None, now=now)
+    peeked = clock.peek("compile")
+    assert peeked == pytest.approx(planned("compile"))
+    assert clock.peek("compile") == peeked  # peeking twice changes nothing
+    assert clock.share("device") == pytest.approx(planned("device"))  # nor the others' shares
+    now.t += planned("device")
+    assert clock.share("compile") == pytest.approx(peeked)
+    assert clock.peek("compile") == 0.0  # started: nothing left to borrow
+    clock.drop("input")
+    assert clock.peek("input") == 0.0

@@ -149,11 +149,19 @@ def test_kept_traces_follow_the_baseline_group_then_come_last_and_say_what_cover
     row = next(r for r in run.rows if r.name == KEPT_GATHERED_NAME)
     assert row.status == "skipped"
     assert f"{len(kept)} FSDP traces with the blocks kept gathered" in row.reason
-    skipped = len(specs) - 3
-    # 2 s each over the phase's share, on top of the 120 s asked for, rounded up to 30 s.
+    # 2 s each over the phase's share, on top of the 120 s asked for, rounded up to 30 s:
+    # for the baseline group's kept sizes (what the search needs), and for every kept trace.
     share = SHARES["memory_distributed"] / sum(SHARES.values())
-    expected = -(-(120 + skipped * 2.0 / share) // 30) * 30
-    assert f"--budget-s {int(expected)} would cover them" in row.reason
+
+    def covering(skipped: int) -> int:
+        return int(-(-(120 + skipped * 2.0 / share) // 30) * 30)
+
+    enough, every = covering(early[-1] + 1 - 3), covering(len(specs) - 3)
+    assert f"--budget-s {enough} would trace fp32/none's (enough to search the knob), " in (
+        row.reason
+    )
+    assert row.reason.endswith(f", {every} all of them")
+    assert enough < every
 
 
 def test_a_group_order_puts_its_groups_first_keeping_sizes_before_accumulation() -> None:
@@ -174,3 +182,37 @@ def test_a_group_order_puts_its_groups_first_keeping_sizes_before_accumulation()
         i for i, s in enumerate(specs) if s.grad_accum_steps == 1 and s.fsdp_reshard_after_forward
     ]
     assert max(plain) < min(accumulating)
+
+
+def test_the_rank_trace_child_starts_no_trace_it_expects_to_end_past_its_deadline(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A trace starts only if it would end in time at the mean of the ones made: three 3 s
+    traces fit a 10 s budget, the fourth (9 s + 3 s) is skipped instead of overrunning it
+    (a 70B rank's trace is 10-15 s; before, the child only checked the deadline had not
+    passed and ran the whole profile past its budget by that much)."""
+    import profilers.memory_distributed as memory_distributed
+    import profilers.phases_distributed as phases_distributed
+
+    class FakeTime:
+        now = 0.0
+
+        def perf_counter(self) -> float:
+            return self.now
+
+    class Traced:
+        def to_dict(self) -> dict[str, object]:
+            return {}
+
+    clock = FakeTime()
+
+    def trace(workload: object, specs: list[StepSpec], target: str) -> list[Traced]:
+        clock.now += 3.0
+        return [Traced()]
+
+    monkeypatch.setattr(phases_distributed, "time", clock)
+    monkeypatch.setattr(memory_distributed, "trace_in_this_process", trace)
+    specs = [_spec(2, b) for b in (1, 4, 8, 1, 4, 8)]
+    out = phases_distributed._distributed_trace_child(WORKLOAD, specs, "cpu", 10.0)
+    assert [r["status"] for r in out] == ["ok"] * 3 + ["skipped"] * 3
+    assert clock.now == 9.0  # within the 10 s

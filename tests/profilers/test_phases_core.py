@@ -367,6 +367,8 @@ def test_the_core_and_the_refinement_keep_to_their_shares(
 
     def recorded(phase: str) -> float:
         shares[phase] = share(phase)
+        if phase == "memory_refine":  # what the pricing traces may borrow
+            shares["compile"] = run.clock.peek("compile")
         return shares[phase]
 
     monkeypatch.setattr(run.clock, "share", recorded)
@@ -375,6 +377,113 @@ def test_the_core_and_the_refinement_keep_to_their_shares(
     core_s = clock.t - start
     assert core_s <= 1.1 * (shares["memory"] + shares["throughput"]) + trace_s
     start = clock.t
+    before = len(script.events)
     refine_phase(run, core, "cpu")
-    assert clock.t - start <= shares["memory_refine"] + 1.3 * trace_s
+    # Past its share only for the traces that make a timed precision's full group priceable,
+    # and those only within compile's share.
+    pricing = [
+        e
+        for e in script.events[before:]
+        if e.endswith("/full") and (e.split()[1].split("/")[0], "none") in core.timed
+    ]
+    assert clock.t - start <= shares["memory_refine"] + len(pricing) * 1.3 * trace_s + 1.3 * trace_s
+    assert clock.t <= start + shares["memory_refine"] + shares["compile"] + 1.3 * trace_s
     assert ("fp32", "none") in core.timed
+
+
+def test_a_whole_model_trace_of_a_deep_model_is_not_started_without_room_for_it(
+    clock: FakeClock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """blocks:K cannot be traced from shallow copies: on an 80-block model its trace is of the
+    whole model, (80 / 5)² = 256x a scaled one by the estimate. Before, the refinement only
+    checked its deadline had not passed and a 70B model's blocks:40 trace ran for minutes."""
+    import profilers.memory_blocks as memory_blocks
+
+    monkeypatch.setattr(memory_blocks, "scalable_layers", lambda workload: 80)
+    assert core_module.whole_trace_factor(80) == pytest.approx(256.0)
+    assert core_module.whole_trace_factor(None) == 1.0
+    assert core_module.whole_trace_factor(4) == 1.0  # never below a scaled trace
+    script = Script(trace_s={"none": 3.0, "full": 4.0, "blocks:40": 600.0})
+    monkeypatch.setattr(core_module, "_trace", fake_trace(clock, script))
+    monkeypatch.setattr(time_module, "_time_group", fake_time_group(clock, script))
+    options = ProfileOptions(seq_len=16, budget_s=120, checkpointing=("none", "full", "blocks:40"))
+    run = ProbeRun(ToyWorkload(), options, None)
+    device = cast(DeviceInfo, SimpleNamespace(precisions={}))
+    core = core_phase(run, ("fp32",), "cpu", 64 * GiB, device)
+    # none's cost, as a checkpointed trace, x the factor
+    expected = 3.0 * core_module.CHECKPOINTED_TRACE_FACTOR * 256
+    assert core.costs.trace("blocks:40") == pytest.approx(expected)
+    start = clock.t
+    refine_phase(run, core, "cpu")
+    assert "trace fp32/blocks:40" not in script.events
+    assert clock.t - start < 60.0
+    rows = [r for r in run.rows if r.status == "skipped" and "blocks:40" in r.name]
+    assert rows and any("of the whole model, not of shallow copies" in r.reason for r in rows)
+
+
+def test_a_full_group_priceable_by_its_traces_alone_gets_them_past_the_refinements_share(
+    clock: FakeClock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Seen in CI on a loaded host: the baseline's timing overran the core, the refinement's
+    share (~5 s) was below fp32/full's two traces (~7 s), and the profile had no full memory
+    fit, though fp32/none was timed (full's step time derives from it) and the budget had room.
+    Those traces come first and may borrow compile's share (not the whole budget: that once
+    starved the communication probe); the rest keeps to the refinement's share."""
+    monkeypatch.setattr(core_module, "least_timing_s", lambda *args: 15.0)
+    script = Script(trace_s={"none": 2.5, "full": 3.5})
+    script.timing_s = lambda per_group: per_group + 10.0  # a slow child overruns its share
+    run, core = profile_core(clock, monkeypatch, script, budget_s=60, precisions=("fp32",))
+    assert core.timed == {("fp32", "none")} and ("fp32", "full") in core.untraced()
+    share = run.clock.share
+    shares: dict[str, float] = {}
+
+    def recorded(phase: str) -> float:
+        shares[phase] = share(phase)
+        return shares[phase]
+
+    monkeypatch.setattr(run.clock, "share", recorded)
+    before, start = len(script.events), clock.t
+    remaining = run.clock.remaining()
+    traces = refine_phase(run, core, "cpu")
+    borrowable = shares["memory_refine"] + run.clock.peek("compile")
+    assert shares["memory_refine"] < 2 * 3.5 <= borrowable < remaining
+    assert script.events[before : before + 2] == ["trace fp32/full"] * 2
+    core_sizes = run.options.trace_micro_batch_sizes[-2:]
+    assert [(t.spec.activation_checkpointing, t.spec.micro_batch_size) for t in traces[:2]] == [
+        ("full", b) for b in core_sizes
+    ]
+    # Nothing else ran past the share: every later item was skipped for the budget.
+    assert len(script.events) == before + 2
+    assert clock.t <= start + borrowable
+    skipped = [r for r in run.rows if r.probe == "memory" and r.status == "skipped"]
+    assert skipped and all(r.reason.startswith("time budget spent") for r in skipped)
+
+
+def test_the_pricing_traces_leave_the_communication_probe_the_least_it_needs(
+    clock: FakeClock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Seen in CI on a loaded host: the pricing traces, allowed the whole budget's remainder,
+    took it, and the communication probe's share fell below the least a launch needs
+    (MIN_COMM_SHARE_S), so a world-size-2 profile measured no collective. They borrow no
+    further than compile's share: one that would end past it is skipped, and what is left
+    still gives the communication phase its minimum."""
+    from profilers.phases_comm import MIN_COMM_SHARE_S
+
+    monkeypatch.setattr(core_module, "least_timing_s", lambda *args: 15.0)
+    script = Script(trace_s={"none": 2.5, "full": 15.0})
+    script.timing_s = lambda per_group: per_group + 10.0
+    run, core = profile_core(clock, monkeypatch, script, budget_s=75, precisions=("fp32",))
+    assert ("fp32", "full") in core.untraced()
+    start, remaining = clock.t, run.clock.remaining()
+    share = run.clock.share("memory_refine")
+    borrowable = share + run.clock.peek("compile")
+    run.clock.started.discard("memory_refine")  # refine_phase asks for its share itself
+    # Both would fit the whole remainder, not the loan.
+    assert 15.0 < borrowable < 2 * 15.0 < remaining
+    before = len(script.events)
+    refine_phase(run, core, "cpu")
+    assert script.events[before:] == ["trace fp32/full"]  # the second would end past the loan
+    assert clock.t <= start + borrowable
+    for phase in ("compile", "memory_check"):
+        run.clock.share(phase)  # each spending nothing
+    assert run.clock.share("communication") >= MIN_COMM_SHARE_S
