@@ -26,6 +26,13 @@ from reports.model import Cell, Section, Table, cell, num_cell
 from strategies.prediction import Prediction
 from strategies.space import Candidate
 
+# How strategies.search went through the space (plan.json's search.mode), in words.
+SEARCH_MODES = {
+    "enumerate": "every candidate it could price enumerated",
+    "screen": "all priced in memory, the trial budget's best kept in the study",
+    "sample": "sampled by TPE",
+}
+
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class TrialRow:
@@ -292,8 +299,9 @@ def candidates_section(
         f"it, {sum(r.predicted_peak_bytes is None for r in rows)} could not be predicted."
     ]
     if search.get("mode"):
+        how = SEARCH_MODES.get(str(search.get("mode")), str(search.get("mode")))
         lead.append(
-            f"Search: {search.get('mode')} of a space of {search.get('space_size')} in "
+            f"Search: {how}, a space of {search.get('space_size')}, in "
             f"{fmt.seconds(search.get('wall_s'))} (Optuna study {search.get('study_name', '')})."
         )
     return (

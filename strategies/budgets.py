@@ -14,6 +14,12 @@ from __future__ import annotations
 # 3 of 3 seeds.
 DEFAULT_TRIALS = 128
 
+# Before the study, the cost model prices every candidate in memory for at most this long
+# (strategies.search.screen): measured on the 2-vCPU dev host, ~0.02 ms a candidate on a
+# measured profile and 2.5 ms on a 70B what-if (480 candidates in 1.2 s), against 30-80 ms for
+# a study trial (its storage). A space the screen cannot finish in time is sampled by TPE.
+SCREEN_S = 10.0
+
 # The best K predicted candidates are measured with short real runs (plus the baseline).
 DEFAULT_VALIDATE_TOP_K = 3
 

@@ -33,10 +33,10 @@ def plan_reasons(
     p = winner.prediction
     assert p is not None
     budget = model.budget_bytes
-    num_feasible = len(ranked)
     out.extend(result.summary()["notes"])
+    total = result.space_size if result.screened else len(result.evaluations)
     out.append(
-        f"{num_feasible} of {len(result.evaluations)} candidates fit the budget of "
+        f"{result.num_fitting} of {total} candidates fit the budget of "
         f"{budget / GiB:.2f} GiB ({model.memory_budget:g} × {model.machine.memory_bytes / GiB:.2f}"
         f" GiB, {model.machine.name})"
     )

@@ -6,15 +6,22 @@ maximises predicted tokens/s; a candidate over the memory budget is told with it
 violation (TPE's ``constraints_func``) and recorded infeasible with the reason, one the profile
 cannot predict is told with value 0 and the missing measurement as the reason.
 
-Enumerate or sample. The cost model prices a candidate in ~20 µs; what a trial costs is the
-storage: measured on this 2-vCPU host with SQLite in WAL mode, ~30 ms per ask/suggest/tell
-(~140 ms with SQLite's default rollback journal, which fsyncs every write), and a TPE trial
-~60-80 ms (the sampler's own time on top). On a hand-made 8-GPU profile with 780 candidates
-(global batch 1024): enumerating all took 24.5 s; TPE found the exact optimum in 3 of 3 seeds
-with 128 trials (7-11 s), and came within 2.5% with 64 or 32 trials (2-3 s). So the sampled
-search defaults to :data:`DEFAULT_TRIALS` = 128 trials, and any space of at most
-:data:`ENUMERATE_MAX` = 256 candidates (about the same wall time, and exact) or at most the
-trial budget asked for is enumerated instead, and the plan says so.
+Screen, then enumerate or sample. The cost model prices a candidate in ~20 µs on a measured
+profile (2.5 ms on a 70B what-if); what a trial costs is the storage: measured on this 2-vCPU
+host with SQLite in WAL mode, ~30 ms per ask/suggest/tell (~140 ms with SQLite's default
+rollback journal, which fsyncs every write), and a TPE trial ~60-80 ms (the sampler's own time
+on top). So every candidate is first priced in memory (:func:`screen`, at most
+:data:`SCREEN_S`): the candidates the profile cannot price (no memory fit or step-time fit for
+their group) never enter the study and keep their reason (trials.csv rows without a trial
+number). The study then holds the priceable ones: all of them when they are at most
+:data:`ENUMERATE_MAX` = 256 or the trial budget asked for (exact), else the trial budget's
+best by the screen (mode "screen": the fitting ones fastest first, then the rest by least
+memory, so "nothing fits" still names the smallest). Before the screen, a 70B what-if's
+480-candidate space, 4 of them fitting and 312 unpriceable, was sampled by TPE and missed all
+four. A space the screen cannot price in time is sampled by TPE as before: on a hand-made
+8-GPU profile with 780 candidates (global batch 1024), enumerating all took 24.5 s; TPE found
+the exact optimum in 3 of 3 seeds with 128 trials (7-11 s), and came within 2.5% with 64 or
+32 trials (2-3 s), hence :data:`DEFAULT_TRIALS` = 128. The plan says which mode ran.
 
 Resumable and shareable. The study lives in any Optuna RDB storage (``sqlite:///RUN/study.db``
 by default, PostgreSQL for several hosts) under a name derived from the profile and the
@@ -41,7 +48,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from profilers.rundir import RunDir
-from strategies.budgets import DEFAULT_TRIALS
+from strategies.budgets import DEFAULT_TRIALS, SCREEN_S
 from strategies.cost import CostModel, GiB, Prediction
 from strategies.errors import Unpredictable
 from strategies.space import Candidate, SearchSpace
@@ -141,11 +148,57 @@ def rank(evaluations: Sequence[Evaluation]) -> list[Evaluation]:
     )
 
 
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Screen:
+    """Every candidate of a space priced in memory: ``priced`` (fitting or over the budget)
+    and ``unpriceable`` (no prediction; the reason says which measurement is missing)."""
+
+    priced: tuple[Evaluation, ...]
+    unpriceable: tuple[Evaluation, ...]
+    wall_s: float
+
+    def counts(self) -> dict[str, int]:
+        return {
+            "priced": len(self.priced),
+            "fitting": sum(e.feasible for e in self.priced),
+            "unpriceable": len(self.unpriceable),
+        }
+
+    def best(self, n: int) -> list[Candidate]:
+        """The ``n`` candidates the study should hold when it cannot hold every priced one:
+        the fitting ones, fastest first (:func:`rank`), then the rest by least memory."""
+        fitting = rank(self.priced)
+        over = sorted(
+            (e for e in self.priced if not e.feasible),
+            key=lambda e: (e.prediction.budgeted_bytes if e.prediction else 0, e.candidate.key),
+        )
+        return [e.candidate for e in [*fitting, *over][:n]]
+
+
+def screen(space: SearchSpace, model: CostModel, *, limit_s: float | None = None) -> Screen | None:
+    """Price every candidate of ``space`` in memory; None when that takes over ``limit_s``
+    (default :data:`SCREEN_S`; the space is then sampled without a screen)."""
+    limit_s = SCREEN_S if limit_s is None else limit_s
+    started = time.perf_counter()
+    priced: list[Evaluation] = []
+    unpriceable: list[Evaluation] = []
+    for i, candidate in enumerate(space.candidates()):
+        if i % 32 == 0 and time.perf_counter() - started > limit_s:
+            return None
+        result = evaluate(model, candidate)
+        (priced if result.prediction is not None else unpriceable).append(result)
+    return Screen(
+        priced=tuple(priced),
+        unpriceable=tuple(unpriceable),
+        wall_s=time.perf_counter() - started,
+    )
+
+
 @dataclass(frozen=True, kw_only=True)
 class SearchResult:
     """What a search found: every distinct candidate in the study, and how it got there."""
 
-    mode: str  # "enumerate" | "sample"
+    mode: str  # "enumerate" | "screen" | "sample"
     space_size: int
     trial_budget: int
     evaluations: tuple[Evaluation, ...]
@@ -155,6 +208,16 @@ class SearchResult:
     trials_told: int  # trials this run told
     wall_s: float
     notes: tuple[str, ...] = field(default_factory=tuple)
+    # The in-memory screen's counts over the whole space (priced, fitting, unpriceable); empty
+    # when the space was too large to screen.
+    screened: Mapping[str, int] = field(default_factory=dict)
+
+    @property
+    def num_fitting(self) -> int:
+        """Candidates of the space that fit: the screen's count (the study may hold fewer)."""
+        if self.screened:
+            return self.screened["fitting"]
+        return sum(e.feasible for e in self.evaluations)
 
     def ranked(self) -> list[Evaluation]:
         return rank(self.evaluations)
@@ -172,6 +235,7 @@ class SearchResult:
             "trials_told": self.trials_told,
             "wall_s": self.wall_s,
             "notes": list(self.notes),
+            **({"screened": dict(self.screened)} if self.screened else {}),
         }
 
 
@@ -181,6 +245,16 @@ def choose_mode(space_size: int, trials: int | None) -> tuple[str, int]:
     if space_size <= max(budget, ENUMERATE_MAX):
         return "enumerate", space_size
     return "sample", budget
+
+
+def choose_from_screen(priced: Screen, trials: int | None) -> tuple[str, int, list[Candidate]]:
+    """("enumerate" | "screen", trial budget, the candidates the study holds): every priced
+    candidate whenever that costs no more trials, else the budget's best by the screen."""
+    budget = trials or DEFAULT_TRIALS
+    count = len(priced.priced)
+    if count <= max(budget, ENUMERATE_MAX):
+        return "enumerate", count, [e.candidate for e in priced.priced]
+    return "screen", budget, priced.best(budget)
 
 
 def study_name_for(profile_digest: str, space: SearchSpace, model: CostModel) -> str:
@@ -225,32 +299,39 @@ def run_search(
     cannot open.
     """
     started = time.perf_counter()
-    mode, budget = choose_mode(space.size, trials)
     say = progress or (lambda _message: None)
+    priced = screen(space, model)
+    if priced is None:
+        mode, budget = choose_mode(space.size, trials)
+        chosen = space.candidates() if mode == "enumerate" else []
+    else:
+        mode, budget, chosen = choose_from_screen(priced, trials)
+        say(
+            f"screen: priced {space.size} candidates in {priced.wall_s:.1f} s: "
+            f"{len(priced.priced)} predictable ({sum(e.feasible for e in priced.priced)} fit), "
+            f"{len(priced.unpriceable)} not (reasons in trials.csv)"
+        )
     with quiet_optuna():
-        enumerator = enumeration_sampler_class()() if mode == "enumerate" else None
+        enumerator = enumeration_sampler_class()() if mode != "sample" else None
         study = open_study(storage, study_name, seed, enumerator)
         fail_stale(study)
         before = finished_trials(study)
         done = {trial_key(t, space) for t in before} - {None}
         say(
-            f"{mode} {space.size} candidates in study {study_name}"
-            + (f" ({len(done)} already told)" if done else "")
+            f"{mode} {len(chosen) if enumerator else space.size} candidates in study "
+            f"{study_name}" + (f" ({len(done)} already told)" if done else "")
         )
         if enumerator is not None:
-            told = _enumerate(study, space, model, done, enumerator, say)
+            told = _enumerate(study, space, chosen, model, done, enumerator, say)
         else:
             told = _sample(study, space, model, done, budget, say)
         finished = finished_trials(study)
-    evaluations = _collect(finished, space, model)
-    notes = []
-    if mode == "enumerate":
-        notes.append(
-            f"the space has {space.size} candidates (≤ {max(budget, ENUMERATE_MAX)}): "
-            "enumerated exhaustively"
-        )
-    else:
-        notes.append(f"the space has {space.size} candidates: Optuna's TPE sampled {budget} trials")
+    known = {e.candidate.key: e for e in priced.priced} if priced is not None else {}
+    evaluations = _collect(finished, space, model, known)
+    if priced is not None:  # the unpriceable ones the study never saw, with their reason
+        seen = {e.candidate.key for e in evaluations}
+        evaluations.extend(e for e in priced.unpriceable if e.candidate.key not in seen)
+    notes = [_mode_note(mode, space.size, budget, priced)]
     if before:
         notes.append(f"resumed study {study_name}: {len(before)} trials were already told")
     return SearchResult(
@@ -264,24 +345,49 @@ def run_search(
         trials_told=told,
         wall_s=time.perf_counter() - started,
         notes=tuple(notes),
+        screened=priced.counts() if priced is not None else {},
+    )
+
+
+def _mode_note(mode: str, size: int, budget: int, priced: Screen | None) -> str:
+    """The plan's line on how the space was searched."""
+    if priced is None:
+        if mode == "enumerate":
+            return (
+                f"the space has {size} candidates (≤ {max(budget, ENUMERATE_MAX)}): "
+                "enumerated exhaustively"
+            )
+        return (
+            f"the space has {size} candidates, too many to price in {SCREEN_S:g} s: Optuna's "
+            f"TPE sampled {budget} trials"
+        )
+    head = f"the space has {size} candidates, all priced in memory first"
+    left = len(priced.unpriceable)
+    without = f"; {left} the profile cannot price stayed out of the study" if left else ""
+    if mode == "enumerate":
+        return f"{head}{without}; the {len(priced.priced)} priced ones enumerated exhaustively"
+    return (
+        f"{head}{without}; the study holds the {budget} best of the {len(priced.priced)} "
+        "priced ones (the fitting ones fastest first, then the least memory)"
     )
 
 
 def _enumerate(
     study: optuna.Study,
     space: SearchSpace,
+    chosen: Sequence[Candidate],
     model: CostModel,
     done: set[str | None],
     enumerator: EnumerationSampler,
     say: Progress,
 ) -> int:
-    """Enqueue missing candidates a chunk at a time and pop waiting trials until every
-    candidate of the space has a finished trial. A candidate only RUNNING elsewhere (another
-    worker, or one killed mid-trial) is taken over after :data:`TAKEOVER_S`: pricing takes
-    milliseconds, so a trial running longer has no live worker."""
+    """Enqueue the ``chosen`` candidates not yet told a chunk at a time and pop waiting trials
+    until each has a finished trial. A candidate only RUNNING elsewhere (another worker, or one
+    killed mid-trial) is taken over after :data:`TAKEOVER_S`: pricing takes milliseconds, so a
+    trial running longer has no live worker."""
     from optuna.trial import TrialState
 
-    candidates = [c for c in space.candidates() if c.key not in done]
+    candidates = [c for c in chosen if c.key not in done]
     # Chunks are random samples of what is left, a quarter of it at most: two workers that
     # read the study at the same moment then enqueue mostly different candidates (expected
     # overlap chunk² / left) instead of the same run (the result does not depend on order).
@@ -395,16 +501,20 @@ def _price_and_tell(
 
 
 def _collect(
-    trials: Sequence[optuna.trial.FrozenTrial], space: SearchSpace, model: CostModel
+    trials: Sequence[optuna.trial.FrozenTrial],
+    space: SearchSpace,
+    model: CostModel,
+    known: Mapping[str, Evaluation] | None = None,
 ) -> list[Evaluation]:
     """One evaluation per distinct candidate of the study (first trial wins), recomputed:
-    the cost model is deterministic, so every worker gets the same ones."""
+    the cost model is deterministic, so every worker gets the same ones (``known``: the
+    screen's, not priced again)."""
     seen: dict[str, Evaluation] = {}
     for trial in sorted(trials, key=lambda t: t.number):
         candidate = candidate_from_params(trial.params, space)
         if candidate is None or candidate.key in seen:
             continue
-        result = evaluate(model, candidate)
+        result = (known or {}).get(candidate.key) or evaluate(model, candidate)
         seen[candidate.key] = Evaluation(
             candidate=candidate,
             prediction=result.prediction,

@@ -309,8 +309,9 @@ def search_options(world_size_help: str) -> Decorator[Any]:
             "--trials",
             type=POSITIVE,
             default=None,
-            help=f"Trial budget of a sampled search (default {DEFAULT_TRIALS}); smaller spaces "
-            "are enumerated.",
+            help=f"Most candidates the study holds (default {DEFAULT_TRIALS}): the best of an "
+            "in-memory screen of the space, or TPE's budget for a space too large to screen; "
+            "at most 256 priceable candidates are all enumerated.",
         ),
         click.option(
             "--storage",

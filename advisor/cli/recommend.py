@@ -97,9 +97,10 @@ def print_plan(plan: Any, out: Path) -> None:
     if plan.estimate:
         click.echo(plan.label)
     measured = {v.candidate.key: v.measured for v in plan.validated}
+    search = plan.search
     table = Table(
-        title=f"best of {plan.search.get('num_evaluated', 0)} candidates "
-        f"({plan.search.get('mode', '')})"
+        title=f"best of {search.get('space_size', search.get('num_evaluated', 0))} candidates "
+        f"({search.get('mode', '')})"
     )
     for column in ("", "prec", "ckpt", "layout", "mb×ga", "GiB", "pred tok/s (90%)", "meas tok/s"):
         table.add_column(column, justify="right" if column.endswith(("s", "GiB")) else "left")

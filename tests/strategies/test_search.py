@@ -62,7 +62,7 @@ def test_an_interrupted_enumeration_resumes_where_it_stopped(
 
     def dying(model: CostModel, candidate: object) -> object:
         calls["n"] += 1
-        if calls["n"] == 7:
+        if calls["n"] == space.size + 7:  # the screen priced each candidate once first
             raise KeyboardInterrupt  # the kill, inside a trial
         return real(model, candidate)  # type: ignore[arg-type]
 
@@ -82,19 +82,79 @@ def test_an_interrupted_enumeration_resumes_where_it_stopped(
     assert again.ranked()[0].candidate == result.ranked()[0].candidate
 
 
-def test_a_large_space_is_sampled_and_a_rerun_continues_towards_the_budget(
+def test_a_space_too_large_to_screen_is_sampled_and_a_rerun_continues_towards_the_budget(
     tmp_path: Path, model: CostModel, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(search, "ENUMERATE_MAX", 4)
+    monkeypatch.setattr(search, "SCREEN_S", -1.0)  # the screen gives up at once
     space = _space(16)
     storage = _storage(tmp_path)
     first = run_search(space, model, storage=storage, study_name="s", trials=6)
     assert first.mode == "sample"
     assert len(first.evaluations) == 6
-    assert "sampled 6 trials" in first.notes[0]
+    assert "too many to price" in first.notes[0] and "sampled 6 trials" in first.notes[0]
     second = run_search(space, model, storage=storage, study_name="s", trials=9)
     assert second.trials_before >= 6
     assert len(second.evaluations) == 9  # continued, not restarted
+
+
+def test_a_screened_space_holds_the_budgets_best_and_a_rerun_continues(
+    tmp_path: Path, model: CostModel, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """More priced candidates than trials: the study holds the trial budget's best by the
+    in-memory screen, so the search's best is the space's best, found without sampling."""
+    monkeypatch.setattr(search, "ENUMERATE_MAX", 4)
+    space = _space(16)
+    everything = [search.evaluate(model, c) for c in space.candidates()]
+    storage = _storage(tmp_path)
+    first = run_search(space, model, storage=storage, study_name="s", trials=6)
+    assert first.mode == "screen" and first.trial_budget == 6
+    assert len(first.evaluations) == 6
+    assert [e.candidate for e in first.ranked()] == [e.candidate for e in rank(everything)[:6]]
+    assert "the study holds the 6 best" in first.notes[0]
+    second = run_search(space, model, storage=storage, study_name="s", trials=9)
+    assert second.trials_before == 6 and second.trials_told == 3  # continued, not restarted
+    assert [e.candidate for e in second.ranked()] == [e.candidate for e in rank(everything)[:9]]
+
+
+def test_when_nothing_fits_the_screened_study_holds_the_smallest(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from strategies.cost import cost_model_from_profile
+    from tests.strategies.profiles import GiB
+
+    monkeypatch.setattr(search, "ENUMERATE_MAX", 4)
+    tiny = cost_model_from_profile(hand_profile(memory_bytes=GiB // 1024), 0.9)
+    space = _space(16)
+    everything = [search.evaluate(tiny, c) for c in space.candidates()]
+    assert not any(e.feasible for e in everything)
+    result = run_search(space, tiny, storage=_storage(tmp_path), study_name="s", trials=5)
+    smallest = min(e.prediction.budgeted_bytes for e in everything if e.prediction)
+    told = [e.prediction.budgeted_bytes for e in result.evaluations if e.prediction]
+    assert len(told) == 5 and min(told) == smallest
+
+
+def test_candidates_the_profile_cannot_price_stay_out_of_the_study_with_their_reason(
+    tmp_path: Path,
+) -> None:
+    """No step-time fit for checkpointing: its candidates are never trials, but every one
+    is in the result (trials.csv, the plan's reasons) with the missing measurement named."""
+    from strategies.cost import cost_model_from_profile
+
+    profile = hand_profile(timed_checkpointing=("none",), with_flops=False)
+    space = build_space(profile, SearchRequest(global_batch_size=16))
+    model = cost_model_from_profile(profile, 0.9)
+    storage = _storage(tmp_path)
+    result = run_search(space, model, storage=storage, study_name="s")
+    unpriced = [e for e in result.evaluations if e.prediction is None]
+    # full, and blocks:K (priced on the line through none and full)
+    full = [c for c in space.candidates() if c.activation_checkpointing != "none"]
+    assert {e.candidate.key for e in unpriced} == {c.key for c in full}
+    assert all(e.trial_number is None and "step-time fit" in e.reason for e in unpriced)
+    assert len(result.evaluations) == space.size
+    told = set(_complete_keys(storage, "s"))
+    assert told == {c.key for c in space.candidates()} - {c.key for c in full}
+    assert f"{len(full)} the profile cannot price stayed out of the study" in result.notes[0]
 
 
 def test_infeasible_candidates_are_told_with_their_reason(tmp_path: Path) -> None:
