@@ -93,6 +93,29 @@ KEPT_GATHERED_COLLECTIVES = (
     "all_gather (forward only: blocks kept gathered) + reduce_scatter per micro-batch"
 )
 
+# FSDP2's own work on a CPU host, beyond its collectives' wire time (which the comm probe's
+# alpha-beta fits give): per collective, the copy into the flat buffer and out to the unsharded
+# parameters, the unit's hooks and DTensor bookkeeping; per step, the sharded optimizer step and
+# gradient clipping over DTensors. The ranks run it on their compute cores, so none overlaps.
+# Fitted on the TUNING models only (gpt-tiny, llama-tiny: the 12 fp32 fsdp×2 configs of
+# benchmarks/results/regret_grid.csv, each an `advisor train` run): measured minus predicted step
+# time = 32.3 ms + 1.48 ms per collective (least squares; 14-56 collectives a step). Their
+# |error| after it: median 6%, max 9.5% (was 13-33%, all under-predicted). Held out: the regret
+# sessions' bert-tiny, hf-gpt2 and parallel-lm (benchmarks/README.md). A GPU rank issues the same
+# work from its CPU while the device computes: not charged there (no GPU run has measured it).
+FSDP_CPU_STEP_S = 0.032
+FSDP_CPU_COLLECTIVE_S = 0.0015
+
+
+def fsdp_collectives_per_micro_batch(num_layers: int, reshard_after_forward: bool) -> int:
+    """Collectives an FSDP2 rank issues per micro-batch (advisor/trainer/step.py's wrapping:
+    every block a unit, the root one more): an all-gather of every unit before forward, of
+    every block again before backward when resharded after forward, and a reduce-scatter of
+    every unit's gradients."""
+    again = num_layers if reshard_after_forward else 0
+    return (1 + num_layers + again) + (1 + num_layers)
+
+
 # Share of a micro-batch's forward+backward spent in backward when no FLOP count says better:
 # backward costs twice the forward (one matmul for the input's gradient, one for the weight's;
 # PaLM, Chowdhery et al. 2022, App. B; Kaplan et al. 2020, §2.1) -> 2/3; full checkpointing
@@ -579,6 +602,19 @@ class CostModel:
                     "CPU host: collectives run on the cores the ranks compute on, so none of "
                     "their time overlaps compute"
                 )
+                if isinstance(terms, FsdpCommunication):
+                    count = accum * fsdp_collectives_per_micro_batch(
+                        self.facts.num_layers, c.fsdp_reshard_after_forward
+                    )
+                    overhead = FSDP_CPU_STEP_S + count * FSDP_CPU_COLLECTIVE_S
+                    exposed += overhead
+                    terms = dataclasses.replace(terms, cpu_overhead_s=overhead)
+                    assumptions.append(
+                        f"CPU host: FSDP2's own work (buffer copies, hooks, DTensor "
+                        f"bookkeeping) adds {overhead * 1e3:.0f} ms a step: "
+                        f"{FSDP_CPU_STEP_S * 1e3:.0f} ms + {FSDP_CPU_COLLECTIVE_S * 1e3:.1f} ms "
+                        f"× {count} collectives, fitted on the tuning models' fsdp×2 runs"
+                    )
             detail = terms
         elif compute.parallel_measured:
             detail = MEASURED_COMMUNICATION
@@ -639,13 +675,14 @@ class CostModel:
             exposed_bwd = overlapped_exposure_s(0.0, layers * rs_block, backward_s, last_s=rs_root)
         per_micro = ag_root + (layers + again) * ag_block + rs_root + layers * rs_block
         fsdp = FsdpCommunication(
-            **({} if again else {"collectives": KEPT_GATHERED_COLLECTIVES}),
             all_gather_bytes=(root + (layers + again) * block) * cb,
             reduce_scatter_bytes=(root + layers * block) * REDUCE_BYTES_PER_PARAM,
             exposed_forward_s=exposed_fwd,
             exposed_backward_s=exposed_bwd,
             source=self.comm.describe("all_gather", world),
         )
+        if not again:
+            fsdp = dataclasses.replace(fsdp, collectives=KEPT_GATHERED_COLLECTIVES)
         return accum * per_micro, accum * (exposed_fwd + exposed_bwd), fsdp
 
     def _input(

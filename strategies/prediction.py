@@ -253,6 +253,9 @@ class FsdpCommunication:
     exposed_backward_s: float
     source: str
     overlap: str | None = None
+    # CPU ranks: FSDP2's own work beyond the collectives' wire time, inside the exposed
+    # communication (strategies.cost.FSDP_CPU_STEP_S / FSDP_CPU_COLLECTIVE_S); None elsewhere.
+    cpu_overhead_s: float | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return _as_dict(self)

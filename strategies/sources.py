@@ -341,8 +341,9 @@ class MeasuredComm:
         others = [f for f in self.fits if f.collective == collective and f.beta_s_per_byte > 0]
         if not others:
             raise Unpredictable(
-                f"the profile has no {collective} measurement: re-run 'advisor profile "
-                f"--world-size {world_size}' to measure communication"
+                f"the profile has no {collective} measurement (its communication probe did "
+                "not run: probes.csv says why): re-run 'advisor profile' without --no-comm, "
+                "with a larger --budget-s, on a host with at least 2 devices (or CPU cores)"
             )
         nearest = min(others, key=lambda f: (abs(f.world_size - world_size), -f.world_size))
         scale = bus_bandwidth_factor(collective, world_size) / bus_bandwidth_factor(

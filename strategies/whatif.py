@@ -234,7 +234,19 @@ class LinkComm:
 
     busbw is the slowest link a ring crosses, at :data:`LINK_EFFICIENCY`: within a node NVLink
     through NVSwitch (any pair) or a bridge (pairs only), else PCIe; across nodes the node's
-    network bandwidth shared by its GPUs (NCCL runs one ring per NIC).
+    network bandwidth, all its ports together.
+
+    Why the whole node's: a ring over N GPUs on several nodes enters and leaves each node once,
+    and NCCL splits a collective over several rings (channels), one per NIC on an HGX-class
+    node. Each ring carries 1/R of the data and each NIC carries one ring's node crossing, so a
+    node's ports together move what one GPU sends (bytes x factor(N)), in the time NVLink takes
+    to move it between neighbours: the inter-node bus bandwidth is the node's network
+    bandwidth, not 1/gpus_per_node of it (one port: every ring crosses it, the same total).
+    Until 2026-12-02 each GPU was charged 1/gpus_per_node of the node's network, 8x too slow on
+    an 8-GPU node: the 14 held-out torchtitan and fms-fsdp runs at micro-batch 1-2 on 64-128
+    GPUs (benchmarks/whatif_published.py) were predicted to spend more on exposed
+    communication than their published steps took in all (fms-fsdp 13B: 16.6 s of a 20.5 s
+    predicted step, against 4.6 s published).
     """
 
     target: HardwareSpec
@@ -251,10 +263,9 @@ class LinkComm:
             intra, name = t.pcie_gbs * 1e9, f"PCIe gen{t.pcie_gen} x16"
         if world_size <= self.gpus_per_node or self.network is None:
             return intra, ALPHA_INTRA_NODE_S, name
-        per_gpu = self.network.bytes_per_s / self.gpus_per_node
-        if per_gpu < intra:
-            shared = f"{self.network.name} shared by {self.gpus_per_node} GPUs"
-            return per_gpu, ALPHA_INTER_NODE_S, shared
+        network = self.network.bytes_per_s  # the node's ports together (one ring per port)
+        if network < intra:
+            return network, ALPHA_INTER_NODE_S, f"{self.network.name} between nodes"
         return intra, ALPHA_INTER_NODE_S, name
 
     def collective_s(self, collective: str, world_size: int, num_bytes: float) -> float:

@@ -81,9 +81,16 @@ def test_links_nvlink_in_a_node_and_the_network_across_nodes() -> None:
     nvlink = h100.nvlink_gbs * 1e9 * LINK_EFFICIENCY  # type: ignore[operator]
     assert intra == pytest.approx(10e-6 + 1e9 * 2 * 7 / 8 / nvlink)
     inter = comm.collective_s("all_reduce", 16, 1e9)
-    per_gpu = network.bytes_per_s / 8 * LINK_EFFICIENCY
-    assert inter == pytest.approx(20e-6 + 1e9 * 2 * 15 / 16 / per_gpu)
+    # One NDR port per node (50 GB/s): every ring crosses it; the node's bandwidth, not 1/8.
+    node = network.bytes_per_s * LINK_EFFICIENCY
+    assert inter == pytest.approx(20e-6 + 1e9 * 2 * 15 / 16 / node)
     assert "InfiniBand" in comm.describe("all_reduce", 16)
+    # Eight ports (DGX H100: 400 GB/s a node) are close to NVLink's 450 GB/s: the slower wins.
+    dgx = LinkComm(target=h100, gpus_per_node=8, network=lookup_network("ib-ndr-400-x8"))
+    eight = 8 * network.bytes_per_s * LINK_EFFICIENCY
+    assert dgx.collective_s("all_reduce", 16, 1e9) == pytest.approx(
+        20e-6 + 1e9 * 2 * 15 / 16 / min(eight, nvlink)
+    )
 
 
 def test_whatif_space_uses_the_targets_precisions_and_exact_world_size() -> None:
