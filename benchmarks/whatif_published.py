@@ -1,12 +1,23 @@
 """Does ``advisor predict --target`` reproduce published training runs? tokens/s/GPU, row by row.
 
-``benchmarks/data/published_runs.csv`` holds real runs with their sources (MosaicML llm-foundry's
-benchmark tables: MPT 125M-70B on A100-40GB, A100-80GB and H100-80GB, sequence 512-32768,
-activation checkpointing on and off, FSDP FULL_SHARD). Each row's model is one of our presets
-rebuilt with ``--model-arg`` overrides (``gpt-small`` with MPT's shape: no bias, vocabulary 50368,
-learned positions, GELU MLP ×4), and each row is predicted by the same library function
-``advisor predict`` calls (:func:`advisor.recommending.predict`) with the row's config and
-``target``/``nodes``/``network``.
+``benchmarks/data/published_runs.csv`` holds real runs with their sources (``source_name``; URL at
+a commit, table, and the assumptions where a field was not published in ``notes``):
+
+* ``llm-foundry``: MosaicML llm-foundry's benchmark tables: MPT 125M-70B on A100-40GB,
+  A100-80GB and H100-80GB, sequence 512-32768, checkpointing on and off, FSDP FULL_SHARD over 8
+  or 64 GPUs; ``gpt-small`` with MPT's shape (no bias, vocabulary 50368, learned positions, GELU
+  MLP ×4). The only source any constant was fitted on (its ``tune=1`` rows).
+* ``torchtitan``: torchtitan's docs/performance.md (Llama 2 13B/70B at sequence 4096, Llama 3
+  8B/70B at 8192; FSDP2 over 64 A100-80GB; checkpointing none, full, per block, per op);
+  ``llama-1b`` with the published shapes. All held out.
+* ``fms-fsdp``: IBM's fms-fsdp README (the PyTorch blog "Maximizing training throughput using
+  PyTorch FSDP"): Llama 2 13B/34B/70B at sequence 4096, FSDP over 128 A100-80GB and 96
+  H100-80GB. All held out.
+
+Each row is predicted by the same library function ``advisor predict`` calls
+(:func:`advisor.recommending.predict`) with the row's config and ``target``/``nodes``/
+``network``; the results are summarised per source (tuning and held-out rows apart), for the
+independent sources together and for every held-out row.
 
 **Trace-only profiles.** A prediction needs a profile of that model shape: its facts, its counted
 FLOPs and its memory fits. ``advisor profile`` would time real steps of a 70B model on this CPU;
@@ -22,9 +33,14 @@ nothing here does. Each profile is built without materialising the model:
 That takes 20-90 s per shape on 2 cores; profiles are cached under
 ``benchmarks/results/whatif_profiles/`` (delete a file to rebuild it).
 
+``blocks:K`` rows (checkpointing every N-th block) are priced on the line in K between the
+traced ``none`` and ``full`` fits (``profilers.checkpointing_fits``), as ``advisor predict``
+prices a K it has no fit of: a shallow copy cannot run ``blocks:K`` (:func:`traced_modes`).
+
 **Tuning.** ``strategies.roofline.SUSTAINED_FRACTION`` (one constant per architecture) and
-``ATTENTION_SCALE`` were fitted with ``--fit`` on the rows with ``tune=1`` only; the table reports
-the tuning rows and the held-out rows separately. Target: median |error| <= 10%, max <= 20%.
+``ATTENTION_SCALE`` were fitted with ``--fit`` on the rows with ``tune=1`` only (all
+llm-foundry); the report gives the tuning rows and each source's held-out rows separately.
+Target: median |error| <= 10%, max <= 20%.
 
 Run ``python benchmarks/whatif_published.py`` (``--rows R01,R05`` for a subset; ``--fit`` to print
 the constants the tuning rows imply).
@@ -79,6 +95,9 @@ class Row:
     tokens_per_s_per_gpu: float
     mfu_percent: float
     source: str
+    # Which published table the row comes from (the summary reports each source apart).
+    source_name: str = "llm-foundry"
+    notes: str = ""
 
     @classmethod
     def from_csv(cls, data: Mapping[str, str]) -> Row:
@@ -104,6 +123,8 @@ class Row:
             tokens_per_s_per_gpu=float(data["tokens_per_s_per_gpu"]),
             mfu_percent=float(data["mfu_percent"]),
             source=f"{data['source_url']} ({data['source_table']})",
+            source_name=data.get("source_name") or "llm-foundry",
+            notes=data.get("notes") or "",
         )
 
     def config(self) -> Any:
@@ -168,8 +189,8 @@ def extend_memory_model(one: Any, two: Any, layers: int, at: tuple[int, int] = (
         one,
         **{k: round(_lerp(getattr(one, k), getattr(two, k), layers, at)) for k in ints},
         **{k: extend_fit(getattr(one, k), getattr(two, k), layers, at) for k in fits},
-        # The shallow copy's windows are not the deep model's: reshard by the bound, as the
-        # committed results (traced before windows were kept) do.
+        # Single-device fits only (FSDP ranks are extended by profilers.memory_distributed,
+        # window by window): they have no windows, and a shallow copy's are not the model's.
         reshard_points=(),
     )
 
@@ -276,9 +297,10 @@ def trace_only_profile(
 # What an FSDP rank holds is traced, as ``advisor profile`` traces it on a CPU host: rank 0 of
 # a fake process group of FSDP_TRACE_WORLD ranks (profilers.memory_distributed), and the
 # cost model reshards that fit to the row's GPU count (MemoryModel.resharded). FSDP2 gathers
-# one unit and prefetches the next; the copies have 3 and 4 blocks (FSDP_TRACE_LAYERS):
-# from 3 on, every per-rank byte is affine in the number of blocks (at 2 the peak can fall at
-# another instant: gpt-shaped models at micro-batch 1).
+# one unit and prefetches the next; profilers.memory_distributed traces a deep rank on copies
+# with 3 and 4 blocks (FSDP_TRACE_LAYERS, its SCALE_FROM_BLOCKS): from 3 on, every per-rank
+# byte is affine in the number of blocks, window by window (at 2 the peak can fall at another
+# instant: gpt-shaped models at micro-batch 1).
 FSDP_TRACE_WORLD = 2
 FSDP_TRACE_LAYERS = (3, 4)
 
@@ -303,10 +325,15 @@ def fsdp_memory_models(
     loss_chunks: int = 1,
     reshard_after_forward: bool = True,
 ) -> tuple[Any, ...]:
-    """FSDP per-rank memory fits of ``row``'s shape at :data:`FSDP_TRACE_WORLD` ranks, traced
-    on 3- and 4-block copies at ``sizes`` (and with accumulation at the two largest) and
-    extended to ``layers`` blocks (kept gathered when not ``reshard_after_forward``: the
-    whole model's gathered parameters are affine in depth too)."""
+    """FSDP per-rank memory fits of ``row``'s shape at :data:`FSDP_TRACE_WORLD` ranks at
+    ``sizes`` (and with accumulation at the two largest; kept gathered when not
+    ``reshard_after_forward``), traced the way ``advisor profile`` traces a rank: the
+    ``layers``-deep model through profilers.memory_distributed, which traces its 3- and
+    4-block copies and extends every byte count window by window, so the fits keep each
+    window's unsharded and sharded bytes (``MemoryModel.reshard_points``) and reshard to the
+    row's GPU count as a profiled rank does. Before 2026-12-02 the fits were extended here
+    without windows and resharded by the bound, which leaves the world-2 rank's sharded
+    gradients unscaled at the peak (~125 GiB for a 70B model)."""
     from advisor.workload import AdvisorWorkload
     from profilers.memory_distributed import trace_distributed_step_memories
     from profilers.memory_model import fit_memory_models
@@ -328,20 +355,12 @@ def fsdp_memory_models(
         for c in checkpointing
         for b, a in shapes
     ]
-    models = {}
-    for n in FSDP_TRACE_LAYERS:
-        copy = AdvisorWorkload(
-            model=row.model, model_args={**row.model_args, "n_layer": n}, data="synthetic"
-        )
-        traces = trace_distributed_step_memories(copy, specs, target_device_type="cuda")
-        models[n] = {
-            (m.precision, m.activation_checkpointing): m for m in fit_memory_models(traces)
-        }
-    k1, k2 = FSDP_TRACE_LAYERS
-    return tuple(
-        extend_memory_model(models[k1][k], models[k2][k], layers, FSDP_TRACE_LAYERS)
-        for k in models[k1]
+    deep = AdvisorWorkload(
+        model=row.model, model_args={**row.model_args, "n_layer": layers}, data="synthetic"
     )
+    # A model under 8 blocks is traced whole (profilers.memory_distributed): exact as well.
+    traces = trace_distributed_step_memories(deep, specs, target_device_type="cuda")
+    return tuple(fit_memory_models(traces))
 
 
 def depth_check(row: Row, profile: Any) -> dict[str, float]:
@@ -376,13 +395,31 @@ def depth_check(row: Row, profile: Any) -> dict[str, float]:
     }
 
 
+def traced_modes(settings: Iterable[str]) -> list[str]:
+    """The checkpointing settings a trace-only profile traces for rows running ``settings``
+    (sorted, once each). ``blocks:K`` itself is not traced: the 1-/2-layer and 3-/4-block copies
+    have fewer than K blocks, and a shallow copy's K/L is not the deep model's. The cost model
+    prices any ``blocks:K`` on the line in K between ``none`` and ``full``
+    (``profilers.checkpointing_fits``, as ``advisor predict`` does for a K it has no fit of),
+    so those two are traced instead."""
+    from profilers.checkpointing import FULL, NONE, parse_checkpointing
+
+    out: set[str] = set()
+    for setting in settings:
+        if parse_checkpointing(setting).kind == "blocks":
+            out.update((NONE, FULL))
+        else:
+            out.add(setting)
+    return sorted(out)
+
+
 def profile_for(row: Row, rows: Iterable[Row], say: Any = print) -> Any:
     """The cached trace-only profile of ``row``'s shape (every checkpointing mode its rows use,
     single-device and FSDP per-rank fits); a cached one without FSDP fits gets them added."""
     from profilers.profile_record import load_profile
 
     path = PROFILES / f"{row.shape_key}.json"
-    modes = sorted({r.activation_checkpointing for r in rows if r.shape_key == row.shape_key})
+    modes = traced_modes(r.activation_checkpointing for r in rows if r.shape_key == row.shape_key)
     profile = None
     if path.is_file():
         profile = load_profile(path)
@@ -392,7 +429,9 @@ def profile_for(row: Row, rows: Iterable[Row], say: Any = print) -> Any:
     if profile is None:
         profile = trace_only_profile(row, modes, say, fsdp_sizes(row, rows))
     elif not set(modes) <= {
-        m.activation_checkpointing for m in profile.fits.memory if m.parallelism == "fsdp"
+        m.activation_checkpointing
+        for m in profile.fits.memory
+        if m.parallelism == "fsdp" and m.reshard_points  # fits before windows: traced again
     }:
         t0 = time.perf_counter()
         sizes = fsdp_sizes(row, rows)
@@ -435,10 +474,10 @@ def with_chunked_loss(row: Row, rows: Iterable[Row], profile: Any, chunks: int) 
     have = {
         (m.parallelism, m.activation_checkpointing)
         for m in profile.fits.memory
-        if m.loss_chunks == chunks
+        if m.loss_chunks == chunks and (m.parallelism != "fsdp" or m.reshard_points)
     }
-    mode = row.activation_checkpointing
-    if {("single", mode), ("fsdp", mode)} <= have:
+    modes = traced_modes([row.activation_checkpointing])
+    if {(p, mode) for p in ("single", "fsdp") for mode in modes} <= have:
         return profile
     t0 = time.perf_counter()
     layers = profile.model.num_layers
@@ -459,16 +498,23 @@ def with_chunked_loss(row: Row, rows: Iterable[Row], profile: Any, chunks: int) 
                 ),
                 target_device_type="cuda",
             )
+            for mode in modes
             for b in (1, 2)
         ]
-        (models[n],) = fit_memory_models(traces)
-    single = extend_memory_model(models[1], models[2], layers)
-    sharded = fsdp_memory_models(row, (mode,), layers, fsdp_sizes(row, rows), chunks)
+        models[n] = {m.activation_checkpointing: m for m in fit_memory_models(traces)}
+    single = tuple(extend_memory_model(models[1][m], models[2][m], layers) for m in modes)
+    sharded = fsdp_memory_models(row, modes, layers, fsdp_sizes(row, rows), chunks)
     print(
         f"  traced {row.label} seq {row.seq_len} with the loss in {chunks} chunks in "
         f"{time.perf_counter() - t0:.0f} s"
     )
-    memory = (*profile.fits.memory, single, *sharded)
+    # Fits of these chunks and modes traced before (FSDP ones without windows) are replaced.
+    kept = tuple(
+        m
+        for m in profile.fits.memory
+        if not (m.loss_chunks == chunks and m.activation_checkpointing in modes)
+    )
+    memory = (*kept, *single, *sharded)
     profile = dataclasses.replace(profile, fits=dataclasses.replace(profile.fits, memory=memory))
     PROFILES.mkdir(parents=True, exist_ok=True)
     (PROFILES / f"{row.shape_key}.json").write_text(json.dumps(profile.to_dict(), indent=1) + "\n")
@@ -539,6 +585,16 @@ class Result:
             self.chunked_peak_memory_gib is not None
             and self.chunked_peak_memory_gib <= self.gpu_memory_gib
         )
+
+    @property
+    def error_without_exposed_communication(self) -> float:
+        """The error were the predicted exposed communication hidden (a diagnostic of how much
+        of the error the network term carries; nothing is fitted or re-predicted)."""
+        compute_s = self.step_time_s - self.exposed_communication_s
+        if compute_s <= 0:
+            return self.error
+        tokens = self.row.micro_batch_size * self.row.grad_accum_steps * self.row.seq_len
+        return tokens / compute_s / self.row.tokens_per_s_per_gpu - 1.0
 
     @property
     def constant_mfu_error(self) -> float | None:
@@ -670,16 +726,51 @@ def summary(results: Sequence[Result]) -> dict[str, float]:
         if baseline
         else {}
     )
+    hidden = [abs(r.error_without_exposed_communication) for r in results]
     return {
         **extra,
         "rows": len(errors),
         "median_abs_error": statistics.median(errors),
         "max_abs_error": max(errors),
+        "communication_hidden_median_abs_error": statistics.median(hidden),
+        "communication_hidden_max_abs_error": max(hidden),
         "within_10pct": sum(e <= 0.10 for e in errors),
         "within_20pct": sum(e <= 0.20 for e in errors),
         "predicted_to_fit": sum(r.fits for r in results),
         "predicted_to_fit_chunked": sum(r.fits_chunked for r in results),
     }
+
+
+def report_groups(results: Sequence[Result]) -> list[tuple[str, list[Result]]]:
+    """The groups the summary reports, each with its rows: per source (CSV order) its tuning
+    rows (only a source with some) and its held-out rows; then the held-out rows of the
+    independent sources (those with no tuning row: nothing was ever fitted on their tables),
+    the held-out rows of every source, and all rows."""
+    sources = list(dict.fromkeys(r.row.source_name for r in results))
+    tuned = {r.row.source_name for r in results if r.row.tune}
+    groups: list[tuple[str, list[Result]]] = []
+    for source in sources:
+        mine = [r for r in results if r.row.source_name == source]
+        if source in tuned:
+            groups.append((f"{source}: tuning rows", [r for r in mine if r.row.tune]))
+        groups.append((f"{source}: held-out rows", [r for r in mine if not r.row.tune]))
+    independent = [r for r in results if r.row.source_name not in tuned]
+    if independent and len(sources) > 1:
+        names = " + ".join(s for s in sources if s not in tuned)
+        groups.append((f"independent sources ({names}): held-out rows", independent))
+    groups.append(("held-out rows, every source", [r for r in results if not r.row.tune]))
+    groups.append(("all rows", list(results)))
+    return groups
+
+
+def source_groups(results: Sequence[Result]) -> list[tuple[str, list[Result]]]:
+    """The per-source groups of :func:`report_groups` (each row in exactly one): the tables."""
+    sources = {r.row.source_name for r in results}
+    return [
+        (name, rows)
+        for name, rows in report_groups(results)
+        if rows and name.split(": ")[0] in sources
+    ]
 
 
 def _parts_text(r: Result) -> str:
@@ -703,10 +794,11 @@ def _pct(value: float | None) -> str:
 def table_lines(results: Sequence[Result]) -> list[str]:
     lines = [
         "| row | model | GPU | GPUs | seq | micro | accum | AC | published tok/s/GPU "
-        "| predicted | error | constant-MFU error | pred. peak / GPU GiB | fits "
+        "| predicted | error | constant-MFU error | exposed comm. s / step s "
+        "| error, comm. hidden | pred. peak / GPU GiB | fits "
         "| chunked loss: peak GiB | fwd+bwd parts |",
-        "| --- | --- | --- | ---: | ---: | ---: | ---: | --- | ---: | ---: | ---: | ---: | ---: "
-        "| --- | --- | --- |",
+        "| --- | --- | --- | ---: | ---: | ---: | ---: | --- | ---: | ---: | ---: | ---: "
+        "| ---: | ---: | ---: | --- | --- | --- |",
     ]
     for r in results:
         row = r.row
@@ -715,6 +807,8 @@ def table_lines(results: Sequence[Result]) -> list[str]:
             f"{row.micro_batch_size} | {row.grad_accum_steps} | {row.activation_checkpointing} | "
             f"{row.tokens_per_s_per_gpu:,.0f} | {r.predicted_tokens_per_s_per_gpu:,.0f} | "
             f"{r.error:+.1%} | {_pct(r.constant_mfu_error)} | "
+            f"{r.exposed_communication_s:.2f} / {r.step_time_s:.2f} | "
+            f"{r.error_without_exposed_communication:+.1%} | "
             f"{r.peak_memory_gib:.1f} / {r.gpu_memory_gib:.0f} | {'yes' if r.fits else 'NO'} | "
             f"{_chunked_text(r)} | {_parts_text(r)} |"
         )
@@ -760,6 +854,13 @@ def _summary_line(name: str, s: Mapping[str, float]) -> str:
             f" ({s['predicted_to_fit_chunked']:.0f} with the loss in chunks where the plain "
             "loss did not fit)"
             if "predicted_to_fit_chunked" in s
+            else ""
+        )
+        + (
+            "; with the exposed communication hidden (diagnostic): median "
+            f"{s['communication_hidden_median_abs_error']:.1%}, max "
+            f"{s['communication_hidden_max_abs_error']:.1%}"
+            if "communication_hidden_median_abs_error" in s
             else ""
         )
         + (
@@ -810,6 +911,7 @@ def write_results(
                 "optimizer_s",
                 "exposed_communication_s",
                 "source",
+                "source_name",
             ]
         )
         for r in results:
@@ -846,38 +948,65 @@ def write_results(
                     round(r.optimizer_s, 6),
                     round(r.exposed_communication_s, 6),
                     row.source,
+                    row.source_name,
                 ]
             )
-    tuned = [r for r in results if r.row.tune]
-    held = [r for r in results if not r.row.tune]
+    groups = report_groups(results)
+    sources = ", ".join(dict.fromkeys(r.row.source_name for r in results))
     md = [
         "# advisor predict --target against published training runs",
         "",
         "Generated by `python benchmarks/whatif_published.py` from "
-        "`benchmarks/data/published_runs.csv` (MosaicML llm-foundry benchmark tables). "
+        f"`benchmarks/data/published_runs.csv` (sources: {sources}; each row's URL, table and "
+        "assumptions are in that file). "
         "Error = predicted / published tokens/s/GPU - 1. Fitted constants were chosen on the "
-        "tuning rows only. Rows predicted not to fit with our plain loss are predicted again "
+        "tuning rows only (all from one source); the other sources' rows are all held out. "
+        "`blocks:K` is priced on the line in K between the traced `none` and `full` fits, as "
+        "`advisor predict` prices a K it has no fit of. `error, comm. hidden` is the same "
+        "prediction with its exposed communication removed from the step: a diagnostic of how "
+        "much of the error the network term carries (nothing re-fitted or re-predicted). "
+        "Rows predicted not to fit with our plain loss are predicted again "
         "with the loss in chunks (`loss_chunks`, the count the profiler's own rule picks: one "
         "chunk of fp32 logits about one block's activations); the published runs used flash-"
         "attn's fused cross-entropy instead, which still materialises the bf16 logits that our "
         "chunked loss recomputes, so the chunked column is a little leaner than what they ran.",
         "",
-        _summary_line("held-out rows", summary(held)),
-        _summary_line("tuning rows", summary(tuned)),
-        _summary_line("all rows", summary(results)),
+        *(_summary_line(name, summary(rows)) for name, rows in groups),
         "",
         *depth_lines(depth_checks or {}),
-        "## Held-out rows",
-        "",
-        *table_lines(held),
-        "",
-        "## Tuning rows",
-        "",
-        *table_lines(tuned),
-        "",
     ]
+    for name, rows in source_groups(results):
+        md += [f"## {name}", "", *table_lines(rows), ""]
     md_path.write_text("\n".join(md))
+    json_path = out / "whatif_published.json"
+    json_path.write_text(json.dumps(summary_json(results), indent=1) + "\n")
     return csv_path, md_path
+
+
+def summary_json(results: Sequence[Result]) -> dict[str, Any]:
+    """The summaries by group and each row's headline numbers (whatif_published.json)."""
+    return {
+        "targets": {"median_abs_error": TARGET_MEDIAN, "max_abs_error": TARGET_MAX},
+        "groups": {name: summary(rows) for name, rows in report_groups(results)},
+        "rows": [
+            {
+                "row": r.row.row,
+                "source": r.row.source_name,
+                "tune": r.row.tune,
+                "published_tokens_per_s_per_gpu": r.row.tokens_per_s_per_gpu,
+                "predicted_tokens_per_s_per_gpu": round(r.predicted_tokens_per_s_per_gpu, 1),
+                "error": round(r.error, 4),
+                "error_without_exposed_communication": round(
+                    r.error_without_exposed_communication, 4
+                ),
+                "predicted_peak_memory_gib": round(r.peak_memory_gib, 2),
+                "gpu_memory_gib": round(r.gpu_memory_gib, 1),
+                "predicted_to_fit": r.fits,
+                "predicted_to_fit_chunked": r.fits_chunked,
+            }
+            for r in results
+        ],
+    }
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -901,8 +1030,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             checks[r.row] = depth_check(r, profile_for(r, rows))
             print(f"depth check {r.row}: {checks[r.row]}")
     print("\n".join(table_lines(results)))
-    print(_summary_line("held-out rows", summary([r for r in results if not r.row.tune])))
-    print(_summary_line("tuning rows", summary([r for r in results if r.row.tune])))
+    for name, group in report_groups(results):
+        print(_summary_line(name, summary(group)))
     if args.fit:
         for arch, (s, a) in fit_constants(results).items():
             print(
@@ -912,6 +1041,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not args.rows:
         for path in write_results(results, args.out, checks):
             print(f"wrote {path}")
+        print(f"wrote {args.out / 'whatif_published.json'}")
     return 0
 
 
