@@ -78,7 +78,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -97,6 +97,10 @@ SESSIONS = REPO / "benchmarks" / "results" / "regret_sessions"
 SCRATCH = REPO / "benchmarks" / "results" / "regret_work"  # git-ignored: profiles, plans, studies
 ALL_PRECISIONS = ("fp32", "bf16", "fp16")
 ALL_CHECKPOINTING = ("none", "full")
+# The knobs of issue 14 the grid can hold besides: ``ops``, and ``blocks:mid`` = blocks:K with
+# K = L // 2 (the one blocks:K a profile measures), resolved per model from its repeated blocks.
+MIDDLE_BLOCKS = "blocks:mid"
+CHECKPOINTING_CHOICES = (*ALL_CHECKPOINTING, "ops", MIDDLE_BLOCKS)
 MiB = 2**20
 
 
@@ -145,6 +149,10 @@ class Settings:
     passes: int = 2
     precisions: tuple[str, ...] = ALL_PRECISIONS
     checkpointing: tuple[str, ...] = ALL_CHECKPOINTING
+    # FSDP layouts: resharded after forward (True) and/or kept gathered (False); the loss in
+    # this many chunks (1: plain). Both are the grid's, like checkpointing (issue 14).
+    fsdp_reshard: tuple[bool, ...] = (True,)
+    loss_chunks: tuple[int, ...] = (1,)
     seq_len: int = 128
     world_size: int = 2
     warmup: int = 2  # the product's validation defaults: 2 warm-up + 3 timed steps
@@ -160,10 +168,29 @@ class Settings:
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> Settings:
-        kwargs = dict(data)
-        for name in ("models", "global_batch_sizes", "precisions", "checkpointing"):
-            kwargs[name] = tuple(kwargs[name])
+        kwargs = dict(data)  # sessions written before a knob existed get its default
+        for name in (
+            "models",
+            "global_batch_sizes",
+            "precisions",
+            "checkpointing",
+            "fsdp_reshard",
+            "loss_chunks",
+        ):
+            if name in kwargs:
+                kwargs[name] = tuple(kwargs[name])
         return cls(**kwargs)
+
+    def knobs_text(self) -> str:
+        """The grid's knobs beyond precision and checkpointing, for a case's group ("" when
+        none: the groups of sessions written before them stay the same)."""
+        parts = []
+        if self.fsdp_reshard != (True,):
+            kept = {True: "resharded", False: "kept gathered"}
+            parts.append("fsdp " + "+".join(kept[r] for r in self.fsdp_reshard))
+        if self.loss_chunks != (1,):
+            parts.append("loss chunks " + "+".join(str(n) for n in self.loss_chunks))
+        return "".join(f", {p}" for p in parts)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -204,19 +231,22 @@ def build_cases(settings: Settings) -> list[Case]:
     cases = []
     for name in settings.models:
         entry = model_entry(name)
+        checkpointing = resolve_checkpointing(settings.checkpointing, entry)
         for gbs in settings.global_batch_sizes:
             space = SearchSpace(
                 global_batch_size=gbs,
                 precisions=settings.precisions,
-                checkpointing=settings.checkpointing,
+                checkpointing=checkpointing,
                 layouts=layouts_for(gbs, range(1, settings.world_size + 1)),
+                fsdp_reshard_after_forward=settings.fsdp_reshard,
+                loss_chunks=settings.loss_chunks,
             )
             candidates = space.candidates()
             args = ",".join(f"{k}={v}" for k, v in sorted(entry.args.items()))
             group = (
                 f"{entry.spec}[{args}] seq {settings.seq_len}, world size {settings.world_size}, "
                 f"{'+'.join(settings.precisions)}, checkpointing {'+'.join(settings.checkpointing)}"
-                f", {settings.warmup}+{settings.steps} steps a visit"
+                f"{settings.knobs_text()}, {settings.warmup}+{settings.steps} steps a visit"
                 + (", quick" if settings.quick else "")
             )
             cases.append(
@@ -230,6 +260,33 @@ def build_cases(settings: Settings) -> list[Case]:
                 )
             )
     return cases
+
+
+@contextlib.contextmanager
+def in_repo() -> Iterator[None]:
+    """Run in the repository root: relative model paths resolve from it, as in a visit."""
+    cwd = Path.cwd()
+    os.chdir(REPO)
+    try:
+        yield
+    finally:
+        os.chdir(cwd)
+
+
+def resolve_checkpointing(values: Sequence[str], entry: ModelEntry) -> tuple[str, ...]:
+    """The grid's checkpointing settings for one model: ``blocks:mid`` becomes blocks:K with
+    K = L // 2 of its L repeated blocks (left out below two blocks: no middle K exists), the
+    one blocks:K the advisor's profile measures (profilers.checkpointing.middle_blocks)."""
+    if MIDDLE_BLOCKS not in values:
+        return tuple(values)
+    from advisor.workload import AdvisorWorkload
+    from profilers.checkpointing import middle_blocks
+
+    with in_repo():
+        layers = AdvisorWorkload(model=entry.spec, model_args=dict(entry.args)).facts().num_layers
+    middle = middle_blocks(layers or 0)
+    out = [middle if v == MIDDLE_BLOCKS else v for v in values]
+    return tuple(dict.fromkeys(v for v in out if v is not None))
 
 
 # --quick: fp32 without checkpointing at global batch 4: 3 single + 2 ddp + 2 fsdp = 7 configs.
@@ -830,10 +887,15 @@ def run_extra(session: Session, case: Case, progress: Progress, label: str) -> N
 
 
 def _candidate_from_key(key: str, cls: Any) -> Any:
-    """``fp32/none/ddp2/mb4xga1/nw0`` -> Candidate (the inverse of Candidate.key)."""
-    precision, checkpointing, layout, split, workers = key.split("/")
+    """``fp32/none/fsdp2/mb4xga1/nw0[/lcN][/kg][/tc]`` -> Candidate (the inverse of
+    Candidate.key)."""
+    precision, checkpointing, layout, split, workers, *knobs = key.split("/")
     parallelism = layout.rstrip("0123456789")
     micro, accum = split.removeprefix("mb").split("xga")
+    chunks = [int(k.removeprefix("lc")) for k in knobs if k.startswith("lc")]
+    unknown = [k for k in knobs if not (k.startswith("lc") or k in ("kg", "tc"))]
+    if unknown:
+        raise ValueError(f"config key {key!r}: unknown part(s) {', '.join(unknown)}")
     return cls(
         precision=precision,
         activation_checkpointing=checkpointing,
@@ -842,6 +904,9 @@ def _candidate_from_key(key: str, cls: Any) -> Any:
         micro_batch_size=int(micro),
         grad_accum_steps=int(accum),
         num_workers=int(workers.removeprefix("nw")),
+        loss_chunks=chunks[0] if chunks else 1,
+        fsdp_reshard_after_forward="kg" not in knobs,
+        compile="tc" in knobs,
     )
 
 
@@ -908,19 +973,19 @@ def write_summaries(root: Path, current: str | None) -> str:
 # -- main ----------------------------------------------------------------------------------------
 
 
+def git(*args: str) -> str:
+    """``git ARGS`` in the repository, its output stripped ("" when git cannot answer)."""
+    try:
+        done = subprocess.run(["git", *args], cwd=REPO, capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired):
+        return ""
+    return done.stdout.strip()
+
+
 def environment() -> dict[str, Any]:
     import torch
 
     from profilers.device import read_cpu_info
-
-    def git(*args: str) -> str:
-        try:
-            done = subprocess.run(
-                ["git", *args], cwd=REPO, capture_output=True, text=True, timeout=30
-            )
-        except (OSError, subprocess.TimeoutExpired):
-            return ""
-        return done.stdout.strip()
 
     return {
         "python": platform.python_version(),
@@ -966,10 +1031,26 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--checkpointing",
         nargs="+",
-        choices=ALL_CHECKPOINTING,
+        choices=CHECKPOINTING_CHOICES,
         default=None,
-        help="Checkpointing values of the grid (default both). The advisor still searches "
-        "both: an advice outside the grid is then measured apart.",
+        help="Checkpointing values of the grid (default none full); ops and blocks:mid (K = "
+        "half the model's blocks) add the selective settings. The advisor searches what its "
+        "profile measured whatever the grid holds: an advice outside the grid is then "
+        "measured apart.",
+    )
+    parser.add_argument(
+        "--fsdp-reshard",
+        choices=("resharded", "kept", "both"),
+        default=None,
+        help="FSDP configs of the grid: resharded after forward (default), kept gathered, or "
+        "both (fsdp_reshard_after_forward True/False).",
+    )
+    parser.add_argument(
+        "--loss-chunks",
+        nargs="+",
+        type=int,
+        default=None,
+        help="Loss chunk counts of the grid (default 1: the plain loss), e.g. 1 4.",
     )
     parser.add_argument("--seq-len", type=int, default=None, help="Default 128.")
     parser.add_argument("--world-size", type=int, default=None, help="Most ranks (default 2).")
@@ -1013,6 +1094,12 @@ def settings_from(args: argparse.Namespace) -> Settings:
         "passes": args.passes,
         "precisions": tuple(dict.fromkeys(args.precisions)) if args.precisions else None,
         "checkpointing": tuple(dict.fromkeys(args.checkpointing)) if args.checkpointing else None,
+        "fsdp_reshard": (
+            {"resharded": (True,), "kept": (False,), "both": (True, False)}[args.fsdp_reshard]
+            if args.fsdp_reshard
+            else None
+        ),
+        "loss_chunks": tuple(dict.fromkeys(args.loss_chunks)) if args.loss_chunks else None,
         "seq_len": args.seq_len,
         "world_size": args.world_size,
         "warmup": args.warmup,
@@ -1029,6 +1116,8 @@ def settings_from(args: argparse.Namespace) -> Settings:
         problems.append("--passes and --steps must be >= 1 and --warmup >= 0")
     if settings.world_size < 1 or any(g < 1 for g in settings.global_batch_sizes):
         problems.append("--world-size and every global batch must be >= 1")
+    if any(n < 1 for n in settings.loss_chunks):
+        problems.append("--loss-chunks must be >= 1")
     problems += [p for name in settings.models if (p := model_problem(name))]
     if problems:
         print("error: " + "; ".join(problems), file=sys.stderr)
@@ -1042,14 +1131,11 @@ def model_problem(name: str) -> str:
     from advisor.models import build_model
 
     entry = model_entry(name)
-    cwd = Path.cwd()
     try:
-        os.chdir(REPO)  # relative model paths resolve from the repository root, as in a visit
-        build_model(entry.spec, entry.args, meta=True)
+        with in_repo():
+            build_model(entry.spec, entry.args, meta=True)
     except UsageProblem as exc:
         return f"--models {name}: {exc}"
-    finally:
-        os.chdir(cwd)
     return ""
 
 

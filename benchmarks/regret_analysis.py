@@ -530,6 +530,44 @@ def calibration(
     return out
 
 
+# -- what the knobs of issue 14 gain --------------------------------------------------------------
+
+# The knobs a grid had before issue 14: whole-model checkpointing, FSDP resharded after
+# forward, the plain loss, eager. A key with any other value uses a new knob.
+_PLAIN_CHECKPOINTING = ("none", "full")
+
+
+def uses_new_knob(key: str) -> bool:
+    """Whether a config key (strategies.space.Candidate.key) uses selective checkpointing
+    (ops, blocks:K), FSDP kept gathered (/kg), a chunked loss (/lcN) or torch.compile (/tc)."""
+    parts = key.split("/")
+    return parts[1] not in _PLAIN_CHECKPOINTING or len(parts) > 5
+
+
+def knob_gain(
+    stats: Mapping[str, ConfigStats], budget_bytes: int | None = None
+) -> dict[str, Any] | None:
+    """The grid's measured best against its best without the new knobs (within
+    ``budget_bytes``): what searching them gains on this host. None when the grid holds no
+    config with a new knob, or no plain one measured."""
+    if not any(uses_new_knob(k) for k in stats):
+        return None
+    best = best_config(stats, budget_bytes)
+    plain = best_config({k: s for k, s in stats.items() if not uses_new_knob(k)}, budget_bytes)
+    if best is None or plain is None:
+        return None
+    best_tps, plain_tps = stats[best].tokens_per_s, stats[plain].tokens_per_s
+    assert best_tps is not None and plain_tps is not None
+    return {
+        "best": best,
+        "best_tokens_per_s": best_tps,
+        "plain_best": plain,
+        "plain_tokens_per_s": plain_tps,
+        "gain": best_tps / plain_tps,
+        "knob_configs": sum(1 for k in stats if uses_new_knob(k)),
+    }
+
+
 # -- one case of one session ----------------------------------------------------------------------
 
 
@@ -559,6 +597,8 @@ class CaseResult:
     top: list[dict[str, Any]]
     loadavg: list[float] | None
     stats: list[dict[str, Any]] = field(default_factory=list)
+    # Per budget kind: the best config against the best without issue 14's knobs (knob_gain).
+    knob_gains: dict[str, dict[str, Any]] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -588,6 +628,9 @@ def analyse_case(
     regrets: dict[str, dict[str, Any]] = {}
     statements: dict[str, str] = {}
     predictions: Mapping[str, Mapping[str, Any]] = {}
+    gains: dict[str, dict[str, Any]] = {}
+    if (gain := knob_gain(stats)) is not None:
+        gains["unconstrained"] = gain
     if advisor is not None:
         predictions = advisor.get("predictions") or {}
         for kind in BUDGET_KINDS:
@@ -609,6 +652,8 @@ def analyse_case(
             )
             if kind == "memory-bound":
                 entry["rule"] = memory_bound_budget(stats).to_dict()
+                if (gain := knob_gain(stats, budget)) is not None:
+                    gains[kind] = gain
             regrets[kind] = entry
             text = spread_statement(r.ratio, spread.value)
             if text:
@@ -650,6 +695,7 @@ def analyse_case(
         ],
         loadavg=[min(loads), max(loads)] if loads else None,
         stats=[s.to_dict() for s in stats.values()],
+        knob_gains=gains,
     )
 
 

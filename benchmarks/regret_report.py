@@ -168,6 +168,14 @@ def case_markdown(case: analysis.CaseResult) -> list[str]:
         f"{_pct(spread.get('pass_best_spread'))}"
         f"{', the passes crowned different configs' if spread.get('pass_winners_differ') else ''})."
     ]
+    for kind, gain in case.knob_gains.items():
+        lines.append(
+            f"- {kind}: the new knobs (selective checkpointing, FSDP kept gathered, chunked "
+            f"loss; {gain['knob_configs']} of the grid's configs) gain "
+            f"**{gain['gain']:.3f}×** on this host: best {gain['best']} "
+            f"{gain['best_tokens_per_s']:,.0f} tok/s against the best without them "
+            f"{gain['plain_best']} {gain['plain_tokens_per_s']:,.0f}."
+        )
     for kind, text in case.statements.items():
         lines.append(f"- **{kind}: {text}.**")
     lines.append("")

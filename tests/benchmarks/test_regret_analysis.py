@@ -409,3 +409,41 @@ def test_the_summaries_say_what_the_analysis_found() -> None:
     )
     assert "## Held-out models" in summary and "Tuning set" not in summary
     assert "advised config not in the grid" in summary
+
+
+# -- what the knobs of issue 14 gain --------------------------------------------------------------
+
+
+def test_the_knobs_gain_is_the_best_against_the_best_without_them() -> None:
+    plain_fast = "fp32/none/single1/mb8xga1/nw0"
+    plain_small = "fp32/full/single1/mb2xga4/nw0"
+    ops = "fp32/ops/single1/mb4xga2/nw0"
+    kept = "fp32/none/fsdp2/mb4xga1/nw0/kg"
+    assert not ra.uses_new_knob(plain_fast) and not ra.uses_new_knob(plain_small)
+    assert ra.uses_new_knob(ops) and ra.uses_new_knob(kept)
+    assert ra.uses_new_knob("fp32/blocks:2/ddp2/mb4xga1/nw0")
+    assert ra.uses_new_knob("fp32/none/single1/mb8xga1/nw0/lc4")
+    visits = (
+        [visit(plain_fast, p, 0.10, peak_mib=600) for p in range(2)]
+        + [visit(plain_small, p, 0.16, peak_mib=300) for p in range(2)]
+        + [visit(ops, p, 0.125, peak_mib=400) for p in range(2)]
+        + [visit(kept, p, 0.20, peak_mib=350, layout="fsdp", world=2) for p in range(2)]
+    )
+    stats = ra.config_stats(visits)
+    # Unconstrained the plain config wins: the knobs gain nothing (1.0, never below).
+    free = ra.knob_gain(stats)
+    assert free is not None and free["gain"] == pytest.approx(1.0)
+    assert free["best"] == free["plain_best"] == plain_fast and free["knob_configs"] == 2
+    # Within 450 MiB the fastest plain config left is full (0.16 s); ops fits at 0.125 s.
+    bound = ra.knob_gain(stats, 450 * MiB)
+    assert bound is not None and bound["best"] == ops and bound["plain_best"] == plain_small
+    assert bound["gain"] == pytest.approx(0.16 / 0.125)
+    # A grid without the knobs has no gain to report.
+    assert ra.knob_gain({k: s for k, s in stats.items() if not ra.uses_new_knob(k)}) is None
+    result = ra.analyse_case(
+        session="s1",
+        case=case([plain_fast, plain_small, ops, kept]),
+        visits=visits,
+        advisor=None,
+    )
+    assert result.knob_gains["unconstrained"]["gain"] == pytest.approx(1.0)
