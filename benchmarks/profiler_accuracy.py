@@ -308,7 +308,7 @@ def bench_model(model: str, settings: Settings) -> dict[str, Any]:
                     "predicted_bytes": predicted,
                     "measured_bytes": truth,
                     "error": relative_error(predicted, truth),
-                    "extrapolated": not memory_sizes or b > max(memory_sizes),
+                    "extrapolated": beyond(memory_sizes, b),
                 }
             timed = samples.get((p, c, b))
             if time_model is None or not timed:
@@ -323,7 +323,7 @@ def bench_model(model: str, settings: Settings) -> dict[str, Any]:
                     "num_samples": len(timed),
                     "spread": quartile_spread(timed),
                     "error": relative_error(predicted_s, measured_s),
-                    "extrapolated": not (min(time_sizes) <= b <= max(time_sizes)),
+                    "extrapolated": outside(time_sizes, b),
                     "drift": drift,
                 }
                 if same_session is not None:
@@ -418,6 +418,40 @@ def interleaved_order(models: Sequence[str], variants: Sequence[Variant]) -> lis
         names = [v.name for v in variants]
         order += [(name, model) for name in (names if i % 2 == 0 else names[::-1])]
     return order
+
+
+def beyond(sizes: Sequence[int], b: int) -> bool:
+    """Whether a memory fit extrapolates to ``b``: right of its largest traced size (left of
+    the smallest it is floored there). False for a fit with no sizes of its own: ``blocks:K``
+    priced on the line in K through the measured settings, which is what is being judged."""
+    return bool(sizes) and b > max(sizes)
+
+
+def outside(sizes: Sequence[int], b: int) -> bool:
+    """Whether a time fit extrapolates to ``b``: outside its timed sizes. False, as in
+    :func:`beyond`, for ``blocks:K`` on the line in K (its fit has no sizes: the first full
+    run of the selective settings crashed here, on ``min()`` of none)."""
+    return bool(sizes) and not (min(sizes) <= b <= max(sizes))
+
+
+def kept_benches(path: Path, settings: Settings) -> dict[tuple[str, str], dict[str, Any]]:
+    """The models an earlier results file measured without error, by (settings name, model),
+    each marked with where it came from; refused when that run's settings differ from these
+    in anything but the models."""
+    earlier = json.loads(path.read_text())
+    theirs = {k: v for k, v in earlier["meta"]["settings"].items() if k != "models"}
+    ours = json.loads(json.dumps(dataclasses.asdict(settings)))  # tuples as JSON reads them
+    ours.pop("models")
+    if theirs != ours:
+        raise SystemExit(
+            f"--resume-from {path}: its settings differ from this run's ({theirs} vs {ours})"
+        )
+    return {
+        (section["name"], bench["model"]): {**bench, "kept_from": str(path)}
+        for section in earlier["by_settings"]
+        for bench in section["models"]
+        if "error" not in bench
+    }
 
 
 def run_child(model: str, settings: Settings, variant: Variant, workdir: Path) -> dict[str, Any]:
@@ -551,7 +585,8 @@ def model_section(bench: dict[str, Any], heading: str) -> list[str]:
         f"Profile: {prof['elapsed_s']:.0f} s of {prof['budget_s']:g} s, load "
         f"{prof['load_before']:.1f} → {prof['load_after']:.1f}; time truth load "
         + " → ".join(f"{x:.1f}" for x in bench["time_truth_load"])
-        + ".",
+        + "."
+        + (f" Measured by the run of {bench['kept_from']} (kept)." if "kept_from" in bench else ""),
         "",
         "| precision | ckpt | b | memory probed at | predicted MiB | measured MiB | error "
         "| time probed at | predicted s | measured s (spread, n) | error "
@@ -576,7 +611,8 @@ def model_section(bench: dict[str, Any], heading: str) -> list[str]:
         )
         lines.append(
             f"| {r['precision']} | {r['activation_checkpointing']} | {r['micro_batch_size']} | "
-            f"{r['memory_probed_sizes']} | {mem} | {r['time_probed_sizes']} | {tim} |"
+            f"{r['memory_probed_sizes'] or 'line in K'} | {mem} | "
+            f"{r['time_probed_sizes'] or 'line in K'} | {tim} |"
         )
     skipped = [p for p in prof["throughput_probes"] if p["status"] != "ok"]
     if skipped:
@@ -666,6 +702,13 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         help=f"Results prefix (writes PREFIX.json and PREFIX.md; default {DEFAULT_PREFIX} for "
         "the full run, a temporary directory with --quick).",
     )
+    parser.add_argument(
+        "--resume-from",
+        type=Path,
+        default=None,
+        help="The results JSON of an earlier run with the same settings: the models it "
+        "measured without error are kept (each says so) and only the others are measured.",
+    )
     # Internal: one model under one variant, in a fresh process.
     parser.add_argument("--child-model", help=argparse.SUPPRESS)
     parser.add_argument("--child-settings", help=argparse.SUPPRESS)
@@ -689,8 +732,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     benches: dict[str, list[dict[str, Any]]] = {v.name: [] for v in variants}
     by_name = {v.name: v for v in variants}
     order = interleaved_order(settings.models, variants)
+    kept = kept_benches(args.resume_from, settings) if args.resume_from else {}
     with tempfile.TemporaryDirectory(prefix="profiler_accuracy-") as tmp:
         for name, model in order:
+            if (name, model) in kept:
+                say(f"{model}: settings {name}: kept from {args.resume_from}")
+                benches[name].append(kept[name, model])
+                continue
             variant = by_name[name]
             child_settings = dataclasses.replace(settings, budget_s=variant.budget_s)
             benches[name].append(run_child(model, child_settings, variant, Path(tmp)))

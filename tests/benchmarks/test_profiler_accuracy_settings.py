@@ -205,3 +205,37 @@ def test_report_labels_both_settings_in_the_summary_and_as_sections() -> None:
     assert "### bert-tiny" in text and "Not measured: exit 1." in text
     assert "- t: timeout (slow)" in text
     assert "+5.0%" in text and "-20.0%" in text
+
+
+def test_blocks_k_on_the_line_in_k_is_judged_not_called_extrapolated() -> None:
+    # A fit with sizes of its own: outside them is extrapolated (memory: only to the right).
+    assert pa.outside([2, 8], 12) and pa.outside([2, 8], 1) and not pa.outside([2, 8], 6)
+    assert pa.beyond([1, 4, 8], 12) and not pa.beyond([1, 4, 8], 3)
+    # blocks:K priced on the line through the measured settings has none: the first full run
+    # of the selective settings crashed on min() of an empty list here.
+    assert not pa.outside([], 6) and not pa.beyond([], 6)
+
+
+def test_resume_keeps_the_models_measured_without_error_under_the_same_settings(
+    tmp_path: Any,
+) -> None:
+    settings = dataclasses.replace(pa.FULL, models=("gpt-tiny", "bert-tiny"))
+    earlier = {
+        "meta": {"settings": dataclasses.asdict(dataclasses.replace(settings, models=("x",)))},
+        "by_settings": [
+            {
+                "name": "favourable",
+                "models": [
+                    {"model": "gpt-tiny", "error": "the benchmark child exited with 1"},
+                    {"model": "bert-tiny", "rows": []},
+                ],
+            }
+        ],
+    }
+    path = tmp_path / "earlier.json"
+    path.write_text(json.dumps(earlier))
+    kept = pa.kept_benches(path, settings)
+    assert list(kept) == [("favourable", "bert-tiny")]  # the failed one is measured again
+    assert kept["favourable", "bert-tiny"]["kept_from"] == str(path)
+    with pytest.raises(SystemExit, match="settings differ"):
+        pa.kept_benches(path, dataclasses.replace(settings, budget_s=60.0))
