@@ -70,30 +70,6 @@ def assert_complete(out: Path, stdout: str, *, name: str, seq_len: int) -> Profi
     return profile
 
 
-@pytest.mark.slow
-def test_gpt_tiny_with_communication_at_world_size_2(tmp_path: Path) -> None:
-    # The comm phase runs after every other single-device probe, so it needs the budget to
-    # reach it: the earlier phases overrun their shares on a loaded 2-vCPU host.
-    out = tmp_path / "gpt"
-    stdout = advisor_profile(
-        out, "--model", "gpt-tiny", "--precision", "fp32", "--seq-len", "32", "--budget-s", "75"
-    )
-    profile = assert_complete(out, stdout, name="gpt-tiny", seq_len=32)
-    assert profile.workload["model"] == "gpt-tiny" and profile.workload["data"] == "stdlib"
-
-    (run,) = profile.communication_runs
-    assert (run.backend, run.world_size, run.status) == ("gloo", 2, "ok")
-    measured = {(s.collective, s.world_size) for s in profile.communication if s.status == "ok"}
-    assert measured == {(c, 2) for c in COLLECTIVES}
-    for collective in COLLECTIVES:
-        fit = profile.fits.comm_fit(collective, 2)
-        assert fit is not None, collective
-    (row,) = [r for r in profile.probes if r.probe == "communication"]
-    assert (row.name, row.status) == ("gloo world=2", "ok")
-    # The input probe reads the real data (stdlib) when the budget reaches it.
-    assert all(s.tokens_per_s > 0 for s in profile.input if s.status == "ok")
-
-
 MODELS = {
     "bert-tiny": ("bert-tiny",),
     "hf-gpt2": (
@@ -113,11 +89,17 @@ MODELS = {
 }
 
 
+# The one profile that also measures collectives (world size 2, gloo): the smallest model, so
+# the phases before the communication probe leave it its share on a loaded host.
+WITH_COMM = "user-factory"
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("case", MODELS)
 def test_every_kind_of_model_spec_gets_a_complete_profile(tmp_path: Path, case: str) -> None:
     spec, *model_args = MODELS[case]
     out = tmp_path / case
+    comm = case == WITH_COMM
     stdout = advisor_profile(
         out,
         "--model",
@@ -128,12 +110,15 @@ def test_every_kind_of_model_spec_gets_a_complete_profile(tmp_path: Path, case: 
         "--seq-len",
         "32",
         "--budget-s",
-        "30",
-        "--no-comm",
+        # The budget counts torch's and the model library's import too (advisor.profiling):
+        # 30 s, then 40 s (in CI: the import 11 s, the baseline's timing child 18 s beside
+        # another test worker), left an hf: model no time for fp32/full's traces. The
+        # communication probe runs after the core and the refinements: 75 s reach it.
+        "75" if comm else "60",
+        *(() if comm else ("--no-comm",)),
     )
     profile = assert_complete(out, stdout, name=spec, seq_len=32)
-    assert profile.workload["model"] == spec
-    assert not profile.communication
+    assert profile.workload["model"] == spec and profile.workload["data"] == "stdlib"
     if case == "bert-tiny":
         assert profile.model.objective == "mlm"
     elif case == "hf-gpt2":
@@ -141,6 +126,19 @@ def test_every_kind_of_model_spec_gets_a_complete_profile(tmp_path: Path, case: 
         assert profile.workload["model_args"] == {"n_layer": 1, "n_embd": 64, "n_head": 2}
     else:
         assert profile.model.vocab_size == 256 and profile.model.objective == "causal_lm"
+    if not comm:
+        assert not profile.communication
+        return
+    (run,) = profile.communication_runs
+    assert (run.backend, run.world_size, run.status) == ("gloo", 2, "ok")
+    measured = {(s.collective, s.world_size) for s in profile.communication if s.status == "ok"}
+    assert measured == {(c, 2) for c in COLLECTIVES}
+    for collective in COLLECTIVES:
+        assert profile.fits.comm_fit(collective, 2) is not None, collective
+    (row,) = [r for r in profile.probes if r.probe == "communication"]
+    assert (row.name, row.status) == ("gloo world=2", "ok")
+    # The input probe reads the real data (stdlib) when the budget reaches it.
+    assert all(s.tokens_per_s > 0 for s in profile.input if s.status == "ok")
 
 
 # -- bad input: one line, exit 2, nothing written ------------------------------------------------

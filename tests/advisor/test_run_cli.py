@@ -22,7 +22,7 @@ def invoke(*args: str) -> Result:
 @pytest.fixture(scope="module")
 def run_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     out, result = real_run(tmp_path_factory.getbasetemp())
-    assert result.exit_code == 0, result.output + str(result.exception)
+    assert result.exit_code == 0, result.output + result.exception
     return out
 
 
@@ -61,8 +61,10 @@ def test_run_lays_out_the_run_directory(run_dir: Path) -> None:
     assert "Use " in html and "No training yet" not in html
 
 
-def test_run_prints_the_recommendation_and_the_report(run_dir: Path) -> None:
-    _, result = real_run(run_dir.parent)
+def test_run_prints_the_recommendation_and_the_report(
+    run_dir: Path, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    _, result = real_run(tmp_path_factory.getbasetemp())
     lines = result.stdout.splitlines()
     assert lines[0].startswith("recommended: ")
     assert lines[1].startswith("trained: 6 steps, loss ")

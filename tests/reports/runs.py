@@ -4,13 +4,15 @@
 from __future__ import annotations
 
 import dataclasses
+import fcntl
 import json
 import math
+import os
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from click.testing import CliRunner, Result
+from click.testing import CliRunner
 
 from advisor.cli import main
 from advisor.recommending import recommend
@@ -220,13 +222,34 @@ REAL_RUN_ARGS = (
     "3",
     "--quiet",
 )
-_REAL_RUN: dict[str, tuple[Path, Result]] = {}
 
 
-def real_run(base: Path) -> tuple[Path, Result]:
-    """``advisor run`` with tiny settings (about a minute on 2 cores), once per session."""
-    if "run" not in _REAL_RUN:
-        out = base / "real-run"
-        result = CliRunner().invoke(main, ["run", *REAL_RUN_ARGS, "--out", str(out)])
-        _REAL_RUN["run"] = (out, result)
-    return _REAL_RUN["run"]
+@dataclasses.dataclass(frozen=True)
+class RunOutcome:
+    """What the tests read of the real run's CliRunner result (kept on disk: it is shared)."""
+
+    exit_code: int
+    output: str
+    stdout: str
+    exception: str
+
+
+def real_run(base: Path) -> tuple[Path, RunOutcome]:
+    """``advisor run`` with tiny settings (about a minute on 2 cores), once per test session:
+    ``base`` is the session's temporary directory (``tmp_path_factory.getbasetemp()``); under
+    pytest-xdist its parent is shared by the workers, and the first to ask runs it (under a
+    lock) while the others wait and read its result."""
+    root = base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
+    out, record = root / "real-run", root / "real-run.json"
+    with open(root / "real-run.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not record.exists():
+            result = CliRunner().invoke(main, ["run", *REAL_RUN_ARGS, "--out", str(out)])
+            outcome = RunOutcome(
+                exit_code=result.exit_code,
+                output=result.output,
+                stdout=result.stdout,
+                exception=repr(result.exception) if result.exception else "",
+            )
+            record.write_text(json.dumps(dataclasses.asdict(outcome)))
+    return out, RunOutcome(**json.loads(record.read_text()))
