@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -41,8 +42,36 @@ def test_cpu_probe_shape(cpu_info: DeviceInfo) -> None:
     assert list(info.precisions) == list(PRECISIONS)
     assert info.precisions["fp32"].speedup_vs_fp32 == 1.0
     assert all(check.supported for check in info.precisions.values())
-    # The budget bounds the plan; one call that started in time may finish after it.
-    assert info.elapsed_s < BUDGET_S + 3.0
+    assert info.budget_s == BUDGET_S and info.elapsed_s > 0
+
+
+def test_the_probe_splits_its_budget_into_fixed_shares_that_add_up_to_it(
+    cpu_info: DeviceInfo, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each phase plans its calls within the share it is given (the shares are what bound the
+    probe; its wall time on a loaded host is not asserted: a call that started in time may end
+    after it)."""
+    shares: list[tuple[str, float]] = []
+
+    def record(name: str, result: object) -> Callable[..., object]:
+        def bench(dev: object, *args: object) -> object:
+            budget = next(a for a in args if isinstance(a, float))
+            shares.append((name, budget))
+            return result
+
+        return bench
+
+    real = cpu_info
+    monkeypatch.setattr(device, "matmul_benchmark", record("matmul", real.matmul["fp32"]))
+    monkeypatch.setattr(device, "copy_benchmark", record("copy", real.memory_bandwidth))
+    monkeypatch.setattr(device, "precision_benchmarks", record("precision", real.precisions))
+    info = probe_device("cpu", budget_s=7.0)
+    names = [name for name, _ in shares]
+    assert names == ["matmul"] * len(info.matmul) + ["copy", "precision"]
+    assert sum(budget for _, budget in shares) == pytest.approx(7.0)
+    matmul = [budget for name, budget in shares if name == "matmul"]
+    assert len(set(matmul)) == 1 and dict(shares)["precision"] == pytest.approx(3 * matmul[0])
+    assert dict(shares)["copy"] == pytest.approx(0.5 * matmul[0])
 
 
 def test_device_info_round_trips_through_json(cpu_info: DeviceInfo) -> None:
