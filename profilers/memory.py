@@ -110,11 +110,14 @@ def trace_step_memory(
     return trace(workload, spec, cuda_rounding=cuda_rounding)
 
 
-def measure_cpu_step_memory(workload: Workload, spec: StepSpec) -> CpuStepMemory:
-    """Run real steps on the CPU and read the allocator's peak of the second one, per phase."""
+def measure_cpu_step_memory(
+    workload: Workload, spec: StepSpec, *, min_warmup: int = 1
+) -> CpuStepMemory:
+    """Run real steps on the CPU and read the allocator's peak of the last one, per phase
+    (after ``min_warmup`` steps at least, and until the optimizer has state)."""
     from profilers.memory_truth import measure_cpu
 
-    return measure_cpu(workload, spec)
+    return measure_cpu(workload, spec, min_warmup=min_warmup)
 
 
 def measure_cpu_step_peak(workload: Workload, spec: StepSpec) -> int:

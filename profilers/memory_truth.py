@@ -23,17 +23,19 @@ _FORWARD_BACKWARD = "memory_probe::forward_backward"
 _OPTIMIZER_STEP = "memory_probe::optimizer_step"
 
 
-def measure_cpu(workload: Workload, spec: StepSpec) -> CpuStepMemory:
+def measure_cpu(workload: Workload, spec: StepSpec, *, min_warmup: int = 1) -> CpuStepMemory:
     """Peak of the CPU allocator's ``total_allocated`` over each phase of the measured step.
 
     The profiler's CPU memory reporter counts only blocks allocated while it runs (frees of older
     blocks are not subtracted), so the step is built inside the profiled region: the count is
-    then everything the step holds, as the trace counts it.
+    then everything the step holds, as the trace counts it. At least ``min_warmup`` steps run
+    before the measured one (more until the optimizer has state): the allocator's count is the
+    same after one, but a process's resident peak still grows over the first steps.
     """
     generator = torch.Generator().manual_seed(0)
     with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
         step = workload.build_step(spec, "cpu")
-        _warm_up(step, generator)
+        _warm_up(step, generator, min_warmup)
         started = time.perf_counter()
         with record_function(_FORWARD_BACKWARD):
             batches = step.synthetic_batches(generator)
@@ -56,10 +58,10 @@ def measure_cpu(workload: Workload, spec: StepSpec) -> CpuStepMemory:
     )
 
 
-def _warm_up(step: TrainStep, generator: torch.Generator | None) -> None:
-    for _ in range(_MAX_WARMUP_STEPS):
+def _warm_up(step: TrainStep, generator: torch.Generator | None, min_steps: int = 1) -> None:
+    for i in range(max(_MAX_WARMUP_STEPS, min_steps)):
         step.step(step.synthetic_batches(generator))
-        if step.optimizer.state:
+        if step.optimizer.state and i + 1 >= min_steps:
             return
 
 

@@ -178,6 +178,9 @@ class _Evidence:
 # -- child-process entry point (top level: pickled by reference) ------------------------------
 
 
+CPU_CHECK_WARMUP_STEPS = 2
+
+
 def _memory_check_child(
     workload: Workload, spec: StepSpec, device: str
 ) -> tuple[dict[str, Any], int | None, dict[str, int]]:
@@ -195,7 +198,11 @@ def _memory_check_child(
         for _ in workload.data_batches(spec, 0, 4):
             pass
     with quiet_native_output():
-        measured = measure_cpu_step_memory(workload, spec)
+        # Two steps before the measured one: a training process's resident peak still grows
+        # over its first steps (gpt-tiny here: +47 MiB from the first step to the second, +4
+        # to the third, then flat), and the overhead read below is its steady state's. With
+        # one, the check's resident peak read 2-4% below advisor train's steps 3-5.
+        measured = measure_cpu_step_memory(workload, spec, min_warmup=CPU_CHECK_WARMUP_STEPS)
     # The resident peak of a single-device training process: read it before loading what
     # only a rank loads. Building the step loads what any torch training process loads
     # (with torch 2.13 the optimizer's constructor imports torch._dynamo, which imports the

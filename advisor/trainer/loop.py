@@ -91,9 +91,9 @@ def resolve_device(name: str, local_rank: int = 0) -> torch.device:
 
 
 def check_precision(precision: str, device: torch.device) -> None:
-    from profilers.device import supported_precisions
+    from profilers.device import precision_problem
 
-    problem = supported_precisions(device).get(precision)
+    problem = precision_problem(device, precision)  # only its own (precision_problem says why)
     if problem:
         raise UsageProblem(f"{precision} cannot run on {device.type}: {problem}")
 

@@ -98,13 +98,17 @@ def test_precision_the_device_cannot_run(tmp_path: Path, monkeypatch: pytest.Mon
     import profilers.device
 
     reason = "bf16 needs an NVIDIA GPU of compute capability 8.0 or newer: use --precision fp16"
-    monkeypatch.setattr(
-        profilers.device,
-        "supported_precisions",
-        lambda device: {"fp32": None, "bf16": reason, "fp16": None},
-    )
+    asked: list[str] = []
+
+    def problem(device: object, precision: str) -> str | None:
+        asked.append(precision)
+        return reason if precision == "bf16" else None
+
+    monkeypatch.setattr(profilers.device, "precision_problem", problem)
     line = one_line_error(train("--precision", "bf16", "--device", "cpu", tmp_path=tmp_path))
     assert line == f"error: bf16 cannot run on cpu: {reason}"
+    # Only its own precision is tried: each try loads kernels the run would carry for nothing.
+    assert asked == ["bf16"]
 
 
 def test_global_batch_that_the_split_cannot_make(tmp_path: Path) -> None:

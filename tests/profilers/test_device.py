@@ -153,3 +153,15 @@ def test_cuda_bf16_refusal_names_the_fix() -> None:
         assert "--precision fp16" in (reasons["bf16"] or "")
     else:
         assert reasons == {"fp32": None, "bf16": None, "fp16": None}
+
+
+def test_one_precision_is_checked_alone_and_fp32_needs_no_try(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    tried: list[str] = []
+    monkeypatch.setattr(device, "try_autocast_step", lambda dev, p: tried.append(p))
+    assert device.precision_problem("cpu", "fp32") is None
+    assert device.precision_problem("cpu", "bf16") is None
+    assert tried == ["bf16"]
+    with pytest.raises(ValueError, match="unknown precision 'fp8'"):
+        device.precision_problem("cpu", "fp8")
