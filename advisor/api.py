@@ -217,6 +217,7 @@ def profile(
     device: str = "auto",
     budget_s: float = DEFAULT_PROFILE_BUDGET_S,
     precisions: Sequence[str] | None = None,
+    checkpointing: Sequence[str] | None = None,
     comm: bool = True,
     out: str | os.PathLike[str] | None = None,
     progress: Callable[[str, float], None] | None = None,
@@ -226,7 +227,9 @@ def profile(
     ``model``: a spec string or a factory (see :func:`model_spec`); ``model_args`` override its
     config fields or are passed to the factory (``--model-arg``). ``data``: stdlib, synthetic,
     a text file, a ``.bin`` of uint16 token ids. ``budget_s``: the time all probes share (they
-    fill it). ``precisions``: profile only these (default: all the device runs). ``comm``:
+    fill it). ``precisions``: profile only these (default: all the device runs).
+    ``checkpointing``: the activation-checkpointing settings to measure (default: none, full,
+    ops and the middle blocks:K; add ``ops-half`` for torchtitan's 'op' policy). ``comm``:
     run the communication probe. ``out``: where profile.json and probes.csv are written
     (default ``runs/profile-TIMESTAMP``). ``progress(message, fraction_of_budget)``.
 
@@ -252,6 +255,7 @@ def profile(
         device=device,
         budget_s=budget_s,
         precisions=tuple(precisions) if precisions else None,
+        checkpointing=tuple(checkpointing) if checkpointing else None,
         comm=comm,
     )
     return run_profile(request, _path(out) or default_out("profile"), progress)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -14,6 +14,7 @@ from profilers.checkpointing import profiled as profiled_checkpointing
 from profilers.defaults import DEFAULT_PROFILE_BUDGET_S
 from profilers.profile_record import Profile
 from profilers.profiler import Progress
+from profilers.workload import ModelFacts
 from strategies.config import DEFAULT_DATA, DEFAULT_MODEL, DEFAULT_SEQ_LEN
 
 
@@ -27,6 +28,9 @@ class ProfileRequest:
     device: str = "auto"
     budget_s: float = DEFAULT_PROFILE_BUDGET_S
     precisions: tuple[str, ...] | None = None
+    # Activation-checkpointing settings to measure; None: profiled() (none, full, ops, the
+    # middle blocks:K). ops-half is measured only when asked.
+    checkpointing: tuple[str, ...] | None = None
     comm: bool = True
 
 
@@ -38,6 +42,22 @@ def resolve_device_name(name: str) -> str:
     if name == "cuda" and not torch.cuda.is_available():
         raise UsageProblem("--device cuda but no CUDA device is visible: use --device cpu")
     return "cuda:0" if name == "cuda" or (name == "auto" and torch.cuda.is_available()) else "cpu"
+
+
+def profiled_settings(asked: Sequence[str] | None, facts: ModelFacts) -> tuple[str, ...]:
+    """The checkpointing settings a profile measures: ``asked`` (checked against the model,
+    none first, each once), else none only without repeated blocks, and with them none, full,
+    ops and the middle blocks:K."""
+    if not asked:
+        return profiled_checkpointing(facts.num_layers) if facts.repeated_blocks else ("none",)
+    settings: list[str] = ["none"]
+    for value in asked:
+        problem = facts.checkpointing_problem(value)
+        if problem:
+            raise UsageProblem(f"--checkpointing {value}: {problem}")
+        if value not in settings:
+            settings.append(value)
+    return tuple(settings)
 
 
 def profile(request: ProfileRequest, out: Path, progress: Progress | None = None) -> Profile:
@@ -72,10 +92,7 @@ def profile(request: ProfileRequest, out: Path, progress: Progress | None = None
         device=device,
         budget_s=request.budget_s,
         precisions=request.precisions,
-        # none only without repeated blocks; with them none, full, ops and the middle blocks:K
-        checkpointing=(
-            profiled_checkpointing(facts.num_layers) if facts.repeated_blocks else ("none",)
-        ),
+        checkpointing=profiled_settings(request.checkpointing, facts),
         comm=request.comm,
         tool={"advisor": __version__, "data": source.description},
         started_at=started,

@@ -61,6 +61,7 @@ class RunRequest:
     # profile
     budget_s: float = DEFAULT_PROFILE_BUDGET_S
     precisions: tuple[str, ...] | None = None
+    checkpointing: tuple[str, ...] | None = None  # settings the profile measures
     comm: bool = True
     # recommend
     memory_budget: float = DEFAULT_MEMORY_BUDGET
@@ -130,6 +131,7 @@ class RunRequest:
             .option("tune_trials", self.tune_trials, default=0)
             .option("device", self.device, default="auto")
             .repeated("precision", self.precisions or ())
+            .repeated("checkpointing", self.checkpointing or ())
             .switch("no_comm", not self.comm)
             .options(self.config_overrides)
             .option("eval_every", self.eval_every)
@@ -273,6 +275,7 @@ def _profile_stage(request: RunRequest, out: Path, say: ProgressFn) -> str:
             device=request.device,
             budget_s=request.budget_s,
             precisions=request.precisions,
+            checkpointing=request.checkpointing,
             comm=request.comm,
         ),
         out,

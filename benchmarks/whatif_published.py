@@ -238,8 +238,10 @@ def trace_only_profile(
         )
         for n in (1, 2)
     }
+    # ops-half's recompute is counted under its own policy (which matmuls it saves)
+    also = [c for c in checkpointing if c == "ops-half"]
     counts = {
-        n: count_step_flops(w, StepSpec(seq_len=row.seq_len, micro_batch_size=1))
+        n: count_step_flops(w, StepSpec(seq_len=row.seq_len, micro_batch_size=1), also=also)
         for n, w in small.items()
     }
     flops = extend_flops(counts[1], counts[2], layers)

@@ -11,8 +11,17 @@ One value of the plan key ``activation_checkpointing`` (and ``--activation-check
 * ``ops``: every block is checkpointed with a selective policy: the outputs of matmuls and
   attention are saved, everything else (norms, activations, element-wise ops) is recomputed
   (``torch.utils.checkpoint.create_selective_checkpoint_contexts``). torchtitan's
-  ``selective_ac_option = "op"`` is close but recomputes every other matmul too (more recompute,
-  less memory: advisor.exporters.torchtitan says so when it writes one for the other).
+  ``selective_ac_option = "op"`` is close but recomputes every other matmul too: that is
+  ``ops-half``.
+* ``ops-half``: torchtitan's ``op`` policy: every block checkpointed; attention outputs saved,
+  and of the block's linear-layer matmuls (``mm``/``addmm``, counted in forward order from 1,
+  afresh in each block's forward and in its recompute) the odd-numbered ones saved and the
+  even-numbered ones recomputed, with everything else. More recompute and less memory than
+  ``ops`` (a Llama block recomputes wk, wo and w3). On a bias-free model with SDPA attention
+  (torchtitan's Llama) it is exactly torchtitan's policy, so exports and published runs map
+  one to one. Measured like ``ops`` (its own traces and timings; ``advisor profile``
+  measures it when asked, see profiled()); the what-if prices its recompute from the counted
+  FLOPs of the policy.
 
 This module is pure (no torch, no other profilers module): the trainer, the profiler, the
 search and the CLI all read the settings through it.
@@ -23,16 +32,20 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 NONE, FULL, OPS = "none", "full", "ops"
+OPS_HALF = "ops-half"
 BLOCKS_PREFIX = "blocks:"
 # Whole-model settings first (the profiler's priority order), then the selective ones.
 WHOLE_MODEL: tuple[str, ...] = (NONE, FULL)
-SELECTIVE_FORMS: tuple[str, ...] = (OPS, "blocks:K")
-FORMS_TEXT = "none, full, ops or blocks:K (K of the model's repeated blocks)"
+SELECTIVE_FORMS: tuple[str, ...] = (OPS, OPS_HALF, "blocks:K")
+# The per-op policies: every block checkpointed, with a policy saying which outputs to keep.
+PER_OP: tuple[str, ...] = (OPS, OPS_HALF)
+FORMS_TEXT = "none, full, ops, ops-half or blocks:K (K of the model's repeated blocks)"
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class Checkpointing:
-    """A parsed setting: ``kind`` is none | full | ops | blocks; ``blocks`` is K for blocks."""
+    """A parsed setting: ``kind`` is none | full | ops | ops-half | blocks; ``blocks`` is K for
+    blocks."""
 
     kind: str
     blocks: int = 0
@@ -48,7 +61,7 @@ class Checkpointing:
 
 def parse_checkpointing(value: str) -> Checkpointing:
     """Read one setting; ValueError (one line, naming the fix) for anything else."""
-    if value in (NONE, FULL, OPS):
+    if value in (NONE, FULL, *PER_OP):
         return Checkpointing(kind=value)
     if isinstance(value, str) and value.startswith(BLOCKS_PREFIX):
         text = value[len(BLOCKS_PREFIX) :]
@@ -93,7 +106,7 @@ def checkpointed_blocks(value: str, num_layers: int) -> tuple[int, ...]:
     parsed = check_for_layers(value, num_layers) if num_layers else parse_checkpointing(value)
     if parsed.kind == NONE:
         return ()
-    if parsed.kind in (FULL, OPS):
+    if parsed.kind in (FULL, *PER_OP):
         return tuple(range(num_layers))
     k = parsed.blocks
     return tuple(i * num_layers // k for i in range(k))
@@ -108,7 +121,8 @@ def every_nth_block(value: str, num_layers: int) -> int | None:
 
 
 def block_fraction(value: str, num_layers: int) -> float | None:
-    """K / L for ``blocks:K`` (0 for none, 1 for full); None for ``ops`` or an unknown L."""
+    """K / L for ``blocks:K`` (0 for none, 1 for full); None for the per-op policies or an
+    unknown L."""
     parsed = parse_checkpointing(value)
     if parsed.kind == NONE:
         return 0.0
@@ -126,12 +140,12 @@ def middle_blocks(num_layers: int) -> str | None:
 
 def selectable(num_layers: int) -> tuple[str, ...]:
     """Every setting a model with ``num_layers`` repeated blocks can run, least recompute
-    first within the selective ones: none, full, ops, blocks:1 .. blocks:L-1."""
+    first within the selective ones: none, full, ops, ops-half, blocks:1 .. blocks:L-1."""
     if num_layers < 1:
         return (NONE,)
     return (
         *WHOLE_MODEL,
-        OPS,
+        *PER_OP,
         *(f"{BLOCKS_PREFIX}{k}" for k in range(1, num_layers)),
     )
 
@@ -146,4 +160,9 @@ def profiled(num_layers: int) -> tuple[str, ...]:
 
 
 def is_selective(value: str) -> bool:
-    return parse_checkpointing(value).kind in (OPS, "blocks")
+    return parse_checkpointing(value).kind in (*PER_OP, "blocks")
+
+
+def is_per_op(value: str) -> bool:
+    """``ops`` or ``ops-half``: every block checkpointed under a selective per-op policy."""
+    return parse_checkpointing(value).kind in PER_OP

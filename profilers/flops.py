@@ -20,7 +20,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -69,7 +69,8 @@ class FlopCount:
     def per_token(self, checkpointing: str, num_layers: int = 0) -> float | None:
         """Counted FLOPs per token of ``checkpointing``: its own count, else none's for ``ops``
         and for ``blocks:K`` none's plus K/L of full's recompute (each checkpointed block runs
-        its forward once more); None when neither is known."""
+        its forward once more); None when neither is known (``ops-half`` without its own
+        count: which matmuls it recomputes depends on the block)."""
         own = self.flops_per_token.get(checkpointing)
         if own is not None:
             return own
@@ -160,7 +161,13 @@ def mfu(tokens_per_s: float, flops_per_token: float, peak_flops: float | None) -
     return tokens_per_s * flops_per_token / peak_flops
 
 
-def count_step_flops(workload: Workload, spec: StepSpec, *, prefer_fake: bool = True) -> FlopCount:
+def count_step_flops(
+    workload: Workload,
+    spec: StepSpec,
+    *,
+    prefer_fake: bool = True,
+    also: Sequence[str] = (),
+) -> FlopCount:
     """Count one forward+backward of ``workload``'s step at ``spec``, per training token.
 
     Only the shapes matter: the count is taken at fp32, one micro-batch, one device (FLOPs per
@@ -176,7 +183,9 @@ def count_step_flops(workload: Workload, spec: StepSpec, *, prefer_fake: bool = 
     # Not ops: it recomputes no matmul or attention (their outputs are saved), so its count is
     # none's (FlopCount.per_token; tests/advisor/test_trainer_selective.py counts the kernels),
     # and one more trace would cost a large model's profile seconds for nothing.
-    modes = CHECKPOINTING
+    # ``also``: more settings to count, e.g. ops-half (it recomputes some matmuls, so its count
+    # is its own: nothing else predicts which of them).
+    modes = (*CHECKPOINTING, *(m for m in also if m not in CHECKPOINTING))
     scaled: tuple[int, int] | None = None
     layers = scalable_layers(workload) if prefer_fake else None
     if layers is not None:

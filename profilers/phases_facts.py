@@ -10,6 +10,7 @@ import time
 from dataclasses import dataclass
 
 from profilers import probe_rows
+from profilers.checkpointing import OPS_HALF
 from profilers.device import DeviceInfo
 from profilers.flops import FlopCount
 from profilers.probe_run import ProbeRun
@@ -75,7 +76,9 @@ def model_phase(run: ProbeRun) -> ModelPhase:
     t0 = time.perf_counter()
     flops: FlopCount | None
     try:
-        flops = count_step_flops(run.workload, run.spec("fp32", "none", 1))
+        # ops-half recomputes some matmuls: its count is its own (FlopCount.per_token)
+        also = [c for c in run.options.checkpointing if c == OPS_HALF]
+        flops = count_step_flops(run.workload, run.spec("fp32", "none", 1), also=also)
         per_token = flops.model_flops_per_token
         run.measured("flops", None, since=t0, value=per_token, unit="flops/token")
     except Exception as exc:

@@ -259,22 +259,41 @@ def block_forward_ops(shape: BlockShape, tokens: int, seq_len: int, precision: s
 
 
 def _recomputed_fraction(checkpointing: str, num_layers: int) -> float:
-    """Fraction of the blocks whose forward runs again: 1 for full and ops, K/L for blocks:K."""
+    """Fraction of the blocks whose forward runs again: 1 for full and the per-op policies,
+    K/L for blocks:K."""
     parsed = parse_checkpointing(checkpointing)
-    if parsed.kind in ("full", "ops"):
+    if parsed.kind in ("full", "ops", "ops-half"):
         return 1.0
     return block_fraction(checkpointing, num_layers) or 0.0
 
 
-def recomputed_ops(forward: Sequence[Op], checkpointing: str, num_layers: int) -> list[Op]:
+def recomputed_ops(
+    forward: Sequence[Op],
+    checkpointing: str,
+    num_layers: int,
+    matmul_fraction: float | None = None,
+) -> list[Op]:
     """The block-forward kernels a checkpointing setting runs again inside backward: all of
     them for full, those of K blocks for blocks:K (each op's per-layer count scaled by K/L),
-    and for ops every kernel but the GEMMs and attention, whose outputs it saves."""
+    for ops every kernel but the GEMMs and attention, whose outputs it saves, and for ops-half
+    those plus ``matmul_fraction`` of the block's forward GEMM FLOPs (the matmuls its policy
+    does not save: :func:`recomputed_matmul_fraction`), each GEMM at its own shape."""
     parsed = parse_checkpointing(checkpointing)
     if parsed.kind == "none":
         return []
     if parsed.kind == "ops":
         return [op for op in forward if op.kind == "memory_bound"]
+    if parsed.kind == "ops-half":
+        if matmul_fraction is None:
+            raise ValueError("ops-half: the fraction of the matmuls it recomputes is needed")
+        gemms = [
+            dataclasses.replace(
+                op, flops=op.flops * matmul_fraction, bytes=op.bytes * matmul_fraction
+            )
+            for op in forward
+            if op.kind == "gemm" and matmul_fraction > 0
+        ]
+        return [*(op for op in forward if op.kind == "memory_bound"), *gemms]
     fraction = _recomputed_fraction(checkpointing, num_layers)
     if fraction >= 1.0:
         return list(forward)
@@ -284,6 +303,20 @@ def recomputed_ops(forward: Sequence[Op], checkpointing: str, num_layers: int) -
         for op in forward
         if round(op.count * fraction) > 0
     ]
+
+
+def recomputed_matmul_fraction(
+    shape: BlockShape, counted_per_token: float, plain_per_token: float
+) -> float:
+    """The part of the blocks' forward GEMM FLOPs a per-op policy runs again, from the FLOPs
+    counted per token with it and without recompute (their difference is the recomputed
+    matmuls: the policy saves attention, and no other op is counted), over the analytic
+    forward GEMM FLOPs of the blocks (2 per weight that multiplies activations, the head's
+    left out). Clamped to [0, 1]."""
+    blocks = 2.0 * (shape.matmul_params - shape.vocab * shape.hidden)
+    if blocks <= 0:
+        return 0.0
+    return min(1.0, max(0.0, (counted_per_token - plain_per_token) / blocks))
 
 
 def step_ops(
@@ -297,6 +330,7 @@ def step_ops(
     sharded: bool = False,
     loss_chunks: int = 1,
     gathers: int = FSDP_GATHERS,
+    matmul_fraction: float | None = None,
 ) -> list[Op]:
     """Every kernel of one micro-batch's forward and backward (``tokens`` = micro-batch × seq).
 
@@ -336,7 +370,7 @@ def step_ops(
                 Op(name=op.name + ".backward", kind=op.kind, bytes=1.5 * op.bytes, count=op.count)
             )
     backward.append(_memory("residual.grad_add", 3 * tokens * h, e, 2 * L))
-    recompute = recomputed_ops(forward, checkpointing, L)
+    recompute = recomputed_ops(forward, checkpointing, L, matmul_fraction)
     head = _linear("head", tokens, h, shape.vocab, e, 1)
     root = [
         _memory("embedding", 3 * tokens * h, e, 1),

@@ -384,8 +384,9 @@ def searched_checkpointing(
 ) -> tuple[tuple[str, ...], tuple[str, ...]]:
     """(the checkpointing settings the search prices, why the others are left out).
 
-    ``ops`` needs its own traces and timings (no other setting predicts its recompute), so it
-    is searched only when the profile measured it. ``blocks:K`` is priced on the line in K
+    ``ops`` and ``ops-half`` need their own traces and timings (no other setting predicts
+    their recompute), so each is searched only when the profile measured it (ops-half only
+    when asked: ``advisor profile --checkpointing``). ``blocks:K`` is priced on the line in K
     through the measured settings (profilers.checkpointing_fits); a deep model's K are thinned
     to :data:`MAX_BLOCK_SETTINGS` evenly spaced values (always K = 1, the least recompute), so
     an 80-layer model does not multiply the space by 79.
@@ -404,6 +405,12 @@ def searched_checkpointing(
                 "ops checkpointing: the profile did not trace and time it (profiles written "
                 "before it existed, or its budget ran out): re-run 'advisor profile' with a "
                 "larger --budget-s"
+            )
+        elif parsed.kind == "ops-half" and setting not in measured:
+            left_out.append(
+                "ops-half checkpointing (torchtitan's 'op'): not measured by this profile; "
+                "'advisor profile --checkpointing ops-half' (with the other settings wanted) "
+                "measures it"
             )
         elif parsed.kind != "blocks" or parsed.blocks in ks:
             kept.append(setting)

@@ -24,7 +24,7 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from profilers.checkpointing import block_fraction
+from profilers.checkpointing import OPS_HALF, block_fraction
 from profilers.comm_records import bus_bandwidth_factor
 from profilers.flops import FlopCount, formula_flops_per_token
 from profilers.hardware import HardwareSpec, NetworkPreset, lookup_network, lookup_target
@@ -81,6 +81,12 @@ ROOT_STORAGES = 4 * 8
 DEFAULT_NETWORK = "ib-ndr-400"
 
 
+NO_OPS_HALF_COUNT = (
+    "ops-half checkpointing: the profile has no FLOP count of its recompute: re-run 'advisor "
+    "profile --checkpointing ops-half' (with the other settings wanted)"
+)
+
+
 @dataclass(frozen=True, kw_only=True, slots=True)
 class FlopsTime:
     """Compute time from counted FLOPs over the datasheet peak at :data:`MFU`."""
@@ -94,6 +100,8 @@ class FlopsTime:
         counted = self.flops.per_token(checkpointing, self.facts.num_layers) if self.flops else None
         if counted is not None:
             return counted
+        if checkpointing == OPS_HALF:  # which matmuls it recomputes depends on the block
+            raise Unpredictable(NO_OPS_HALF_COUNT)
         # PaLM App. B formula; full checkpointing recomputes the forward: + 2N of 6N -> ×4/3;
         # blocks:K that of K/L of the blocks; ops recomputes no matmul: no FLOPs.
         plain = formula_flops_per_token(self.facts, self.seq_len)
@@ -162,6 +170,16 @@ class RooflineTime:
         ratio = counted / analytic
         return ratio if abs(ratio - 1.0) > GEMM_COUNT_TOLERANCE else 1.0
 
+    def matmul_fraction(self, checkpointing: str) -> float | None:
+        """For ops-half, the part of the blocks' forward matmuls it recomputes, from the
+        profile's FLOP count of its policy; None for any other setting."""
+        if checkpointing != OPS_HALF:
+            return None
+        counted = self.flops.flops_per_token if self.flops else {}
+        if OPS_HALF not in counted or "none" not in counted:
+            raise Unpredictable(NO_OPS_HALF_COUNT)
+        return roofline.recomputed_matmul_fraction(self.shape, counted[OPS_HALF], counted["none"])
+
     def compute(self, candidate: Candidate) -> ComputeTime:
         if candidate.compile:
             raise Unpredictable(COMPILE_UNAVAILABLE)
@@ -175,6 +193,7 @@ class RooflineTime:
             raise Unpredictable(f"{t.name} has no memory bandwidth on its datasheet")
         ops = roofline.step_ops(
             self.shape,
+            matmul_fraction=self.matmul_fraction(candidate.activation_checkpointing),
             tokens=candidate.micro_batch_size * self.seq_len,
             seq_len=self.seq_len,
             precision=candidate.precision,

@@ -51,10 +51,10 @@ DEVICES = ("auto", "cpu", "cuda")
 
 
 class CheckpointingType(click.ParamType):
-    """An activation-checkpointing setting (profilers.checkpointing): none, full, ops or
-    blocks:K. K against the model's depth is checked once the model is known."""
+    """An activation-checkpointing setting (profilers.checkpointing): none, full, ops, ops-half
+    or blocks:K. K against the model's depth is checked once the model is known."""
 
-    name = "none|full|ops|blocks:K"
+    name = "none|full|ops|ops-half|blocks:K"
 
     def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> str:
         try:
@@ -160,8 +160,9 @@ config_options = _stack(
         "--activation-checkpointing",
         type=CheckpointingType(),
         help="Recompute in backward: none | full (every block) | ops (every block's cheap "
-        "ops; matmul and attention outputs are saved) | blocks:K (K of the repeated blocks, "
-        "spread evenly).",
+        "ops; matmul and attention outputs are saved) | ops-half (as ops, but every second "
+        "matmul of a block recomputed too: torchtitan's 'op') | blocks:K (K of the repeated "
+        "blocks, spread evenly).",
     ),
     click.option("--parallelism", type=click.Choice(PARALLELISMS), help="single, ddp or fsdp."),
     click.option("--world-size", type=POSITIVE, help="Ranks (processes/devices) for ddp/fsdp."),
@@ -229,6 +230,7 @@ def probing(params: Mapping[str, Any]) -> dict[str, Any]:
         "device": params["device"],
         "budget_s": params["budget_s"],
         "precisions": tuple(params["precisions"]) or None,
+        "checkpointing": tuple(params["checkpointing"]) or None,
         "comm": not params["no_comm"],
     }
 
@@ -285,6 +287,15 @@ probe_options = _stack(
         multiple=True,
         help="Profile and consider only these precisions (repeatable; default: all the device "
         "runs).",
+    ),
+    click.option(
+        "--checkpointing",
+        "checkpointing",
+        type=CheckpointingType(),
+        multiple=True,
+        help="Measure these activation-checkpointing settings (repeatable; default: none, full, "
+        "ops and blocks:L/2; none is always measured). Add ops-half to price torchtitan's "
+        "'op' policy.",
     ),
     click.option("--no-comm", is_flag=True, help="Skip the communication probe."),
 )

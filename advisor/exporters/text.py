@@ -135,6 +135,14 @@ def selective_checkpointing_unmapped(setting: str, stack: str) -> list[str]:
             "MUST_SAVEs aten mm/addmm/bmm and scaled_dot_product_* outputs and "
             "PREFER_RECOMPUTEs the rest"
         ]
+    if parsed.kind == "ops-half":
+        return [
+            f"activation_checkpointing ops-half: {stack} has no per-op checkpointing policy; "
+            "wrap each repeated block in torch.utils.checkpoint.checkpoint(use_reentrant="
+            "False, context_fn=...) whose policy MUST_SAVEs scaled_dot_product_* outputs and "
+            "the odd-numbered aten mm/addmm of the block's forward (counted from 1, afresh in "
+            "each forward and recompute), and PREFER_RECOMPUTEs the rest (torchtitan's 'op')"
+        ]
     if parsed.kind == "blocks":
         k = parsed.blocks
         return [

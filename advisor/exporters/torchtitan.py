@@ -133,8 +133,11 @@ def _activation_checkpoint(c: TrainConfig, unmapped: list[str]) -> dict[str, Any
         unmapped.append(
             "activation_checkpointing ops: written as torchtitan's selective_ac_option 'op', "
             "whose policy saves attention but only every other matmul output (advisor's saves "
-            "every one): more recompute, less memory than advisor predicted"
+            "every one; advisor's ops-half is torchtitan's): more recompute, less memory than "
+            "advisor predicted"
         )
+        return {"mode": "selective", "selective_ac_option": "op"}
+    if parsed.kind == "ops-half":  # the same policy (profilers.checkpointing)
         return {"mode": "selective", "selective_ac_option": "op"}
     k, layers = parsed.blocks, _num_layers(c)
     if layers is None or k >= layers:
@@ -187,10 +190,10 @@ def read_back(text: str, launch: str | None) -> dict[str, Any]:
 
 
 def _checkpointing_back(section: dict[str, Any]) -> str:
-    """advisor's name for a torchtitan setting: ops for option "op"; "selective:N" for every
-    N-th layer (which blocks:K it is depends on the model's depth)."""
+    """advisor's name for a torchtitan setting: ops-half for option "op" (the same policy);
+    "selective:N" for every N-th layer (which blocks:K it is depends on the model's depth)."""
     mode = section.get("mode", "selective")
     if mode != "selective":
         return str(mode)
     option = str(section.get("selective_ac_option", "2"))
-    return "ops" if option == "op" else f"selective:{option}"
+    return "ops-half" if option == "op" else f"selective:{option}"

@@ -40,7 +40,8 @@ def apply_activation_checkpointing(adapter: ModelAdapter, setting: str = "full")
 
     ``full`` and ``blocks:K`` (profilers.checkpointing.checkpointed_blocks says which K) save
     only each wrapped block's input; ``ops`` wraps every block with the selective policy of
-    :func:`save_matmuls_policy`. The wrapper's state-dict hooks strip its prefix, so
+    :func:`save_matmuls_policy`, ``ops-half`` with :func:`alternate_matmuls_contexts`'s. The
+    wrapper's state-dict hooks strip its prefix, so
     checkpoints load with or without it.
     """
     from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import (
@@ -50,12 +51,15 @@ def apply_activation_checkpointing(adapter: ModelAdapter, setting: str = "full")
 
     blocks = adapter.blocks()
     kwargs: dict[str, Any] = {}
-    if parse_checkpointing(setting).kind == "ops":
+    kind = parse_checkpointing(setting).kind
+    if kind == "ops":
         from torch.utils.checkpoint import create_selective_checkpoint_contexts
 
         kwargs["context_fn"] = functools.partial(
             create_selective_checkpoint_contexts, save_matmuls_policy
         )
+    elif kind == "ops-half":
+        kwargs["context_fn"] = alternate_matmuls_contexts
     for i in checkpointed_blocks(setting, len(blocks)):
         blocks[i] = checkpoint_wrapper(
             blocks[i], checkpoint_impl=CheckpointImpl.NO_REENTRANT, **kwargs
@@ -90,6 +94,39 @@ def save_matmuls_policy(ctx: Any, op: Any, *args: Any, **kwargs: Any) -> Any:
     if op in _saved_ops():
         return CheckpointPolicy.MUST_SAVE
     return CheckpointPolicy.PREFER_RECOMPUTE
+
+
+# The linear layers' matmuls ``ops-half`` counts (torchtitan's ``op`` policy counts aten.mm:
+# its Llama has no biases; a linear layer with a bias runs addmm instead).
+_COUNTED_MATMULS = ("mm", "addmm")
+
+
+@functools.cache
+def _counted_matmuls() -> frozenset[Any]:
+    return frozenset(getattr(torch.ops.aten, n).default for n in _COUNTED_MATMULS)
+
+
+def alternate_matmuls_contexts() -> Any:
+    """The (forward, recompute) contexts of one ``ops-half`` checkpoint call: attention and
+    the odd-numbered linear-layer matmuls of the block are saved, the even-numbered ones and
+    everything else recomputed (torchtitan's ``op`` policy). The count starts afresh for each
+    call (a block's forward) and separately in its recompute, so both passes agree on which
+    outputs were saved."""
+    from torch.utils.checkpoint import CheckpointPolicy, create_selective_checkpoint_contexts
+
+    counts = {False: 0, True: 0}  # is_recompute -> matmuls seen
+
+    def policy(ctx: Any, op: Any, *args: Any, **kwargs: Any) -> Any:
+        if op in _counted_matmuls():
+            counts[ctx.is_recompute] += 1
+            if counts[ctx.is_recompute] % 2 == 0:
+                return CheckpointPolicy.PREFER_RECOMPUTE
+            return CheckpointPolicy.MUST_SAVE
+        if op in _saved_ops():
+            return CheckpointPolicy.MUST_SAVE
+        return CheckpointPolicy.PREFER_RECOMPUTE
+
+    return create_selective_checkpoint_contexts(policy)
 
 
 def prepare_module(

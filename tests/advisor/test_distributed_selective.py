@@ -53,7 +53,9 @@ def train_losses(out: Path, *args: str) -> list[float]:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize(("parallelism", "setting"), [("ddp", "blocks:1"), ("fsdp", "ops")])
+@pytest.mark.parametrize(
+    ("parallelism", "setting"), [("ddp", "blocks:1"), ("fsdp", "ops"), ("fsdp", "ops-half")]
+)
 def test_selective_checkpointing_keeps_the_losses_at_world_size_2(
     tmp_path: Path, parallelism: str, setting: str
 ) -> None:

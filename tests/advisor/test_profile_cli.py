@@ -195,3 +195,31 @@ def test_cuda_without_cuda_is_exit_2(tmp_path: Path) -> None:
     assert result.exit_code == 2
     assert result.stderr == "error: --device cuda but no CUDA device is visible: use --device cpu\n"
     assert not (tmp_path / "out").exists()
+
+
+def test_the_checkpointing_settings_to_profile_are_checked_against_the_model() -> None:
+    from advisor.errors import UsageProblem
+    from advisor.profiling import profiled_settings
+    from advisor.workload import AdvisorWorkload
+
+    facts = AdvisorWorkload("gpt-tiny", {}).facts()  # 4 blocks
+    assert profiled_settings(None, facts) == ("none", "full", "ops", "blocks:2")
+    assert profiled_settings(("ops-half", "full", "ops-half"), facts) == (
+        "none",
+        "ops-half",
+        "full",
+    )
+    with pytest.raises(UsageProblem, match=r"--checkpointing blocks:4: .*use 'full'"):
+        profiled_settings(("blocks:4",), facts)
+
+
+def test_profile_refuses_a_bad_checkpointing_setting_in_one_line(tmp_path: Path) -> None:
+    from click.testing import CliRunner
+
+    from advisor.cli import main
+
+    args = ["profile", "--model", "gpt-tiny", "--checkpointing", "blocks:9", "--quiet"]
+    result = CliRunner().invoke(main, [*args, "--out", str(tmp_path / "p")])
+    assert result.exit_code == 2
+    assert result.stderr.splitlines()[0].startswith("error: --checkpointing blocks:9:")
+    assert not (tmp_path / "p" / "profile.json").exists()

@@ -15,7 +15,7 @@ from profilers.workload import StepSpec
 
 GPT4 = AdvisorWorkload("gpt-tiny", {"n_layer": 4, "n_embd": 32, "n_head": 2, "block_size": 32})
 LLAMA4 = AdvisorWorkload("llama-tiny", {"n_layer": 4})
-SETTINGS = ("none", "full", "ops", "blocks:1", "blocks:2", "blocks:3")
+SETTINGS = ("none", "full", "ops", "ops-half", "blocks:1", "blocks:2", "blocks:3")
 
 
 def build(workload: AdvisorWorkload, checkpointing: str, seed: int = 0) -> AdvisorStep:
@@ -39,6 +39,7 @@ def wrapped(step: AdvisorStep) -> list[int]:
         ("blocks:3", [0, 1, 2]),
         ("full", [0, 1, 2, 3]),
         ("ops", [0, 1, 2, 3]),
+        ("ops-half", [0, 1, 2, 3]),
     ],
 )
 def test_blocks_k_wraps_k_blocks_spread_evenly(setting: str, expected: list[int]) -> None:
@@ -107,6 +108,47 @@ def test_ops_recomputes_the_cheap_ops_and_no_matmul() -> None:
         assert counts["ops"][op] > counts["none"][op], op
 
 
+@pytest.mark.parametrize(
+    ("workload", "matmul", "per_block", "recomputed"),
+    # gpt: c_attn, attn c_proj, c_fc, mlp c_proj (addmm: biases) -> the 2nd and 4th are not
+    # saved; llama: wq wk wv wo w1 w3 w2 (mm) -> wk, wo, w3 not saved, as torchtitan's "op".
+    # A recompute stops once every tensor backward needs is back (non-reentrant checkpoint),
+    # so a block's last matmul, whose output no backward op reads, never runs again: full
+    # recomputes 3 of gpt's 4 and 6 of llama's 7, ops-half 1 of gpt's (attn c_proj) and 3 of
+    # llama's.
+    [(GPT4, "addmm", 3, 1), (LLAMA4, "mm", 6, 3)],
+    ids=["gpt", "llama"],
+)
+def test_ops_half_recomputes_every_second_matmul_of_a_block(
+    workload: AdvisorWorkload, matmul: str, per_block: int, recomputed: int
+) -> None:
+    counts = {s: op_counts(build(workload, s)) for s in ("none", "ops", "ops-half", "full")}
+    blocks = 4
+    assert counts["ops"][matmul] == counts["none"][matmul]
+    assert counts["ops-half"][matmul] == counts["none"][matmul] + blocks * recomputed
+    assert counts["full"][matmul] == counts["none"][matmul] + blocks * per_block
+    # attention's outputs are saved, as ops saves them
+    sdpa = "_scaled_dot_product_flash_attention_for_cpu"
+    assert counts["ops-half"][sdpa] == counts["none"][sdpa] < counts["full"][sdpa]
+
+
+def test_ops_half_keeps_less_than_ops_and_more_than_full() -> None:
+    """The step's traced peak (the selective outputs live inside the checkpoint's frame, where
+    autograd's saved-tensor hooks do not see them)."""
+    from profilers.memory import trace_step_memory
+
+    for workload in (GPT4, LLAMA4):
+        peak = {
+            s: trace_step_memory(
+                workload,
+                StepSpec(seq_len=32, micro_batch_size=8, activation_checkpointing=s),
+                target_device_type="cpu",
+            ).forward_backward_peak_bytes
+            for s in ("ops", "ops-half", "full")
+        }
+        assert peak["ops"] > peak["ops-half"] > peak["full"], workload.model
+
+
 @pytest.mark.parametrize("workload", [GPT4, LLAMA4], ids=lambda w: w.model)
 def test_every_setting_trains_with_the_plain_losses(workload: AdvisorWorkload) -> None:
     def losses(setting: str) -> list[float]:
@@ -158,6 +200,6 @@ def test_the_cli_refuses_a_bad_setting_in_one_line(tmp_path: Path, value: str, l
 def test_a_plan_keeps_its_selective_setting() -> None:
     from strategies.config import TrainConfig
 
-    for setting in ("ops", "blocks:3"):
+    for setting in ("ops", "ops-half", "blocks:3"):
         config = TrainConfig(model="gpt-tiny", activation_checkpointing=setting)
         assert TrainConfig.from_dict(config.to_dict()).activation_checkpointing == setting

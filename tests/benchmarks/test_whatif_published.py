@@ -125,6 +125,30 @@ def test_layers_extended_match_direct_traces_single_and_per_fsdp_rank() -> None:
         assert sharded.predict(b, a) == pytest.approx(rank_truth.predict(b, a), rel=0.01)
 
 
+def test_the_ops_half_count_extends_in_depth_like_the_others() -> None:
+    """ops-half's FLOP count (its own policy: the torchtitan 'op' rows) from 1- and 2-layer
+    copies, extended to 5 layers, is the direct count of the 5-layer model."""
+    from advisor.workload import AdvisorWorkload
+    from profilers.flops import FlopCount, count_step_flops
+    from profilers.workload import StepSpec
+
+    args = {"n_layer": 5, "n_embd": 64, "n_head": 4, "n_kv_head": 2, "ffn_hidden": 128}
+    args |= {"vocab_size": 256, "max_seq_len": 64}
+    spec = StepSpec(seq_len=64, micro_batch_size=1)
+
+    def count(layers: int) -> FlopCount:
+        w = AdvisorWorkload(model="llama-tiny", model_args={**args, "n_layer": layers})
+        return count_step_flops(w, spec, also=("ops-half",))
+
+    extended = wp.extend_flops(count(1), count(2), 5)
+    direct = count(5)
+    for mode in ("none", "full", "ops-half"):
+        assert extended.flops_per_token[mode] == pytest.approx(
+            direct.flops_per_token[mode], rel=1e-9
+        )
+    assert direct.flops_per_token["none"] < direct.flops_per_token["ops-half"]
+
+
 def _result(row: wp.Row, predicted: float) -> wp.Result:
     return wp.Result(
         row=row,

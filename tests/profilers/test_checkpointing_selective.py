@@ -28,8 +28,8 @@ from tests.strategies.profiles import facts, memory_model, time_model
         ("blocks:0", "use 'none'"),
         ("blocks:x", "whole number"),
         ("blocks:", "whole number"),
-        ("selective", "none, full, ops or blocks:K"),
-        ("FULL", "none, full, ops or blocks:K"),
+        ("selective", "none, full, ops, ops-half or blocks:K"),
+        ("FULL", "none, full, ops, ops-half or blocks:K"),
     ],
 )
 def test_a_bad_setting_is_one_line_naming_the_forms(value: str, message: str) -> None:
@@ -60,7 +60,7 @@ def test_checkpointed_blocks_spread_from_the_first_and_never_the_last() -> None:
 
 def test_a_profile_measures_one_middle_k_and_the_search_may_pick_any() -> None:
     assert profiled(12) == ("none", "full", "ops", "blocks:6")
-    assert selectable(3) == ("none", "full", "ops", "blocks:1", "blocks:2")
+    assert selectable(3) == ("none", "full", "ops", "ops-half", "blocks:1", "blocks:2")
     plain = dataclasses.replace(facts(), repeated_blocks=False, num_layers=0)
     modes, why = plain.checkpointing_modes()
     assert modes == ("none",) and len(why) == 1

@@ -98,3 +98,23 @@ def test_flop_count_round_trips_through_json(counted: FlopCount) -> None:
     data = json.loads(json.dumps(counted.to_dict()))
     assert data["relative_difference"] == pytest.approx(counted.relative_difference)
     assert FlopCount.from_dict(data) == counted
+
+
+def test_ops_half_is_counted_under_its_own_policy_when_asked() -> None:
+    """gpt's block runs four linear layers (c_attn, attn c_proj, c_fc, mlp c_proj); ops-half
+    saves the 1st and 3rd and recomputes the 2nd (the 4th's output is read by no backward op,
+    so non-reentrant checkpointing never runs it again): + one d×d forward matmul per block."""
+    from advisor.workload import AdvisorWorkload
+
+    d, layers = 32, 4
+    gpt = AdvisorWorkload(
+        "gpt-tiny", {"n_layer": layers, "n_embd": d, "n_head": 2, "block_size": 32}
+    )
+    spec = StepSpec(seq_len=32, micro_batch_size=2)
+    plain = count_step_flops(gpt, spec)
+    assert "ops-half" not in plain.flops_per_token  # counted only when asked
+    assert plain.per_token("ops-half") is None  # nothing else predicts it
+    counted = count_step_flops(gpt, spec, also=("ops-half",))
+    none = counted.flops_per_token["none"]
+    assert counted.flops_per_token["ops-half"] - none == layers * 2 * d * d
+    assert counted.per_token("ops-half") < counted.flops_per_token["full"]

@@ -69,6 +69,21 @@ def test_ops_is_searched_only_when_the_profile_measured_it() -> None:
     assert "ops" in build_space(measured, SearchRequest(global_batch_size=8)).checkpointing
 
 
+def test_ops_half_is_searched_only_when_the_profile_was_asked_to_measure_it() -> None:
+    plain = hand_profile()
+    space = build_space(plain, SearchRequest(global_batch_size=8))
+    assert "ops-half" not in space.checkpointing
+    (line,) = [e for e in space.excluded if e.startswith("ops-half checkpointing")]
+    assert "advisor profile --checkpointing ops-half" in line
+    memory = dataclasses.replace(memory_model("fp32", "none"), activation_checkpointing="ops-half")
+    time = dataclasses.replace(time_model("fp32", "none"), activation_checkpointing="ops-half")
+    fits = dataclasses.replace(
+        plain.fits, memory=(*plain.fits.memory, memory), time=(*plain.fits.time, time)
+    )
+    measured = dataclasses.replace(plain, fits=fits)
+    assert "ops-half" in build_space(measured, SearchRequest(global_batch_size=8)).checkpointing
+
+
 def test_a_tight_budget_takes_the_least_recompute_that_fits() -> None:
     model = cost_model_from_profile(hand_profile(), 0.9)
     peaks = {

@@ -195,3 +195,47 @@ def test_an_unmeasured_gpu_says_its_constants_are_borrowed() -> None:
     source = time_source(l40s, gpt_facts(2048, 24, 16, 2048), 2048, None)
     text = source.compute(cand(4)).source
     assert "not measured for this GPU" in text and "untuned" in text
+
+
+def test_ops_half_recomputes_the_counted_part_of_the_matmuls() -> None:
+    from profilers.flops import FlopCount
+    from strategies.errors import Unpredictable
+
+    facts = llama_facts()
+    shape = roofline.BlockShape.from_facts(facts)
+    assert shape is not None
+    forward_blocks = 2.0 * (shape.matmul_params - shape.vocab * shape.hidden)
+    plain = 6.0 * shape.matmul_params
+
+    def source(recomputed: float | None) -> RooflineTime:
+        counted = {"none": plain, "full": plain + forward_blocks}
+        if recomputed is not None:
+            counted["ops-half"] = plain + recomputed * forward_blocks
+        flops = FlopCount(
+            seq_len=8192,
+            micro_batch_size=1,
+            tokens=8192,
+            flops_per_token=counted,
+            flops_by_op={m: {"aten.mm": v} for m, v in counted.items()},
+            formula_flops_per_token=None,
+            method="fake",
+        )
+        return RooflineTime(target=A100, shape=shape, seq_len=8192, flops=flops)
+
+    assert roofline.recomputed_matmul_fraction(
+        shape, plain + 0.4 * forward_blocks, plain
+    ) == pytest.approx(0.4)
+    half = source(0.4)
+    ops, ops_half, full = (half.compute(cand(1, c)) for c in ("ops", "ops-half", "full"))
+    gemm = {c: dict(t.parts)["gemm"] for c, t in (("ops", ops), ("ops-half", ops_half))}
+    base_gemm = dict(half.compute(cand(1)).parts)["gemm"]
+    # forward + dgrad + wgrad = 3 forwards; 0.4 of the blocks' forward once more (the head's
+    # GEMMs are a few % of the total and are not recomputed)
+    extra = (gemm["ops-half"] - gemm["ops"]) / base_gemm
+    assert 0.10 < extra < 0.4 / 3
+    assert ops.forward_backward_s < ops_half.forward_backward_s < full.forward_backward_s
+    assert source(0.0).compute(cand(1, "ops-half")).forward_backward_s == pytest.approx(
+        ops.forward_backward_s
+    )
+    with pytest.raises(Unpredictable, match="--checkpointing ops-half"):
+        source(None).compute(cand(1, "ops-half"))
