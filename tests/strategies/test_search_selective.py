@@ -55,33 +55,28 @@ def test_a_measured_middle_k_is_an_anchor_of_the_line() -> None:
     assert one == pytest.approx((none + 3.0e7) / 2)
 
 
-def test_ops_is_searched_only_when_the_profile_measured_it() -> None:
+@pytest.mark.parametrize(
+    ("setting", "reason"),
+    [
+        ("ops", "ops checkpointing: the profile did not"),
+        ("ops-half", "ops-half checkpointing (torchtitan's 'op'): not measured by this profile"),
+    ],
+)
+def test_a_per_op_setting_is_searched_only_when_the_profile_measured_it(
+    setting: str, reason: str
+) -> None:
     plain = hand_profile()
     space = build_space(plain, SearchRequest(global_batch_size=8))
     assert space.checkpointing == ("none", "full", "blocks:1", "blocks:2", "blocks:3")
-    assert any(e.startswith("ops checkpointing: the profile did not") for e in space.excluded)
-    ops_memory = dataclasses.replace(memory_model("fp32", "none"), activation_checkpointing="ops")
-    ops_time = dataclasses.replace(time_model("fp32", "none"), activation_checkpointing="ops")
-    fits = dataclasses.replace(
-        plain.fits, memory=(*plain.fits.memory, ops_memory), time=(*plain.fits.time, ops_time)
-    )
-    measured = dataclasses.replace(plain, fits=fits)
-    assert "ops" in build_space(measured, SearchRequest(global_batch_size=8)).checkpointing
-
-
-def test_ops_half_is_searched_only_when_the_profile_was_asked_to_measure_it() -> None:
-    plain = hand_profile()
-    space = build_space(plain, SearchRequest(global_batch_size=8))
-    assert "ops-half" not in space.checkpointing
-    (line,) = [e for e in space.excluded if e.startswith("ops-half checkpointing")]
-    assert "advisor profile --checkpointing ops-half" in line
-    memory = dataclasses.replace(memory_model("fp32", "none"), activation_checkpointing="ops-half")
-    time = dataclasses.replace(time_model("fp32", "none"), activation_checkpointing="ops-half")
+    (line,) = [e for e in space.excluded if e.startswith(reason)]
+    assert "advisor profile" in line  # the command that measures it
+    memory = dataclasses.replace(memory_model("fp32", "none"), activation_checkpointing=setting)
+    time = dataclasses.replace(time_model("fp32", "none"), activation_checkpointing=setting)
     fits = dataclasses.replace(
         plain.fits, memory=(*plain.fits.memory, memory), time=(*plain.fits.time, time)
     )
     measured = dataclasses.replace(plain, fits=fits)
-    assert "ops-half" in build_space(measured, SearchRequest(global_batch_size=8)).checkpointing
+    assert setting in build_space(measured, SearchRequest(global_batch_size=8)).checkpointing
 
 
 def test_a_tight_budget_takes_the_least_recompute_that_fits() -> None:
