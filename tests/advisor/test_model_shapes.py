@@ -55,7 +55,7 @@ def test_models_without_repeated_blocks_build_and_say_so(spec: str) -> None:
 def test_models_with_repeated_blocks_keep_every_mode() -> None:
     facts = build_model("gpt-tiny", {"n_layer": 2}, meta=True).facts()
     assert facts.repeated_blocks and facts.num_layers == 2
-    assert facts.checkpointing_modes() == (("none", "full", "ops", "blocks:1"), ())
+    assert facts.checkpointing_modes() == (("none", "full", "ops", "ops-half", "blocks:1"), ())
 
 
 def test_facts_of_an_older_profile_read_as_repeated_blocks() -> None:
