@@ -20,6 +20,8 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from profilers.rundir import PLAN, TrainDir
+
 WARMUP_STEPS, STEPS = 2, 5
 # (label, micro-batch, accumulation, checkpointing, parallelism, world size) at global batch 8
 CONFIGS: tuple[tuple[str, int, int, str, str, int], ...] = (
@@ -42,14 +44,14 @@ def run(args: list[str]) -> None:
 
 def train_peak(config: dict[str, Any], work: Path) -> int:
     """advisor train for STEPS steps; the largest resident peak after the warm-up, ranks summed."""
-    plan, out = work / "plan.json", work / "train"
+    plan, out = work / PLAN, work / "train"
     plan.write_text(json.dumps({"config": config}))
     args = ["train", "--plan", str(plan), "--out", str(out), "--device", "cpu", "--quiet"]
     args += ["--steps", str(STEPS), "--eval-every", "0", "--eval-batches", "1"]
     args += ["--checkpoint-every", str(10**6), "--keep-checkpoints", "1"]
     run(args)
     peaks = []
-    for line in (out / "metrics.jsonl").read_text().splitlines():
+    for line in TrainDir(out).metrics.read_text().splitlines():
         record = json.loads(line)
         if record.get("kind") == "train" and record["step"] > WARMUP_STEPS:
             per_rank = record.get("peak_memory_bytes_per_rank")

@@ -5,8 +5,9 @@ The published H100 runs of ``benchmarks/data/published_runs.csv`` (MosaicML llm-
 predicted by the library function ``advisor predict --target`` calls
 (:func:`advisor.recommending.predict`), then again with ONE knob changed:
 
-* activation checkpointing ``none``, ``ops`` (selective per op), ``blocks:L/2`` (half the
-  blocks) and ``full``;
+* activation checkpointing ``none``, ``ops`` (selective per op), ``ops-half`` (torchtitan's
+  per-op policy: every second matmul recomputed too), ``blocks:L/2`` (half the blocks) and
+  ``full``;
 * the loss in chunks (``loss_chunks``: the count the profiler's own rule picks for the row's
   micro-batch, ``profilers.phases_chunked.chosen_loss_chunks``);
 * FSDP blocks kept gathered (``fsdp_reshard_after_forward`` false);
@@ -16,8 +17,8 @@ predicted by the library function ``advisor predict --target`` calls
 Then the search's question at the row's global batch over its 8 GPUs: the best predicted
 config that fits the GPU's memory (:data:`MEMORY_BUDGET`), over micro-batch ×
 accumulation, with the founding knobs only (checkpointing none/full) against all of them
-(ops, blocks:K for K = L/4, L/2, 3L/4, chunked loss, kept gathered). These are predictions of
-the what-if model (median |error| 4.8% on 26 held-out rows of the same tables,
+(ops, ops-half, blocks:K for K = L/4, L/2, 3L/4, chunked loss, kept gathered). These are
+predictions of the what-if model (median |error| 4.8% on 26 held-out rows of the same tables,
 ``whatif_published.py``), not measurements: no GPU ran them.
 
 Profiles are the trace-only profiles of ``whatif_published.py`` (meta facts, 1-/2-layer fake
@@ -48,7 +49,7 @@ from benchmarks import whatif_published as wp  # noqa: E402
 
 RESULTS = ROOT / "benchmarks" / "results"
 ROWS = ("R09", "R10", "R26", "R27", "R28")
-MODES = ("none", "ops", "full")
+MODES = ("none", "ops", "ops-half", "full")
 # A config fits when its budgeted per-rank peak (traced + fixed + fragmentation) is at most the
 # GPU's whole memory, as whatif_published.py counts a published run's fit (they ran); the
 # product's default --memory-budget 0.9 would leave 10% headroom on top.
@@ -100,7 +101,7 @@ def variants(row: wp.Row, profile: Any) -> list[tuple[str, dict[str, Any]]]:
     """(name, TrainConfig changes) of the row's config with one knob changed."""
     layers = profile.model.num_layers
     out: list[tuple[str, dict[str, Any]]] = [("as published", {})]
-    for mode in ("none", "ops", f"blocks:{layers // 2}", "full"):
+    for mode in ("none", "ops", "ops-half", f"blocks:{layers // 2}", "full"):
         if mode != row.activation_checkpointing:
             out.append((f"checkpointing {mode}", {"activation_checkpointing": mode}))
     chunks = wp.chunked_loss_count(row, profile)
@@ -143,6 +144,7 @@ def best(row: wp.Row, profile: Any, model: Any, all_knobs: bool) -> dict[str, An
     if all_knobs:
         modes += [
             "ops",
+            "ops-half",
             *(f"blocks:{k}" for k in sorted({layers // 4, layers // 2, 3 * layers // 4})),
         ]
         if (c := wp.chunked_loss_count(row, profile)) > 1:

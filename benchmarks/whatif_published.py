@@ -541,7 +541,7 @@ def predict_row_constant_mfu(row: Row, profile: Any) -> float:
 
     model = row_cost_model(row, profile)
     time_source = FlopsTime(
-        target=model.time.target,  # type: ignore[attr-defined]
+        target=model.time.target,
         facts=profile.model,
         seq_len=row.seq_len,
         flops=profile.flops,
