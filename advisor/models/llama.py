@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -26,6 +27,41 @@ class LlamaConfig:
     tie_weights: bool = True
 
 
+def _compute_dtype(x: torch.Tensor) -> torch.dtype:
+    return torch.promote_types(x.dtype, torch.float32)  # fp32, or fp64 for an fp64 input
+
+
+class _RMSNormFunction(torch.autograd.Function):
+    """RMSNorm that keeps only its input (in the input's own dtype) and the inverse RMS.
+
+    Computed in fp32 (fp64 for fp64) whatever the input's dtype, as Meta's and torchtitan's
+    RMSNorm. Under autocast the output comes in the autocast dtype, so the projections that
+    read it share ONE low-precision copy instead of each casting an fp32 output again; a bf16
+    input (an FSDP rank with bf16 parameters) is kept as bf16, not as an fp32 upcast.
+    ``F.rms_norm`` under autocast keeps an fp32 input and an fp32 normalised copy for its
+    backward (benchmarks/activation_bytes.py). Forward values equal ``F.rms_norm``'s.
+    """
+
+    @staticmethod
+    def forward(
+        ctx: Any, x: torch.Tensor, weight: torch.Tensor, eps: float, out_dtype: torch.dtype
+    ) -> torch.Tensor:
+        xf = x.to(_compute_dtype(x))
+        rstd = torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
+        ctx.save_for_backward(x, weight, rstd)
+        return (xf * rstd * weight.to(xf.dtype)).to(out_dtype)
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, None, None]:
+        x, weight, rstd = ctx.saved_tensors
+        normed = x.to(rstd.dtype) * rstd
+        grad = grad.to(rstd.dtype)
+        grad_weight = (grad * normed).sum(dim=tuple(range(grad.dim() - 1)))
+        scaled = grad * weight.to(rstd.dtype)
+        grad_x = rstd * (scaled - normed * (scaled * normed).mean(-1, keepdim=True))
+        return grad_x.to(x.dtype), grad_weight.to(weight.dtype), None, None
+
+
 class RMSNorm(nn.Module):
     def __init__(self, dim: int, eps: float) -> None:
         super().__init__()
@@ -33,7 +69,11 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(dim))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return F.rms_norm(x, (x.shape[-1],), self.weight, self.eps)
+        device = x.device.type
+        autocast = torch.is_autocast_enabled(device)
+        out_dtype = torch.get_autocast_dtype(device) if autocast else x.dtype
+        out: torch.Tensor = _RMSNormFunction.apply(x, self.weight, self.eps, out_dtype)
+        return out
 
 
 def rope_tables(head_dim: int, max_seq_len: int, theta: float) -> torch.Tensor:
@@ -67,10 +107,15 @@ class Attention(nn.Module):
         k = self.wk(x).view(b, t, self.n_kv_head, self.head_dim).transpose(1, 2)
         v = self.wv(x).view(b, t, self.n_kv_head, self.head_dim).transpose(1, 2)
         q, k = apply_rope(q, rope), apply_rope(k, rope)
-        if self.n_kv_head != self.n_head:  # grouped-query attention: share each k/v head
+        grouped = self.n_kv_head != self.n_head  # grouped-query attention: k/v heads shared
+        if grouped and q.dtype not in (torch.float16, torch.bfloat16):
+            # fp32: SDPA's enable_gqa runs only in the flash and math kernels on CUDA (not
+            # memory-efficient attention, fp32's kernel), so k/v are repeated to every head.
             k = k.repeat_interleave(self.n_head // self.n_kv_head, dim=1)
             v = v.repeat_interleave(self.n_head // self.n_kv_head, dim=1)
-        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+            grouped = False
+        # 16-bit: the kernel reads each k/v head for its group; no repeated copies are kept.
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=grouped)
         return self.wo(y.transpose(1, 2).reshape(b, t, -1))
 
 
