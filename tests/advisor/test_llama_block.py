@@ -27,7 +27,8 @@ def config(kv_heads: int) -> LlamaConfig:
 
 
 def saved_activations(module: torch.nn.Module, *inputs: torch.Tensor) -> list[torch.Tensor]:
-    """Every distinct tensor storage autograd keeps for backward, except the parameters."""
+    """Every distinct tensor storage autograd keeps for backward, except the parameters (under
+    autocast on the inputs' device)."""
     params = {p.untyped_storage().data_ptr() for p in module.parameters()}
     kept: dict[int, torch.Tensor] = {}
 
@@ -38,7 +39,7 @@ def saved_activations(module: torch.nn.Module, *inputs: torch.Tensor) -> list[to
         return t
 
     hooks = torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t)
-    with hooks, torch.autocast("cpu", dtype=torch.bfloat16):
+    with hooks, torch.autocast(inputs[0].device.type, dtype=torch.bfloat16):
         module(*inputs)
     return list(kept.values())
 
@@ -125,3 +126,29 @@ def test_an_fp32_residual_stream_is_kept_once_per_norm() -> None:
     # fp32: the two norm inputs; bf16: the attention input, the output projection's input
     # and the MLP input (one each, shared by wq/wk/wv and by w1/w3).
     assert by_dtype == {torch.float32: 2, torch.bfloat16: 3}, by_dtype
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_on_cuda_the_block_keeps_unrepeated_k_v_and_the_trace_matches_the_allocator() -> None:
+    """CUDA's flash attention takes the grouped k/v as they are, and the CPU-traced peak of a
+    Llama step (CPU autocast and kernels, CUDA rounding) stays close to the CUDA allocator's."""
+    from advisor.workload import AdvisorWorkload
+    from profilers.memory import measure_cuda_step_memory, trace_step_memory
+    from profilers.workload import StepSpec
+
+    kv_heads = 2
+    block = LlamaBlock(config(kv_heads)).to("cuda", torch.bfloat16)
+    rope = rope_tables(H // HEADS, T, 1e4).cuda()
+    x = torch.randn(B, T, H, dtype=torch.bfloat16, device="cuda", requires_grad=True)
+    kept = saved_activations(block, x, rope)
+    heads = sorted(t.shape[1] for t in kept if t.dim() == 4 and t.numel() > B * T * HEADS)
+    assert heads == [kv_heads, kv_heads, HEADS, HEADS]
+
+    workload = AdvisorWorkload("llama-tiny", {}, "synthetic")
+    spec = StepSpec(seq_len=128, micro_batch_size=8, precision="bf16")
+    measured = measure_cuda_step_memory(workload, spec, "cuda")
+    traced = trace_step_memory(workload, spec, target_device_type="cuda")
+    print(f"\nllama-tiny bf16 b=8: traced {traced.peak_bytes}, {measured.to_dict()}")
+    error = (traced.peak_bytes - measured.peak_allocated_bytes) / measured.peak_allocated_bytes
+    assert abs(error) <= 0.15, error
