@@ -1,8 +1,9 @@
-"""What the built-in model families share: their weight initialisation and length check."""
+"""What the built-in model families share: weight initialisation, shape checks, a LayerNorm."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 import torch
 from torch import nn
@@ -37,3 +38,68 @@ def check_heads(n_embd: int, n_head: int) -> None:
         raise ValueError(
             f"n_embd ({n_embd}) must be divisible by n_head ({n_head}): fix the --model-arg values"
         )
+
+
+class _LayerNormFunction(torch.autograd.Function):
+    """``native_layer_norm`` in fp32 (fp64 for fp64) that keeps its input in the input's own
+    dtype, and returns its output in ``out_dtype``; backward is ``native_layer_norm_backward``.
+
+    CUDA's autocast runs ``layer_norm`` in fp32 (its fp32 op list) and keeps the upcast input
+    for backward: on an FSDP rank with bf16 parameters (a bf16 residual stream) 4 bytes per
+    element where the input itself holds 2, and each projection casts the fp32 output back.
+    CPU's autocast does not upcast ``layer_norm``, so the CPU-traced memory (what the profiler
+    predicts from) never counted that copy; with this Function CUDA keeps what the trace
+    counts. Forward and backward values are those of ``F.layer_norm`` in fp32 (the same kernels
+    on the same fp32 values).
+    """
+
+    @staticmethod
+    def forward(
+        ctx: Any,
+        x: torch.Tensor,
+        weight: torch.Tensor | None,
+        bias: torch.Tensor | None,
+        eps: float,
+        out_dtype: torch.dtype,
+    ) -> torch.Tensor:
+        compute = torch.promote_types(x.dtype, torch.float32)
+        w = None if weight is None else weight.to(compute)
+        b = None if bias is None else bias.to(compute)
+        out, mean, rstd = torch.native_layer_norm(x.to(compute), (x.shape[-1],), w, b, eps)
+        ctx.save_for_backward(x, weight, bias, mean, rstd)
+        return out.to(out_dtype)
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
+        x, weight, bias, mean, rstd = ctx.saved_tensors
+        compute = mean.dtype
+        w = None if weight is None else weight.to(compute)
+        b = None if bias is None else bias.to(compute)
+        needs = ctx.needs_input_grad
+        mask = [needs[0], weight is not None and needs[1], bias is not None and needs[2]]
+        grad_x, grad_w, grad_b = torch.ops.aten.native_layer_norm_backward(
+            grad.to(compute), x.to(compute), [x.shape[-1]], mean, rstd, w, b, mask
+        )
+        return (
+            None if grad_x is None else grad_x.to(x.dtype),
+            None if grad_w is None or weight is None else grad_w.to(weight.dtype),
+            None if grad_b is None or bias is None else grad_b.to(bias.dtype),
+            None,
+            None,
+        )
+
+
+class InputLayerNorm(nn.LayerNorm):
+    """An ``nn.LayerNorm`` (same parameters, same values) for a norm whose output only feeds
+    projections (pre-LN blocks, the final norm before the head): it keeps its input in the
+    input's own dtype and, under autocast, returns its output in the autocast dtype (what each
+    projection would cast it to anyway). Over the last dimension only."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if len(self.normalized_shape) != 1:
+            return super().forward(x)
+        device = x.device.type
+        autocast = torch.is_autocast_enabled(device)
+        out_dtype = torch.get_autocast_dtype(device) if autocast else x.dtype
+        out: torch.Tensor = _LayerNormFunction.apply(x, self.weight, self.bias, self.eps, out_dtype)
+        return out
