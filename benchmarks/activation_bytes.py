@@ -143,17 +143,18 @@ NOTES: tuple[str, ...] = (
     "fp32, no checkpointing: GPT and BERT keep exactly the textbook 64 h.",
     "bf16 (autocast), GPT/BERT: +4 h, the two LayerNorm inputs stay fp32 (the residual "
     "stream is fp32 under autocast: 2 x 2 h more than 16-bit).",
-    "bf16, Llama: +6 h over 45 h: the two RMSNorm inputs are the fp32 residual stream (+2 x 2 h; "
-    "an FSDP rank with bf16 parameters keeps them in bf16), and the output projection's input "
-    "is a copy of SDPA's output on CPU (+2 h; a view of flash attention's output on CUDA). "
-    "Until 2026-12-03 it was +23 h (68.07 h): F.rms_norm under autocast kept an fp32 input and "
-    "an fp32 normalised copy, each projection cast the shared fp32 output to bf16 again, and "
-    "grouped-query attention repeated k and v to every head. advisor/models/llama.py's RMSNorm "
-    "now keeps its input in its own dtype and the inverse RMS and returns one bf16 output under "
-    "autocast, and 16-bit attention uses SDPA's enable_gqa.",
-    "fp32, Llama: +10 h over 90 h: k and v repeated to every head (fp32 keeps repeat_interleave: "
+    "bf16, Llama: +4 h over 45 h: the two RMSNorm inputs are the fp32 residual stream (+2 x 2 h; "
+    "an FSDP rank with bf16 parameters keeps them in bf16). Until 2026-12-03 it was +23 h "
+    "(68.07 h): F.rms_norm under autocast kept an fp32 input and an fp32 normalised copy, each "
+    "projection cast the shared fp32 output to bf16 again, grouped-query attention repeated k "
+    "and v to every head, and the output projection read a copy of SDPA's output (RoPE made q "
+    "contiguous in (b, heads, t, d)). advisor/models/llama.py's RMSNorm now keeps its input in "
+    "its own dtype and the inverse RMS and returns one bf16 output under autocast, 16-bit "
+    "attention uses SDPA's enable_gqa, and RoPE runs before the heads are transposed (as "
+    "torchtitan's), so SDPA's output is read as a view.",
+    "fp32, Llama: +6 h over 90 h: k and v repeated to every head (fp32 keeps repeat_interleave: "
     "SDPA's enable_gqa runs in CUDA's flash and math kernels only, not fp32's memory-efficient "
-    "one; +2 x 4 h x 3/4) and the output projection's input copy (+4 h). Was 108.07 h.",
+    "one; 2 x 4 h x 3/4). Was 108.07 h.",
     "Full checkpointing keeps each block's input: 4 h (the fp32 residual stream), not 2 h. "
     "Llama's peak with full checkpointing falls late in backward, after the earlier blocks' "
     "checkpoints are freed and while parameter gradients grow: the peak gains nothing per "

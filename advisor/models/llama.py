@@ -84,9 +84,15 @@ def rope_tables(head_dim: int, max_seq_len: int, theta: float) -> torch.Tensor:
 
 
 def apply_rope(x: torch.Tensor, table: torch.Tensor) -> torch.Tensor:
-    # x: (b, heads, t, head_dim); rotate pairs (x1, x2) = halves of the head dimension.
+    """Rotate pairs (x1, x2) = halves of the head dimension; x: (b, t, heads, head_dim).
+
+    Applied before the heads are transposed (as torchtitan does): the rotated q then keeps the
+    (b, t, heads, head_dim) layout through SDPA, whose output the output projection reads as a
+    view instead of a copy (a copy on CPU when q was made contiguous in (b, heads, t, ...)).
+    """
     half = x.shape[-1] // 2
-    cos, sin = table[: x.shape[2], :half].to(x.dtype), table[: x.shape[2], half:].to(x.dtype)
+    table = table[: x.shape[1], None, :].to(x.dtype)  # (t, 1, head_dim): broadcast over heads
+    cos, sin = table[..., :half], table[..., half:]
     x1, x2 = x[..., :half], x[..., half:]
     return torch.cat([x1 * cos - x2 * sin, x1 * sin + x2 * cos], dim=-1)
 
@@ -103,10 +109,9 @@ class Attention(nn.Module):
 
     def forward(self, x: torch.Tensor, rope: torch.Tensor) -> torch.Tensor:
         b, t, _ = x.shape
-        q = self.wq(x).view(b, t, self.n_head, self.head_dim).transpose(1, 2)
-        k = self.wk(x).view(b, t, self.n_kv_head, self.head_dim).transpose(1, 2)
+        q = apply_rope(self.wq(x).view(b, t, self.n_head, self.head_dim), rope).transpose(1, 2)
+        k = apply_rope(self.wk(x).view(b, t, self.n_kv_head, self.head_dim), rope).transpose(1, 2)
         v = self.wv(x).view(b, t, self.n_kv_head, self.head_dim).transpose(1, 2)
-        q, k = apply_rope(q, rope), apply_rope(k, rope)
         grouped = self.n_kv_head != self.n_head  # grouped-query attention: k/v heads shared
         if grouped and q.dtype not in (torch.float16, torch.bfloat16):
             # fp32: SDPA's enable_gqa runs only in the flash and math kernels on CUDA (not

@@ -14,7 +14,14 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from advisor.models.llama import Attention, LlamaBlock, LlamaConfig, RMSNorm, rope_tables
+from advisor.models.llama import (
+    Attention,
+    LlamaBlock,
+    LlamaConfig,
+    RMSNorm,
+    apply_rope,
+    rope_tables,
+)
 
 H, HEADS, FFN, T, B = 64, 8, 256, 16, 2
 
@@ -80,12 +87,9 @@ def test_grouped_attention_equals_repeated_heads(kv_heads: int) -> None:
     with torch.autocast("cpu", dtype=torch.bfloat16):
         y = attention(x, rope)
         # The reference: k and v repeated to every query head, as fp32 still does.
-        q = attention.wq(x).view(B, T, HEADS, -1).transpose(1, 2)
-        k = attention.wk(x).view(B, T, kv_heads, -1).transpose(1, 2)
+        q = apply_rope(attention.wq(x).view(B, T, HEADS, -1), rope).transpose(1, 2)
+        k = apply_rope(attention.wk(x).view(B, T, kv_heads, -1), rope).transpose(1, 2)
         v = attention.wv(x).view(B, T, kv_heads, -1).transpose(1, 2)
-        from advisor.models.llama import apply_rope
-
-        q, k = apply_rope(q, rope), apply_rope(k, rope)
         k, v = (t.repeat_interleave(HEADS // kv_heads, dim=1) for t in (k, v))
         ref = F.scaled_dot_product_attention(q, k, v, is_causal=True)
         ref = attention.wo(ref.transpose(1, 2).reshape(B, T, -1))
@@ -103,12 +107,12 @@ def test_a_16_bit_block_keeps_no_fp32_activation_and_unrepeated_k_v() -> None:
     assert all(t.dtype == torch.bfloat16 for t in big), [(t.dtype, t.shape) for t in big]
     heads = [t.shape[1] for t in big if t.dim() == 4]  # SDPA's q, k, v, output
     assert sorted(heads) == [kv_heads, kv_heads, HEADS, HEADS]
-    # Per token, at 2 bytes: the 2 norm inputs, the attention input, q, k and v, SDPA's output,
-    # the MLP input and its 4 tensors of width FFN (benchmarks/activation_bytes.py's count),
-    # and the output projection's input (a copy of SDPA's output on CPU, a view on CUDA's flash
-    # attention). Beyond that only rstd, the log-sum-exp and the RoPE tables (about 2% here).
+    # Per token, at 2 bytes: the 2 norm inputs, the attention input, q, k and v, SDPA's output
+    # (the output projection reads a view of it), the MLP input and its 4 tensors of width FFN
+    # (benchmarks/activation_bytes.py's count). Beyond that only rstd, the log-sum-exp and the
+    # RoPE tables (about 2% here).
     per_token = sum(t.untyped_storage().nbytes() for t in kept) / (B * T)
-    textbook = 2 * (2 * H + H + H + 2 * H * kv_heads / HEADS + H + H + 4 * FFN) + 2 * H
+    textbook = 2 * (2 * H + H + H + 2 * H * kv_heads / HEADS + H + H + 4 * FFN)
     assert textbook <= per_token <= textbook * 1.025, (per_token, textbook)
 
 
@@ -123,9 +127,10 @@ def test_an_fp32_residual_stream_is_kept_once_per_norm() -> None:
     by_dtype: dict[Any, int] = {}
     for t in full:
         by_dtype[t.dtype] = by_dtype.get(t.dtype, 0) + 1
-    # fp32: the two norm inputs; bf16: the attention input, the output projection's input
-    # and the MLP input (one each, shared by wq/wk/wv and by w1/w3).
-    assert by_dtype == {torch.float32: 2, torch.bfloat16: 3}, by_dtype
+    # fp32: the two norm inputs; bf16: the attention input and the MLP input (one each, shared
+    # by wq/wk/wv and by w1/w3); SDPA's output, which the output projection reads as a view, has
+    # the heads' shape.
+    assert by_dtype == {torch.float32: 2, torch.bfloat16: 2}, by_dtype
 
 
 @pytest.mark.gpu
@@ -152,3 +157,17 @@ def test_on_cuda_the_block_keeps_unrepeated_k_v_and_the_trace_matches_the_alloca
     print(f"\nllama-tiny bf16 b=8: traced {traced.peak_bytes}, {measured.to_dict()}")
     error = (traced.peak_bytes - measured.peak_allocated_bytes) / measured.peak_allocated_bytes
     assert abs(error) <= 0.15, error
+
+
+def test_rope_rotates_each_pair_by_its_position_angle() -> None:
+    """(x1, x2), the halves of a head, turned by position x inverse frequency (RoFormer), on the
+    (b, t, heads, head_dim) layout the attention applies it in."""
+    head_dim, theta = 8, 1e4
+    x = torch.randn(B, T, HEADS, head_dim, dtype=torch.float64)
+    got = apply_rope(x, rope_tables(head_dim, T, theta).double())
+    inv_freq = 1.0 / theta ** (torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim)
+    angle = torch.outer(torch.arange(T, dtype=torch.float64), inv_freq)[None, :, None, :]
+    turned = torch.complex(x[..., : head_dim // 2], x[..., head_dim // 2 :]) * torch.polar(
+        torch.ones_like(angle), angle
+    )
+    torch.testing.assert_close(got, torch.cat([turned.real, turned.imag], dim=-1))
