@@ -79,7 +79,9 @@ def trace_step_memory(
       its default, AdamW picks foreach on CUDA but the per-tensor loop on (fake) CPU, and their
       temporaries differ by up to one copy of the parameters;
     * autocast follows ``step.device`` (CPU here), so a mixed-precision trace for a CUDA target
-      uses CPU autocast's op lists: calibrate it with :func:`measure_cuda_step_memory`.
+      uses CPU autocast's op lists, except that a CUDA target's trace runs ``layer_norm`` and
+      ``group_norm`` in fp32 as CUDA's autocast does (:func:`memory_tracing.cuda_autocast_norms`);
+      calibrate the rest with :func:`measure_cuda_step_memory`.
 
     A deep model of a :class:`BlockScalableWorkload` is traced from two shallow copies
     (:mod:`profilers.memory_blocks`; the trace's ``scaled_from_blocks`` says so), whole if that

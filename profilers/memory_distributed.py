@@ -297,6 +297,7 @@ def trace_raw(
             stack.enter_context(
                 single._patched(mem_tracker_module, "_WeakRefInfo", single._CudaRoundedWeakRefInfo)
             )
+            stack.enter_context(single.cuda_autocast_norms())
         stack.enter_context(single._grad_scaler_never_skips())
         if spec.parallelism == "ddp":
             with _ddp_without_init_collectives():

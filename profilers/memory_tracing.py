@@ -223,6 +223,7 @@ def trace_raw(
         if cuda_rounding:
             rounded = _patched(mem_tracker_module, "_WeakRefInfo", _CudaRoundedWeakRefInfo)
             stack.enter_context(rounded)
+            stack.enter_context(cuda_autocast_norms())
         stack.enter_context(_grad_scaler_never_skips())
         step = workload.build_step(spec, "cpu", from_meta=True)
         tracker = _StepMemTracker()
@@ -292,6 +293,42 @@ def assemble_trace(
         resident_bytes=resident_bytes,
         trace_seconds=time.perf_counter() - started,
     )
+
+
+@contextlib.contextmanager
+def cuda_autocast_norms() -> Iterator[None]:
+    """CUDA's autocast policy for the norms, on a CPU-traced step.
+
+    The trace runs on (fake) CPU tensors under CPU autocast, whose op lists differ from CUDA's:
+    CUDA runs ``layer_norm`` and ``group_norm`` in fp32 (PyTorch's autocast op reference,
+    "CUDA ops that can autocast to float32"), casting a 16-bit input up and keeping that fp32
+    copy for backward; CPU autocast leaves them in the input's dtype. On a step whose residual
+    stream is 16-bit (an FSDP rank with bf16 parameters) a CUDA target's trace missed 2 bytes
+    per element per norm. Here, while CPU autocast is on, ``torch.nn.functional.layer_norm``
+    and ``group_norm`` (what ``nn.LayerNorm``/``nn.GroupNorm`` call) get fp32 inputs, as they
+    would on CUDA. Norms that call the kernels below them directly (the built-in GPT's and
+    Llama's) are not touched, as CUDA's autocast does not touch them either.
+    """
+    functional = torch.nn.functional
+    with contextlib.ExitStack() as stack:
+        for name in ("layer_norm", "group_norm"):
+            stack.enter_context(
+                _patched(functional, name, _in_fp32_under_autocast(getattr(functional, name)))
+            )
+        yield
+
+
+def _in_fp32_under_autocast(fn: Any) -> Any:
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        if torch.is_autocast_enabled("cpu"):
+            args, kwargs = torch.utils._pytree.tree_map_only(torch.Tensor, _to_fp32, (args, kwargs))
+        return fn(*args, **kwargs)
+
+    return wrapper
+
+
+def _to_fp32(t: torch.Tensor) -> torch.Tensor:
+    return t.float() if t.is_floating_point() and t.dtype != torch.float64 else t
 
 
 @contextlib.contextmanager
