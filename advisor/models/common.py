@@ -40,6 +40,18 @@ def check_heads(n_embd: int, n_head: int) -> None:
         )
 
 
+def compute_dtype(x: torch.Tensor) -> torch.dtype:
+    """What a norm computes in: fp32, or fp64 for an fp64 input."""
+    return torch.promote_types(x.dtype, torch.float32)
+
+
+def norm_output_dtype(x: torch.Tensor) -> torch.dtype:
+    """A norm's output dtype: autocast's when it is on for ``x``'s device (what the projections
+    reading it would cast to), else ``x``'s own."""
+    device = x.device.type
+    return torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else x.dtype
+
+
 class _LayerNormFunction(torch.autograd.Function):
     """``native_layer_norm`` in fp32 (fp64 for fp64) that keeps its input in the input's own
     dtype, and returns its output in ``out_dtype``; backward is ``native_layer_norm_backward``.
@@ -62,7 +74,7 @@ class _LayerNormFunction(torch.autograd.Function):
         eps: float,
         out_dtype: torch.dtype,
     ) -> torch.Tensor:
-        compute = torch.promote_types(x.dtype, torch.float32)
+        compute = compute_dtype(x)
         w = None if weight is None else weight.to(compute)
         b = None if bias is None else bias.to(compute)
         out, mean, rstd = torch.native_layer_norm(x.to(compute), (x.shape[-1],), w, b, eps)
@@ -98,8 +110,6 @@ class InputLayerNorm(nn.LayerNorm):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if len(self.normalized_shape) != 1:
             return super().forward(x)
-        device = x.device.type
-        autocast = torch.is_autocast_enabled(device)
-        out_dtype = torch.get_autocast_dtype(device) if autocast else x.dtype
+        out_dtype = norm_output_dtype(x)
         out: torch.Tensor = _LayerNormFunction.apply(x, self.weight, self.bias, self.eps, out_dtype)
         return out

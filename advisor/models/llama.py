@@ -10,7 +10,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from advisor.models.common import check_length, init_parameters
+from advisor.models.common import check_length, compute_dtype, init_parameters, norm_output_dtype
 
 
 @dataclass(kw_only=True)
@@ -25,10 +25,6 @@ class LlamaConfig:
     rope_theta: float = 500000.0
     norm_eps: float = 1e-5
     tie_weights: bool = True
-
-
-def _compute_dtype(x: torch.Tensor) -> torch.dtype:
-    return torch.promote_types(x.dtype, torch.float32)  # fp32, or fp64 for an fp64 input
 
 
 class _RMSNormFunction(torch.autograd.Function):
@@ -46,7 +42,7 @@ class _RMSNormFunction(torch.autograd.Function):
     def forward(
         ctx: Any, x: torch.Tensor, weight: torch.Tensor, eps: float, out_dtype: torch.dtype
     ) -> torch.Tensor:
-        xf = x.to(_compute_dtype(x))
+        xf = x.to(compute_dtype(x))
         rstd = torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
         ctx.save_for_backward(x, weight, rstd)
         return (xf * rstd * weight.to(xf.dtype)).to(out_dtype)
@@ -69,10 +65,7 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(dim))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        device = x.device.type
-        autocast = torch.is_autocast_enabled(device)
-        out_dtype = torch.get_autocast_dtype(device) if autocast else x.dtype
-        out: torch.Tensor = _RMSNormFunction.apply(x, self.weight, self.eps, out_dtype)
+        out: torch.Tensor = _RMSNormFunction.apply(x, self.weight, self.eps, norm_output_dtype(x))
         return out
 
 
