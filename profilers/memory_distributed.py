@@ -284,7 +284,6 @@ def trace_raw(
     """One rank's step, per window when ``split_blocks(step)`` names the repeated blocks
     (``memory_tracing.PeakWindows``: "A" up to the last block's backward, then one per
     block); one window, "all", otherwise."""
-    import torch.distributed._tools.mem_tracker as mem_tracker_module
     from torch._subclasses.fake_tensor import FakeTensorMode
 
     from profilers import memory_tracing as single
@@ -293,11 +292,7 @@ def trace_raw(
     with contextlib.ExitStack() as stack:
         stack.enter_context(FakeTensorMode(allow_non_fake_inputs=True))
         if cuda_rounding:
-            # FSDPMemTracker inherits MemTracker's bookkeeping: one patch rounds both.
-            stack.enter_context(
-                single._patched(mem_tracker_module, "_WeakRefInfo", single._CudaRoundedWeakRefInfo)
-            )
-            stack.enter_context(single.cuda_autocast_norms())
+            stack.enter_context(single.cuda_target())
         stack.enter_context(single._grad_scaler_never_skips())
         if spec.parallelism == "ddp":
             with _ddp_without_init_collectives():

@@ -221,9 +221,7 @@ def trace_raw(
     with contextlib.ExitStack() as stack:
         stack.enter_context(FakeTensorMode(allow_non_fake_inputs=True))
         if cuda_rounding:
-            rounded = _patched(mem_tracker_module, "_WeakRefInfo", _CudaRoundedWeakRefInfo)
-            stack.enter_context(rounded)
-            stack.enter_context(cuda_autocast_norms())
+            stack.enter_context(cuda_target())
         stack.enter_context(_grad_scaler_never_skips())
         step = workload.build_step(spec, "cpu", from_meta=True)
         tracker = _StepMemTracker()
@@ -293,6 +291,18 @@ def assemble_trace(
         resident_bytes=resident_bytes,
         trace_seconds=time.perf_counter() - started,
     )
+
+
+@contextlib.contextmanager
+def cuda_target() -> Iterator[None]:
+    """What a CPU-traced step needs to read as a CUDA target's: the allocator's 512-byte
+    rounding (every tracker inherits MemTracker's bookkeeping: one patch rounds them all) and
+    CUDA autocast's fp32 norms (:func:`cuda_autocast_norms`)."""
+    with (
+        _patched(mem_tracker_module, "_WeakRefInfo", _CudaRoundedWeakRefInfo),
+        cuda_autocast_norms(),
+    ):
+        yield
 
 
 @contextlib.contextmanager
