@@ -15,25 +15,9 @@ import torch
 
 from advisor.models.common import InputLayerNorm
 from advisor.models.gpt import Block, GPTConfig
+from tests.advisor.saved_tensors import saved_activations
 
 H, HEADS, T, B = 64, 4, 16, 2
-
-
-def saved_activations(module: torch.nn.Module, x: torch.Tensor) -> list[torch.Tensor]:
-    """Every distinct tensor storage autograd keeps for backward under autocast on ``x``'s
-    device, except the parameters."""
-    params = {p.untyped_storage().data_ptr() for p in module.parameters()}
-    kept: dict[int, torch.Tensor] = {}
-
-    def pack(t: torch.Tensor) -> torch.Tensor:
-        if (ptr := t.untyped_storage().data_ptr()) not in params:
-            kept.setdefault(ptr, t)
-        return t
-
-    hooks = torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t)
-    with hooks, torch.autocast(x.device.type, dtype=torch.bfloat16):
-        module(x)
-    return list(kept.values())
 
 
 @pytest.mark.parametrize("bias", [True, False])

@@ -22,6 +22,7 @@ from advisor.models.llama import (
     apply_rope,
     rope_tables,
 )
+from tests.advisor.saved_tensors import saved_activations
 
 H, HEADS, FFN, T, B = 64, 8, 256, 16, 2
 
@@ -31,24 +32,6 @@ def config(kv_heads: int) -> LlamaConfig:
         vocab_size=32, n_layer=1, n_head=HEADS, n_kv_head=kv_heads, n_embd=H, ffn_hidden=FFN,
         max_seq_len=T,
     )  # fmt: skip
-
-
-def saved_activations(module: torch.nn.Module, *inputs: torch.Tensor) -> list[torch.Tensor]:
-    """Every distinct tensor storage autograd keeps for backward, except the parameters (under
-    autocast on the inputs' device)."""
-    params = {p.untyped_storage().data_ptr() for p in module.parameters()}
-    kept: dict[int, torch.Tensor] = {}
-
-    def pack(t: torch.Tensor) -> torch.Tensor:
-        ptr = t.untyped_storage().data_ptr()
-        if ptr not in params:
-            kept.setdefault(ptr, t)
-        return t
-
-    hooks = torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t)
-    with hooks, torch.autocast(inputs[0].device.type, dtype=torch.bfloat16):
-        module(*inputs)
-    return list(kept.values())
 
 
 def test_rms_norm_equals_torch_in_fp32_and_under_autocast() -> None:
