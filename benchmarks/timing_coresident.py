@@ -23,11 +23,15 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
-import subprocess
 import sys
 from pathlib import Path
+
+# Run as a script only benchmarks/ is on the path: the repository root makes `benchmarks.`
+# importable (a second entry when imported from the tests is harmless).
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from benchmarks.timing_warmup import one_thread_child
 
 VARIANTS = {"pair": (2, 8), "truth": (2, 3, 6, 8, 12), "alone8": (8,)}
 
@@ -47,15 +51,7 @@ print(json.dumps({x.spec.micro_batch_size: list(x.step_s) for x in t}))
 
 def sample(model: str, sizes: tuple[int, ...]) -> dict[str, list[float]]:
     """One fresh process: every timed step (seconds) per size."""
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
-    done = subprocess.run(
-        [sys.executable, "-c", _CHILD, model, ",".join(map(str, sizes))],
-        capture_output=True,
-        text=True,
-        env=env,
-        check=True,
-    )
-    got: dict[str, list[float]] = json.loads(done.stdout.strip().splitlines()[-1])
+    got: dict[str, list[float]] = one_thread_child(_CHILD, model, ",".join(map(str, sizes)))
     return got
 
 

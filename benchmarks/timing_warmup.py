@@ -22,6 +22,7 @@ import statistics
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 VARIANTS = {"W1R3": (1, 3), "W2R3": (2, 3)}
 
@@ -40,16 +41,21 @@ print(json.dumps([x.median_step_s for x in t]))
 """
 
 
-def sample(warmup: int, rounds: int, model: str, small: int, large: int) -> list[float]:
+def one_thread_child(code: str, *args: str) -> Any:
+    """Run ``code`` in a fresh one-thread interpreter (``python -c code *args``); the JSON it
+    prints on its last line."""
     env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
     done = subprocess.run(
-        [sys.executable, "-c", _CHILD, str(warmup), str(rounds), model, str(small), str(large)],
-        capture_output=True,
-        text=True,
-        env=env,
-        check=True,
+        [sys.executable, "-c", code, *args], capture_output=True, text=True, env=env, check=True
     )
     return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def sample(warmup: int, rounds: int, model: str, small: int, large: int) -> list[float]:
+    got: list[float] = one_thread_child(
+        _CHILD, str(warmup), str(rounds), model, str(small), str(large)
+    )
+    return got
 
 
 def main(argv: list[str] | None = None) -> int:
