@@ -91,3 +91,33 @@ def test_bad_loss_chunks_are_a_usage_error(capsys: pytest.CaptureFixture[str]) -
         settings("--loss-chunks", "0")
     assert exit_info.value.code == 2
     assert "--loss-chunks must be >= 1" in capsys.readouterr().err
+
+
+def test_a_grid_with_ops_half_asks_the_profile_for_it_beside_the_defaults() -> None:
+    # ops-half is measured only when asked: the advisor must be able to advise what the grid
+    # holds, and still search the product's default settings.
+    chosen = settings(
+        *("--precisions", "fp32", "--global-batch-sizes", "8"),
+        *("--checkpointing", "none", "ops-half", "--loss-chunks", "1", "4"),
+    )
+    bert, gpt2 = regret.build_cases(chosen)
+    assert {c.activation_checkpointing for c in bert.candidates} == {"none", "ops-half"}
+    assert {c.loss_chunks for c in bert.candidates} == {1, 4}
+    assert regret.profiled_checkpointing(chosen, bert.model) == (
+        "none",
+        "full",
+        "ops",
+        "blocks:1",
+        "ops-half",
+    )
+    assert regret.profiled_checkpointing(chosen, gpt2.model)[-2:] == ("blocks:2", "ops-half")
+    # Without ops-half in the grid the profile keeps its own defaults (no flag at all).
+    plain = settings("--precisions", "fp32", "--global-batch-sizes", "8")
+    assert regret.profiled_checkpointing(plain, bert.model) == ()
+
+
+def test_the_large_vocabulary_model_is_held_out_but_not_a_default() -> None:
+    entry = regret.model_entry("hf-gpt2-32k")
+    assert entry.role == "held-out" and entry.args["vocab_size"] == 32000
+    assert "hf-gpt2-32k" not in regret.HELD_OUT
+    assert all(regret.MODELS[name].role == "held-out" for name in regret.HELD_OUT)
