@@ -8,6 +8,7 @@ exists, as it does in steady training.
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Iterator, Sequence
 
@@ -19,6 +20,13 @@ from profilers.memory_records import CpuStepMemory, CudaStepMemory
 from profilers.workload import Batch, StepSpec, TrainStep, Workload
 
 _MAX_WARMUP_STEPS = 8
+# The CPU truth runs steps of at most this many micro-batches. A step of k >= 2 holds what a step
+# of 2 holds (the gradients exist from the first backward on; every later micro-batch repeats
+# the second), but the profiler's event buffers grow with k: at 16 micro-batches they took a
+# process's private memory from 654 to 2,140 MiB for the same 130 MiB step (hf-gpt2-32k,
+# blocks:1, micro-batch 1), and a validation child capped at a 1,143 MiB budget failed every
+# config as "oom" that `advisor train` ran within it (regret session 20261203T083130Z).
+CPU_TRUTH_MICRO_BATCHES = 2
 _FORWARD_BACKWARD = "memory_probe::forward_backward"
 _OPTIMIZER_STEP = "memory_probe::optimizer_step"
 
@@ -30,11 +38,16 @@ def measure_cpu(workload: Workload, spec: StepSpec, *, min_warmup: int = 1) -> C
     blocks are not subtracted), so the step is built inside the profiled region: the count is
     then everything the step holds, as the trace counts it. At least ``min_warmup`` steps run
     before the measured one (more until the optimizer has state): the allocator's count is the
-    same after one, but a process's resident peak still grows over the first steps.
+    same after one, but a process's resident peak still grows over the first steps. Steps of
+    more than :data:`CPU_TRUTH_MICRO_BATCHES` micro-batches run that many (the same peak);
+    the record keeps ``spec``.
     """
     generator = torch.Generator().manual_seed(0)
+    run = dataclasses.replace(
+        spec, grad_accum_steps=min(spec.grad_accum_steps, CPU_TRUTH_MICRO_BATCHES)
+    )
     with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
-        step = workload.build_step(spec, "cpu")
+        step = workload.build_step(run, "cpu")
         _warm_up(step, generator, min_warmup)
         started = time.perf_counter()
         with record_function(_FORWARD_BACKWARD):
@@ -43,12 +56,14 @@ def measure_cpu(workload: Workload, spec: StepSpec, *, min_warmup: int = 1) -> C
         with record_function(_OPTIMIZER_STEP):
             step.optimizer_step()
         step_seconds = time.perf_counter() - started
+        # The micro-batches not run are held as inputs all step long, as in the real step.
+        unrun = (spec.grad_accum_steps - run.grad_accum_steps) * _batch_bytes(batches[-1])
         del batches, loss, step
     assert prof.profiler is not None and prof.profiler.kineto_results is not None
     events = list(_walk(prof.profiler.kineto_results.experimental_event_tree()))
     start = _level_at_start(events)
-    forward_backward = _window_peak(events, _FORWARD_BACKWARD) - start
-    optimizer_step = _window_peak(events, _OPTIMIZER_STEP) - start
+    forward_backward = _window_peak(events, _FORWARD_BACKWARD) - start + unrun
+    optimizer_step = _window_peak(events, _OPTIMIZER_STEP) - start + unrun
     return CpuStepMemory(
         spec=spec,
         peak_bytes=max(forward_backward, optimizer_step),
@@ -56,6 +71,14 @@ def measure_cpu(workload: Workload, spec: StepSpec, *, min_warmup: int = 1) -> C
         optimizer_step_peak_bytes=optimizer_step,
         step_seconds=step_seconds,
     )
+
+
+def _batch_bytes(batch: Batch) -> int:
+    """The bytes a micro-batch's tensors hold (a storage two of them view counted once)."""
+    storages = {
+        t.untyped_storage().data_ptr(): t.untyped_storage().nbytes() for t in batch.values()
+    }
+    return sum(storages.values())
 
 
 def _warm_up(step: TrainStep, generator: torch.Generator | None, min_steps: int = 1) -> None:

@@ -303,3 +303,25 @@ def test_truth_ignores_blocks_an_earlier_profiling_session_left_in_the_count() -
     again = measure_cpu_step_memory(WORKLOAD, spec)
     assert again.peak_bytes == clean.peak_bytes
     assert again.forward_backward_peak_bytes == clean.forward_backward_peak_bytes
+
+
+def test_cpu_truth_of_many_micro_batches_runs_two_and_adds_the_others_inputs() -> None:
+    # The profiler's event buffers grow with every micro-batch run (16 took a capped validation
+    # child out of memory); the peak does not: it is two micro-batches' plus the inputs held.
+    import profilers.memory_truth as truth
+
+    built: list[int] = []
+    original = WORKLOAD.build_step
+
+    class Counting:
+        def build_step(self, spec: StepSpec, device: str):  # type: ignore[no-untyped-def]
+            built.append(spec.grad_accum_steps)
+            return original(spec, device)
+
+    two, six = _spec(4, grad_accum_steps=2), _spec(4, grad_accum_steps=6)
+    measured = truth.measure_cpu(Counting(), six)  # type: ignore[arg-type]
+    assert built == [truth.CPU_TRUTH_MICRO_BATCHES] and measured.spec == six
+    input_bytes = 2 * 4 * SEQ_LEN * 8  # input_ids and labels (int64) of one micro-batch
+    assert measured.peak_bytes == _truth(two).peak_bytes + 4 * input_bytes
+    # ... which is what the trace of six micro-batches holds.
+    assert abs(_relative_error(_trace(six).peak_bytes, measured.peak_bytes)) <= 0.01
