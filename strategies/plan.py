@@ -217,7 +217,11 @@ def decide(
         winner = next(e for e in ranked if e.candidate.key == best.candidate.key)
         winner_measured: Measurement | None = best.measured
     else:
-        winner, winner_measured = ranked[0], None
+        # Nothing ran: the best prediction, but never one whose own run ran out of memory
+        # (its memory prediction is refuted) while a candidate not known to fail is left.
+        failed = {v.candidate.key for v in validations if v.measured.status == "oom"}
+        winner = next((e for e in ranked if e.candidate.key not in failed), ranked[0])
+        winner_measured = None
     assert winner.prediction is not None
     baseline = _with_baseline_measurement(baseline, measurements, winner, winner_measured)
     reasons = plan_reasons(

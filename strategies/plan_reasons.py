@@ -64,7 +64,13 @@ def plan_reasons(
             f"(not validated: {why})"
         )
     top = ranked[0]
-    if top.candidate.key != winner.candidate.key:
+    if top.candidate.key != winner.candidate.key and winner_measured is None:
+        out.append(
+            f"the top predicted candidate ({top.candidate.label()}) and every one ranked above "
+            "the chosen one ran out of memory when validated: the chosen one is the best "
+            "predicted that was not seen to fail"
+        )
+    elif top.candidate.key != winner.candidate.key:
         out.append(
             f"the top predicted candidate ({top.candidate.label()}, {_fmt_tps(top.tokens_per_s)}) "
             "measured slower than the chosen one: the measurement wins"

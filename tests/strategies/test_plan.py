@@ -240,3 +240,23 @@ def test_finalists_include_the_best_of_a_layout_the_top_k_left_out_when_close() 
     assert len(top_candidates(result, 3, layout_margin=0.0)) == 3
     assert top_candidates(result, 0) == []
     assert [e.candidate.micro_batch_size for e in top_candidates(result, 1)] == [4, 8]
+
+
+def test_a_candidate_that_ran_out_of_memory_is_not_chosen_when_nothing_validated(
+    model: CostModel,
+) -> None:
+    ranked = sorted(
+        (e for e in _plan(model, 16).evaluations if e.feasible), key=lambda e: -e.tokens_per_s
+    )
+    first, second, third = (e.candidate for e in ranked[:3])
+    oom = Measurement(status="oom", reason="RuntimeError: DefaultCPUAllocator: can't allocate")
+    plan = _plan(model, 16, {first.key: oom, second.key: oom})
+    assert plan.candidate == third and plan.measured is None
+    assert any("ran out of memory when validated" in r for r in plan.reasons)
+    assert any("not validated: no candidate was validated" in r for r in plan.reasons)
+    # A failure that says nothing about memory does not refute the prediction.
+    crashed = Measurement(status="error", reason="the child process did not start")
+    assert _plan(model, 16, {first.key: crashed}).candidate == first
+    # Every fitting candidate out of memory: still a plan (the best prediction), said so.
+    every = {e.candidate.key: oom for e in ranked}
+    assert _plan(model, 16, every).candidate == first
