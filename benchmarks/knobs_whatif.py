@@ -91,9 +91,7 @@ def with_kept_gathered(row: wp.Row, rows: Sequence[wp.Row], profile: Any, say: A
     say(f"  traced kept-gathered FSDP ranks of {row.label} in {time.perf_counter() - t0:.0f} s")
     memory = (*profile.fits.memory, *kept)
     profile = dataclasses.replace(profile, fits=dataclasses.replace(profile.fits, memory=memory))
-    (wp.PROFILES / f"{row.shape_key}.json").write_text(
-        json.dumps(profile.to_dict(), indent=1) + "\n"
-    )
+    wp.profile_cache().save(row.shape_key, profile.to_dict())
     return profile
 
 

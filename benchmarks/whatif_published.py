@@ -31,7 +31,9 @@ nothing here does. Each profile is built without materialising the model:
   parameter/gradient/state bytes) is affine in the number of layers.
 
 That takes 20-90 s per shape on 2 cores; profiles are cached under
-``benchmarks/results/whatif_profiles/`` (delete a file to rebuild it).
+``benchmarks/results/whatif_profiles/``, each with a fingerprint of the code that traced it
+(``benchmarks/profile_cache.py``: the model, trainer-step and tracer modules, and this file's
+:data:`TRACING_DEFINITIONS`): a profile traced by other code is traced again, never reused.
 
 ``blocks:K`` rows (checkpointing every N-th block) are priced on the line in K between the
 traced ``none`` and ``full`` fits (``profilers.checkpointing_fits``), as ``advisor predict``
@@ -51,6 +53,7 @@ from __future__ import annotations
 import argparse
 import csv
 import dataclasses
+import functools
 import json
 import math
 import statistics
@@ -68,6 +71,25 @@ if str(ROOT) not in sys.path:
 DATA = ROOT / "benchmarks" / "data" / "published_runs.csv"
 RESULTS = ROOT / "benchmarks" / "results"
 PROFILES = RESULTS / "whatif_profiles"
+# What turns traces into a cached profile, beside the tracer's own modules: a change to any of
+# them makes every cached profile stale (benchmarks/profile_cache.py).
+TRACING_DEFINITIONS: dict[Path, tuple[str, ...]] = {
+    Path(__file__).resolve(): (
+        "_lerp",
+        "extend_fit",
+        "extend_memory_model",
+        "extend_flops",
+        "trace_only_profile",
+        "FSDP_TRACE_WORLD",
+        "FSDP_TRACE_LAYERS",
+        "fsdp_sizes",
+        "fsdp_memory_models",
+        "traced_modes",
+        "profile_for",
+        "with_chunked_loss",
+    ),
+    ROOT / "benchmarks" / "knobs_whatif.py": ("with_kept_gathered",),
+}
 TARGET_MEDIAN = 0.10
 TARGET_MAX = 0.20
 
@@ -418,13 +440,13 @@ def traced_modes(settings: Iterable[str]) -> list[str]:
 def profile_for(row: Row, rows: Iterable[Row], say: Any = print) -> Any:
     """The cached trace-only profile of ``row``'s shape (every checkpointing mode its rows use,
     single-device and FSDP per-rank fits); a cached one without FSDP fits gets them added."""
-    from profilers.profile_record import load_profile
+    from profilers.profile_record import Profile
 
-    path = PROFILES / f"{row.shape_key}.json"
     modes = traced_modes(r.activation_checkpointing for r in rows if r.shape_key == row.shape_key)
     profile = None
-    if path.is_file():
-        profile = load_profile(path)
+    cached = profile_cache().load(row.shape_key, say)
+    if cached is not None:
+        profile = Profile.from_dict(cached)
         have = {m.activation_checkpointing for m in profile.fits.memory}
         if not set(modes) <= have:
             profile = None
@@ -446,9 +468,24 @@ def profile_for(row: Row, rows: Iterable[Row], say: Any = print) -> Any:
         )
     else:
         return profile
-    PROFILES.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(profile.to_dict(), indent=1) + "\n")
+    profile_cache().save(row.shape_key, profile.to_dict())
     return profile
+
+
+@functools.cache
+def tracing_fingerprint() -> Any:
+    """The fingerprint of the code that traces this benchmark's profiles, computed once a
+    process (it imports the tracer in a fresh interpreter: a few seconds)."""
+    from benchmarks.profile_cache import fingerprint
+
+    return fingerprint(TRACING_DEFINITIONS)
+
+
+def profile_cache() -> Any:
+    """The :class:`benchmarks.profile_cache.ProfileCache` of :data:`PROFILES`."""
+    from benchmarks.profile_cache import ProfileCache
+
+    return ProfileCache(PROFILES, tracing_fingerprint)
 
 
 def chunked_loss_count(row: Row, profile: Any) -> int:
@@ -518,8 +555,7 @@ def with_chunked_loss(row: Row, rows: Iterable[Row], profile: Any, chunks: int) 
     )
     memory = (*kept, *single, *sharded)
     profile = dataclasses.replace(profile, fits=dataclasses.replace(profile.fits, memory=memory))
-    PROFILES.mkdir(parents=True, exist_ok=True)
-    (PROFILES / f"{row.shape_key}.json").write_text(json.dumps(profile.to_dict(), indent=1) + "\n")
+    profile_cache().save(row.shape_key, profile.to_dict())
     return profile
 
 

@@ -49,7 +49,9 @@ def test_each_knob_is_predicted_alone_and_the_search_compares_knob_sets(
     completed: tuple[dict[str, Any], Path],
 ) -> None:
     result, cached = completed
-    assert cached.is_file()  # completed and cached
+    assert cached.is_file()  # completed and cached, under the fingerprint of its tracing code
+    index = json.loads((cached.parent / "SOURCES.json").read_text())
+    assert index["profiles"] == {cached.stem: wp.tracing_fingerprint().key}
     knobs = {k["variant"]: k for k in result["knobs"]}
     base = knobs["as published"]
     assert base["fits"] and base["tokens_per_s_per_gpu"] > 0
