@@ -33,6 +33,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from profilers.rundir import write_atomically
+
 ROOT = Path(__file__).resolve().parent.parent
 INDEX = "SOURCES.json"
 PROJECT_PACKAGES = ("advisor", "profilers", "strategies")
@@ -222,7 +224,7 @@ class ProfileCache:
         """Write the profile and record it under the current fingerprint (fingerprints no
         profile uses any more are dropped from the index)."""
         self.directory.mkdir(parents=True, exist_ok=True)
-        _write(self.path(key), json.dumps(data, indent=1) + "\n")
+        write_atomically(self.path(key), json.dumps(data, indent=1) + "\n")
         index = self._index()
         current = self.fingerprint
         index["profiles"][key] = current.key
@@ -230,11 +232,4 @@ class ProfileCache:
         used = set(index["profiles"].values())
         index["fingerprints"] = {k: v for k, v in index["fingerprints"].items() if k in used}
         index["profiles"] = dict(sorted(index["profiles"].items()))
-        _write(self.directory / INDEX, json.dumps(index, indent=1) + "\n")
-
-
-def _write(path: Path, text: str) -> None:
-    """Replace ``path`` whole: a crash leaves the old file or the new one, never half."""
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(text)
-    tmp.replace(path)
+        write_atomically(self.directory / INDEX, json.dumps(index, indent=1) + "\n")

@@ -87,6 +87,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script:
 
 from benchmarks import regret_analysis as analysis
 from benchmarks import regret_report as report
+from profilers.checkpointing import OPS_HALF
 
 if TYPE_CHECKING:
     from strategies.config import TrainConfig
@@ -102,7 +103,6 @@ ALL_CHECKPOINTING = ("none", "full")
 # for it too, beside the product's default settings), and ``blocks:mid`` = blocks:K with
 # K = L // 2 (the one blocks:K a profile measures), resolved per model from its repeated blocks.
 MIDDLE_BLOCKS = "blocks:mid"
-OPS_HALF = "ops-half"
 CHECKPOINTING_CHOICES = (*ALL_CHECKPOINTING, "ops", OPS_HALF, MIDDLE_BLOCKS)
 MiB = 2**20
 
@@ -293,12 +293,9 @@ def resolve_checkpointing(values: Sequence[str], entry: ModelEntry) -> tuple[str
     one blocks:K the advisor's profile measures (profilers.checkpointing.middle_blocks)."""
     if MIDDLE_BLOCKS not in values:
         return tuple(values)
-    from advisor.workload import AdvisorWorkload
     from profilers.checkpointing import middle_blocks
 
-    with in_repo():
-        layers = AdvisorWorkload(model=entry.spec, model_args=dict(entry.args)).facts().num_layers
-    middle = middle_blocks(layers or 0)
+    middle = middle_blocks(repeated_blocks(entry))
     out = [middle if v == MIDDLE_BLOCKS else v for v in values]
     return tuple(dict.fromkeys(v for v in out if v is not None))
 
@@ -309,12 +306,18 @@ def profiled_checkpointing(settings: Settings, entry: ModelEntry) -> tuple[str, 
     ops-half, which a profile measures only when asked."""
     if OPS_HALF not in settings.checkpointing:
         return ()
-    from advisor.workload import AdvisorWorkload
     from profilers.checkpointing import profiled
+
+    return (*profiled(repeated_blocks(entry)), OPS_HALF)
+
+
+def repeated_blocks(entry: ModelEntry) -> int:
+    """The model's number of repeated blocks (0 when it has none), from its meta facts."""
+    from advisor.workload import AdvisorWorkload
 
     with in_repo():
         layers = AdvisorWorkload(model=entry.spec, model_args=dict(entry.args)).facts().num_layers
-    return (*profiled(layers or 0), OPS_HALF)
+    return layers or 0
 
 
 # --quick: fp32 without checkpointing at global batch 4: 3 single + 2 ddp + 2 fsdp = 7 configs.
