@@ -2,17 +2,25 @@
 
 Runs after :mod:`profilers.phases_core` and its refinements (a new knob comes after the
 search's core in priority) and only for models whose logits are worth chunking
-(:func:`chosen_loss_chunks`). One setting is measured, fp32 without checkpointing, at the core's
-two traced sizes and its two timed sizes:
+(:func:`chosen_loss_chunks`). It measures one precision (:func:`chunked_precision`: the one
+whose plain step the core timed fastest without checkpointing, fp32 when none was timed), in
+this order while its part of the budget lasts:
 
-* memory: the step traced with the knob on (the same fake-tensor traces as every group), so
-  its fit holds what the chunks keep and what the head's recompute and the summed weight
-  gradient add;
-* time: a measured *delta*. The recompute of the head's forward is real cost, but on a shared
-  CPU host a step's time drifts up to 35% between children (DESIGN.md): two groups timed in
-  different children would compare the host's moods. So one child times the plain and the
-  chunked step round-robin at the same sizes, and the chunked group's time model is the core's
-  fp32/none fit plus that same-child difference, affine in the micro-batch size.
+1. memory without checkpointing: the step traced with the knob on at the core's two traced
+   sizes (the same fake-tensor traces as every group), so its fit holds what the chunks keep
+   and what the head's recompute and the summed weight gradient add;
+2. time: a measured *delta*. The recompute of the head's forward is real cost, but on a shared
+   CPU host a step's time drifts up to 35% between children (DESIGN.md): two groups timed in
+   different children would compare the host's moods. So one child times the plain and the
+   chunked step round-robin at the same sizes, and the chunked group's time model is the core's
+   plain fit plus that same-child difference, affine in the micro-batch size. The delta is a
+   cost of the head alone, so the cost model adds it to every checkpointing setting's time;
+3. memory with each other checkpointing setting the core and its refinements traced for that
+   precision (full first, then the selective ones in their order), within a part of the budget
+   left after the timing (:data:`EXTRA_SHARE_OF_REMAINING`). A peak is not a sum: under
+   full checkpointing the backward's recompute of a block can hold the peak the chunks no
+   longer do, so a setting's chunked memory is traced, never the plain one minus a saving.
+   A setting left out by the budget says so in a row; its chunked candidates are unpredictable.
 """
 
 from __future__ import annotations
@@ -21,7 +29,7 @@ import dataclasses
 import math
 import statistics
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -50,6 +58,13 @@ SHARE_OF_REMAINING = 0.1
 # the plain loss, interleaved on this host: 4 chunks (256 tokens each) +11%, 8 (128) +35%,
 # 32 (32) +126%; the traced peak 339 / 290 / 253 MB against 600 MB plain.
 MIN_CHUNK_TOKENS = 256
+# The part of the budget left after the timing that the other checkpointing settings' chunked
+# traces may use (each pair started only when it ends within it). Each one makes the chunked
+# loss predictable beside one more checkpointing setting, the memory-bound end of the search
+# (full) first; the phases after keep at least 0.85 of what was left. Under the default 120 s
+# budget on a 2-vCPU host nothing is left for them (hf-gpt2 with a 32,000 vocabulary: the
+# timing ends ~45 s before the budget); at 300 s the full pair (~10-15 s) is traced.
+EXTRA_SHARE_OF_REMAINING = 0.15
 # Rounds of the interleaved timing (each: a plain and a chunked step at both sizes).
 MAX_ROUNDS = 3
 # Planning only: a chunked step's time over the plain one's, before it is measured (the
@@ -83,24 +98,62 @@ class ChunkedResult:
     time_models: list[TimeModel] = field(default_factory=list)
 
 
+def chunked_precision(core_models: Sequence[TimeModel], micro_batch_size: int) -> str:
+    """The precision the chunked loss is measured at: the one whose plain single-device step
+    without checkpointing the core timed fastest at ``micro_batch_size`` (bf16 on a GPU, fp32
+    on most CPUs), the one the search most likely keeps; fp32 when none was timed."""
+    timed = {
+        m.precision: m.forward_backward.predict(micro_batch_size)
+        for m in core_models
+        if (m.activation_checkpointing, m.parallelism, m.loss_chunks) == ("none", "single", 1)
+    }
+    return min(timed, key=lambda p: timed[p]) if timed else "fp32"
+
+
+def checkpointed_settings(traced: Sequence[MemoryTrace], precision: str) -> list[str]:
+    """The checkpointing settings other than ``none`` that ``traced`` (the core's and the
+    refinements' single-device traces) fitted for ``precision`` (two sizes), full first, then
+    the others in the order they were traced."""
+    sizes: dict[str, set[int]] = {}
+    for trace in traced:
+        s = trace.spec
+        if (
+            s.precision == precision
+            and s.activation_checkpointing != "none"
+            and s.parallelism == "single"
+            and s.loss_chunks == 1
+            and s.grad_accum_steps == 1
+        ):
+            sizes.setdefault(s.activation_checkpointing, set()).add(s.micro_batch_size)
+    fitted = [setting for setting, seen in sizes.items() if len(seen) >= 2]
+    return sorted(fitted, key=lambda setting: setting != "full")
+
+
 def chunked_loss_phase(
     run: ProbeRun,
     facts: ModelFacts,
     target: str,
     core_timings: Sequence[StepTiming],
     core_models: Sequence[TimeModel],
+    traced: Sequence[MemoryTrace] = (),
+    trace_seconds: Callable[[str], float] | None = None,
 ) -> ChunkedResult:
     """Trace and time ``loss_chunks`` = :func:`chosen_loss_chunks` within its part of the budget.
 
-    Both traces are needed for a memory fit, so the second one runs past the share while the
-    whole budget still has room for it (twice the first one's time); the timing runs when the
-    budget has room for its least plan (one warm-up and one timed round of the four steps,
-    their time estimated from the core's fp32/none steps), else a row says which is missing.
+    Both traces of a setting are needed for a memory fit. Without checkpointing, the second one
+    runs past the share while the whole budget still has room for it (twice the first one's
+    time); the timing runs when the budget has room for its least plan (one warm-up and one
+    timed round of the four steps, their time estimated from the core's plain steps). The other
+    checkpointing settings of ``traced`` follow within :data:`EXTRA_SHARE_OF_REMAINING` of what
+    is left then, each pair started when ``trace_seconds`` (the core's seconds per trace of
+    that setting) says it ends in time.
+    Whatever is left out gets a row that says so.
     """
     from profilers.phases_core import _trace
 
     out = ChunkedResult()
-    largest = run.options.trace_micro_batch_sizes[-1]
+    sizes = run.options.trace_micro_batch_sizes[-2:]
+    largest = sizes[-1]
     chunks = chosen_loss_chunks(facts, largest * run.options.seq_len)
     if chunks == 1:
         why = facts.loss_chunking_unavailable() or (
@@ -115,9 +168,13 @@ def chunked_loss_phase(
     # byte vocabulary) leaves every other phase exactly the time it had; one that gains takes
     # its part from the phases after it (memory checks, communication, input).
     deadline = time.perf_counter() + run.clock.remaining() * SHARE_OF_REMAINING
+    timed_size = max(
+        (t.spec.micro_batch_size for t in core_timings if t.spec.loss_chunks == 1), default=1
+    )
+    precision = chunked_precision(core_models, timed_size)
     last_s = 0.0
-    for b in run.options.trace_micro_batch_sizes[-2:]:
-        spec = dataclasses.replace(run.spec("fp32", "none", b), loss_chunks=chunks)
+    for b in sizes:
+        spec = dataclasses.replace(run.spec(precision, "none", b), loss_chunks=chunks)
         if time.perf_counter() > deadline and run.clock.remaining() < 2 * last_s:
             run.rows.append(probe_rows.skipped("memory", spec, "time budget spent"))
             continue
@@ -127,12 +184,47 @@ def chunked_loss_phase(
         last_s = time.perf_counter() - t0
         if trace is not None:
             out.traces.append(trace)
+    _time_delta(run, out, precision, chunks, deadline, core_timings, core_models)
+    deadline = max(deadline, time.perf_counter() + run.clock.remaining() * EXTRA_SHARE_OF_REMAINING)
+    for setting in checkpointed_settings(traced, precision):
+        pair_s = 2 * (trace_seconds(setting) if trace_seconds is not None else last_s)
+        specs = [
+            dataclasses.replace(run.spec(precision, setting, b), loss_chunks=chunks) for b in sizes
+        ]
+        if time.perf_counter() + pair_s > deadline or run.clock.remaining() < pair_s:
+            why = (
+                f"time budget spent (the chunked loss's part of it; ~{pair_s:.0f} s for both "
+                "sizes): a larger --budget-s traces it, else its chunked candidates are "
+                "unpredictable"
+            )
+            run.rows += [probe_rows.skipped("memory", spec, why) for spec in specs]
+            continue
+        for spec in specs:
+            run.clock.say(f"memory: tracing {probe_rows.label(spec)} ({chunks} loss chunks)")
+            trace = _trace(run, spec, target)
+            if trace is not None:
+                out.traces.append(trace)
+    return out
+
+
+def _time_delta(
+    run: ProbeRun,
+    out: ChunkedResult,
+    precision: str,
+    chunks: int,
+    deadline: float,
+    core_timings: Sequence[StepTiming],
+    core_models: Sequence[TimeModel],
+) -> None:
+    """Time the chunked step against the plain one in one child (round-robin, at the core's
+    two timed sizes of ``precision`` without checkpointing); add its timings and time model to
+    ``out``, or a row that says why not."""
     plain = next(
         (
             m
             for m in core_models
             if (m.precision, m.activation_checkpointing, m.parallelism)
-            == ("fp32", "none", "single")
+            == (precision, "none", "single")
             and m.loss_chunks == 1
         ),
         None,
@@ -141,22 +233,22 @@ def chunked_loss_phase(
         t.spec.micro_batch_size: t.median_step_s
         for t in core_timings
         if plain is not None
-        and (t.spec.precision, t.spec.activation_checkpointing) == ("fp32", "none")
+        and (t.spec.precision, t.spec.activation_checkpointing) == (precision, "none")
         and t.spec.loss_chunks == 1
         and t.threads == plain.threads
     }
-    name = f"fp32/none/lc{chunks}"
+    name = f"{precision}/none/lc{chunks}"
     if plain is None or len(steps) < 2:
         run.rows.append(
             probe_rows.skipped(
                 "throughput",
                 None,
-                "fp32 without checkpointing was not timed at two sizes: the chunked loss's "
-                "time delta has no base",
+                f"{precision} without checkpointing was not timed at two sizes: the chunked "
+                "loss's time delta has no base",
                 name=name,
             )
         )
-        return out
+        return
     small, large = min(steps), max(steps)
     # The least plan: the four steps built, warmed up and timed once each (the build's first
     # step costs about another one); the chunked step is taken as up to CHUNKED_STEP_FACTOR
@@ -175,9 +267,9 @@ def chunked_loss_phase(
                 name=name,
             )
         )
-        return out
+        return
     specs = [
-        dataclasses.replace(run.spec("fp32", "none", b), loss_chunks=n)
+        dataclasses.replace(run.spec(precision, "none", b), loss_chunks=n)
         for b in (small, large)
         for n in (1, chunks)
     ]
@@ -192,7 +284,7 @@ def chunked_loss_phase(
     )
     if not outcome.ok:
         run.rows.append(probe_rows.failed("throughput", specs[1], outcome))
-        return out
+        return
     timings = [StepTiming.from_dict(d) for d in outcome.value]
     for timing in timings:
         run.rows.append(
@@ -207,12 +299,12 @@ def chunked_loss_phase(
         )
     out.timings = [t for t in timings if t.spec.loss_chunks > 1]
     out.time_models.append(chunked_time_model(plain, timings))
-    return out
 
 
 def chunked_time_model(plain: TimeModel, timings: Sequence[StepTiming]) -> TimeModel:
-    """``plain`` (fp32/none, the core's fit) plus the chunked steps' forward+backward excess
-    over the plain ones timed beside them, through the two sizes (medians per size)."""
+    """``plain`` (the core's fit without checkpointing) plus the chunked steps'
+    forward+backward excess over the plain ones timed beside them, through the two sizes
+    (medians per size)."""
 
     def median_fb(b: int, chunked: bool) -> float:
         return statistics.median(

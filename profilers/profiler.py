@@ -102,7 +102,9 @@ def run_profile(
         )
     time_models = _fit_groups(fit_step_times, timings, run.rows, "throughput")
     traces = core.traces + refine_phase(run, core, target)
-    chunked = chunked_loss_phase(run, model.facts, target, timings, time_models)
+    chunked = chunked_loss_phase(
+        run, model.facts, target, timings, time_models, traces, core.costs.trace
+    )
     traces += chunked.traces
     timings = [*timings, *chunked.timings]
     time_models += chunked.time_models

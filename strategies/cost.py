@@ -265,10 +265,17 @@ class CostModel:
         )
         if found is not None:
             return found
-        chunked = f" and the loss in {loss_chunks} chunks" if loss_chunks > 1 else ""
+        if loss_chunks > 1:
+            raise Unpredictable(
+                f"the profile has no memory fit for {precision} with {checkpointing} "
+                f"checkpointing and the loss in {loss_chunks} chunks (the profiler traces the "
+                "chunked loss at one precision, for the checkpointing settings its budget "
+                "covers): use --loss-chunks 1, or re-run 'advisor profile' with a larger "
+                "--budget-s"
+            )
         raise Unpredictable(
             f"the profile has no memory fit for {precision} with {checkpointing} "
-            f"checkpointing{chunked}: re-run 'advisor profile' so it traces this combination"
+            "checkpointing: re-run 'advisor profile' so it traces this combination"
         )
 
     def _find_memory_model(

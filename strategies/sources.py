@@ -279,7 +279,8 @@ class MeasuredTime:
         if chunked is None or plain_fit is None:
             raise Unpredictable(
                 f"the profile has no step time for the loss in {c.loss_chunks} chunks at "
-                f"{c.precision} (the profiler times the chunked loss at fp32): use "
+                f"{c.precision} (the profiler times it at one precision, the one whose plain "
+                f"step was fastest): use "
                 f"--loss-chunks 1, or re-run 'advisor profile' with a larger --budget-s"
             )
         b = c.micro_batch_size

@@ -183,6 +183,30 @@ def test_traced_peak_falls_by_about_the_fp32_logits_and_their_gradients() -> Non
     assert 2 * logits * (1 - 1 / n) <= saved <= 3 * logits
 
 
+@pytest.mark.parametrize("checkpointing", ["none", "full"])
+def test_chunked_trace_matches_the_cpu_truth_with_and_without_checkpointing(
+    checkpointing: str,
+) -> None:
+    """The profiler traces the chunked loss beside each checkpointing setting (phases_chunked):
+    the fake trace of the custom autograd Function and the head's recompute inside a
+    checkpointed model must read what the allocator holds, and never high. Measured here
+    (gpt-tiny, V=8192, 2 blocks, micro-batch 4 x 128, fp32): -0.015% without checkpointing,
+    -0.061% with full, 4 chunks."""
+    from profilers.memory import measure_cpu_step_memory, trace_step_memory
+
+    workload = AdvisorWorkload("gpt-tiny", {"vocab_size": 8192, "n_layer": 2, "n_embd": 64})
+    spec = StepSpec(
+        seq_len=128, micro_batch_size=4, activation_checkpointing=checkpointing, loss_chunks=4
+    )
+    trace, truth = trace_step_memory(workload, spec), measure_cpu_step_memory(workload, spec)
+    for traced, measured in [
+        (trace.forward_backward_peak_bytes, truth.forward_backward_peak_bytes),
+        (trace.peak_bytes, truth.peak_bytes),
+    ]:
+        assert abs(traced / measured - 1) <= 0.01
+        assert traced <= measured * 1.0001
+
+
 # -- the knob -------------------------------------------------------------------------------------
 
 

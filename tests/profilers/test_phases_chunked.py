@@ -3,11 +3,21 @@ step time it builds from a same-child delta against the plain loss."""
 
 from __future__ import annotations
 
+import dataclasses
+from types import SimpleNamespace
+from typing import Any
+
 import pytest
 
 from profilers.fit import AffineFit
 from profilers.memory_model import fit_memory
-from profilers.phases_chunked import chosen_loss_chunks, chunked_loss_phase, chunked_time_model
+from profilers.phases_chunked import (
+    checkpointed_settings,
+    chosen_loss_chunks,
+    chunked_loss_phase,
+    chunked_precision,
+    chunked_time_model,
+)
 from profilers.probe_run import ProbeRun, ProfileOptions
 from profilers.throughput import StepTiming, TimeModel
 from profilers.workload import ModelFacts, StepSpec
@@ -82,25 +92,117 @@ def test_time_model_is_the_plain_fit_plus_the_same_child_delta() -> None:
     assert TimeModel.from_dict(old).loss_chunks == 1  # a profile from before the knob
 
 
-@pytest.mark.slow  # two traces and a timing child: 20-40 s on two shared cores
-def test_phase_traces_and_times_the_chunked_loss_of_a_large_vocabulary_model() -> None:
+def test_measured_precision_is_the_one_whose_plain_step_was_fastest() -> None:
+    fp32 = _plain_model()  # 0.2 s per sequence
+    bf16 = dataclasses.replace(
+        fp32,
+        precision="bf16",
+        forward_backward=AffineFit(intercept=0.05, slope=0.1, xs=(1.0, 2.0), ys=(0.15, 0.25)),
+    )
+    checkpointed = dataclasses.replace(bf16, precision="fp16", activation_checkpointing="full")
+    checkpointed = dataclasses.replace(
+        checkpointed, forward_backward=AffineFit(intercept=0.0, slope=0.01, xs=(), ys=())
+    )
+    assert chunked_precision([fp32, bf16, checkpointed], 2) == "bf16"  # full is not compared
+    assert chunked_precision([fp32], 2) == "fp32"
+    assert chunked_precision([], 2) == "fp32"  # nothing timed: the search's baseline
+
+
+def _traced(precision: str, setting: str, b: int, **extra: Any) -> Any:
+    spec = StepSpec(
+        seq_len=128,
+        micro_batch_size=b,
+        precision=precision,
+        activation_checkpointing=setting,
+        **extra,
+    )
+    return SimpleNamespace(spec=spec)
+
+
+def test_checkpointed_settings_are_the_fitted_ones_full_first() -> None:
+    traced = [
+        _traced("fp32", "none", 2),
+        _traced("fp32", "none", 4),
+        _traced("fp32", "ops", 2),
+        _traced("fp32", "ops", 4),
+        _traced("fp32", "full", 2),
+        _traced("fp32", "full", 4),
+        _traced("fp32", "blocks:1", 2),  # one size: no fit to chunk beside
+        _traced("bf16", "ops-half", 2),  # another precision
+        _traced("bf16", "ops-half", 4),
+        _traced("fp32", "ops-half", 2, parallelism="fsdp", world_size=2),  # a rank
+        _traced("fp32", "ops-half", 4, parallelism="fsdp", world_size=2),
+        _traced("fp32", "blocks:1", 2, grad_accum_steps=2),  # an accumulating trace
+    ]
+    assert checkpointed_settings(traced, "fp32") == ["full", "ops"]
+    assert checkpointed_settings(traced, "bf16") == ["ops-half"]
+    assert checkpointed_settings(traced, "fp16") == []
+
+
+def _phase_run(budget_s: float = 60) -> tuple[Any, Any, ProbeRun, int]:
     from advisor.workload import AdvisorWorkload
 
     workload = AdvisorWorkload("gpt-tiny", {"vocab_size": 8192, "n_layer": 1, "n_embd": 64})
-    options = ProfileOptions(seq_len=128, budget_s=60, trace_micro_batch_sizes=(1, 2, 4))
+    options = ProfileOptions(seq_len=128, budget_s=budget_s, trace_micro_batch_sizes=(1, 2, 4))
     run = ProbeRun(workload, options, None)
     model_facts = workload.facts()
     chunks = chosen_loss_chunks(model_facts, 4 * 128)
     assert chunks == 2  # 32 by memory (12·8192 / (64·64) = 24), 2 by 256-token chunks
+    return workload, model_facts, run, chunks
+
+
+# The core's plain traces with full checkpointing at the chunked sizes (only their specs count).
+FULL_TRACED = [_traced("fp32", "full", 2), _traced("fp32", "full", 4)]
+
+
+@pytest.mark.slow  # four traces and a timing child: 20-40 s on two shared cores
+def test_phase_traces_and_times_the_chunked_loss_of_a_large_vocabulary_model() -> None:
+    # A share (0.1 of 600 s) that outlasts the timing's rounds: the full pair follows it.
+    _, model_facts, run, chunks = _phase_run(budget_s=600)
     # The core's fp32/none timings (hand-made: only their sizes and times plan the child).
     plain_timings = [timing(1, 1, (0.2, 0.2)), timing(2, 1, (0.4, 0.4))]
-    result = chunked_loss_phase(run, model_facts, "cpu", plain_timings, [_plain_model()])
+    result = chunked_loss_phase(
+        run, model_facts, "cpu", plain_timings, [_plain_model()], FULL_TRACED, lambda _: 0.0
+    )
     assert {t.spec.loss_chunks for t in result.traces} == {chunks}
-    assert sorted(t.spec.micro_batch_size for t in result.traces) == [2, 4]
-    assert fit_memory(result.traces).loss_chunks == chunks
+    by_setting: dict[str, list[int]] = {}
+    for trace in result.traces:
+        spec = trace.spec
+        by_setting.setdefault(spec.activation_checkpointing, []).append(spec.micro_batch_size)
+    # Without checkpointing first (the time delta's base), then the core's other setting.
+    assert by_setting == {"none": [2, 4], "full": [2, 4]}
+    none_fit = fit_memory([t for t in result.traces if t.spec.activation_checkpointing == "none"])
+    full_fit = fit_memory([t for t in result.traces if t.spec.activation_checkpointing == "full"])
+    assert none_fit.loss_chunks == full_fit.loss_chunks == chunks
+    # Full checkpointing keeps less than none for the same chunked loss.
+    assert full_fit.predict(4, 1) < none_fit.predict(4, 1)
     assert [m.loss_chunks for m in result.time_models] == [chunks]
     assert {t.spec.loss_chunks for t in result.timings} == {chunks}
     assert any(r.name.endswith(f"/lc{chunks}") and r.status == "ok" for r in run.rows)
+
+
+def test_a_setting_the_share_cannot_cover_gets_a_row_not_a_trace(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import profilers.phases_chunked as phase
+    import profilers.phases_core as core
+
+    _, model_facts, run, chunks = _phase_run()
+    traced: list[StepSpec] = []
+    monkeypatch.setattr(core, "_trace", lambda run, spec, target: traced.append(spec))
+    # No plain timings: the delta is skipped with its row, no child is started.
+    result = phase.chunked_loss_phase(
+        run, model_facts, "cpu", [], [], FULL_TRACED, lambda setting: 1e6
+    )
+    assert result.traces == [] and result.time_models == []
+    assert [(s.activation_checkpointing, s.micro_batch_size) for s in traced] == [
+        ("none", 2),
+        ("none", 4),
+    ]
+    skipped = [r for r in run.rows if r.status == "skipped" and r.probe == "memory"]
+    assert [r.name for r in skipped] == [f"fp32/full/b=2/lc{chunks}", f"fp32/full/b=4/lc{chunks}"]
+    assert all("a larger --budget-s traces it" in (r.reason or "") for r in skipped)
+    assert any(r.probe == "throughput" and "no base" in (r.reason or "") for r in run.rows)
 
 
 def _plain_model() -> TimeModel:

@@ -74,8 +74,8 @@ def test_chunked_candidate_is_priced_from_its_own_memory_fit_and_the_measured_de
 def test_delta_carries_over_to_checkpointed_blocks_but_not_to_an_untimed_precision() -> None:
     cost = cost_model_from_profile(chunked_profile(), 0.9)
     full = cost.predict(candidate(activation_checkpointing="full"))
-    # Full checkpointing has no chunked memory fit: unpredictable, not assumed.
-    with pytest.raises(Unpredictable, match=f"loss in {CHUNKS} chunks"):
+    # Full checkpointing has no chunked memory fit: unpredictable, not assumed, with the fix.
+    with pytest.raises(Unpredictable, match=f"loss in {CHUNKS} chunks.*larger --budget-s"):
         cost.predict(candidate(activation_checkpointing="full", loss_chunks=CHUNKS))
     assert full.step_time_s > 0
     with pytest.raises(Unpredictable, match=f"loss in {CHUNKS} chunks at bf16"):
@@ -84,6 +84,38 @@ def test_delta_carries_over_to_checkpointed_blocks_but_not_to_an_untimed_precisi
     untimed = cost.time.compute(candidate(activation_checkpointing="full"))
     assert timed.forward_backward_s - untimed.forward_backward_s == pytest.approx(0.009)
     assert "measured cost of 16 loss chunks" in timed.source
+
+
+def test_checkpointed_chunked_candidate_is_priced_from_its_own_traced_fit() -> None:
+    """A profile with the chunked loss traced under full checkpointing (phases_chunked, budget
+    permitting) prices that pair: its memory from that fit, not from none's saving."""
+    profile = chunked_profile()
+    full_plain = hp.memory_model("fp32", "full")
+    kept = 1.5 * hp.MB  # what full + chunks keeps per sequence beside the intercept
+    full_chunked = dataclasses.replace(
+        full_plain,
+        loss_chunks=CHUNKS,
+        forward_backward=hp.line(full_plain.forward_backward.intercept, kept),
+    )
+    fits = dataclasses.replace(profile.fits, memory=(*profile.fits.memory, full_chunked))
+    cost = cost_model_from_profile(dataclasses.replace(profile, fits=fits), 0.9)
+    b = 8
+    chunked = cost.predict(
+        candidate(
+            activation_checkpointing="full",
+            micro_batch_size=b,
+            grad_accum_steps=1,
+            loss_chunks=CHUNKS,
+        )
+    )
+    plain = cost.predict(
+        candidate(activation_checkpointing="full", micro_batch_size=b, grad_accum_steps=1)
+    )
+    full_slope = hp.ACTIVATIONS[("fp32", "full")]
+    assert plain.peak_memory_bytes - chunked.peak_memory_bytes == pytest.approx(
+        b * (full_slope - kept), rel=1e-6
+    )
+    assert chunked.step_time_s - plain.step_time_s == pytest.approx(0.017, rel=1e-6)
 
 
 def test_space_turns_the_measured_chunk_counts_only() -> None:
