@@ -27,18 +27,16 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import statistics
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
 
 from profilers import probe_rows
-from profilers.fit import AffineFit
 from profilers.memory_records import MemoryTrace
+from profilers.phases_time import time_side_by_side
 from profilers.probe_run import CHILD_START_S, MIN_CHILD_SHARE_S, ProbeRun
-from profilers.throughput import StepTiming, TimeModel
-from profilers.workload import ModelFacts, StepSpec, Workload
+from profilers.throughput import StepTiming, TimeModel, delta_time_model
+from profilers.workload import ModelFacts
 
 # Bytes per token the loss holds at its peak without chunks: the fp32 log-softmax kept for
 # backward and, in backward, the gradients of the log-probabilities and of the logits
@@ -274,29 +272,11 @@ def _time_delta(
         for n in (1, chunks)
     ]
     run.clock.say(f"throughput: timing {chunks} loss chunks against the plain loss")
-    outcome = run.isolated(
-        _interleaved_child,
-        run.workload,
-        specs,
-        run.options.device,
-        left - CHILD_START_S,
-        timeout_s=1.5 * left + 15,
+    timings = time_side_by_side(
+        run, specs, left, MAX_ROUNDS, "interleaved with the plain loss (loss_chunks delta)"
     )
-    if not outcome.ok:
-        run.rows.append(probe_rows.failed("throughput", specs[1], outcome))
+    if timings is None:
         return
-    timings = [StepTiming.from_dict(d) for d in outcome.value]
-    for timing in timings:
-        run.rows.append(
-            probe_rows.measured(
-                "throughput",
-                timing.spec,
-                wall_s=outcome.wall_s,
-                value=timing.median_step_s,
-                unit="s/step",
-                reason="interleaved with the plain loss (loss_chunks delta)",
-            )
-        )
     out.timings = [t for t in timings if t.spec.loss_chunks > 1]
     out.time_models.append(chunked_time_model(plain, timings))
 
@@ -305,53 +285,7 @@ def chunked_time_model(plain: TimeModel, timings: Sequence[StepTiming]) -> TimeM
     """``plain`` (the core's fit without checkpointing) plus the chunked steps'
     forward+backward excess over the plain ones timed beside them, through the two sizes
     (medians per size)."""
-
-    def median_fb(b: int, chunked: bool) -> float:
-        return statistics.median(
-            s
-            for t in timings
-            if t.spec.micro_batch_size == b and (t.spec.loss_chunks > 1) == chunked
-            for s in t.forward_backward_s
-        )
-
-    chunks = max(t.spec.loss_chunks for t in timings)
-    sizes = sorted({t.spec.micro_batch_size for t in timings})
-    small, large = sizes[0], sizes[-1]
-    d_small = median_fb(small, True) - median_fb(small, False)
-    d_large = median_fb(large, True) - median_fb(large, False)
-    slope = (d_large - d_small) / (large - small)
-    delta = AffineFit(
-        intercept=d_small - slope * small,
-        slope=slope,
-        xs=(float(small), float(large)),
-        ys=(d_small, d_large),
-    )
-    fb = plain.forward_backward
-    return dataclasses.replace(
-        plain,
-        loss_chunks=chunks,
-        forward_backward=AffineFit(
-            intercept=fb.intercept + delta.intercept,
-            slope=fb.slope + delta.slope,
-            xs=fb.xs,
-            ys=tuple(y + delta.predict(x) for x, y in zip(fb.xs, fb.ys, strict=True)),
-        ),
-        split_threads=0,
-        split_ratio=None,
-    )
-
-
-# -- child-process entry point (top level: pickled by reference) ------------------------------
-
-
-def _interleaved_child(
-    workload: Workload, specs: Sequence[StepSpec], device: str, budget_s: float
-) -> list[dict[str, Any]]:
-    """Time ``specs`` round-robin: as many rounds (up to :data:`MAX_ROUNDS`) as fit."""
-    from profilers.throughput import measure_interleaved
-
-    deadline = time.perf_counter() + budget_s
-    timings = measure_interleaved(
-        workload, specs, device, rounds=MAX_ROUNDS, warmup=1, deadline=deadline
-    )
-    return [t.to_dict() for t in timings]
+    chunked = [t for t in timings if t.spec.loss_chunks > 1]
+    base = [t for t in timings if t.spec.loss_chunks == 1]
+    chunks = max(t.spec.loss_chunks for t in chunked)
+    return dataclasses.replace(delta_time_model(plain, base, chunked), loss_chunks=chunks)

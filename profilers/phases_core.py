@@ -405,8 +405,9 @@ def _record_skipped(
     for p, c in core.skipped:
         spec = run.spec(p, c, sizes[0])
         derived = (
-            f"; meanwhile its step time is derived from {p}/none's"
-            if c not in ("none", OPS) and (p, "none") in core.timed
+            f"; its recompute may still be timed beside {p}/none's step (the rows "
+            f"'recompute delta' or '{p}/{c} recompute' say)"
+            if c != "none" and (p, "none") in core.timed
             else ""
         )
         run.rows.append(

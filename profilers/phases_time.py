@@ -94,6 +94,41 @@ def _time_group(run: ProbeRun, small: StepSpec, b_max: int, per_group: float) ->
     return timings
 
 
+def time_side_by_side(
+    run: ProbeRun, specs: Sequence[StepSpec], left_s: float, rounds: int, reason: str
+) -> list[StepTiming] | None:
+    """``specs`` timed round-robin in one child within ``left_s`` (up to ``rounds`` rounds): a
+    same-child delta's measurement (the chunked loss's, a checkpointed group's recompute). A
+    row per timing with ``reason``, or one row saying how the child failed (then None)."""
+    from profilers.throughput import interleaved_child
+
+    outcome = run.isolated(
+        interleaved_child,
+        run.workload,
+        specs,
+        run.options.device,
+        left_s - CHILD_START_S,
+        rounds,
+        timeout_s=TIMING_TIMEOUT_FACTOR * left_s + TIMING_TIMEOUT_MARGIN_S,
+    )
+    if not outcome.ok:
+        run.rows.append(probe_rows.failed("throughput", specs[1], outcome))
+        return None
+    timings = [StepTiming.from_dict(d) for d in outcome.value]
+    for timing in timings:
+        run.rows.append(
+            probe_rows.measured(
+                "throughput",
+                timing.spec,
+                wall_s=outcome.wall_s,
+                value=timing.median_step_s,
+                unit="s/step",
+                reason=reason,
+            )
+        )
+    return timings
+
+
 # -- child-process entry point (top level: pickled by reference) ------------------------------
 
 

@@ -4,7 +4,9 @@ Order: device facts and micro-benchmarks, model facts and FLOPs, then the search
 by group (each precision x checkpointing: fake-traced memory at two micro-batch sizes, no
 allocation, then timed steps, isolated, interleaved across two sizes; fp32 first, a group the
 budget cannot complete skipped whole with the budget that would cover it), the refinements
-(accumulation and smaller traced sizes), collectives (without them no DDP/FSDP candidate is
+(accumulation and smaller traced sizes), the recompute of the checkpointed groups the core
+traced but did not time (beside the plain step, in one child), the chunked loss, torch.compile,
+collectives (without them no DDP/FSDP candidate is
 priced), real memory checks of configs that fit (what tracing cannot see), and the input
 pipeline. Each probe that runs real steps runs in a
 child process with a timeout: an OOM, crash or hang becomes a row with its status and reason,
@@ -33,6 +35,7 @@ from profilers.phases_distributed import distributed_trace_phase
 from profilers.phases_facts import device_phase, model_phase, usable_precisions
 from profilers.phases_input import input_phase
 from profilers.phases_memory import memory_check_phase
+from profilers.phases_recompute import recompute_phase
 from profilers.phases_selective import line_rows
 from profilers.phases_time import _SPLIT_COST_STEPS as _SPLIT_COST_STEPS
 from profilers.phases_time import (
@@ -102,6 +105,9 @@ def run_profile(
         )
     time_models = _fit_groups(fit_step_times, timings, run.rows, "throughput")
     traces = core.traces + refine_phase(run, core, target)
+    recompute = recompute_phase(run, core.skipped, timings, time_models, traces)
+    timings = [*timings, *recompute.timings]
+    time_models += recompute.time_models
     chunked = chunked_loss_phase(
         run, model.facts, target, timings, time_models, traces, core.costs.trace
     )

@@ -290,6 +290,18 @@ def measure_interleaved(
         return [timer.timing() for timer in timers]
 
 
+def interleaved_child(
+    workload: Workload, specs: Sequence[StepSpec], device: str, budget_s: float, rounds: int
+) -> list[dict[str, Any]]:
+    """A profiler child's body (top level: pickled by reference): ``specs`` timed round-robin
+    after one warm-up step each, as many rounds (up to ``rounds``) as ``budget_s`` allows."""
+    deadline = time.perf_counter() + budget_s
+    timings = measure_interleaved(
+        workload, specs, device, rounds=rounds, warmup=1, deadline=deadline
+    )
+    return [t.to_dict() for t in timings]
+
+
 def round_robin(num_configs: int, rounds: int) -> list[int]:
     """The order :func:`measure_interleaved` visits configs: 0, 1, ..., n-1, 0, 1, ..."""
     return [index for _ in range(rounds) for index in range(num_configs)]
@@ -331,6 +343,10 @@ class TimeModel:
     # The loss over this many chunks (profilers.phases_chunked: the plain fit plus a measured
     # delta); 1 (and records written before the knob): the plain loss.
     loss_chunks: int = 1
+    # Not fitted through this group's own timings but the fit of this checkpointing setting
+    # (of the same precision) plus a same-child delta measured beside it at two sizes
+    # (profilers.phases_recompute); empty: fitted through its own timings.
+    delta_from: str = ""
 
     def rank_slowdown(self, world_size: int) -> float | None:
         """A rank's step time over this (all-thread) one when ``world_size`` ranks split the
@@ -366,6 +382,8 @@ class TimeModel:
             "split_threads": self.split_threads,
             "split_ratio": self.split_ratio,
             "loss_chunks": self.loss_chunks,
+            # Only when set: profiles and the records that embed them read as before.
+            **({"delta_from": self.delta_from} if self.delta_from else {}),
         }
 
     @classmethod
@@ -383,7 +401,53 @@ class TimeModel:
             split_threads=int(data.get("split_threads", 0)),
             split_ratio=(None if data.get("split_ratio") is None else float(data["split_ratio"])),
             loss_chunks=int(data.get("loss_chunks", 1)),
+            delta_from=str(data.get("delta_from", "")),
         )
+
+
+def delta_time_model(
+    plain: TimeModel, base: Sequence[StepTiming], other: Sequence[StepTiming]
+) -> TimeModel:
+    """``plain`` (a fit through a group's own timings) plus the forward+backward excess of
+    ``other`` over ``base``, timed beside each other in one child at the same two sizes
+    (medians per size), affine in the micro-batch size. The caller names what ``other`` is
+    (its checkpointing, its loss chunks). On a shared host a step's time drifts up to 35%
+    between children (DESIGN.md), so a group timed in another child than ``plain``'s would
+    compare the host's moods; the same-child difference does not. The split-thread ratio is
+    ``plain``'s own measurement, not this one's: cleared."""
+
+    def median_fb(timings: Sequence[StepTiming], b: int) -> float:
+        return statistics.median(
+            s for t in timings if t.spec.micro_batch_size == b for s in t.forward_backward_s
+        )
+
+    sizes = sorted(
+        {t.spec.micro_batch_size for t in base} & {t.spec.micro_batch_size for t in other}
+    )
+    if len(sizes) < 2:
+        raise ValueError("a same-child delta needs both groups timed at two sizes")
+    small, large = sizes[0], sizes[-1]
+    d_small = median_fb(other, small) - median_fb(base, small)
+    d_large = median_fb(other, large) - median_fb(base, large)
+    slope = (d_large - d_small) / (large - small)
+    delta = AffineFit(
+        intercept=d_small - slope * small,
+        slope=slope,
+        xs=(float(small), float(large)),
+        ys=(d_small, d_large),
+    )
+    fb = plain.forward_backward
+    return dataclasses.replace(
+        plain,
+        forward_backward=AffineFit(
+            intercept=fb.intercept + delta.intercept,
+            slope=fb.slope + delta.slope,
+            xs=fb.xs,
+            ys=tuple(y + delta.predict(x) for x, y in zip(fb.xs, fb.ys, strict=True)),
+        ),
+        split_threads=0,
+        split_ratio=None,
+    )
 
 
 def _group_key(timing: StepTiming) -> tuple[str, str, int, str, int, str, int]:

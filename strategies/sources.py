@@ -106,8 +106,10 @@ class MeasuredTime:
     """Step times from the profile's fitted TimeModels (t_fb(b) = t0 + k·b, t_opt median).
 
     A measured multi-rank TimeModel for the candidate's (parallelism, world size) wins; else the
-    single-device fit. A missing checkpointing fit is derived from the no-checkpointing one
-    times the counted FLOPs ratio (recompute adds one forward of each block), and says so.
+    single-device fit (for a checkpointed group the core had no time for, the no-checkpointing
+    fit plus its recompute timed beside it: profilers.phases_recompute). A checkpointing fit
+    still missing is derived from the no-checkpointing one times the counted FLOPs ratio
+    (recompute adds one forward of each block), and says so.
     """
 
     fits: Fits
@@ -170,10 +172,16 @@ class MeasuredTime:
         model = self.fits.time_model(c.precision, c.activation_checkpointing)
         if model is not None:
             slowdown, slowdown_from = self._rank_slowdown(model, c.world_size)
+            source = "measured single-device fit"
+            if model.delta_from:  # profilers.phases_recompute
+                source = (
+                    f"measured: the {c.precision}/{model.delta_from} fit + the recompute of "
+                    f"{c.activation_checkpointing} timed beside it"
+                )
             return ComputeTime(
                 forward_backward_s=affine_seconds(model.forward_backward, c.micro_batch_size),
                 optimizer_s=model.optimizer_s,
-                source="measured single-device fit",
+                source=source,
                 rank_slowdown=slowdown,
                 rank_slowdown_from=slowdown_from,
                 fit=model.forward_backward,

@@ -176,8 +176,10 @@ def test_expensive_traces_are_spent_only_on_groups_that_are_also_timed(
     assert {(r.precision, r.activation_checkpointing) for r in skipped_rows} >= set(core.skipped)
     for row in skipped_rows:
         assert "--budget-s" in row.reason and "--precision" in row.reason
-        derivable = (row.precision, "none") in core.timed and row.activation_checkpointing == "full"
-        assert ("derived from" in row.reason) == derivable
+        # A checkpointed group of a precision timed without checkpointing: the recompute phase
+        # may still time it beside that step (profilers.phases_recompute).
+        timeable = (row.precision, "none") in core.timed and row.activation_checkpointing != "none"
+        assert ("its recompute may still be timed" in row.reason) == timeable
     suggested = int(skipped_rows[-1].reason.split("--budget-s ")[1].split()[0])
     assert suggested > 120
 

@@ -241,6 +241,43 @@ def test_a_missing_checkpointing_time_is_derived_from_counted_flops() -> None:
         without_flops.predict(cand(micro=8, ckpt="full"))
 
 
+def test_a_recompute_timed_beside_the_plain_step_wins_over_the_flops_ratio() -> None:
+    """profilers.phases_recompute: the plain fit plus a same-child delta, priced as measured
+    (no 'derived' term in its interval), the source naming what it adds to."""
+    import dataclasses
+
+    from tests.strategies.profiles import line, time_model
+
+    base = hand_profile(timed_checkpointing=("none",))
+    plain_fit = time_model("fp32", "none")
+    recompute = dataclasses.replace(
+        plain_fit,
+        activation_checkpointing="full",
+        delta_from="none",
+        forward_backward=line(
+            plain_fit.forward_backward.intercept + 0.01,
+            plain_fit.forward_backward.slope * 1.5,
+            xs=(2.0, 8.0),
+        ),
+    )
+    profile = dataclasses.replace(
+        base, fits=dataclasses.replace(base.fits, time=(*base.fits.time, recompute))
+    )
+    model = cost_model_from_profile(profile, 0.9)
+    plain = model.predict(cand(micro=8)).breakdown.to_dict()["time"]
+    ckpt = model.predict(cand(micro=8, ckpt="full"))
+    timed = ckpt.breakdown.to_dict()["time"]
+    assert timed["forward_backward_s"] - plain["forward_backward_s"] == pytest.approx(
+        0.01 + 0.5 * plain_fit.forward_backward.slope * 8
+    )
+    assert timed["compute_source"] == (
+        "measured: the fp32/none fit + the recompute of full timed beside it"
+    )
+    from strategies.uncertainty import source_term
+
+    assert source_term("derived_checkpointing") not in ckpt.uncertainty.terms
+
+
 def test_a_missing_time_fit_says_why_the_probe_did_not_time_it_and_the_flag_that_would() -> None:
     base = hand_profile(timed_checkpointing=("none",), with_flops=False)
     without_rows = cost_model_from_profile(base, 0.9)
