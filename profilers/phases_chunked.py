@@ -277,7 +277,7 @@ def _time_delta(
     )
     if timings is None:
         return
-    out.timings = [t for t in timings if t.spec.loss_chunks > 1]
+    out.timings = list(timings)  # the plain steps too: the delta re-derivable from the file
     out.time_models.append(chunked_time_model(plain, timings))
 
 

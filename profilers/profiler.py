@@ -106,11 +106,11 @@ def run_profile(
     time_models = _fit_groups(fit_step_times, timings, run.rows, "throughput")
     traces = core.traces + refine_phase(run, core, target)
     recompute = recompute_phase(run, core.skipped, timings, time_models, traces)
-    timings = [*timings, *recompute.timings]
     time_models += recompute.time_models
     chunked = chunked_loss_phase(
         run, model.facts, target, timings, time_models, traces, core.costs.trace
     )
+    timings = [*timings, *recompute.timings]
     traces += chunked.traces
     timings = [*timings, *chunked.timings]
     time_models += chunked.time_models

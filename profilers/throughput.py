@@ -406,7 +406,11 @@ class TimeModel:
 
 
 def delta_time_model(
-    plain: TimeModel, base: Sequence[StepTiming], other: Sequence[StepTiming]
+    plain: TimeModel,
+    base: Sequence[StepTiming],
+    other: Sequence[StepTiming],
+    *,
+    non_negative: bool = False,
 ) -> TimeModel:
     """``plain`` (a fit through a group's own timings) plus the forward+backward excess of
     ``other`` over ``base``, timed beside each other in one child at the same two sizes
@@ -414,7 +418,9 @@ def delta_time_model(
     (its checkpointing, its loss chunks). On a shared host a step's time drifts up to 35%
     between children (DESIGN.md), so a group timed in another child than ``plain``'s would
     compare the host's moods; the same-child difference does not. The split-thread ratio is
-    ``plain``'s own measurement, not this one's: cleared."""
+    ``plain``'s own measurement, not this one's: cleared. ``non_negative``: ``other`` does
+    ``base``'s work and more (a recompute), so a difference measured below zero at a size is
+    the host's noise and counts as zero there."""
 
     def median_fb(timings: Sequence[StepTiming], b: int) -> float:
         return statistics.median(
@@ -429,6 +435,8 @@ def delta_time_model(
     small, large = sizes[0], sizes[-1]
     d_small = median_fb(other, small) - median_fb(base, small)
     d_large = median_fb(other, large) - median_fb(base, large)
+    if non_negative:
+        d_small, d_large = max(d_small, 0.0), max(d_large, 0.0)
     slope = (d_large - d_small) / (large - small)
     delta = AffineFit(
         intercept=d_small - slope * small,
