@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -223,6 +223,19 @@ class CudaStepMemory:
             device_name=str(data["device_name"]),
             **{k: int(v) for k, v in data.items() if k in names},
         )
+
+
+def fitted_groups(traces: Sequence[MemoryTrace]) -> list[tuple[str, str]]:
+    """The (precision, checkpointing) groups whose single-device, plain-loss, non-accumulating
+    traces cover two or more micro-batch sizes (what a memory fit needs), in the order their
+    first trace appears."""
+    sizes: dict[tuple[str, str], set[int]] = {}
+    for trace in traces:
+        s = trace.spec
+        if s.parallelism == "single" and s.loss_chunks == 1 and s.grad_accum_steps == 1:
+            group = (s.precision, s.activation_checkpointing)
+            sizes.setdefault(group, set()).add(s.micro_batch_size)
+    return [group for group, seen in sizes.items() if len(seen) >= 2]
 
 
 def _pair(value: Any) -> tuple[int, int] | None:

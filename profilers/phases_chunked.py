@@ -32,8 +32,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from profilers import probe_rows
-from profilers.memory_records import MemoryTrace
-from profilers.phases_time import time_side_by_side
+from profilers.memory_records import MemoryTrace, fitted_groups
+from profilers.phases_time import plain_steps, time_side_by_side
 from profilers.probe_run import CHILD_START_S, MIN_CHILD_SHARE_S, ProbeRun
 from profilers.throughput import StepTiming, TimeModel, delta_time_model
 from profilers.workload import ModelFacts
@@ -112,18 +112,7 @@ def checkpointed_settings(traced: Sequence[MemoryTrace], precision: str) -> list
     """The checkpointing settings other than ``none`` that ``traced`` (the core's and the
     refinements' single-device traces) fitted for ``precision`` (two sizes), full first, then
     the others in the order they were traced."""
-    sizes: dict[str, set[int]] = {}
-    for trace in traced:
-        s = trace.spec
-        if (
-            s.precision == precision
-            and s.activation_checkpointing != "none"
-            and s.parallelism == "single"
-            and s.loss_chunks == 1
-            and s.grad_accum_steps == 1
-        ):
-            sizes.setdefault(s.activation_checkpointing, set()).add(s.micro_batch_size)
-    fitted = [setting for setting, seen in sizes.items() if len(seen) >= 2]
+    fitted = [c for p, c in fitted_groups(traced) if p == precision and c != "none"]
     return sorted(fitted, key=lambda setting: setting != "full")
 
 
@@ -217,24 +206,8 @@ def _time_delta(
     """Time the chunked step against the plain one in one child (round-robin, at the core's
     two timed sizes of ``precision`` without checkpointing); add its timings and time model to
     ``out``, or a row that says why not."""
-    plain = next(
-        (
-            m
-            for m in core_models
-            if (m.precision, m.activation_checkpointing, m.parallelism)
-            == (precision, "none", "single")
-            and m.loss_chunks == 1
-        ),
-        None,
-    )
-    steps = {
-        t.spec.micro_batch_size: t.median_step_s
-        for t in core_timings
-        if plain is not None
-        and (t.spec.precision, t.spec.activation_checkpointing) == (precision, "none")
-        and t.spec.loss_chunks == 1
-        and t.threads == plain.threads
-    }
+    found = plain_steps(core_models, core_timings, precision)
+    plain, steps = found if found is not None else (None, {})
     name = f"{precision}/none/lc{chunks}"
     if plain is None or len(steps) < 2:
         run.rows.append(

@@ -29,8 +29,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from profilers import probe_rows
-from profilers.memory_records import MemoryTrace
-from profilers.phases_time import time_side_by_side
+from profilers.memory_records import MemoryTrace, fitted_groups
+from profilers.phases_time import plain_steps, time_side_by_side
 from profilers.probe_run import CHILD_START_S, MIN_CHILD_SHARE_S, ProbeRun
 from profilers.throughput import StepTiming, TimeModel, delta_time_model
 
@@ -59,21 +59,11 @@ def untimed_groups(
     """The core's ``skipped`` groups (in its priority order) worth timing here: checkpointed,
     their precision's plain step timed (a single-device fit), and a memory fit of their own
     (traced at two sizes) so that a timed group is priceable at once."""
-    plain = {
-        m.precision
-        for m in timed
-        if (m.activation_checkpointing, m.parallelism, m.loss_chunks, m.delta_from)
-        == ("none", "single", 1, "")
-    }
-    sizes: dict[tuple[str, str], set[int]] = {}
-    for trace in traces:
-        s = trace.spec
-        if s.parallelism == "single" and s.loss_chunks == 1 and s.grad_accum_steps == 1:
-            sizes.setdefault((s.precision, s.activation_checkpointing), set()).add(
-                s.micro_batch_size
-            )
+    fitted = set(fitted_groups(traces))
     return [
-        (p, c) for p, c in skipped if c != "none" and p in plain and len(sizes.get((p, c), ())) >= 2
+        (p, c)
+        for p, c in skipped
+        if c != "none" and (p, c) in fitted and plain_steps(timed, (), p) is not None
     ]
 
 
@@ -106,21 +96,9 @@ def _time_precision(
     core_timings: Sequence[StepTiming],
     core_models: Sequence[TimeModel],
 ) -> None:
-    plain = next(
-        m
-        for m in core_models
-        if (m.precision, m.activation_checkpointing, m.parallelism, m.loss_chunks, m.delta_from)
-        == (precision, "none", "single", 1, "")
-    )
-    steps = {
-        t.spec.micro_batch_size: t.median_step_s
-        for t in core_timings
-        if (t.spec.precision, t.spec.activation_checkpointing, t.spec.parallelism)
-        == (precision, "none", "single")
-        and t.spec.loss_chunks == 1
-        and t.spec.grad_accum_steps == 1
-        and t.threads == plain.threads
-    }
+    found = plain_steps(core_models, core_timings, precision)
+    assert found is not None  # untimed_groups keeps the precisions with that fit
+    plain, steps = found
     if len(steps) < 2:  # the fit had two sizes; another thread count's timings do not count
         for c in settings:
             _left_out(run, precision, c, f"{precision} without checkpointing has no two sizes")

@@ -10,14 +10,14 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from profilers import probe_rows
 from profilers.device import DeviceInfo
 from profilers.memory_model import MemoryModel
 from profilers.probe_run import CHILD_START_S, ProbeRun
-from profilers.throughput import StepTiming
+from profilers.throughput import StepTiming, TimeModel
 from profilers.workload import StepSpec, Workload
 
 CPU_MAX_TIMED_MICRO_BATCH = 8  # CPU throughput is flat or falls beyond ~8 (DESIGN.md)
@@ -77,21 +77,61 @@ def _time_group(run: ProbeRun, small: StepSpec, b_max: int, per_group: float) ->
     if not outcome.ok:
         run.rows.append(probe_rows.failed("throughput", small, outcome))
         return []
-    timings = []
-    for data in outcome.value:
-        timing = StepTiming.from_dict(data)
-        timings.append(timing)
+    return _measured(
+        run, outcome.value, outcome.wall_s, lambda t: f"{t.threads} threads" if t.threads else ""
+    )
+
+
+def _measured(
+    run: ProbeRun,
+    records: Sequence[dict[str, Any]],
+    wall_s: float,
+    reason: Callable[[StepTiming], str],
+) -> list[StepTiming]:
+    """A timing child's records as StepTimings, each with its ``measured`` row."""
+    timings = [StepTiming.from_dict(d) for d in records]
+    for timing in timings:
         run.rows.append(
             probe_rows.measured(
                 "throughput",
                 timing.spec,
-                wall_s=outcome.wall_s,
+                wall_s=wall_s,
                 value=timing.median_step_s,
                 unit="s/step",
-                reason=f"{timing.threads} threads" if timing.threads else "",
+                reason=reason(timing),
             )
         )
     return timings
+
+
+def plain_steps(
+    models: Sequence[TimeModel], timings: Sequence[StepTiming], precision: str
+) -> tuple[TimeModel, dict[int, float]] | None:
+    """The core's single-device fit of ``precision`` without checkpointing (fitted through its
+    own timings) and the median step of each size it timed at the fit's thread count: what a
+    same-child delta adds to, and what plans its child. None without that fit."""
+    plain = next(
+        (
+            m
+            for m in models
+            if (m.precision, m.activation_checkpointing, m.parallelism, m.loss_chunks)
+            == (precision, "none", "single", 1)
+            and not m.delta_from
+        ),
+        None,
+    )
+    if plain is None:
+        return None
+    steps = {
+        t.spec.micro_batch_size: t.median_step_s
+        for t in timings
+        if (t.spec.precision, t.spec.activation_checkpointing, t.spec.parallelism)
+        == (precision, "none", "single")
+        and t.spec.loss_chunks == 1
+        and t.spec.grad_accum_steps == 1
+        and t.threads == plain.threads
+    }
+    return plain, steps
 
 
 def time_side_by_side(
@@ -114,19 +154,7 @@ def time_side_by_side(
     if not outcome.ok:
         run.rows.append(probe_rows.failed("throughput", specs[1], outcome))
         return None
-    timings = [StepTiming.from_dict(d) for d in outcome.value]
-    for timing in timings:
-        run.rows.append(
-            probe_rows.measured(
-                "throughput",
-                timing.spec,
-                wall_s=outcome.wall_s,
-                value=timing.median_step_s,
-                unit="s/step",
-                reason=reason,
-            )
-        )
-    return timings
+    return _measured(run, outcome.value, outcome.wall_s, lambda _: reason)
 
 
 # -- child-process entry point (top level: pickled by reference) ------------------------------
