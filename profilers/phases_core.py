@@ -25,7 +25,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from profilers import probe_rows
-from profilers.checkpointing import OPS, is_selective, parse_checkpointing
+from profilers.checkpointing import OPS, is_per_op, is_selective, parse_checkpointing
 from profilers.device import DeviceInfo
 from profilers.flops import FlopCount
 from profilers.memory_model import MemoryModel, fit_memory
@@ -35,8 +35,9 @@ from profilers.throughput import StepTiming
 from profilers.workload import StepSpec
 
 # A checkpointed trace runs each block's forward twice (the recompute): measured 1.3-1.6x an
-# uncheckpointed trace's time on gpt-small and gpt-tiny here. Used to plan a full group before
-# one was traced; afterwards its own traces' times are used.
+# uncheckpointed trace's time on gpt-small and gpt-tiny here. Used to plan a checkpointed group
+# before any was traced; afterwards the measured ratio (_Costs.checkpointed_factor), and a
+# group's own traces' times once it has them.
 CHECKPOINTED_TRACE_FACTOR = 1.6
 
 
@@ -120,11 +121,16 @@ def ordered_groups(
     """fp32 first (the search's baseline), then the others in the order given (bf16 before
     fp16 by default: no loss scaling, and the mixed precision of choice where both run); no
     checkpointing before full, whose time the cost model can derive from it. The selective
-    settings (ops, the middle blocks:K) come after every whole-model group, in that order:
-    every blocks:K is priced from none and full without them."""
+    settings come after every whole-model group: the per-op ones (ops, ops-half) first, in the
+    order given, then blocks:K. Nothing else prices a per-op setting, while every blocks:K is
+    priced from none and full without its own measurement (the line in K): the 7th regret
+    session's default profile traced blocks:2 and left the ops-half asked for untraced, so
+    every ops-half candidate was unpredictable."""
     order = sorted(precisions, key=lambda p: p != "fp32")
     whole = [c for c in checkpointing if not is_selective(c)]
-    selective = [c for c in checkpointing if is_selective(c)]
+    selective = sorted(
+        (c for c in checkpointing if is_selective(c)), key=lambda c: not is_per_op(c)
+    )
     return [(p, c) for p in order for c in sorted(whole, key=lambda c: c != "none")] + [
         (p, c) for p in order for c in selective
     ]
@@ -260,19 +266,26 @@ def refine_phase(run: ProbeRun, core: CoreResult, target: str) -> list[MemoryTra
 
     First of all, and past the share into the next phase's (compile: on CPU at the default
     budgets it has no room for a cold compile anyway): a skipped ``full`` group whose precision
-    was timed without checkpointing. The cost model scales that step time by the counted FLOPs,
-    so these two traces alone make a whole group priceable. Seen in CI: a loaded host spent the
-    core on the baseline's timing, the refinement's share was 5 s against 7 s for fp32/full's
-    traces, and the profile had no full memory fit. Borrowing the whole budget's remainder
-    instead starved the communication probe on another loaded run (its share fell below the
-    least a launch needs), so they borrow no further than compile's share."""
+    was timed without checkpointing, then the per-op ones (``ops``, ``ops-half``) of such a
+    precision. The recompute phase times their recompute beside that plain step (or the cost
+    model scales it by the counted FLOPs), so these two traces alone make a whole group
+    priceable; a ``blocks:K`` is priced on the line through none and full without them. Seen in
+    CI: a loaded host spent the core on the baseline's timing, the refinement's share was 5 s
+    against 7 s for fp32/full's traces, and the profile had no full memory fit; in the 7th
+    regret session the ops-half asked for was never traced. Borrowing the whole budget's
+    remainder instead starved the communication probe on another loaded run (its share fell
+    below the least a launch needs), so they borrow no further than compile's share. A group's
+    core sizes start only together: one size fits nothing."""
     share = run.clock.share("memory_refine")
     deadline = time.perf_counter() + share
     borrowed = deadline + run.clock.peek("compile")
     sizes = run.options.trace_micro_batch_sizes
     core_sizes, hinge = sizes[-2:], sizes[:-2]
     untraced = core.untraced()
-    pricing = [g for g in untraced if g[1] == "full" and (g[0], "none") in core.timed]
+    pricing = [
+        g for g in untraced if (g[1] == "full" or is_per_op(g[1])) and (g[0], "none") in core.timed
+    ]
+    pricing.sort(key=lambda g: g[1] != "full")  # stable: the per-op ones in the core's order
     untraced = pricing + [g for g in untraced if g not in pricing]
     plan = [run.spec(p, c, b) for p, c in untraced for b in core_sizes]
     first = len(pricing) * len(core_sizes)  # the plan's items that may borrow compile's share
@@ -281,11 +294,19 @@ def refine_phase(run: ProbeRun, core: CoreResult, target: str) -> list[MemoryTra
     plan += [run.spec(p, c, b) for b in hinge for p, c in every]
     traces = []
     costs = core.costs
+    pairs = len(untraced) * len(core_sizes)  # the plan's items that are a group's core sizes
+    left_out: set[tuple[str, str]] = set()  # groups whose core sizes were not all started
     for i, spec in enumerate(plan):
         # Started only when it would end in time at what such a trace took (or is estimated to
-        # take: a blocks:K trace of a model traced from shallow copies is a whole-model one).
+        # take: a blocks:K trace of a model traced from shallow copies is a whole-model one);
+        # a group's core sizes only all together, at the first: one size fits nothing (seen:
+        # ops-half's first trace ran, its second did not, 4.7 s spent for no memory fit).
         expected = costs.trace(spec.activation_checkpointing)
-        if time.perf_counter() + expected > (borrowed if i < first else deadline):
+        group = (spec.precision, spec.activation_checkpointing)
+        whole = expected * (len(core_sizes) - i % len(core_sizes)) if i < pairs else expected
+        late = time.perf_counter() + whole > (borrowed if i < first else deadline)
+        if late or (i < pairs and group in left_out):
+            left_out.add(group)
             run.rows.append(
                 probe_rows.skipped(
                     "memory", spec, "time budget spent" + costs.whole_note(spec, expected)
@@ -326,6 +347,20 @@ class _Costs:
     def add(self, checkpointing: str, seconds: float) -> None:
         self.seconds.setdefault(checkpointing, []).append(seconds)
 
+    def checkpointed_factor(self) -> float:
+        """A checkpointed trace's time over none's: the largest measured so far among the
+        checkpointed settings traced like none (from the same shallow copies), at least 1 (it
+        runs each block's forward twice); :data:`CHECKPOINTED_TRACE_FACTOR` until one was.
+        hf-gpt2-32k here (7th regret session): full 0.95x and ops 1.02x none's 3.7 s, while
+        the constant estimated each ops-half trace at 5.9 s and the refinement skipped them."""
+        plain = self.seconds.get("none")
+        seen = [
+            max(values) / max(plain)
+            for c, values in self.seconds.items()
+            if plain and c != "none" and values and self._factor(c) == 1.0
+        ]
+        return max(1.0, *seen) if seen else CHECKPOINTED_TRACE_FACTOR
+
     def trace(self, checkpointing: str) -> float:
         own = self.seconds.get(checkpointing)
         if own:
@@ -333,7 +368,7 @@ class _Costs:
         whole = self._factor(checkpointing)
         plain = self.seconds.get("none")
         if plain:
-            factor = CHECKPOINTED_TRACE_FACTOR if checkpointing != "none" else 1.0
+            factor = self.checkpointed_factor() if checkpointing != "none" else 1.0
             return max(plain) * factor * whole
         seen = [s for values in self.seconds.values() for s in values]
         return max(seen) * whole if seen else 0.0

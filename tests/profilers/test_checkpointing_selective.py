@@ -83,6 +83,19 @@ def test_selective_groups_come_after_every_whole_model_group() -> None:
     ]
 
 
+def test_per_op_settings_come_before_blocks_k_which_none_and_full_price() -> None:
+    """Without its own traces a blocks:K is still priced on the line in K through none and
+    full; an ops-half asked for after it is not priced at all, so it is measured first."""
+    groups = ordered_groups(("fp32",), ("none", "full", "ops", "blocks:2", "ops-half"))
+    assert groups == [
+        ("fp32", "none"),
+        ("fp32", "full"),
+        ("fp32", "ops"),
+        ("fp32", "ops-half"),
+        ("fp32", "blocks:2"),
+    ]
+
+
 def test_flops_of_blocks_k_add_k_of_l_blocks_of_recompute() -> None:
     count = FlopCount(
         seq_len=8,

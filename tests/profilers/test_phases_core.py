@@ -214,7 +214,9 @@ def test_when_the_training_state_alone_cannot_fit_no_group_waits_on_a_timing_bud
     # unfit, traced while the core's share lasts, and the refinement traces the rest.
     monkeypatch.setattr(core_module, "least_timing_s", lambda *args: 1_000_000.0)
     script = Script(trace_s={"none": 8.0, "full": 10.0})
-    run, core = profile_core(clock, monkeypatch, script, budget_s=120, capacity=GiB // 2)
+    # 180 s: the refinement's share then holds one untraced group's two traces (one alone
+    # fits nothing, so a share of less than two is left to the single refinements).
+    run, core = profile_core(clock, monkeypatch, script, budget_s=180, capacity=GiB // 2)
     order = ordered_groups(("fp32", "bf16", "fp16"), ("none", "full"))
     assert not [e for e in script.events if e.startswith("time")]
     assert core.unfit == order and not core.skipped and not core.groups
@@ -228,6 +230,12 @@ def test_when_the_training_state_alone_cannot_fit_no_group_waits_on_a_timing_bud
     refined = refine_phase(run, core, "cpu")
     first = {(t.spec.precision, t.spec.activation_checkpointing) for t in refined}
     assert first & set(core.untraced())  # the refinement traces the untraced groups first
+    core_sizes = set(run.options.trace_micro_batch_sizes[-2:])
+    for group in first & set(core.untraced()):  # both core sizes of each
+        specs = [
+            t.spec for t in refined if (t.spec.precision, t.spec.activation_checkpointing) == group
+        ]
+        assert {s.micro_batch_size for s in specs} >= core_sizes
 
 
 def test_a_baseline_step_far_beyond_the_budget_is_skipped_not_run_unbounded(
@@ -412,8 +420,8 @@ def test_a_whole_model_trace_of_a_deep_model_is_not_started_without_room_for_it(
     run = ProbeRun(ToyWorkload(), options, None)
     device = cast(DeviceInfo, SimpleNamespace(precisions={}))
     core = core_phase(run, ("fp32",), "cpu", 64 * GiB, device)
-    # none's cost, as a checkpointed trace, x the factor
-    expected = 3.0 * core_module.CHECKPOINTED_TRACE_FACTOR * 256
+    # none's cost x full's measured ratio to it (4 / 3), x the whole-model factor
+    expected = 4.0 * 256
     assert core.costs.trace("blocks:40") == pytest.approx(expected)
     start = clock.t
     refine_phase(run, core, "cpu")
@@ -489,3 +497,48 @@ def test_the_pricing_traces_leave_the_communication_probe_the_least_it_needs(
     for phase in ("compile", "memory_check"):
         run.clock.share(phase)  # each spending nothing
     assert run.clock.share("communication") >= MIN_COMM_SHARE_S
+
+
+def test_an_untraced_checkpointed_setting_is_estimated_from_the_measured_ratio() -> None:
+    """The 1.6x constant plans only until a checkpointed trace was measured: then the largest
+    measured ratio to none's (at least 1), never a blocks:K of the whole model against scaled
+    copies (its whole-model factor is applied on top)."""
+    costs = core_module._Costs(whole_factor=4.0)
+    assert costs.trace("ops-half") == 0.0  # nothing measured at all
+    costs.add("none", 3.0)
+    costs.add("none", 3.5)
+    assert costs.trace("ops-half") == pytest.approx(3.5 * core_module.CHECKPOINTED_TRACE_FACTOR)
+    costs.add("blocks:2", 40.0)  # a whole-model trace: says nothing of a scaled one's ratio
+    assert costs.checkpointed_factor() == core_module.CHECKPOINTED_TRACE_FACTOR
+    costs.add("full", 3.3)  # faster than none: noise, a recompute is never free
+    assert costs.trace("ops-half") == pytest.approx(3.5)
+    costs.add("ops", 4.2)
+    assert costs.trace("ops-half") == pytest.approx(4.2)
+    assert costs.trace("blocks:3") == pytest.approx(4.2 * 4.0)
+    assert costs.trace("full") == pytest.approx(3.3)  # its own, once it has one
+
+
+def test_an_untraced_group_is_refined_with_both_core_sizes_or_neither(
+    clock: FakeClock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """One core size fits nothing: seen on hf-gpt2-32k, the refinement traced ops-half at
+    micro-batch 4 (4.7 s) and had no time for 8, so ops-half stayed unpredictable. A group's
+    pair starts only when both end in time; the single traces after it still run."""
+    script = Script(trace_s={"none": 3.0, "ops-half": 3.0})
+    monkeypatch.setattr(core_module, "_trace", fake_trace(clock, script))
+    options = ProfileOptions(seq_len=16, budget_s=120, checkpointing=("none", "ops-half"))
+    run = ProbeRun(ToyWorkload(), options, None)
+    monkeypatch.setattr(run.clock, "share", lambda phase: 7.0)
+    monkeypatch.setattr(run.clock, "peek", lambda phase: 0.0)
+    core = CoreResult(groups=[("fp32", "none")], skipped=[("fp32", "ops-half")])
+    core.traced.add(("fp32", "none"))
+    core.costs.add("none", 3.0)
+    # ops-half estimated 3.0 x 1.6 = 4.8 s a trace: one fits the 7 s, the pair does not.
+    traces = refine_phase(run, core, "cpu")
+    assert "trace fp32/ops-half" not in script.events
+    # ... while the single refinements after it still run: none's accumulation variant first
+    assert traces and {t.spec.activation_checkpointing for t in traces} == {"none"}
+    assert traces[0].spec.grad_accum_steps == 2
+    left = [r for r in run.rows if r.status == "skipped" and "ops-half" in r.name]
+    sizes = run.options.trace_micro_batch_sizes
+    assert {r.micro_batch_size for r in left if r.grad_accum_steps == 1} >= set(sizes[-2:])
