@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -186,6 +186,35 @@ class Fits:
             return found
         from profilers.checkpointing_fits import blocks_time_model
 
+        return blocks_time_model(
+            self._same_layout(precision, parallelism, world_size, loss_chunks),
+            checkpointing,
+            num_layers,
+        )
+
+    def blocks_time_span(
+        self,
+        precision: str,
+        checkpointing: str,
+        *,
+        num_layers: int,
+        parallelism: str = "single",
+        world_size: int = 1,
+        loss_chunks: int = 1,
+    ) -> tuple[TimeModel, TimeModel, float] | None:
+        """The timed settings around an untimed ``blocks:K`` and K's place between them
+        (:func:`profilers.checkpointing_fits.blocks_time_span`)."""
+        from profilers.checkpointing_fits import blocks_time_span
+
+        return blocks_time_span(
+            self._same_layout(precision, parallelism, world_size, loss_chunks),
+            checkpointing,
+            num_layers,
+        )
+
+    def _same_layout(
+        self, precision: str, parallelism: str, world_size: int, loss_chunks: int
+    ) -> Callable[[str], TimeModel | None]:
         def same_layout(setting: str) -> TimeModel | None:
             return self.time_model(
                 precision,
@@ -195,7 +224,7 @@ class Fits:
                 loss_chunks=loss_chunks,
             )
 
-        return blocks_time_model(same_layout, checkpointing, num_layers)
+        return same_layout
 
     def comm_fit(self, collective: str, world_size: int) -> CommFit | None:
         return next(

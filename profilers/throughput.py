@@ -15,6 +15,7 @@ kernels queue behind backward exactly as in training. On CPU every op returns wh
 from __future__ import annotations
 
 import dataclasses
+import math
 import statistics
 import time
 from collections.abc import Mapping, Sequence
@@ -347,6 +348,10 @@ class TimeModel:
     # (of the same precision) plus a same-child delta measured beside it at two sizes
     # (profilers.phases_recompute); empty: fitted through its own timings.
     delta_from: str = ""
+    # A delta model's (delta_time_model) own uncertainty: the standard error of the measured
+    # delta over this model's forward+backward, the larger of its two sizes, from the paired
+    # same-round differences; None: not a delta model, or the child timed one round only.
+    delta_sd: float | None = None
 
     def rank_slowdown(self, world_size: int) -> float | None:
         """A rank's step time over this (all-thread) one when ``world_size`` ranks split the
@@ -384,6 +389,7 @@ class TimeModel:
             "loss_chunks": self.loss_chunks,
             # Only when set: profiles and the records that embed them read as before.
             **({"delta_from": self.delta_from} if self.delta_from else {}),
+            **({"delta_sd": self.delta_sd} if self.delta_sd is not None else {}),
         }
 
     @classmethod
@@ -402,6 +408,7 @@ class TimeModel:
             split_ratio=(None if data.get("split_ratio") is None else float(data["split_ratio"])),
             loss_chunks=int(data.get("loss_chunks", 1)),
             delta_from=str(data.get("delta_from", "")),
+            delta_sd=None if data.get("delta_sd") is None else float(data["delta_sd"]),
         )
 
 
@@ -420,12 +427,27 @@ def delta_time_model(
     compare the host's moods; the same-child difference does not. The split-thread ratio is
     ``plain``'s own measurement, not this one's: cleared. ``non_negative``: ``other`` does
     ``base``'s work and more (a recompute), so a difference measured below zero at a size is
-    the host's noise and counts as zero there."""
+    the host's noise and counts as zero there.
+
+    ``delta_sd``: how far the delta itself may be off, from its own samples. The children
+    time round-robin, so the i-th sample of each group at a size is from the same round; the
+    standard error of the mean of those paired differences, over the model's forward+backward
+    at that size, the larger of the two sizes (None with a single round: no spread to read).
+    The 7th regret session's recompute child timed blocks:2 36 ms under none at micro-batch 8
+    (noise: a recompute only adds work) on a 0.7 s step; the delta's error was nowhere in the
+    interval."""
+
+    def samples(timings: Sequence[StepTiming], b: int) -> list[float]:
+        return [s for t in timings if t.spec.micro_batch_size == b for s in t.forward_backward_s]
 
     def median_fb(timings: Sequence[StepTiming], b: int) -> float:
-        return statistics.median(
-            s for t in timings if t.spec.micro_batch_size == b for s in t.forward_backward_s
-        )
+        return statistics.median(samples(timings, b))
+
+    def standard_error(b: int) -> float | None:
+        pairs = list(zip(samples(other, b), samples(base, b), strict=False))
+        if len(pairs) < 2:
+            return None
+        return statistics.stdev(o - p for o, p in pairs) / math.sqrt(len(pairs))
 
     sizes = sorted(
         {t.spec.micro_batch_size for t in base} & {t.spec.micro_batch_size for t in other}
@@ -445,6 +467,8 @@ def delta_time_model(
         ys=(d_small, d_large),
     )
     fb = plain.forward_backward
+    errors = [(standard_error(b), fb.predict(b) + delta.predict(b)) for b in (small, large)]
+    known = [se / total for se, total in errors if se is not None and total > 0]
     return dataclasses.replace(
         plain,
         forward_backward=AffineFit(
@@ -455,6 +479,7 @@ def delta_time_model(
         ),
         split_threads=0,
         split_ratio=None,
+        delta_sd=max(known) if len(known) == 2 else None,
     )
 
 

@@ -57,6 +57,7 @@ from strategies.space import Candidate
 from strategies.uncertainty import (
     Uncertainty,
     compile_term,
+    delta_term,
     fit_terms,
     host_term,
     source_term,
@@ -368,6 +369,11 @@ class CostModel:
             terms.append(source_term("what_if"))
         if compute.derived:
             terms.append(source_term("derived_checkpointing"))
+        if compute.delta_se_s > 0 and compute.forward_backward_s > 0 and time.step_s > 0:
+            # Relative to the forward+backward it was measured on, weighted like the fit's
+            # terms (a rank's slowdown scales the delta with the rest of its micro-batch).
+            weight = min(time.micro_batches * time.forward_backward_s / time.step_s, 1.0)
+            terms.append(delta_term(weight * compute.delta_se_s / compute.forward_backward_s))
         if c.parallelism != "single" and not compute.parallel_measured:
             kind = f"cpu_{c.parallelism}" if shared else "gpu_collectives"
             terms.append(source_term(kind))

@@ -10,6 +10,7 @@ its formulas. The measured sources here read a profile's fits (:class:`MeasuredT
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Protocol
@@ -59,6 +60,10 @@ class ComputeTime:
     # the time was derived rather than timed (strategies.uncertainty).
     fit: AffineFit | None = None
     derived: bool = False
+    # Seconds per micro-batch: the standard error of a same-child delta added to the fit (the
+    # recompute timed beside none, the loss chunks' cost; profilers.throughput.delta_time_model),
+    # in quadrature when both are; 0 when none is, or its child timed one round only.
+    delta_se_s: float = 0.0
     # An estimate's forward_backward_s split by what takes the time (strategies.roofline.PARTS:
     # gemm, attention, memory_bound, launch), seconds summing to it; empty when measured.
     parts: tuple[tuple[str, float], ...] = ()
@@ -178,21 +183,34 @@ class MeasuredTime:
                     f"measured: the {c.precision}/{model.delta_from} fit + the recompute of "
                     f"{c.activation_checkpointing} timed beside it"
                 )
+            forward_backward = affine_seconds(model.forward_backward, c.micro_batch_size)
             return ComputeTime(
-                forward_backward_s=affine_seconds(model.forward_backward, c.micro_batch_size),
+                forward_backward_s=forward_backward,
                 optimizer_s=model.optimizer_s,
                 source=source,
                 rank_slowdown=slowdown,
                 rank_slowdown_from=slowdown_from,
                 fit=model.forward_backward,
+                delta_se_s=(model.delta_sd or 0.0) * forward_backward,
             )
         between = self.fits.time_model(
             c.precision, c.activation_checkpointing, num_layers=self.num_layers
         )
         if between is not None:  # blocks:K: recompute grows with K (checkpointing_fits)
             slowdown, slowdown_from = self._rank_slowdown(between, c.world_size)
+            # The anchors' predictions, each kept physical outside its timed sizes, on the
+            # line in K (the coefficient-wise line has no timed sizes to be kept so).
+            span = self.fits.blocks_time_span(
+                c.precision, c.activation_checkpointing, num_layers=self.num_layers
+            )
+            seconds = affine_seconds(between.forward_backward, c.micro_batch_size)
+            if span is not None:
+                low, high, w = span
+                seconds = (1 - w) * affine_seconds(
+                    low.forward_backward, c.micro_batch_size
+                ) + w * affine_seconds(high.forward_backward, c.micro_batch_size)
             return ComputeTime(
-                forward_backward_s=affine_seconds(between.forward_backward, c.micro_batch_size),
+                forward_backward_s=seconds,
                 optimizer_s=between.optimizer_s,
                 source=(
                     f"interpolated: {c.activation_checkpointing} of {self.num_layers} blocks on "
@@ -292,11 +310,28 @@ class MeasuredTime:
                 f"--loss-chunks 1, or re-run 'advisor profile' with a larger --budget-s"
             )
         b = c.micro_batch_size
+        measured = min(chunked.forward_backward.xs, default=0.0)
+        if b < measured:
+            # Each chunk reads the head's whole weight for its forward, its recompute and both
+            # gradient matmuls: that fixed cost per chunk is what a smaller chunk than measured
+            # adds, and no line through the timed sizes holds it. The regret grids measured 4
+            # chunks at micro-batch 1 (32-token chunks) 1.54-1.93x the plain loss's step in
+            # three sessions, where the line through micro-batch 2 and 8 said 1.0x.
+            tokens = chunked.seq_len * b // c.loss_chunks
+            smallest = int(chunked.seq_len * measured) // c.loss_chunks
+            raise Unpredictable(
+                f"the loss in {c.loss_chunks} chunks at micro-batch {b} makes chunks of "
+                f"{tokens} tokens, smaller than any the profile timed ({smallest} at "
+                f"micro-batch {measured:g}), where the head's per-chunk cost dominates: use a "
+                f"micro-batch of at least {measured:g}, or --loss-chunks 1"
+            )
         delta = chunked.forward_backward.predict(b) - plain_fit.forward_backward.predict(b)
         plain = self.compute(dataclasses.replace(c, loss_chunks=1))
+        chunks_se = (chunked.delta_sd or 0.0) * chunked.forward_backward.predict(b)
         return dataclasses.replace(
             plain,
             forward_backward_s=max(plain.forward_backward_s + delta, 1e-9),
+            delta_se_s=math.hypot(plain.delta_se_s, chunks_se),
             source=f"{plain.source} + the measured cost of {c.loss_chunks} loss chunks "
             f"({delta * 1e3:+.1f} ms per micro-batch)",
         )

@@ -22,6 +22,12 @@ host that may be shared. Its error has independent parts, each a relative standa
   median 6%, max 9.5% once FSDP2's CPU work is charged, strategies.cost.FSDP_CPU_STEP_S, was
   16-27%), or a what-if estimate for hardware never measured (its constant efficiency was
   +26% / −5% against published runs).
+* ``delta``: a group timed as a *delta* beside the plain step in one child (the recompute of
+  a checkpointing setting, the loss chunks' cost: profilers.throughput.delta_time_model) adds
+  that delta to the plain fit, whose residuals say nothing of it. Its own error is read from
+  its samples: the standard error of the paired same-round differences (each round of the
+  child times every group once), over the step. A child that timed one round has no spread to
+  read, and adds no term.
 * ``compile``: a compiled candidate's forward+backward is the eager one over a measured
   speed-up, itself uncertain: two probe children of the same group disagree. Measured on the
   tuning model gpt-tiny (fp32, none and full, micro-batch 2 and 8, 2-3 children each:
@@ -49,6 +55,7 @@ __all__ = [
     "INTERVAL_LEVEL",
     "Uncertainty",
     "compile_term",
+    "delta_term",
     "fit_terms",
     "interval_overlaps",
     "source_term",
@@ -178,6 +185,18 @@ def compile_term(
         weight * sigma,
         f"the measured speed-up {speedup:.2f}×: two probe children of one group differ by "
         f"σ ≈ {COMPILE_BETWEEN_CHILDREN:.0%} (gpt-tiny){own}",
+    )
+
+
+def delta_term(sigma: float) -> tuple[str, float, str]:
+    """The ``delta`` part: a same-child delta added to a timed fit (the recompute of a
+    checkpointing setting timed beside the plain step, the loss chunks' cost) is itself a
+    difference of a few samples; ``sigma`` is its standard error over the step (module doc)."""
+    return (
+        "delta",
+        sigma,
+        "the recompute or loss-chunk cost timed beside the plain step: the standard error of "
+        "its paired same-round differences",
     )
 
 

@@ -146,3 +146,28 @@ def test_groups_the_share_cannot_cover_get_a_row_and_keep_the_derivation() -> No
     skipped = [r for r in run.rows if r.status == "skipped"]
     assert [r.name for r in skipped] == ["fp32/full recompute", "fp32/ops recompute"]
     assert all("a larger --budget-s times it" in (r.reason or "") for r in skipped)
+
+
+def test_the_delta_carries_its_own_standard_error_from_paired_rounds() -> None:
+    """Round i of a side-by-side child times every group once, so the i-th samples pair up;
+    the delta's standard error is their differences' over the step, the larger size's."""
+    import math
+    import statistics
+
+    plain = _plain()
+    base = [_timing(1, "none", (0.30, 0.32, 0.31)), _timing(2, "none", (0.50, 0.60, 0.55))]
+    full = [_timing(1, "full", (0.40, 0.41, 0.42)), _timing(2, "full", (0.70, 0.62, 0.75))]
+    model = delta_time_model(plain, base, full)
+    small = statistics.stdev([0.10, 0.09, 0.11]) / math.sqrt(3) / model.forward_backward.predict(1)
+    large = statistics.stdev([0.20, 0.02, 0.20]) / math.sqrt(3) / model.forward_backward.predict(2)
+    assert large > small
+    assert model.delta_sd == pytest.approx(large)
+    # The same samples in another order within each size pair differently: read as paired.
+    shuffled = [_timing(1, "full", (0.40, 0.41, 0.42)), _timing(2, "full", (0.62, 0.70, 0.75))]
+    assert delta_time_model(plain, base, shuffled).delta_sd != pytest.approx(large)
+    # One round at a size: no spread to read, so no error is claimed.
+    single = [_timing(1, "full", (0.40,)), _timing(2, "full", (0.70, 0.62, 0.75))]
+    assert delta_time_model(plain, base, single).delta_sd is None
+    # Written only when known; read back as it was; a fitted group has none.
+    assert TimeModel.from_dict(model.to_dict()) == model
+    assert "delta_sd" not in _plain().to_dict() and _plain().delta_sd is None

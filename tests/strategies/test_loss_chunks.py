@@ -71,6 +71,19 @@ def test_chunked_candidate_is_priced_from_its_own_memory_fit_and_the_measured_de
     assert chunked.step_time_s - plain.step_time_s == pytest.approx(0.017, rel=1e-6)
 
 
+def test_chunks_smaller_than_any_timed_are_unpredictable_not_extrapolated() -> None:
+    """Timed at micro-batch 2 and 8, 16 chunks of a micro-batch of 1 are half the smallest
+    chunk measured: each chunk's fixed cost (the head's weight read four times) is not on the
+    line (the regret grids: 4 chunks at micro-batch 1 ran 1.54-1.93x the plain step, the
+    line said 1.0x). Priced from micro-batch 2 up; below, the reason names the fix."""
+    cost = cost_model_from_profile(chunked_profile(), 0.9)
+    with pytest.raises(Unpredictable, match=r"micro-batch 1 makes chunks of \d+ tokens") as info:
+        cost.predict(candidate(micro_batch_size=1, grad_accum_steps=8, loss_chunks=CHUNKS))
+    assert "at least 2" in str(info.value) and "--loss-chunks 1" in str(info.value)
+    assert cost.predict(candidate(micro_batch_size=2, grad_accum_steps=4, loss_chunks=CHUNKS))
+    assert cost.predict(candidate(micro_batch_size=1, grad_accum_steps=8))  # the plain loss
+
+
 def test_delta_carries_over_to_checkpointed_blocks_but_not_to_an_untimed_precision() -> None:
     cost = cost_model_from_profile(chunked_profile(), 0.9)
     full = cost.predict(candidate(activation_checkpointing="full"))

@@ -39,6 +39,41 @@ def test_blocks_k_is_priced_on_the_line_between_none_and_full() -> None:
         assert "interpolated: blocks:" in got.breakdown.time.compute_source
 
 
+def test_blocks_k_below_the_timed_sizes_is_between_the_kept_physical_anchors() -> None:
+    """Timed at micro-batch 2 and 8 with a negative intercept (noise), none's fit is kept
+    physical below 2 (in proportion to b); the coefficient-wise line in K was not, and the
+    8th regret session advised blocks:3 at micro-batch 1 as faster than none for that alone."""
+    base = hand_profile()
+    none = dataclasses.replace(
+        time_model("fp32", "none"),
+        forward_backward=AffineFit(
+            intercept=-0.0021, slope=0.0865, xs=(2.0, 8.0), ys=(0.1709, 0.6899)
+        ),
+    )
+    full = dataclasses.replace(
+        time_model("fp32", "full"),
+        forward_backward=AffineFit(
+            intercept=-0.0128, slope=0.0968, xs=(2.0, 8.0), ys=(0.1808, 0.7616)
+        ),
+        delta_from="none",
+    )
+    kept = [
+        t
+        for t in base.fits.time
+        if (t.precision, t.activation_checkpointing) not in (("fp32", "none"), ("fp32", "full"))
+    ]
+    fits = dataclasses.replace(base.fits, time=(none, full, *kept))
+    model = cost_model_from_profile(dataclasses.replace(base, fits=fits), 0.9)
+    steps = [
+        model.predict(candidate(s, micro=1, accum=8)).step_time_s
+        for s in ("none", "blocks:1", "blocks:2", "blocks:3", "full")
+    ]
+    assert steps == sorted(steps) and steps[0] < steps[-1]
+    # On the line between the two guarded anchors: none at 0.1709 / 2 per micro-batch.
+    quarter = steps[0] + (steps[-1] - steps[0]) / 4
+    assert steps[1] == pytest.approx(quarter, rel=1e-9)
+
+
 def test_a_measured_middle_k_is_an_anchor_of_the_line() -> None:
     base = hand_profile()
     mid = dataclasses.replace(memory_model("fp32", "none"), activation_checkpointing="blocks:2")

@@ -18,12 +18,13 @@ from strategies.uncertainty import (
     HOST_DRIFT_DEDICATED,
     HOST_DRIFT_SHARED,
     Uncertainty,
+    delta_term,
     fit_terms,
     host_term,
     interval_overlaps,
     source_term,
 )
-from tests.strategies.profiles import SEQ_LEN, hand_profile, priced, searched
+from tests.strategies.profiles import SEQ_LEN, hand_profile, priced, searched, time_model
 
 # Four sizes, three samples each, a few percent of scatter about t = 0.01 + 0.002·b.
 _XS = [b for b in (1, 2, 4, 8) for _ in range(3)]
@@ -146,3 +147,36 @@ def test_a_what_if_prediction_is_an_estimate_with_its_own_term(model: CostModel)
     assert p.uncertainty is not None
     assert source_term("what_if") in p.uncertainty.terms
     assert host_term(False, None, None)[1] in [s for _, s, _ in p.uncertainty.terms]
+
+
+def test_a_timed_delta_adds_its_own_standard_error() -> None:
+    """full timed as a delta beside none (the recompute phase) and the loss chunks' cost: each
+    delta's standard error, read from its paired rounds, is a term over the step, in
+    quadrature when a candidate carries both; a delta of one round claims nothing."""
+    full = dataclasses.replace(time_model("fp32", "full"), delta_from="none", delta_sd=0.05)
+    chunks = dataclasses.replace(time_model("fp32", "none"), loss_chunks=4, delta_sd=0.08)
+    profile = hand_profile(timed_checkpointing=("none",), extra_time=(full, chunks))
+    chunked = tuple(dataclasses.replace(m, loss_chunks=4) for m in profile.fits.memory)
+    fits = dataclasses.replace(profile.fits, memory=(*profile.fits.memory, *chunked))
+    model = cost_model_from_profile(dataclasses.replace(profile, fits=fits), memory_budget=0.9)
+
+    def delta_sigma(**config: object) -> float | None:
+        p = _prediction(model, micro_batch_size=4, grad_accum_steps=2, **config)
+        assert p.uncertainty is not None and p.breakdown is not None
+        deltas = [s for name, s, _ in p.uncertainty.terms if name == "delta"]
+        return deltas[0] if deltas else None
+
+    assert delta_sigma() is None  # none: fitted through its own timings
+    ckpt = delta_sigma(activation_checkpointing="full")
+    # 5% of full's forward+backward, weighted by the micro-batches' share of the step (< 1)
+    assert ckpt is not None and 0.03 < ckpt < 0.05
+    alone = delta_sigma(loss_chunks=4)
+    both = delta_sigma(activation_checkpointing="full", loss_chunks=4)
+    # Both in quadrature: more than the recompute's alone (over a longer step than the
+    # chunks' alone, so not necessarily more than theirs in relative terms).
+    assert alone is not None and both is not None and both > ckpt
+    assert delta_term(0.02)[:2] == ("delta", 0.02)
+    unknown = dataclasses.replace(full, delta_sd=None)
+    profile = hand_profile(timed_checkpointing=("none",), extra_time=(unknown,))
+    model = cost_model_from_profile(profile, memory_budget=0.9)
+    assert delta_sigma(activation_checkpointing="full") is None
