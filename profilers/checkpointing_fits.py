@@ -93,11 +93,15 @@ def blocks_time_model(
 ) -> TimeModel | None:
     """The step-time fit of ``blocks:K``: the line between the nearest timed settings
     (``full`` recomputing all L blocks); None without anchors around K."""
-    parsed = parse_checkpointing(setting)
-    if parsed.kind != "blocks" or not 0 < parsed.blocks < num_layers:
-        return None
-    anchors = _anchors(lookup, num_layers, num_layers)
-    return _interpolate(anchors, parsed.blocks, setting, _lerp_time)
+    span = blocks_time_span(lookup, setting, num_layers)
+    return None if span is None else interpolated_time(*span, setting)
+
+
+def interpolated_time(low: TimeModel, high: TimeModel, w: float, setting: str) -> TimeModel:
+    """``setting``'s time model a fraction ``w`` of the way from ``low`` to ``high`` (the
+    anchor itself when both are the same)."""
+    model = low if low is high else _lerp_time(low, high, w)
+    return dataclasses.replace(model, activation_checkpointing=setting)
 
 
 def blocks_time_span(

@@ -15,6 +15,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from profilers.checkpointing_fits import interpolated_time
 from profilers.comm_records import CommFit, bus_bandwidth_factor, predict_collective_time
 from profilers.compile_records import CompileMeasurement, find_compile
 from profilers.fit import AffineFit
@@ -193,22 +194,18 @@ class MeasuredTime:
                 fit=model.forward_backward,
                 delta_se_s=(model.delta_sd or 0.0) * forward_backward,
             )
-        between = self.fits.time_model(
+        span = self.fits.blocks_time_span(
             c.precision, c.activation_checkpointing, num_layers=self.num_layers
         )
-        if between is not None:  # blocks:K: recompute grows with K (checkpointing_fits)
+        if span is not None:  # blocks:K: recompute grows with K (checkpointing_fits)
+            low, high, w = span
+            between = interpolated_time(low, high, w, c.activation_checkpointing)
             slowdown, slowdown_from = self._rank_slowdown(between, c.world_size)
             # The anchors' predictions, each kept physical outside its timed sizes, on the
             # line in K (the coefficient-wise line has no timed sizes to be kept so).
-            span = self.fits.blocks_time_span(
-                c.precision, c.activation_checkpointing, num_layers=self.num_layers
+            seconds = (1 - w) * affine_seconds(low.forward_backward, c.micro_batch_size) + (
+                w * affine_seconds(high.forward_backward, c.micro_batch_size)
             )
-            seconds = affine_seconds(between.forward_backward, c.micro_batch_size)
-            if span is not None:
-                low, high, w = span
-                seconds = (1 - w) * affine_seconds(
-                    low.forward_backward, c.micro_batch_size
-                ) + w * affine_seconds(high.forward_backward, c.micro_batch_size)
             return ComputeTime(
                 forward_backward_s=seconds,
                 optimizer_s=between.optimizer_s,
