@@ -276,6 +276,7 @@ def recommend(
     nodes: int = 1,
     network: str | None = None,
     hyperparameters: Mapping[str, Any] | None = None,
+    only: Mapping[str, Any] | None = None,
     device: str = "auto",
     out: str | os.PathLike[str] | None = None,
     progress: Callable[[str], None] | None = None,
@@ -290,7 +291,9 @@ def recommend(
     close contenders are re-measured. ``target``/``nodes``/``network``: a what-if plan for
     hardware that is not here (never validated; labelled an estimate). ``hyperparameters``:
     TrainConfig keys the plan carries unchanged (``strategies.config.HYPERPARAMETER_KEYS``: lr,
-    min_lr, warmup_steps, weight_decay, grad_clip, seed ...). ``device``: where validation
+    min_lr, warmup_steps, weight_decay, grad_clip, seed ...). ``only``: per knob, the values
+    the search may turn (``--only``; e.g. ``{"checkpointing": ["none", "full"], "compile":
+    False}``; knobs in ``strategies.restrict.KNOB_NAMES``). ``device``: where validation
     runs (auto: the profiled device).
 
     ``out``: where plan.json, trials.csv and the study (study.db) go; default: the profile's
@@ -320,6 +323,7 @@ def recommend(
         network=network,
         study_name=study_name,
         config_overrides=dict(hyperparameters or {}),
+        only=dict(only or {}),
     )
     source: Profile | Path = profile if isinstance(profile, Profile) else Path(profile)
     directory = _path(out)

@@ -43,6 +43,8 @@ from strategies.config import (
     HYPERPARAMETER_KEYS,
     WORKLOAD_KEYS,
 )
+from strategies.errors import StrategyError
+from strategies.restrict import normalize_only, only_args, same_only
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -71,6 +73,9 @@ class RunRequest:
     validate_rounds: int = DEFAULT_VALIDATE_ROUNDS
     storage: str | None = None
     config_overrides: Mapping[str, Any] = field(default_factory=dict)  # HYPERPARAMETER_KEYS
+    # --only: the values the search may turn per knob (strategies.restrict); the profile then
+    # measures only the precisions and checkpointing settings named, unless told otherwise.
+    only: Mapping[str, Any] = field(default_factory=dict)
     # tune (0: no study; train runs the plan's own hyper-parameters)
     tune_trials: int = 0
     # train
@@ -81,6 +86,10 @@ class RunRequest:
     resume: bool = False
 
     def __post_init__(self) -> None:
+        try:
+            object.__setattr__(self, "only", normalize_only(self.only))
+        except StrategyError as exc:
+            raise UsageProblem(str(exc)) from None
         if self.steps is not None and self.tokens is not None:
             raise UsageProblem("give --steps or --tokens, not both")
         if self.tune_trials < 0:
@@ -95,6 +104,16 @@ class RunRequest:
     @property
     def train_steps(self) -> int | None:
         return run_steps(self.steps, self.tokens)
+
+    @property
+    def profiled_precisions(self) -> tuple[str, ...] | None:
+        """What the profile measures: --precision, else the precisions --only allows."""
+        return self.precisions or self.only.get("precision")
+
+    @property
+    def profiled_checkpointing(self) -> tuple[str, ...] | None:
+        """--checkpointing, else the settings --only allows (none is always measured)."""
+        return self.checkpointing or self.only.get("activation_checkpointing")
 
     def workload(self) -> dict[str, Any]:
         return {
@@ -132,6 +151,7 @@ class RunRequest:
             .option("device", self.device, default="auto")
             .repeated("precision", self.precisions or ())
             .repeated("checkpointing", self.checkpointing or ())
+            .repeated("only", only_args(self.only))
             .switch("no_comm", not self.comm)
             .options(self.config_overrides)
             .option("eval_every", self.eval_every)
@@ -258,8 +278,16 @@ def reusable_plan(out: Path, request: RunRequest) -> bool:
         and asked.get("memory_budget") == request.memory_budget
         and asked.get("world_size") == request.world_size
         and dict(asked.get("config_overrides") or {}) == dict(request.config_overrides)
+        and same_only(_asked_only(asked), request.only)
     )
     return bool(same)
+
+
+def _asked_only(asked: Mapping[str, Any]) -> dict[str, tuple[Any, ...]]:
+    try:
+        return normalize_only(asked.get("only") or {})
+    except StrategyError:  # a plan written by other code: not this request's
+        return {"": ()}
 
 
 def _profile_stage(request: RunRequest, out: Path, say: ProgressFn) -> str:
@@ -274,8 +302,8 @@ def _profile_stage(request: RunRequest, out: Path, say: ProgressFn) -> str:
             seq_len=request.seq_len,
             device=request.device,
             budget_s=request.budget_s,
-            precisions=request.precisions,
-            checkpointing=request.checkpointing,
+            precisions=request.profiled_precisions,
+            checkpointing=request.profiled_checkpointing,
             comm=request.comm,
         ),
         out,
@@ -298,6 +326,7 @@ def _recommend_stage(request: RunRequest, out: Path, say: ProgressFn) -> tuple[s
         world_size=request.world_size,
         trials=request.trials,
         config_overrides=dict(request.config_overrides),
+        only=request.only,
         # The run's length, for amortising a compiled candidate's compile time; --tokens:
         # the steps its global batches take (at least one).
         run_steps=request.train_steps

@@ -15,7 +15,12 @@ One invocation is one **session**. For each model × global batch (a *case*), in
    alternating order (pass 1 a seeded shuffle, pass 2 its reverse, pass 3 a new shuffle, ...).
    No config gets a visit the others do not get; there is no refinement step.
 2. **The advisor, as a user runs it**, after the grid: ``advisor profile`` then ``advisor
-   recommend --global-batch-size G --world-size W`` through the real CLI, timed; then the
+   recommend --global-batch-size G --world-size W`` through the real CLI, timed, searching the
+   grid's knobs only (``--only precision=... --only checkpointing=... --only loss-chunks=...
+   --only fsdp-reshard-after-forward=... --only compile=false``: the advisor knows more
+   settings than a grid can measure, blocks:K for any K, torch.compile, and an advised config
+   outside the grid has no regret; sessions before 2026-12-04 searched everything and three
+   of them advised such configs); then the
    **memory-bound case**: ``advisor recommend --memory-budget F`` where F × the profiled RAM is
    a budget set by a rule fixed in advance from the grid's measured peaks: midway between the
    smallest peak and the unconstrained best config's peak (every rank counted, as the budget
@@ -309,6 +314,19 @@ def profiled_checkpointing(settings: Settings, entry: ModelEntry) -> tuple[str, 
     from profilers.checkpointing import profiled
 
     return (*profiled(repeated_blocks(entry)), OPS_HALF)
+
+
+def grid_only(settings: Settings, entry: ModelEntry) -> dict[str, tuple[Any, ...]]:
+    """The ``--only`` restriction that makes the advisor search the grid's knobs and nothing
+    else (layouts and micro-batch splits are the grid's already: world sizes 1..W, every
+    divisor; a CPU host searches no loader workers)."""
+    return {
+        "precision": tuple(settings.precisions),
+        "activation_checkpointing": resolve_checkpointing(settings.checkpointing, entry),
+        "loss_chunks": tuple(settings.loss_chunks),
+        "fsdp_reshard_after_forward": tuple(settings.fsdp_reshard),
+        "compile": (False,),
+    }
 
 
 def repeated_blocks(entry: ModelEntry) -> int:
@@ -796,6 +814,7 @@ def recommend(
     from profilers.rundir import RunDir
     from strategies.commands import Command
     from strategies.plan import Plan
+    from strategies.restrict import only_args
 
     out.mkdir(parents=True)
     command = (
@@ -804,6 +823,7 @@ def recommend(
         .option("global_batch_size", case.global_batch_size)
         .option("world_size", settings.world_size)
         .option("memory_budget", fraction)
+        .repeated("only", only_args(grid_only(settings, case.model)))
         .option("out", out)
         .switch("quiet", True)
     )

@@ -22,6 +22,7 @@ from profilers.profile_record import Profile
 from profilers.workload import PRECISIONS
 from strategies.config import DEFAULT_STEPS, TrainConfig
 from strategies.errors import StrategyError
+from strategies.restrict import narrow, normalize_only, reasons_by_value
 
 # Knobs a candidate sets; every other TrainConfig key comes from the base config.
 KNOBS: tuple[str, ...] = (
@@ -159,8 +160,11 @@ class SearchRequest:
     config_overrides: Mapping[str, Any] = field(default_factory=dict)
     # The run's optimizer steps: a compiled candidate's compile time is amortised over them.
     run_steps: int = DEFAULT_STEPS
+    # --only: per knob, the values the search may turn (strategies.restrict); empty: all.
+    only: Mapping[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
+        object.__setattr__(self, "only", normalize_only(self.only))
         for name in ("global_batch_size", "nodes", "seed", "run_steps"):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 0:
@@ -208,6 +212,9 @@ class SearchRequest:
     def to_dict(self) -> dict[str, Any]:
         data = dataclasses.asdict(self)
         data["config_overrides"] = dict(self.config_overrides)
+        data.pop("only")
+        if self.only:  # plans of unrestricted searches read as they did before --only
+            data["only"] = {k: list(v) for k, v in self.only.items()}
         return data
 
     @classmethod
@@ -236,6 +243,8 @@ class SearchSpace:
     fsdp_reshard_after_forward: tuple[bool, ...] = (True,)
     # torch.compile off, and on where the profile measured its speed-up (compile_settings).
     compile: tuple[bool, ...] = (False,)
+    # The only micro-batch sizes allowed (--only micro_batch_size=...); empty: every divisor.
+    micro_batch_only: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
         if not self.precisions:
@@ -254,7 +263,11 @@ class SearchSpace:
         if self.global_batch_size % world_size:
             return ()
         per_rank = self.global_batch_size // world_size
-        return tuple(d for d in range(1, per_rank + 1) if per_rank % d == 0)
+        return tuple(
+            d
+            for d in range(1, per_rank + 1)
+            if per_rank % d == 0 and (not self.micro_batch_only or d in self.micro_batch_only)
+        )
 
     def candidates(self) -> list[Candidate]:
         """Every candidate, in a fixed order (so enumeration and resumption are deterministic)."""
@@ -311,6 +324,7 @@ class SearchSpace:
             and candidate.loss_chunks in self.loss_chunks
             and candidate.fsdp_reshard_after_forward in self._reshard_values(candidate.parallelism)
             and candidate.compile in self.compile
+            and candidate.micro_batch_size in self.micro_batch_sizes(candidate.world_size)
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -324,6 +338,7 @@ class SearchSpace:
             "fsdp_reshard_after_forward": list(self.fsdp_reshard_after_forward),
             # Only when searched: an eager space keeps the study name it had before the knob.
             **({"compile": list(self.compile)} if True in self.compile else {}),
+            **({"micro_batch_only": list(self.micro_batch_only)} if self.micro_batch_only else {}),
             "excluded": list(self.excluded),
             "size": self.size,
         }
@@ -380,7 +395,7 @@ def available_devices(profile: Profile) -> int:
 
 
 def searched_checkpointing(
-    profile: Profile, settings: Sequence[str]
+    profile: Profile, settings: Sequence[str], *, keep: Sequence[str] = ()
 ) -> tuple[tuple[str, ...], tuple[str, ...]]:
     """(the checkpointing settings the search prices, why the others are left out).
 
@@ -389,7 +404,8 @@ def searched_checkpointing(
     when asked: ``advisor profile --checkpointing``). ``blocks:K`` is priced on the line in K
     through the measured settings (profilers.checkpointing_fits); a deep model's K are thinned
     to :data:`MAX_BLOCK_SETTINGS` evenly spaced values (always K = 1, the least recompute), so
-    an 80-layer model does not multiply the space by 79.
+    an 80-layer model does not multiply the space by 79; a K named in ``keep`` (asked for by
+    ``--only``) is priced whether or not the thinning picks it.
     """
     measured = {m.activation_checkpointing for m in profile.fits.memory} & {
         t.activation_checkpointing for t in profile.fits.time
@@ -412,7 +428,7 @@ def searched_checkpointing(
                 "'advisor profile --checkpointing ops-half' (with the other settings wanted) "
                 "measures it"
             )
-        elif parsed.kind != "blocks" or parsed.blocks in ks:
+        elif parsed.kind != "blocks" or parsed.blocks in ks or setting in keep:
             kept.append(setting)
     return tuple(kept), tuple(left_out)
 
@@ -440,6 +456,7 @@ def build_space(
     the modes the model can run (none only, without repeated blocks; the reason is in
     ``excluded``, hence in the plan's reasons).
     """
+    only = request.only
     if target is not None:
         precisions, excluded = target_precisions(target)
         world = request.world_size or 1
@@ -447,6 +464,9 @@ def build_space(
     else:
         precisions, excluded = device_precisions(profile)
         worlds = range(1, (request.world_size or available_devices(profile)) + 1)
+    precisions, restricted = narrow(
+        "precision", precisions, only, reasons=reasons_by_value(excluded)
+    )
     layouts = layouts_for(request.global_batch_size, worlds)
     if not layouts:
         raise StrategyError(
@@ -454,29 +474,141 @@ def build_space(
             f"{worlds[-1]} ranks: pick a multiple of {worlds[-1]} for --global-batch-size or "
             "a world size that divides it"
         )
+    parallelisms, lines = narrow(
+        "parallelism",
+        tuple(dict.fromkeys(p for p, _ in layouts)),
+        only,
+        reasons=_layout_reasons(request, worlds, target is not None),
+    )
+    layouts = tuple(layout for layout in layouts if layout[0] in parallelisms)
+    restricted += lines
     # Checkpointing per block needs repeated blocks (ModelFacts.checkpointing_modes).
     checkpointing, no_blocks = profile.model.checkpointing_modes()
-    checkpointing, unmeasured = searched_checkpointing(profile, checkpointing)
+    checkpointing, unmeasured = searched_checkpointing(
+        profile, checkpointing, keep=only.get("activation_checkpointing", ())
+    )
     excluded = (*excluded, *no_blocks, *unmeasured)
+    checkpointing, lines = narrow(
+        "activation_checkpointing",
+        checkpointing,
+        only,
+        reasons={
+            **{
+                v: why
+                for v in only.get("activation_checkpointing", ())
+                if (why := profile.model.checkpointing_problem(v))
+            },
+            **reasons_by_value((*no_blocks, *unmeasured)),
+        },
+    )
+    restricted += lines
     on_gpu = (target is not None) or profile.device.kind == "cuda"
     workers: tuple[int, ...] = (0,)
     if on_gpu and target is None:
         measured = sorted({s.num_workers for s in profile.input if s.status == "ok"})
         workers = tuple(measured) or (0,)
+    workers, lines = narrow(
+        "num_workers",
+        workers,
+        only,
+        reasons=dict.fromkeys(
+            only.get("num_workers", ()),
+            "the input probe measured no such worker count"
+            if on_gpu
+            else "a CPU host runs the loader on the step's cores: 0 only",
+        ),
+    )
+    restricted += lines
     chunks, no_chunks = loss_chunk_counts(profile)
+    chunks, lines = narrow(
+        "loss_chunks",
+        chunks,
+        only,
+        reasons=dict.fromkeys(
+            only.get("loss_chunks", ()),
+            "; ".join(no_chunks) or "the profile measured no loss in that many chunks",
+        ),
+    )
+    restricted += lines
+    micro_only: tuple[int, ...] = ()
+    if "micro_batch_size" in only:
+        per_rank = {w: _divisors(request.global_batch_size // w) for _, w in layouts}
+        micro_only, lines = narrow(
+            "micro_batch_size",
+            tuple(sorted({d for sizes in per_rank.values() for d in sizes})),
+            only,
+            reasons=dict.fromkeys(
+                only["micro_batch_size"],
+                f"no layout's per-rank share of global batch {request.global_batch_size} "
+                "splits into it",
+            ),
+        )
+        restricted += lines
+        # A layout none of whose splits is allowed drops out.
+        layouts = tuple((p, w) for p, w in layouts if set(per_rank[w]) & set(micro_only))
     reshard, no_kept = reshard_settings(profile, layouts)
+    reshard, lines = narrow(
+        "fsdp_reshard_after_forward",
+        reshard,
+        only,
+        reasons={
+            False: "; ".join(no_kept)
+            if any(p == "fsdp" for p, _ in layouts)
+            else "no FSDP layout is searched here"
+        },
+    )
+    restricted += lines
     compiled, no_compile = compile_settings(profile, what_if=target is not None)
+    compiled, lines = narrow(
+        "compile",
+        compiled,
+        only,
+        reasons={
+            True: "; ".join(no_compile)
+            or "the profile measured no compiled step: re-run 'advisor profile' (it measures "
+            "torch.compile when its budget reaches it)"
+        },
+    )
+    restricted += lines
     return SearchSpace(
         global_batch_size=request.global_batch_size,
         precisions=precisions,
         checkpointing=checkpointing,
         layouts=layouts,
         num_workers=workers,
-        excluded=(*excluded, *no_chunks, *no_kept, *no_compile),
+        excluded=(*excluded, *no_chunks, *no_kept, *no_compile, *restricted),
         loss_chunks=chunks,
         fsdp_reshard_after_forward=reshard,
         compile=compiled,
+        micro_batch_only=micro_only,
     )
+
+
+def _layout_reasons(request: SearchRequest, worlds: Sequence[int], what_if: bool) -> dict[str, str]:
+    """Why a parallelism has no layout in this search, for ``--only parallelism=...``."""
+    gbs = request.global_batch_size
+    if what_if:
+        many = f"a what-if plans exactly {worlds[-1]} ranks (--world-size)"
+        return (
+            {"single": many, "ddp": many, "fsdp": many}
+            if worlds[-1] > 1
+            else {
+                "ddp": "a what-if of one rank: pass --world-size 2 or more",
+                "fsdp": "a what-if of one rank: pass --world-size 2 or more",
+            }
+        )
+    if worlds[-1] < 2:
+        several = "needs 2 or more ranks: pass --world-size 2 or more"
+    else:
+        several = (
+            f"global batch {gbs} splits over none of the world sizes 2 to {worlds[-1]}: pick a "
+            "global batch they divide"
+        )
+    return {"ddp": several, "fsdp": several}
+
+
+def _divisors(n: int) -> tuple[int, ...]:
+    return tuple(d for d in range(1, n + 1) if n % d == 0)
 
 
 def compile_settings(

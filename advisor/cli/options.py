@@ -312,10 +312,31 @@ memory_budget_option = click.option(
 )
 
 
+def _only(ctx: click.Context, param: click.Parameter, value: tuple[str, ...]) -> dict[str, Any]:
+    from strategies.errors import StrategyError
+    from strategies.restrict import parse_only
+
+    try:
+        return parse_only(value)
+    except StrategyError as exc:
+        raise click.BadParameter(str(exc).removeprefix("--only ")) from None
+
+
 def search_options(world_size_help: str) -> Decorator[Any]:
-    """--world-size / --trials / --storage (recommend, run)."""
+    """--world-size / --trials / --storage / --only (recommend, run)."""
     return _stack(
         click.option("--world-size", type=POSITIVE, default=None, help=world_size_help),
+        click.option(
+            "--only",
+            "only",
+            multiple=True,
+            metavar="KNOB=V1,V2",
+            callback=_only,
+            help="Search only these values of a knob (repeatable): precision, checkpointing, "
+            "parallelism, micro-batch-size, num-workers, loss-chunks, "
+            "fsdp-reshard-after-forward, compile; e.g. --only checkpointing=none,full "
+            "--only compile=false. Other knobs keep what the profile can price.",
+        ),
         click.option(
             "--trials",
             type=POSITIVE,

@@ -73,7 +73,7 @@ def recommend(**params: Any) -> None:
 
     request = SearchRequest(
         **pick(params, "global_batch_size", "memory_budget", "world_size", "trials"),
-        **pick(params, "target", "nodes", "network", "study_name", "run_steps"),
+        **pick(params, "target", "nodes", "network", "study_name", "run_steps", "only"),
     )
     plan = run_recommend(
         profile,

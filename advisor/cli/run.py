@@ -117,7 +117,7 @@ def run(**params: Any) -> None:
         **workload(params),
         **probing(params),
         **pick(params, "global_batch_size", "steps", "tokens", "memory_budget", "world_size"),
-        **pick(params, "trials", "validate_top", "validate_rounds", "storage"),
+        **pick(params, "trials", "validate_top", "validate_rounds", "storage", "only"),
         **pick(params, "eval_every", "eval_batches", "checkpoint_every", "keep_checkpoints"),
         config_overrides=hyperparameters(params),
         tune_trials=params["tune_trials"],

@@ -121,3 +121,27 @@ def test_the_large_vocabulary_model_is_held_out_but_not_a_default() -> None:
     assert entry.role == "held-out" and entry.args["vocab_size"] == 32000
     assert "hf-gpt2-32k" not in regret.HELD_OUT
     assert all(regret.MODELS[name].role == "held-out" for name in regret.HELD_OUT)
+
+
+def test_the_advisor_searches_the_grids_knobs_only() -> None:
+    # An advised config outside the grid has no regret (three sessions before --only advised
+    # blocks:K the grid did not hold): the restriction makes every candidate a grid config.
+    from strategies.restrict import only_args, parse_only
+    from strategies.space import SearchRequest, build_space
+    from tests.strategies.test_loss_chunks import CHUNKS, chunked_profile
+
+    chosen = settings(
+        *("--precisions", "fp32", "--global-batch-sizes", "8"),
+        *("--checkpointing", "none", "full", "--loss-chunks", "1", str(CHUNKS)),
+    )
+    bert, _ = regret.build_cases(chosen)
+    only = regret.grid_only(chosen, bert.model)
+    assert parse_only(only_args(only)) == only  # as the recommend command line carries it
+    profile = chunked_profile()
+    free = build_space(profile, SearchRequest(global_batch_size=8, world_size=2))
+    assert {c.key for c in free.candidates()} - set(bert.keys)  # blocks:K, bf16 ...
+    bound = build_space(profile, SearchRequest(global_batch_size=8, world_size=2, only=only))
+    keys = {c.key for c in bound.candidates()}
+    assert keys <= set(bert.keys)
+    assert {c.loss_chunks for c in bound.candidates()} == {1, CHUNKS}
+    assert {c.activation_checkpointing for c in bound.candidates()} == {"none", "full"}

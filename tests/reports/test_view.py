@@ -209,6 +209,17 @@ def test_reproduce_commands(hand_run: Path) -> None:
     assert ("torch", "2.13.0+cpu") in [(r[0].text, r[1].text) for r in versions.rows]
 
 
+def test_reproduce_recommend_keeps_the_searchs_only(tmp_path: Path, hand_run: Path) -> None:
+    # A plan searched under --only is reproduced under the same restriction, not a wider one.
+    run = tmp_path / "run"
+    shutil.copytree(hand_run, run)
+    plan = json.loads((run / "plan.json").read_text())
+    assert "--only" not in build_view(run).commands.steps[1]
+    plan["profile"]["request"]["only"] = {"activation_checkpointing": ["none", "full"]}
+    (run / "plan.json").write_text(json.dumps(plan))
+    assert build_view(run).commands.steps[1].endswith(f"--only checkpointing=none,full --out {run}")
+
+
 def test_profile_only_run_notes_what_is_missing(tmp_path: Path) -> None:
     root = make_hand_run(tmp_path / "run", plan=False)
     view = build_view(root)
