@@ -370,7 +370,8 @@ validation_options = _stack(
         default=DEFAULT_VALIDATE_ROUNDS,
         show_default=True,
         help=f"Measure configs within {TIE_MARGIN:.0%} of the fastest up to N times, at "
-        "different moments, before the fastest wins (1: each finalist once).",
+        "different moments, before the fastest wins (1: each finalist once); also one whose "
+        "single visit fell below its predicted interval while that interval reaches them.",
     ),
 )
 

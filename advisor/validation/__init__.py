@@ -17,7 +17,13 @@ from __future__ import annotations
 
 from advisor.validation.launcher import LauncherValidator
 from advisor.validation.local import LocalValidator, measure_configs
-from advisor.validation.rounds import contenders, merge_measurements, route, validate_rounds
+from advisor.validation.rounds import (
+    contenders,
+    merge_measurements,
+    route,
+    suspects,
+    validate_rounds,
+)
 from advisor.validation.validator import Unvalidated, Validator
 from strategies.budgets import DEFAULT_VALIDATE_ROUNDS, TIE_MARGIN
 
@@ -32,5 +38,6 @@ __all__ = [
     "measure_configs",
     "merge_measurements",
     "route",
+    "suspects",
     "validate_rounds",
 ]

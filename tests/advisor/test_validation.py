@@ -3,6 +3,7 @@ no torch: what is measured is the decision logic, not a device)."""
 
 from __future__ import annotations
 
+import dataclasses
 import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -14,11 +15,13 @@ from advisor.validation import (
     contenders,
     merge_measurements,
     route,
+    suspects,
     validate_rounds,
 )
 from strategies.config import TrainConfig
 from strategies.cost import Prediction
 from strategies.plan import Measurement
+from strategies.uncertainty import Uncertainty
 
 TOKENS = 1000  # tokens per step of every scripted config
 
@@ -173,3 +176,59 @@ def test_route_records_why_no_validator_took_a_config() -> None:
     assert results[0].ok
     assert results[1].status == "not_validated"
     assert results[1].reason == "not single"
+
+
+def predicted(step_s: float, sigma: float = 0.06) -> Prediction:
+    """A prediction of ``step_s`` with a 90% interval of exp(±1.645·sigma) (±10% at 0.06)."""
+    return dataclasses.replace(
+        prediction(),
+        step_time_s=step_s,
+        tokens_per_s=TOKENS / step_s,
+        uncertainty=Uncertainty(terms=(("host", sigma, "test"),)),
+    )
+
+
+def test_one_slow_visit_does_not_rule_out_the_predicted_best() -> None:
+    """mb 8 is predicted fastest (10,000 tok/s, interval 9,057-11,041) but its first visit runs
+    at half speed (a busy neighbour); mb 4 is steady at 9,524. One visit would drop mb 8: it
+    is outside 15% of mb 4 and below its own interval. Visited again it runs as predicted; the
+    two visits pooled still sit outside the margin, so its normal latest visit keeps it for a
+    third, and three visits pooled make it the faster."""
+    local = Scripted({8: [ok(0.2), ok(0.1), ok(0.1)], 4: [ok(0.105)] * 3})
+    results = validate_rounds(
+        [config(8), config(4)], [predicted(0.1), predicted(0.105)], [local], rounds=3
+    )
+    assert suspects([ok(0.2), ok(0.105)], [predicted(0.1), predicted(0.105)]) == [0]
+    assert local.calls == [[8, 4], [4, 8], [8, 4]]
+    assert [m.visits for m in results] == [3, 3]
+    assert results[0].step_time_s == pytest.approx(0.1)
+    assert (results[0].tokens_per_s or 0.0) > (results[1].tokens_per_s or 0.0)
+
+
+def test_a_slow_visit_confirmed_by_the_next_drops_out() -> None:
+    """The second visit is slow too: the prediction was wrong, not the moment; no third."""
+    local = Scripted({8: [ok(0.2), ok(0.2)], 4: [ok(0.105)] * 3})
+    results = validate_rounds(
+        [config(8), config(4)], [predicted(0.1), predicted(0.105)], [local], rounds=3
+    )
+    assert local.calls == [[8, 4], [4, 8]]
+    assert [m.visits for m in results] == [2, 2]
+
+
+@pytest.mark.parametrize(
+    ("first", "prediction_", "why"),
+    [
+        (ok(0.2), predicted(0.2), "as predicted: slow, inside its interval"),
+        (ok(0.2), predicted(0.15), "its interval's best (7,358) is outside the band (8,095)"),
+        (ok(0.2), prediction(), "no interval: no doubt"),
+        (Measurement(status="oom", reason="x"), predicted(0.1), "a failed visit is not doubted"),
+    ],
+)
+def test_what_raises_no_doubt(first: Measurement, prediction_: Prediction, why: str) -> None:
+    steady = ok(0.105)
+    assert suspects([first, steady], [prediction_, predicted(0.105)]) == [], why
+
+
+def test_a_config_visited_more_than_once_is_judged_by_the_pool() -> None:
+    twice = merge_measurements(ok(0.2), ok(0.2))
+    assert suspects([twice, ok(0.105)], [predicted(0.1), predicted(0.105)]) == []
