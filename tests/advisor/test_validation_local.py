@@ -7,6 +7,8 @@ import pytest
 
 from advisor.validation import local
 from profilers.workload import StepSpec
+from strategies.plan import Measurement
+from strategies.prediction import Breakdown, MemoryTerms, Prediction
 from tests.profilers.toy_workload import ToyWorkload
 
 
@@ -29,3 +31,67 @@ def test_the_cpu_memory_pass_releases_freed_memory_after_each_config(
 def test_releasing_freed_memory_is_safe_to_call() -> None:
     local.release_freed_memory()  # glibc: malloc_trim; elsewhere a no-op
     local.release_freed_memory()
+
+
+MIB = 2**20
+
+
+def predicted(traced_mib: int, overhead_mib: int, budget_mib: int) -> Prediction:
+    """A single-device prediction whose budgeted bytes are the traced peak + an overhead."""
+    budgeted = (traced_mib + overhead_mib) * MIB
+    memory = MemoryTerms(
+        fitted_peak_bytes=traced_mib * MIB,
+        phase="forward_backward",
+        traced_bytes=traced_mib * MIB,
+        rounding_allowance_bytes=0,
+        fragmentation_bytes=0,
+        fixed_overhead_bytes=overhead_mib * MIB,
+        parallel_overhead_bytes=0,
+        per_rank_bytes=budgeted,
+        ranks_sharing_memory=1,
+        budgeted_bytes=budgeted,
+        budget_bytes=budget_mib * MIB,
+        parameter_bytes=0,
+        gradient_bytes=0,
+        optimizer_state_bytes=0,
+    )
+    return Prediction(
+        peak_memory_bytes=budgeted,
+        budgeted_bytes=budgeted,
+        budget_bytes=budget_mib * MIB,
+        step_time_s=1.0,
+        tokens_per_s=1.0,
+        breakdown=Breakdown(memory=memory),
+    )
+
+
+def measured(peak_mib: int) -> Measurement:
+    return Measurement(
+        status="ok", step_time_s=1.0, tokens_per_s=1.0, peak_memory_bytes=peak_mib * MIB
+    )
+
+
+def test_the_cap_leaves_the_instrument_room_and_the_budget_is_judged_by_the_measured_peak() -> None:
+    # The 10th regret session's memory-bound case: 1,122 MiB budget, 556 MiB of process overhead.
+    validator = local.LocalValidator(device="cpu", budget_bytes=1122 * MIB)
+    isolation = validator._isolation([predicted(536, 556, 1122)])
+    assert isolation.memory_limit_bytes == int(1122 * MIB * (1 + local.CAP_HEADROOM))
+    # 536 + 556 = 1,092 MiB fits (training held 1,085-1,097); 600 + 556 does not.
+    fits = validator._within_budget(measured(536), predicted(536, 556, 1122))
+    assert fits.ok
+    over = validator._within_budget(measured(600), predicted(536, 556, 1122))
+    assert over.status == "oom"
+    assert over.reason == (
+        "measured peak 600 MiB + the process overhead 556 MiB = 1,156 MiB, over the 1,122 MiB "
+        "budget"
+    )
+    # Without a traced peak to read the overhead from, or off CPU, the measurement stands.
+    assert validator._within_budget(
+        measured(600),
+        Prediction(
+            peak_memory_bytes=1, budgeted_bytes=1, budget_bytes=1, step_time_s=1.0, tokens_per_s=1.0
+        ),
+    ).ok
+    gpu = local.LocalValidator(device="cuda", budget_bytes=1122 * MIB)
+    assert gpu._within_budget(measured(600), predicted(536, 556, 1122)).ok
+    assert gpu._isolation([predicted(536, 556, 1122)]).memory_limit_bytes is None
