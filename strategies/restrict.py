@@ -202,12 +202,13 @@ def narrow(
     only: Mapping[str, Sequence[Any]],
     *,
     reasons: Mapping[Any, str] | None = None,
+    otherwise: str = "",
 ) -> tuple[tuple[T, ...], tuple[str, ...]]:
     """(the values of ``knob`` the search keeps, lines for the plan's reasons).
 
     Without ``knob`` in ``only``: everything available, no line. Otherwise the available values
     that were asked for, in the space's order; a line for those left out by the user and one per
-    asked value the profile cannot price (``reasons[value]`` says why, when known).
+    asked value the profile cannot price (``reasons[value]`` says why, else ``otherwise``).
     StrategyError when nothing asked for is available.
     """
     asked = only.get(knob)
@@ -218,7 +219,7 @@ def narrow(
     flag = f"--only {only_args({knob: asked})[0]}"
     name = _DISPLAY.get(knob, knob.replace("_", "-"))
     missing = [v for v in asked if v not in available]
-    unknown = "the profile did not measure it: re-run 'advisor profile' to measure it"
+    unknown = otherwise or "the profile did not measure it: re-run 'advisor profile' to measure it"
     if not kept:
         shown = ", ".join(_show(v) for v in available) or "nothing"
         details = "; ".join(dict.fromkeys(why.get(v) or unknown for v in missing))

@@ -511,12 +511,9 @@ def build_space(
         "num_workers",
         workers,
         only,
-        reasons=dict.fromkeys(
-            only.get("num_workers", ()),
-            "the input probe measured no such worker count"
-            if on_gpu
-            else "a CPU host runs the loader on the step's cores: 0 only",
-        ),
+        otherwise="the input probe measured no such worker count"
+        if on_gpu
+        else "a CPU host runs the loader on the step's cores: 0 only",
     )
     restricted += lines
     chunks, no_chunks = loss_chunk_counts(profile)
@@ -524,10 +521,7 @@ def build_space(
         "loss_chunks",
         chunks,
         only,
-        reasons=dict.fromkeys(
-            only.get("loss_chunks", ()),
-            "; ".join(no_chunks) or "the profile measured no loss in that many chunks",
-        ),
+        otherwise="; ".join(no_chunks) or "the profile measured no loss in that many chunks",
     )
     restricted += lines
     micro_only: tuple[int, ...] = ()
@@ -537,11 +531,8 @@ def build_space(
             "micro_batch_size",
             tuple(sorted({d for sizes in per_rank.values() for d in sizes})),
             only,
-            reasons=dict.fromkeys(
-                only["micro_batch_size"],
-                f"no layout's per-rank share of global batch {request.global_batch_size} "
-                "splits into it",
-            ),
+            otherwise=f"no layout's per-rank share of global batch {request.global_batch_size} "
+            "splits into it",
         )
         restricted += lines
         # A layout none of whose splits is allowed drops out.
