@@ -44,7 +44,7 @@ from strategies.config import (
     WORKLOAD_KEYS,
 )
 from strategies.errors import StrategyError
-from strategies.restrict import normalize_only, only_args, same_only
+from strategies.restrict import normalize_only, only_args, read_recorded, same_only
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -278,16 +278,10 @@ def reusable_plan(out: Path, request: RunRequest) -> bool:
         and asked.get("memory_budget") == request.memory_budget
         and asked.get("world_size") == request.world_size
         and dict(asked.get("config_overrides") or {}) == dict(request.config_overrides)
-        and same_only(_asked_only(asked), request.only)
+        and (recorded := read_recorded(asked.get("only"))) is not None
+        and same_only(recorded, request.only)
     )
     return bool(same)
-
-
-def _asked_only(asked: Mapping[str, Any]) -> dict[str, tuple[Any, ...]]:
-    try:
-        return normalize_only(asked.get("only") or {})
-    except StrategyError:  # a plan written by other code: not this request's
-        return {"": ()}
 
 
 def _profile_stage(request: RunRequest, out: Path, say: ProgressFn) -> str:

@@ -24,8 +24,7 @@ from strategies.config import (
     DEFAULT_STEPS,
     WORKLOAD_KEYS,
 )
-from strategies.errors import StrategyError
-from strategies.restrict import normalize_only, only_args
+from strategies.restrict import only_args, read_recorded
 
 CHARTJS_VERSION = "4.6.1"
 CHARTJS_ZOOM_VERSION = "2.2.0"
@@ -117,7 +116,7 @@ def commands(run: RunFiles) -> Commands:
         .option("world_size", request.get("world_size") or None)
         # The run length a compiled candidate's compile was amortised over (absent: default).
         .option("steps", request.get("run_steps"), default=DEFAULT_STEPS)
-        .repeated("only", _only_args(request.get("only")))
+        .repeated("only", only_args(read_recorded(request.get("only")) or {}))
     )
     recorded_tune = mapping(run.tuning).get("command")
     tune = ""
@@ -208,11 +207,3 @@ def reproduce_section(run: RunFiles) -> tuple[Section, Commands]:
         rows=tuple((cell(k), cell(v)) for k, v in versions(run).items()),
     )
     return Section(id="reproduce", title="Reproduce", code=tuple(blocks), tables=(table,)), c
-
-
-def _only_args(only: Any) -> list[str]:
-    """The plan's ``--only`` restriction as flag values (none when unrestricted or unreadable)."""
-    try:
-        return only_args(normalize_only(only if isinstance(only, dict) else {}))
-    except StrategyError:
-        return []

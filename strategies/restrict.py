@@ -24,6 +24,7 @@ __all__ = [
     "normalize_only",
     "only_args",
     "parse_only",
+    "read_recorded",
     "reasons_by_value",
     "same_only",
 ]
@@ -160,6 +161,19 @@ def _merge(pairs: Iterable[tuple[str, Any]]) -> dict[str, tuple[Any, ...]]:
         kept = out.setdefault(knob, [])
         kept.extend(v for v in values if v not in kept)
     return {knob: tuple(values) for knob, values in out.items()}
+
+
+def read_recorded(only: Any) -> dict[str, tuple[Any, ...]] | None:
+    """A plan's recorded ``only`` (plan.json's request; absent: unrestricted) read back, or
+    None when it cannot be (a plan written by other code)."""
+    if only is None:
+        return {}
+    if not isinstance(only, Mapping):
+        return None
+    try:
+        return normalize_only(only)
+    except StrategyError:
+        return None
 
 
 def same_only(a: Mapping[str, Sequence[Any]], b: Mapping[str, Sequence[Any]]) -> bool:

@@ -31,12 +31,11 @@ from profilers.workload import StepSpec
 from strategies.config import TrainConfig
 from strategies.cost import Prediction
 from strategies.plan import Measurement
+from strategies.prediction import MiB
 
 if TYPE_CHECKING:
     from profilers.workload import Workload
 
-
-MiB = 2**20
 
 # How far above the budget the CPU validation child's memory cap (RLIMIT_DATA) sits. The cap
 # guards the host; whether a config fits the budget is judged from its measured peak (below).

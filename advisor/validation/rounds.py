@@ -82,10 +82,13 @@ def merge_measurements(first: Measurement, again: Measurement) -> Measurement:
 def contenders(measurements: Sequence[Measurement], margin: float = TIE_MARGIN) -> list[int]:
     """Indices of the measured configs within ``margin`` of the fastest, fastest first."""
     ok = [(m.tokens_per_s or 0.0, i) for i, m in enumerate(measurements) if m.ok]
-    if not ok:
-        return []
-    best = max(t for t, _ in ok)
-    return [i for t, i in sorted(ok, reverse=True) if t >= (1.0 - margin) * best]
+    band = _band(measurements, margin)
+    return [i for t, i in sorted(ok, reverse=True) if t >= band]
+
+
+def _band(measurements: Sequence[Measurement], margin: float) -> float:
+    """The tokens/s a config needs to be within ``margin`` of the fastest measured one."""
+    return (1.0 - margin) * max((m.tokens_per_s or 0.0 for m in measurements if m.ok), default=0.0)
 
 
 def validate_rounds(
@@ -119,14 +122,10 @@ def validate_rounds(
     doubted: set[int] = set()
     for r in range(1, rounds):
         close = set(contenders(results, margin))
-        fastest = max((m.tokens_per_s or 0.0 for m in results if m.ok), default=0.0)
+        band = _band(results, margin)
         # A doubted config stays while its latest visit alone is within the margin: pooled
         # with the slow one, two visits can still sit outside it; a third decides.
-        doubted = {
-            i
-            for i in doubted
-            if latest[i].ok and (latest[i].tokens_per_s or 0.0) >= (1.0 - margin) * fastest
-        }
+        doubted = {i for i in doubted if latest[i].ok and (latest[i].tokens_per_s or 0.0) >= band}
         doubted = (doubted | set(suspects(results, predictions, margin))) - close
         if len(close | doubted) < 2:
             break
@@ -160,8 +159,7 @@ def suspects(
     The profile's error and the host's moment both fit that; a second visit tells them apart
     (the 8th regret session's validation measured a config once at 1,208 tok/s, 26% below the
     grid's 1,625-1,641, and dropped it). Predictions without an interval raise no doubt."""
-    fastest = max((m.tokens_per_s or 0.0 for m in measurements if m.ok), default=0.0)
-    band = (1.0 - margin) * fastest
+    band = _band(measurements, margin)
     out = []
     for i, (m, p) in enumerate(zip(measurements, predictions, strict=True)):
         interval = p.tokens_per_s_interval if p is not None else None
