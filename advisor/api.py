@@ -283,7 +283,8 @@ def recommend(
 ) -> Plan:
     """Pick the fastest config that fits at ``global_batch_size`` (``advisor recommend``):
     cost model + Optuna search over precision, checkpointing, micro-batch × accumulation and
-    layout, the best ``validate_top`` measured by short real runs.
+    layout, the best ``validate_top`` measured by short real runs (one that fails is replaced
+    by the next ranked, up to ``validate_top`` replacements).
 
     ``profile``: a Profile, or the path of a profile.json or of its directory. ``memory_budget``:
     the fraction of device memory (CPU: RAM) a plan may use. ``world_size``: the most ranks to

@@ -28,9 +28,17 @@ from profilers.profile_record import Profile, load_profile
 from profilers.rundir import profile_path
 from strategies.budgets import DEFAULT_VALIDATE_ROUNDS, DEFAULT_VALIDATE_TOP_K
 from strategies.config import DEFAULT_STEPS, ConfigError, TrainConfig
-from strategies.cost import CostModel, cost_model_from_profile
-from strategies.plan import Baseline, Measurement, Plan, decide, naive_baseline, top_candidates
-from strategies.search import SearchResult, default_storage, run_search, study_name_for
+from strategies.cost import CostModel, Prediction, cost_model_from_profile
+from strategies.plan import (
+    Baseline,
+    Measurement,
+    Plan,
+    decide,
+    naive_baseline,
+    replacement,
+    top_candidates,
+)
+from strategies.search import Evaluation, SearchResult, default_storage, run_search, study_name_for
 from strategies.space import SearchRequest, SearchSpace, build_space
 from strategies.whatif import resolve_target, whatif_cost_model
 
@@ -232,7 +240,11 @@ def _validate_finalists(
 ) -> dict[str, Measurement]:
     """The validation step of :func:`recommend`: the finalists (strategies.plan.top_candidates,
     and the baseline) measured through :func:`validate_rounds`, keyed by candidate key; none
-    when ``top_k`` is 0 or the model is a what-if estimate."""
+    when ``top_k`` is 0 or the model is a what-if estimate. A finalist whose first visit fails
+    (out of memory, crashed, timed out) is replaced by the next ranked candidate not measured
+    (after running out of memory, one predicted to need less: strategies.plan.replacement), at
+    most ``top_k`` replacements in all, so a wrong memory prediction near the budget does not
+    leave the decision to fewer measured configs."""
     measurements: dict[str, Measurement] = {}
     top = top_candidates(result, top_k)
     if top and top_k and not model.machine.estimate:
@@ -245,8 +257,28 @@ def _validate_finalists(
         predictions = [e.prediction for e in chosen if e.prediction is not None]
         if validators is None:
             validators = default_validators(prof, model, device=device, progress=progress)
+        # A finalist (or a replacement) whose visit failed is replaced, at most top_k times
+        # in all (strategies.plan.replacement); the baseline is measured as it is.
+        finalists = {e.candidate.key for e in top}
+        taken = {e.candidate.key for e in chosen}
+        ranked = result.ranked()
+        handed: list[Evaluation] = []
+
+        def replace(i: int, m: Measurement) -> tuple[TrainConfig, Prediction] | None:
+            failed = chosen[i]
+            if failed.candidate.key not in finalists or len(handed) >= top_k:
+                return None
+            instead = replacement(ranked, failed, m.status, taken)
+            if instead is None or instead.prediction is None:
+                return None
+            chosen.append(instead)
+            handed.append(instead)
+            taken.add(instead.candidate.key)
+            finalists.add(instead.candidate.key)
+            return instead.candidate.apply(base), instead.prediction
+
         measured = validate_rounds(
-            configs, predictions, validators, rounds=rounds, progress=progress
+            configs, predictions, validators, rounds=rounds, progress=progress, replace=replace
         )
         for e, m in zip(chosen, measured, strict=True):
             measurements[e.candidate.key] = m

@@ -14,6 +14,13 @@ Writes ``repredicted.json`` and ``repredicted.md`` beside the session's logs.
 
     python benchmarks/regret_repredict.py                      # the latest session
     python benchmarks/regret_repredict.py 20261202T121821Z     # a named one
+    python benchmarks/regret_repredict.py --all --tag drift    # every session with profiles
+
+``--tag T`` writes ``repredicted.T.json``/``.md`` instead of ``repredicted.*``, so an earlier
+re-ask that a session's NOTE cites stays as it was. ``--all`` re-asks every session whose
+profiles are kept (or still in the scratch directory) and also writes one table over them,
+``repredicted[.T].md`` in the sessions directory: per case, the intervals' calibration
+before and now, pooled at the end.
 """
 
 from __future__ import annotations
@@ -150,22 +157,94 @@ def markdown(result: Mapping[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def has_profiles(session_dir: Path) -> bool:
+    """Whether any case of the session has a profile to re-ask (kept or in the scratch)."""
+    meta = json.loads((session_dir / "session.json").read_text())
+    return any(
+        (session_dir / "profiles" / f"{c['id']}.json").is_file()
+        or (regret.SCRATCH / session_dir.name / c["id"] / "profile").is_dir()
+        for c in meta["cases"]
+    )
+
+
+def calibration_table(results: Sequence[Mapping[str, Any]], commit: str) -> str:
+    """One row per case of every re-asked session: the step-time intervals' calibration
+    before (as logged) and now, the median signed error now; pooled over all at the end."""
+    lines = [
+        f"# The 90% intervals re-asked at {commit}, every session with profiles",
+        "",
+        "Same grids, same profiles, same measurements; only the code that predicts changed. "
+        "Inside: grid configs whose measured step time lies in the predicted 90% interval "
+        "(median relative width); signed: median predicted / measured − 1.",
+        "",
+        "| session | case | inside before | inside now | signed now |",
+        "|---|---|---|---|---|",
+    ]
+    pooled = {"before": [0, 0], "now": [0, 0]}
+    for result in results:
+        for case_id, c in result["cases"].items():
+            if "skipped" in c:
+                continue
+            for name in pooled:
+                cal = c[name]["calibration"].get("step_time_s") or {}
+                pooled[name][0] += int(cal.get("inside") or 0)
+                pooled[name][1] += int(cal.get("configs") or 0)
+            signed = (c["now"]["time"].get("all") or {}).get("median")
+            lines.append(
+                f"| {result['session']} | {case_id} ({c['role']}) | "
+                f"{_inside(c['before']['calibration'])} | {_inside(c['now']['calibration'])} | "
+                f"{'–' if signed is None else f'{signed:+.0%}'} |"
+            )
+    cells = [f"{i}/{n} ({i / n:.0%})" if n else "–" for i, n in (pooled["before"], pooled["now"])]
+    lines.append(f"| all | pooled | {cells[0]} | {cells[1]} | |")
+    return "\n".join(lines) + "\n"
+
+
+def _write(session_dir: Path, result: Mapping[str, Any], tag: str | None) -> str:
+    stem = f"repredicted.{tag}" if tag else "repredicted"
+    (session_dir / f"{stem}.json").write_text(json.dumps(result, indent=1) + "\n")
+    text = markdown(result)
+    (session_dir / f"{stem}.md").write_text(text)
+    return text
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
     parser.add_argument("session", nargs="?", default=None, help="Default: the latest session.")
     parser.add_argument("--sessions", type=Path, default=regret.SESSIONS)
+    parser.add_argument(
+        "--all", action="store_true", help="Every session with profiles, and one table over them."
+    )
+    parser.add_argument(
+        "--tag", default=None, help="Write repredicted.TAG.* (keeps earlier re-asks as they are)."
+    )
     args = parser.parse_args(argv)
+    if args.tag is not None and not args.tag.replace("-", "").replace("_", "").isalnum():
+        print(f"error: --tag {args.tag!r}: use letters, digits, '-' or '_'", file=sys.stderr)
+        return 2
     names = sorted(p.name for p in args.sessions.iterdir() if (p / "session.json").is_file())
+    if args.all:
+        if args.session is not None:
+            print("error: --all re-asks every session: name none", file=sys.stderr)
+            return 2
+        results = []
+        for name in names:
+            if has_profiles(args.sessions / name):
+                results.append(repredict(args.sessions / name))
+                _write(args.sessions / name, results[-1], args.tag)
+        if not results:
+            print(f"error: no session under {args.sessions} kept its profiles", file=sys.stderr)
+            return 2
+        text = calibration_table(results, results[-1]["commit"])
+        stem = f"repredicted.{args.tag}" if args.tag else "repredicted"
+        (args.sessions / f"{stem}.md").write_text(text)
+        print(text)
+        return 0
     name = args.session or (names[-1] if names else None)
     if name is None or not (args.sessions / name / "session.json").is_file():
         print(f"error: no session {name!r} under {args.sessions}", file=sys.stderr)
         return 2
-    session_dir = args.sessions / name
-    result = repredict(session_dir)
-    (session_dir / "repredicted.json").write_text(json.dumps(result, indent=1) + "\n")
-    text = markdown(result)
-    (session_dir / "repredicted.md").write_text(text)
-    print(text)
+    print(_write(args.sessions / name, repredict(args.sessions / name), args.tag))
     return 0
 
 

@@ -58,6 +58,7 @@ from strategies.uncertainty import (
     Uncertainty,
     compile_term,
     delta_term,
+    drift_term,
     fit_terms,
     host_term,
     source_term,
@@ -365,6 +366,8 @@ class CostModel:
             terms += fit_terms(compute.fit, c.micro_batch_size, min(weight, 1.0))
         shared = self.machine.shared_host and not self.machine.estimate
         terms.append(host_term(shared, self.host_load_1m, self.host_cpus))
+        if shared:
+            terms.append(drift_term())
         if self.machine.estimate:
             terms.append(source_term("what_if"))
         if compute.derived:

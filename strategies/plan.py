@@ -51,6 +51,7 @@ __all__ = [
     "decide",
     "naive_baseline",
     "nothing_fits",
+    "replacement",
     "top_candidates",
     "trial_rows",
     "write_trials_csv",
@@ -163,7 +164,8 @@ def top_candidates(
 ) -> list[Evaluation]:
     """What validation measures: the ``k`` best predicted feasible candidates, then the best
     predicted of each parallelism layout not among them if it may be the fastest: its 90%
-    tokens/s interval reaches the best prediction's (strategies.uncertainty). Predictions
+    tokens/s interval reaches the best prediction's (strategies.uncertainty; without the host's
+    drift since the profile, which moves both alike). Predictions
     without intervals (hand-made ones) use ``layout_margin`` of the best prediction instead.
     None when ``k`` is 0."""
     ranked = result.ranked()
@@ -177,13 +179,39 @@ def top_candidates(
         if e.candidate.parallelism in layouts:
             continue
         overlap = interval_overlaps(
-            e.prediction.tokens_per_s_interval if e.prediction else None,
-            best.prediction.tokens_per_s_interval if best.prediction else None,
+            e.prediction.comparable_tokens_per_s_interval if e.prediction else None,
+            best.prediction.comparable_tokens_per_s_interval if best.prediction else None,
         )
         if overlap if overlap is not None else e.tokens_per_s >= floor:
             top.append(e)
             layouts.add(e.candidate.parallelism)
     return top
+
+
+def replacement(
+    ranked: Sequence[Evaluation],
+    failed: Evaluation,
+    status: str,
+    taken: set[str],
+) -> Evaluation | None:
+    """What validation measures in place of ``failed``, whose visit ended in ``status``: the
+    best ranked candidate whose key is not in ``taken`` (measured, or handed out already) and,
+    when ``failed`` ran out of memory, predicted to need less memory than it (its memory
+    prediction was short; a candidate predicted to need as much would likely fail alike), of
+    the same parallelism layout when one is left (a layout's best is among the finalists to
+    find out what that layout measures), else of any. After a crash or a timeout, which may be
+    the layout's own (a launcher, a collective), of any layout. None when none is left."""
+    need = failed.prediction.budgeted_bytes if failed.prediction else None
+    eligible = [
+        e
+        for e in ranked
+        if e.candidate.key not in taken
+        and e.prediction is not None
+        and not (status == "oom" and need is not None and e.prediction.budgeted_bytes >= need)
+    ]
+    layout = failed.candidate.parallelism if status == "oom" else None
+    same = (e for e in eligible if layout is None or e.candidate.parallelism == layout)
+    return next(same, eligible[0] if eligible else None)
 
 
 def decide(

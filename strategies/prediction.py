@@ -427,6 +427,16 @@ class Prediction:
         return tokens / interval[1], tokens / interval[0]
 
     @property
+    def comparable_tokens_per_s_interval(self) -> tuple[float, float] | None:
+        """The tokens/s interval without the parts every candidate of one profile shares
+        (a shared host's drift since the profile: strategies.uncertainty.COMMON_TERMS): what
+        validation compares candidates measured together with."""
+        if self.uncertainty is None:
+            return None
+        f = self.uncertainty.comparable().factor()
+        return self.tokens_per_s / f, self.tokens_per_s * f
+
+    @property
     def traced_bytes(self) -> int | None:
         """The traced peak (what an allocator's measured peak compares with), if known."""
         memory = self.breakdown.memory

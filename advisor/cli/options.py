@@ -362,7 +362,8 @@ validation_options = _stack(
         show_default=True,
         help="Measure the K best predicted configs with short real runs (and the baseline, and "
         "the best of a layout missing from them whose 90% interval reaches the best "
-        f"prediction's; within {LAYOUT_MARGIN:.0%} of it for predictions without intervals).",
+        f"prediction's; within {LAYOUT_MARGIN:.0%} of it for predictions without intervals). "
+        "A config whose run fails is replaced by the next ranked one (up to K in all).",
     ),
     click.option(
         "--validate-rounds",

@@ -18,6 +18,9 @@ from __future__ import annotations
 from advisor.validation.launcher import LauncherValidator
 from advisor.validation.local import LocalValidator, measure_configs
 from advisor.validation.rounds import (
+    REPLACEABLE,
+    Replace,
+    backfill,
     contenders,
     merge_measurements,
     route,
@@ -29,11 +32,14 @@ from strategies.budgets import DEFAULT_VALIDATE_ROUNDS, TIE_MARGIN
 
 __all__ = [
     "DEFAULT_VALIDATE_ROUNDS",
+    "REPLACEABLE",
     "TIE_MARGIN",
     "LauncherValidator",
     "LocalValidator",
+    "Replace",
     "Unvalidated",
     "Validator",
+    "backfill",
     "contenders",
     "measure_configs",
     "merge_measurements",

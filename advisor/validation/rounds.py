@@ -17,6 +17,7 @@ from strategies.budgets import DEFAULT_VALIDATE_ROUNDS, TIE_MARGIN
 from strategies.config import TrainConfig
 from strategies.cost import Prediction
 from strategies.plan import Measurement
+from strategies.space import Candidate
 
 
 def route(
@@ -91,6 +92,46 @@ def _band(measurements: Sequence[Measurement], margin: float) -> float:
     return (1.0 - margin) * max((m.tokens_per_s or 0.0 for m in measurements if m.ok), default=0.0)
 
 
+# Failures a finalist's first visit may end in that another candidate may not: it ran out of
+# memory, crashed, or ran past its time. "not_validated" (no validator takes the config) is not
+# one: a replacement of the same kind would be refused alike.
+REPLACEABLE = frozenset({"oom", "error", "timeout"})
+
+# Given the index of a config whose first visit failed and that measurement, the config to
+# measure in its place (and its prediction), or None.
+Replace = Callable[[int, Measurement], tuple[TrainConfig, Prediction] | None]
+
+
+def backfill(
+    configs: list[TrainConfig],
+    predictions: list[Prediction],
+    results: list[Measurement],
+    validators: Sequence[Validator],
+    replace: Replace,
+    say: Callable[[str], None],
+) -> None:
+    """In place: for each config whose visit failed (:data:`REPLACEABLE`), measure the one
+    ``replace`` names instead, appended to the three lists; a replacement that fails is
+    replaced in turn, until ``replace`` has none left."""
+    pending = [i for i, m in enumerate(results) if m.status in REPLACEABLE]
+    while pending:
+        extra = [(i, nxt) for i in pending if (nxt := replace(i, results[i])) is not None]
+        if not extra:
+            return
+        for i, (config, _) in extra:
+            failed, instead = Candidate.from_config(configs[i]), Candidate.from_config(config)
+            say(
+                f"validation: {failed.label()} failed ({results[i].status}); measuring "
+                f"{instead.label()} in its place"
+            )
+        start = len(configs)
+        configs += [config for _, (config, _) in extra]
+        predictions += [prediction for _, (_, prediction) in extra]
+        measured = route(configs[start:], predictions[start:], validators)
+        results += measured
+        pending = [start + k for k, m in enumerate(measured) if m.status in REPLACEABLE]
+
+
 def validate_rounds(
     configs: Sequence[TrainConfig],
     predictions: Sequence[Prediction],
@@ -99,6 +140,7 @@ def validate_rounds(
     rounds: int = DEFAULT_VALIDATE_ROUNDS,
     margin: float = TIE_MARGIN,
     progress: Callable[[str], None] | None = None,
+    replace: Replace | None = None,
 ) -> list[Measurement]:
     """:func:`route` every config once, then up to ``rounds - 1`` more visits of the close
     contenders (within ``margin`` of the fastest), each round in the reverse order of the one
@@ -112,11 +154,19 @@ def validate_rounds(
     its prediction's 90% interval, and which would be a contender as predicted, is visited
     again too (:func:`suspects`): one slow moment of the host must not rule out the
     predicted best. Stops early when a round leaves fewer than two configs to compare.
+
+    With ``replace``, a config whose first visit failed (out of memory, crashed, timed out) is
+    replaced by the one ``replace`` names (:func:`backfill`), so that a failure among the
+    finalists does not leave fewer configs measured; the replacements' measurements follow the
+    given configs' in the returned list, in the order they were made.
     """
     if rounds < 1:
         raise ValueError(f"rounds must be at least 1, got {rounds}")
     say = progress or (lambda _m: None)
+    configs, predictions = list(configs), list(predictions)
     results = route(configs, predictions, validators)
+    if replace is not None:
+        backfill(configs, predictions, results, validators, replace, say)
     latest = list(results)  # each config's last visit alone
     order = list(range(len(configs)))
     doubted: set[int] = set()
@@ -158,11 +208,13 @@ def suspects(
     reaches that band: as predicted they would be contenders, as measured once they are not.
     The profile's error and the host's moment both fit that; a second visit tells them apart
     (the 8th regret session's validation measured a config once at 1,208 tok/s, 26% below the
-    grid's 1,625-1,641, and dropped it). Predictions without an interval raise no doubt."""
+    grid's 1,625-1,641, and dropped it). The interval leaves out the host's drift since the
+    profile (Prediction.comparable_tokens_per_s_interval), which moves every config of one
+    validation alike. Predictions without an interval raise no doubt."""
     band = _band(measurements, margin)
     out = []
     for i, (m, p) in enumerate(zip(measurements, predictions, strict=True)):
-        interval = p.tokens_per_s_interval if p is not None else None
+        interval = p.comparable_tokens_per_s_interval if p is not None else None
         if not m.ok or m.visits != 1 or interval is None or m.tokens_per_s is None:
             continue
         if m.tokens_per_s < min(interval[0], band) and interval[1] >= band:

@@ -7,9 +7,11 @@ import dataclasses
 import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import pytest
 
+from advisor.recommending import recommend
 from advisor.validation import (
     TIE_MARGIN,
     contenders,
@@ -21,7 +23,10 @@ from advisor.validation import (
 from strategies.config import TrainConfig
 from strategies.cost import Prediction
 from strategies.plan import Measurement
-from strategies.uncertainty import Uncertainty
+from strategies.space import Candidate, SearchRequest
+from strategies.uncertainty import Uncertainty, drift_term
+from tests.reports.runs import FakeValidator
+from tests.strategies.profiles import MB, hand_profile
 
 TOKENS = 1000  # tokens per step of every scripted config
 
@@ -50,6 +55,10 @@ def ok(step_s: float, samples: Sequence[float] | None = None, peak: int = 100) -
         step_samples_s=samples,
         wall_s=1.0,
     )
+
+
+def oom() -> Measurement:
+    return Measurement(status="oom", reason="out of memory", wall_s=1.0)
 
 
 def prediction() -> Prediction:
@@ -229,6 +238,111 @@ def test_what_raises_no_doubt(first: Measurement, prediction_: Prediction, why: 
     assert suspects([first, steady], [prediction_, predicted(0.105)]) == [], why
 
 
+def test_the_hosts_drift_since_the_profile_does_not_excuse_one_slow_visit() -> None:
+    """mb 8's stated interval counts the host's drift since the profile (σ 0.13 beside its
+    own 0.06: down to 7,901 tok/s); its first visit at 8,000 lies inside it, and outside 15% of
+    mb 4's 9,524 (8,095). But that drift would move mb 4, measured in the same validation,
+    alike: judged by its own parts only (down to 9,057) the visit is doubted, as without the
+    drift."""
+    drifting = dataclasses.replace(
+        predicted(0.1),
+        uncertainty=Uncertainty(terms=(("host", 0.06, "test"), drift_term())),
+    )
+    assert drifting.tokens_per_s_interval is not None
+    assert drifting.tokens_per_s_interval[0] == pytest.approx(7_901, abs=1)
+    assert suspects([ok(0.125), ok(0.105)], [drifting, predicted(0.105)]) == [0]
+
+
 def test_a_config_visited_more_than_once_is_judged_by_the_pool() -> None:
     twice = merge_measurements(ok(0.2), ok(0.2))
     assert suspects([twice, ok(0.105)], [predicted(0.1), predicted(0.105)]) == []
+
+
+def test_a_failed_first_visit_is_replaced_and_the_replacement_measured() -> None:
+    """mb 8 runs out of memory; the callback names mb 2 in its place, which is measured (its
+    result after the given configs'), and the rounds then compare it with mb 4 as usual."""
+    local = Scripted({8: [oom()], 4: [ok(0.105)] * 3, 2: [ok(0.1)] * 3})
+    asked: list[tuple[int, str]] = []
+
+    def replace(i: int, m: Measurement) -> tuple[TrainConfig, Prediction] | None:
+        asked.append((i, m.status))
+        return config(2), predicted(0.1)
+
+    results = validate_rounds(
+        [config(8), config(4)], [predicted(0.1), predicted(0.105)], [local], replace=replace
+    )
+    assert asked == [(0, "oom")]
+    assert [m.status for m in results] == ["oom", "ok", "ok"]
+    assert local.calls[:2] == [[8, 4], [2]]
+    assert results[2].visits == 3 and results[1].visits == 3  # within 15%: both again
+
+
+def test_a_failing_replacement_is_replaced_until_none_is_left() -> None:
+    local = Scripted({8: [oom()], 4: [oom()], 2: [ok(0.1)], 1: [ok(0.2)]})
+    names = iter([config(4), config(2)])
+
+    def replace(i: int, m: Measurement) -> tuple[TrainConfig, Prediction] | None:
+        nxt = next(names, None)
+        return None if nxt is None else (nxt, predicted(0.1))
+
+    results = validate_rounds(
+        [config(8), config(1)], [predicted(0.1), predicted(0.2)], [local], replace=replace
+    )
+    assert [m.status for m in results] == ["oom", "ok", "oom", "ok"]
+    assert local.calls[:3] == [[8, 1], [4], [2]]
+
+
+def test_what_is_not_replaced() -> None:
+    """A config no validator takes would be refused alike; without a callback nothing is."""
+    local = Scripted({8: [oom()], 4: [ok(0.1)]})
+    refused = config(2, "ddp")
+
+    def replace(i: int, m: Measurement) -> tuple[TrainConfig, Prediction] | None:
+        raise AssertionError(f"asked to replace {i} ({m.status})")
+
+    results = validate_rounds([refused], [predicted(0.1)], [local], replace=replace, rounds=1)
+    assert [m.status for m in results] == ["not_validated"]
+    assert [
+        m.status for m in validate_rounds([config(8), config(4)], [predicted(0.1)] * 2, [local])
+    ] == [
+        "oom",
+        "ok",
+    ]
+
+
+def test_recommend_measures_the_next_ranked_configs_when_finalists_run_out_of_memory(
+    tmp_path: Path,
+) -> None:
+    """Every config predicted to need more than 100 MB runs out of memory (its memory
+    prediction was short). The predicted best (128 MB) fails; in its place the next ranked
+    config needing less (blocks:1, 110 MB), which fails too, then the next needing less than
+    that (micro-batch 4 x 4, 60 MB), which runs: two replacements, top_k's worth. The baseline
+    (116 MB) is measured as it is and not replaced."""
+    profile = hand_profile(memory_bytes=160 * MB, fixed_bytes=20 * MB)
+    request = SearchRequest(global_batch_size=16, memory_budget=0.9)
+
+    class Tight(FakeValidator):
+        def __init__(self) -> None:
+            self.calls: list[list[str]] = []
+
+        def validate(
+            self, configs: Sequence[TrainConfig], predictions: Sequence[Prediction]
+        ) -> list[Measurement]:
+            self.calls.append([Candidate.from_config(c).key for c in configs])
+            return super().validate(configs, predictions)
+
+        def measure(self, config: TrainConfig, p: Prediction) -> Measurement:
+            if p.budgeted_bytes > 100 * MB:
+                return Measurement(status="oom", reason="scripted: out of memory")
+            return super().measure(config, p)
+
+    validator = Tight()
+    plan = recommend(profile, request, validate_top_k=2, validators=[validator], out=tmp_path)
+    best, second = "bf16/none/single1/mb16xga1/nw0", "bf16/none/single1/mb8xga2/nw0"
+    baseline = "fp32/none/single1/mb8xga2/nw0"
+    blocks, small = "bf16/blocks:1/single1/mb16xga1/nw0", "bf16/none/single1/mb4xga4/nw0"
+    assert validator.calls[:3] == [[best, second, baseline], [blocks], [small]]
+    status = {v.candidate.key: v.measured.status for v in plan.validated}
+    assert status == {best: "oom", second: "ok", baseline: "oom", blocks: "oom", small: "ok"}
+    assert plan.config.micro_batch_size == 8 and plan.measured is not None
+    assert validator.calls[3:] == [[small, second], [second, small]]  # the close pair again

@@ -91,3 +91,58 @@ def test_no_such_session_is_a_usage_error(
 ) -> None:
     assert regret_repredict.main(["nope", "--sessions", str(tmp_path)]) == 2
     assert "no session 'nope'" in capsys.readouterr().err
+
+
+def test_the_calibration_table_pools_every_case_of_every_session() -> None:
+    single, fsdp = "fp32/none/single1/mb8xga1/nw0", "fp32/none/fsdp2/mb4xga1/nw0"
+    stats = ra.config_stats([*visits(single, "single", 0.10), *visits(fsdp, "fsdp", 0.20)])
+    narrow = {single: prediction(0.10), fsdp: prediction(0.10)}
+    wide = {single: prediction(0.10, 1.5), fsdp: prediction(0.10, 2.5)}
+    overheads = {"fixed": 0, "parallel": {}}
+    case = {"model": "m", "role": "held-out"}
+    results = [
+        {
+            "session": "s1",
+            "cases": {
+                "m-gbs8": {**case, **regret_repredict.compare(stats, narrow, wide, overheads)}
+            },
+        },
+        {
+            "session": "s2",
+            "cases": {
+                "m-gbs8": {**case, **regret_repredict.compare(stats, narrow, narrow, overheads)},
+                "n-gbs8": {"skipped": "no advisor phase or no profile kept"},
+            },
+        },
+    ]
+    text = regret_repredict.calibration_table(results, "abc")
+    assert "| s1 | m-gbs8 (held-out) | 1/2 (50%), width 37% | 2/2 (100%), width " in text
+    assert "| s2 | m-gbs8 (held-out) | 1/2 (50%), width 37% | 1/2 (50%), width 37% | -25% |" in text
+    assert "n-gbs8" not in text  # a skipped case has no row and counts in no pool
+    assert text.rstrip().endswith("| all | pooled | 2/4 (50%) | 3/4 (75%) | |")
+
+
+def test_a_session_without_profiles_is_not_re_asked(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setattr(regret, "SCRATCH", tmp_path / "work")
+    session = tmp_path / "sessions" / "s1"
+    session.mkdir(parents=True)
+    (session / "session.json").write_text('{"session": "s1", "cases": [{"id": "m-gbs8"}]}')
+    assert not regret_repredict.has_profiles(session)
+    assert regret_repredict.main(["--all", "--sessions", str(tmp_path / "sessions")]) == 2
+    assert "no session under" in capsys.readouterr().err
+    (session / "profiles").mkdir()
+    (session / "profiles" / "m-gbs8.json").write_text("{}")
+    assert regret_repredict.has_profiles(session)
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [(["--tag", "a/b"], "--tag 'a/b'"), (["s1", "--all"], "--all re-asks every session")],
+)
+def test_bad_options_are_usage_errors(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], argv: list[str], message: str
+) -> None:
+    assert regret_repredict.main([*argv, "--sessions", str(tmp_path)]) == 2
+    assert message in capsys.readouterr().err

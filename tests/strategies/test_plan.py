@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import csv
+import dataclasses
 import json
 from pathlib import Path
 
@@ -17,9 +18,10 @@ from strategies.plan import (
     Plan,
     decide,
     naive_baseline,
+    replacement,
     top_candidates,
 )
-from strategies.search import SearchResult, evaluate
+from strategies.search import Evaluation, SearchResult, evaluate
 from strategies.space import SearchRequest, SearchSpace, build_space
 from tests.strategies.profiles import MB, SEQ_LEN, GiB, hand_profile, priced, searched
 
@@ -260,3 +262,31 @@ def test_a_candidate_that_ran_out_of_memory_is_not_chosen_when_nothing_validated
     # Every fitting candidate out of memory: still a plan (the best prediction), said so.
     every = {e.candidate.key: oom for e in ranked}
     assert _plan(model, 16, every).candidate == first
+
+
+def _needing(layout: str, micro: int, tokens_per_s: float, budgeted: int) -> Evaluation:
+    e = priced(layout, micro, tokens_per_s)
+    assert e.prediction is not None
+    prediction = dataclasses.replace(e.prediction, budgeted_bytes=budgeted)
+    return dataclasses.replace(e, prediction=prediction)
+
+
+def test_a_failed_finalist_is_replaced_by_the_next_ranked_one_not_taken() -> None:
+    """After running out of memory, the replacement must be predicted to need less than the
+    config that did, of the same layout while one is left, else of any; after a crash or a
+    timeout, the next ranked of any layout. Taken keys are skipped."""
+    big, same, small, smaller, smallest = (
+        _needing("single", 8, 1000.0, 900),
+        _needing("single", 4, 950.0, 900),
+        _needing("ddp", 4, 900.0, 600),
+        _needing("single", 2, 800.0, 500),
+        _needing("ddp", 1, 700.0, 400),
+    )
+    ranked = [big, same, small, smaller, smallest]
+    taken = {big.candidate.key}
+    assert replacement(ranked, big, "oom", taken) is smaller  # single, needing less
+    assert replacement(ranked, big, "error", taken) is same
+    assert replacement(ranked, big, "timeout", taken | {same.candidate.key}) is small
+    assert replacement(ranked, small, "oom", taken) is smallest  # ddp, needing less
+    assert replacement(ranked, big, "oom", taken | {smaller.candidate.key}) is small  # none left
+    assert replacement(ranked, smallest, "oom", {e.candidate.key for e in ranked[:4]}) is None
