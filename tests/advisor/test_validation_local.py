@@ -93,5 +93,13 @@ def test_the_cap_leaves_the_instrument_room_and_the_budget_is_judged_by_the_meas
         ),
     ).ok
     gpu = local.LocalValidator(device="cuda", budget_bytes=1122 * MIB)
-    assert gpu._within_budget(measured(600), predicted(536, 556, 1122)).ok
     assert gpu._isolation([predicted(536, 556, 1122)]).memory_limit_bytes is None
+    # On CUDA the measured peak is the whole footprint (reserved + context + workspaces):
+    # judged against the budget as it is, with or without a traced peak.
+    assert gpu._within_budget(measured(1122), predicted(536, 556, 1122)).ok
+    over_gpu = gpu._within_budget(measured(1200), predicted(536, 556, 1122))
+    assert over_gpu.status == "oom"
+    assert over_gpu.reason == (
+        "measured peak 1,200 MiB (reserved + CUDA context + workspaces), over the 1,122 MiB budget"
+    )
+    assert gpu._within_budget(measured(600), predicted(536, 556, 1122)).ok
