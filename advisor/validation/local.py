@@ -114,41 +114,39 @@ class LocalValidator:
 
     def _within_budget(self, measured: Measurement, predicted: Prediction) -> Measurement:
         """A config measured over the budget is out of memory for the plan: the user's budget
-        leaves headroom the device may have, and a run that needs it does not fit. On CUDA the
-        measured peak is the device footprint (reserved + context + workspaces). On CPU, the
-        measured peak plus the process overhead the prediction counted (its budgeted bytes
-        beyond the traced peak), as the cap would have judged it with no instrument in the
-        child. The
-        allocator's peak is what the trace predicts; with that overhead it reads as training
-        does (hf-gpt2-32k: 988 and 1,092 MiB for two memory-bound configs whose `advisor train`
-        peaked at 962-966 and 1,085-1,097 MiB resident)."""
+        leaves headroom the device may have, and a run that needs it does not fit.
+
+        On CUDA the child's peak is the device footprint already (peak reserved + the CUDA
+        context + the library workspaces: :func:`_memory_pass`). On CPU it is the allocator's
+        peak, what the trace predicts: the process overhead the prediction counted (its
+        budgeted bytes beyond the traced peak) is added, as the cap would have judged it with
+        no instrument in the child; so it reads as training does (hf-gpt2-32k: 988 and 1,092
+        MiB for two memory-bound configs whose `advisor train` peaked at 962-966 and
+        1,085-1,097 MiB resident)."""
         traced = predicted.traced_bytes
         peak = measured.peak_memory_bytes
         if not measured.ok or peak is None:
             return measured
         if self.device.startswith("cuda"):
-            # The child's CUDA peak is the device's whole footprint already (peak reserved +
-            # the context + the library workspaces: _memory_pass), what the budget bounds.
-            if peak <= self.budget_bytes:
-                return measured
-            return dataclasses.replace(
-                measured,
-                status="oom",
-                reason=f"measured peak {peak / MiB:,.0f} MiB (reserved + CUDA context + "
-                f"workspaces), over the {self.budget_bytes / MiB:,.0f} MiB budget",
+            total, what = (
+                peak,
+                f"measured peak {peak / MiB:,.0f} MiB (reserved + CUDA context + workspaces)",
             )
-        if self.device != "cpu" or traced is None:
+        elif self.device == "cpu" and traced is not None:
+            overhead = predicted.budgeted_bytes - traced
+            total = peak + overhead
+            what = (
+                f"measured peak {peak / MiB:,.0f} MiB + the process overhead "
+                f"{overhead / MiB:,.0f} MiB = {total / MiB:,.0f} MiB"
+            )
+        else:
             return measured
-        overhead = predicted.budgeted_bytes - traced
-        total = peak + overhead
         if total <= self.budget_bytes:
             return measured
         return dataclasses.replace(
             measured,
             status="oom",
-            reason=f"measured peak {peak / MiB:,.0f} MiB + the process overhead "
-            f"{overhead / MiB:,.0f} MiB = {total / MiB:,.0f} MiB, over the "
-            f"{self.budget_bytes / MiB:,.0f} MiB budget",
+            reason=f"{what}, over the {self.budget_bytes / MiB:,.0f} MiB budget",
         )
 
     def _isolation(self, predictions: Sequence[Prediction]) -> Isolation:
