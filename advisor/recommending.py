@@ -38,7 +38,7 @@ from strategies.plan import (
     replacement,
     top_candidates,
 )
-from strategies.search import Evaluation, SearchResult, default_storage, run_search, study_name_for
+from strategies.search import SearchResult, default_storage, run_search, study_name_for
 from strategies.space import SearchRequest, SearchSpace, build_space
 from strategies.whatif import resolve_target, whatif_cost_model
 
@@ -260,20 +260,18 @@ def _validate_finalists(
         # A finalist (or a replacement) whose visit failed is replaced, at most top_k times
         # in all (strategies.plan.replacement); the baseline is measured as it is.
         finalists = {e.candidate.key for e in top}
-        taken = {e.candidate.key for e in chosen}
         ranked = result.ranked()
-        handed: list[Evaluation] = []
+        first = len(chosen)
 
         def replace(i: int, m: Measurement) -> tuple[TrainConfig, Prediction] | None:
             failed = chosen[i]
-            if failed.candidate.key not in finalists or len(handed) >= top_k:
+            if failed.candidate.key not in finalists or len(chosen) - first >= top_k:
                 return None
+            taken = {e.candidate.key for e in chosen}
             instead = replacement(ranked, failed, m.status, taken)
             if instead is None or instead.prediction is None:
                 return None
             chosen.append(instead)
-            handed.append(instead)
-            taken.add(instead.candidate.key)
             finalists.add(instead.candidate.key)
             return instead.candidate.apply(base), instead.prediction
 

@@ -200,8 +200,12 @@ def calibration_table(results: Sequence[Mapping[str, Any]], commit: str) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _stem(tag: str | None) -> str:
+    return f"repredicted.{tag}" if tag else "repredicted"
+
+
 def _write(session_dir: Path, result: Mapping[str, Any], tag: str | None) -> str:
-    stem = f"repredicted.{tag}" if tag else "repredicted"
+    stem = _stem(tag)
     (session_dir / f"{stem}.json").write_text(json.dumps(result, indent=1) + "\n")
     text = markdown(result)
     (session_dir / f"{stem}.md").write_text(text)
@@ -236,8 +240,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"error: no session under {args.sessions} kept its profiles", file=sys.stderr)
             return 2
         text = calibration_table(results, results[-1]["commit"])
-        stem = f"repredicted.{args.tag}" if args.tag else "repredicted"
-        (args.sessions / f"{stem}.md").write_text(text)
+        (args.sessions / f"{_stem(args.tag)}.md").write_text(text)
         print(text)
         return 0
     name = args.session or (names[-1] if names else None)

@@ -420,21 +420,21 @@ class Prediction:
     @property
     def tokens_per_s_interval(self) -> tuple[float, float] | None:
         """Tokens/s over the same interval (a slower step is fewer tokens per second)."""
-        interval = self.step_time_interval_s
-        if interval is None:
-            return None
-        tokens = self.tokens_per_s * self.step_time_s
-        return tokens / interval[1], tokens / interval[0]
+        return self._tokens_per_s_interval(self.uncertainty)
 
     @property
     def comparable_tokens_per_s_interval(self) -> tuple[float, float] | None:
         """The tokens/s interval without the parts every candidate of one profile shares
         (a shared host's drift since the profile: strategies.uncertainty.COMMON_TERMS): what
         validation compares candidates measured together with."""
-        if self.uncertainty is None:
+        return self._tokens_per_s_interval(self.uncertainty and self.uncertainty.comparable())
+
+    def _tokens_per_s_interval(self, u: Uncertainty | None) -> tuple[float, float] | None:
+        if u is None:
             return None
-        f = self.uncertainty.comparable().factor()
-        return self.tokens_per_s / f, self.tokens_per_s * f
+        interval = u.step_time_interval(self.step_time_s)
+        tokens = self.tokens_per_s * self.step_time_s
+        return tokens / interval[1], tokens / interval[0]
 
     @property
     def traced_bytes(self) -> int | None:
