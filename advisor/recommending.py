@@ -126,6 +126,7 @@ def default_validators(
             max_world_size=max_world,
             fixed_overhead_bytes=profile.memory_overhead.fixed_bytes,
             parallel_overhead_bytes=dict(profile.memory_overhead.parallel_bytes),
+            budget_bytes=model.budget_bytes,
             progress=progress,
         ),
     ]

@@ -12,7 +12,6 @@ own so one crash (an OOM the model did not predict) doesn't cost the others thei
 
 from __future__ import annotations
 
-import dataclasses
 import math
 import statistics
 import time
@@ -20,7 +19,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, cast
 
-from advisor.validation.validator import SAFETY, STARTUP_S
+from advisor.validation.validator import SAFETY, STARTUP_S, over_budget
 from profilers.isolate import (
     Isolation,
     describe_exception,
@@ -141,13 +140,7 @@ class LocalValidator:
             )
         else:
             return measured
-        if total <= self.budget_bytes:
-            return measured
-        return dataclasses.replace(
-            measured,
-            status="oom",
-            reason=f"{what}, over the {self.budget_bytes / MiB:,.0f} MiB budget",
-        )
+        return over_budget(measured, total, what, self.budget_bytes)
 
     def _isolation(self, predictions: Sequence[Prediction]) -> Isolation:
         steps = self.warmup + self.rounds + 4  # + the memory pass (warm-up + measured step)

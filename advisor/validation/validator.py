@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
@@ -9,6 +10,7 @@ from typing import Protocol
 from strategies.config import TrainConfig
 from strategies.cost import Prediction
 from strategies.plan import Measurement
+from strategies.prediction import MiB
 
 # Seconds per validated config beyond its predicted steps: child start-up and import of torch
 # (~3-5 s on this 2-vCPU host), building the model, the profiler's memory pass.
@@ -50,3 +52,16 @@ class Unvalidated:
         self, configs: Sequence[TrainConfig], predictions: Sequence[Prediction]
     ) -> list[Measurement]:
         return [Measurement(status="not_validated", reason=self.reason) for _ in configs]
+
+
+def over_budget(measured: Measurement, total: int, what: str, budget_bytes: int) -> Measurement:
+    """``measured`` as the plan must read it when ``total`` (what the run held, in the terms
+    the budget holds, ``what`` says how it was counted) exceeds the budget: out of memory. The
+    user's budget leaves headroom the device may have, and a run that needs it does not fit."""
+    if total <= budget_bytes:
+        return measured
+    return dataclasses.replace(
+        measured,
+        status="oom",
+        reason=f"{what}, over the {budget_bytes / MiB:,.0f} MiB budget",
+    )

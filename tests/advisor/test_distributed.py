@@ -306,3 +306,84 @@ def test_launcher_validator_takes_the_profiled_overheads_off_a_cpu_rank_peak() -
     assert fsdp.peak_memory_bytes == 700 - 300 - 100
     gpu = LauncherValidator(device="cuda", max_world_size=2, fixed_overhead_bytes=300, warmup=1)
     assert gpu.measurement(config.replace(parallelism="ddp"), records, 1.0).peak_memory_bytes == 700
+
+
+def test_launcher_validator_judges_what_the_run_held_against_the_budget() -> None:
+    """A ddp/fsdp finalist that ran over the budget is "oom" for the plan (so it is replaced),
+    judged like the prediction's budgeted bytes: every rank together on a CPU host, the
+    largest rank plus the predicted overheads on a GPU."""
+    from advisor.validation import LauncherValidator
+    from profilers.metrics_record import parse_record
+    from strategies.config import TrainConfig
+    from strategies.cost import Prediction
+    from strategies.prediction import Breakdown, MemoryTerms
+
+    mib = 2**20
+    config = TrainConfig(
+        model="gpt-tiny",
+        seq_len=32,
+        global_batch_size=4,
+        micro_batch_size=2,
+        parallelism="ddp",
+        world_size=2,
+    )
+    lines = [
+        {
+            "kind": "train",
+            "step": s,
+            "step_time_s": 0.2,
+            "peak_memory_bytes": max(ranks) * mib,
+            "peak_memory_bytes_per_rank": [r * mib for r in ranks],
+        }
+        for s, ranks in [(1, (900, 900)), (2, (500, 450)), (3, (520, 480))]
+    ]
+    records = [r for r in map(parse_record, lines) if r is not None]
+    memory = MemoryTerms(
+        fitted_peak_bytes=100 * mib,
+        phase="forward_backward",
+        traced_bytes=100 * mib,
+        rounding_allowance_bytes=0,
+        fragmentation_bytes=10 * mib,
+        fixed_overhead_bytes=390 * mib,
+        parallel_overhead_bytes=0,
+        per_rank_bytes=500 * mib,
+        ranks_sharing_memory=2,
+        budgeted_bytes=1000 * mib,
+        budget_bytes=1000 * mib,
+        parameter_bytes=0,
+        gradient_bytes=0,
+        optimizer_state_bytes=0,
+    )
+    predicted = Prediction(
+        peak_memory_bytes=500 * mib,
+        budgeted_bytes=1000 * mib,
+        budget_bytes=1000 * mib,
+        step_time_s=0.2,
+        tokens_per_s=1.0,
+        breakdown=Breakdown(memory=memory),
+    )
+
+    def judged(device: str, budget_mib: int | None) -> tuple[str, str]:
+        v = LauncherValidator(
+            device=device,
+            max_world_size=2,
+            warmup=1,
+            budget_bytes=None if budget_mib is None else budget_mib * mib,
+        )
+        m = v._within_budget(v.measurement(config, records, 1.0), records, config, predicted)
+        return m.status, m.reason
+
+    # CPU: the warm-up step's 1,800 MiB is left out; steps 2-3 held 950 and 1,000 MiB together.
+    assert judged("cpu", 1000) == ("ok", "")
+    assert judged("cpu", 999) == (
+        "oom",
+        "the ranks' resident peaks together 1,000 MiB, over the 999 MiB budget",
+    )
+    assert judged("cpu", None) == ("ok", "")  # no budget: the benchmark's reads
+    # CUDA: the largest rank's allocated 520 MiB + 400 MiB predicted beyond the 100 MiB trace.
+    assert judged("cuda", 920) == ("ok", "")
+    assert judged("cuda", 900) == (
+        "oom",
+        "largest rank's allocated peak 520 MiB + the overheads predicted beyond the trace "
+        "400 MiB = 920 MiB, over the 900 MiB budget",
+    )
