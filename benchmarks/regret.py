@@ -678,22 +678,27 @@ def visit(
         "started": _now(),
         "loadavg": [round(x, 2) for x in os.getloadavg()],
     }
+    from profilers.host_activity import HostMeter
+
     started = time.perf_counter()
+    meter = HostMeter()  # what others took of the host during the visit (the product's meter)
     try:
-        record.update(
-            measure_config(
+        with meter:
+            got = measure_config(
                 candidate.apply(base_config(case, settings)),
                 warmup=settings.warmup,
                 steps=settings.steps,
                 timeout_s=settings.visit_timeout_s,
                 scratch=session.scratch / "visit",
             )
-        )
+        record.update(got)
     except (KeyboardInterrupt, SystemExit):
         raise
     except Exception as exc:  # a bug in one visit costs that visit, not the session
         record.update(status="error", reason=f"{type(exc).__name__}: {exc}"[:300])
     record["wall_s"] = round(time.perf_counter() - started, 2)
+    if meter.activity is not None:
+        record["host_others_share"] = round(meter.activity.others_share, 4)
     session.add_visit(record)
     return record
 
@@ -856,6 +861,7 @@ def recommend(
                 "tokens_per_s": measured.tokens_per_s,
                 "visits": measured.visits,
                 "validator": measured.validator,
+                "host_others_share": measured.host_others_share,
             }
             if measured is not None
             else None
@@ -866,6 +872,7 @@ def recommend(
                 "status": v.measured.status,
                 "tokens_per_s": v.measured.tokens_per_s,
                 "visits": v.measured.visits,
+                "host_others_share": v.measured.host_others_share,
             }
             for v in plan.validated
         ],

@@ -599,6 +599,9 @@ class CaseResult:
     stats: list[dict[str, Any]] = field(default_factory=list)
     # Per budget kind: the best config against the best without issue 14's knobs (knob_gain).
     knob_gains: dict[str, dict[str, Any]] = field(default_factory=dict)
+    # The grid's visits that logged the host's share others took (sessions from 2026-12-04 on):
+    # how many, how many of them on a busy host, the largest share (busy_host).
+    busy_host: dict[str, Any] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -696,7 +699,27 @@ def analyse_case(
         loadavg=[min(loads), max(loads)] if loads else None,
         stats=[s.to_dict() for s in stats.values()],
         knob_gains=gains,
+        busy_host=busy_host(grid_visits),
     )
+
+
+def busy_host(visits: Iterable[Mapping[str, Any]]) -> dict[str, Any] | None:
+    """Of the visits that logged ``host_others_share``: their count, how many ran while others
+    took at least the product's BUSY_HOST_SHARE of the host, and the largest share; None when
+    none logged it."""
+    from strategies.budgets import BUSY_HOST_SHARE
+
+    shares = [
+        float(v["host_others_share"]) for v in visits if v.get("host_others_share") is not None
+    ]
+    if not shares:
+        return None
+    return {
+        "visits": len(shares),
+        "busy": sum(1 for x in shares if x >= BUSY_HOST_SHARE),
+        "threshold": BUSY_HOST_SHARE,
+        "max": max(shares),
+    }
 
 
 # -- every session --------------------------------------------------------------------------------

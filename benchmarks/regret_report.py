@@ -76,6 +76,15 @@ def _wall_ratio(case: analysis.CaseResult, kind: str) -> str:
     return f"{ratio:.2f} ({_yes(ratio <= analysis.WALL_TARGET)})"
 
 
+def _busy(busy: Mapping[str, Any] | None) -> str:
+    if not busy:
+        return ""
+    return (
+        f"; other processes took ≥ {busy['threshold']:.0%} of the host's CPU time during "
+        f"{busy['busy']} of {busy['visits']} visits (at most {busy['max']:.0%})"
+    )
+
+
 def case_markdown(case: analysis.CaseResult) -> list[str]:
     visits = sorted(set(case.visits_per_config.values()))
     lines = [
@@ -85,7 +94,8 @@ def case_markdown(case: analysis.CaseResult) -> list[str]:
         f"{'/'.join(map(str, visits))} of {case.passes}"
         f"{'' if case.grid_complete else ' (GRID UNFINISHED)'}; wall per pass "
         f"{', '.join(f'{w:.0f} s' for w in case.grid_pass_wall_s) or '–'}; load average "
-        f"{'–' if not case.loadavg else f'{case.loadavg[0]:.1f}-{case.loadavg[1]:.1f}'}.",
+        f"{'–' if not case.loadavg else f'{case.loadavg[0]:.1f}-{case.loadavg[1]:.1f}'}"
+        f"{_busy(case.busy_host)}.",
         "",
     ]
     if case.advisor is None:

@@ -12,7 +12,9 @@ themselves differ, validation ranks configs on a scale the reference does not sh
 This measures both instruments on the same configs, alternating which goes first each round
 (child, train, train, child, ...), and records the host's load average at every visit. Per
 config it reports the median over rounds of each instrument's per-visit median step time and
-their ratio child / train (1.0: they agree), and the per-visit spread of the ratio.
+their ratio child / train (1.0: they agree), and the per-visit spread of the ratio. Each
+visit also logs the share of the host's CPU time other processes took meanwhile
+(``host_others_share``, profilers.host_activity; the 2026-12-04 results predate it).
 
     python benchmarks/validation_agreement.py          # bert-tiny and hf-gpt2, gbs 16, 4 rounds
     python benchmarks/validation_agreement.py --out benchmarks/results/validation_agreement
@@ -148,6 +150,7 @@ def _train_visit(config: Any, scratch: Path) -> dict[str, Any]:
 
 def run(models: Sequence[str], global_batch: int, rounds: int, out: Path | None) -> int:
     from benchmarks.regret import Settings, in_repo, model_entry
+    from profilers.host_activity import HostMeter
     from strategies.config import DEFAULT_DATA, TrainConfig
 
     seq_len = Settings().seq_len  # the regret grid's
@@ -176,10 +179,12 @@ def run(models: Sequence[str], global_batch: int, rounds: int, out: Path | None)
                 for instrument in order:
                     load = os.getloadavg()[0]
                     started = time.time()
-                    if instrument == "child":
-                        got = _child_visit(configs)
-                    else:
-                        got = [_train_visit(c, scratch) for c in configs]
+                    with HostMeter() as meter:
+                        if instrument == "child":
+                            got = _child_visit(configs)
+                        else:
+                            got = [_train_visit(c, scratch) for c in configs]
+                    share = meter.activity.others_share if meter.activity else None
                     for label, g in zip(labels, got, strict=True):
                         record = {
                             "model": model,
@@ -188,6 +193,7 @@ def run(models: Sequence[str], global_batch: int, rounds: int, out: Path | None)
                             "instrument": instrument,
                             "load1": round(load, 2),
                             "wall_s": round(time.time() - started, 2),
+                            "host_others_share": None if share is None else round(share, 4),
                             **g,
                         }
                         visits.append(record)

@@ -23,6 +23,7 @@ from reports.common import (
 )
 from reports.fmt import GiB, MiB, num
 from reports.model import Cell, Section, Table, cell, num_cell
+from strategies.budgets import BUSY_HOST_SHARE
 from strategies.prediction import Prediction
 from strategies.space import Candidate
 
@@ -334,6 +335,7 @@ class ValidationRow:
     measured_memory_bytes: float | None
     memory_kind: str
     predicted_tokens_per_s_interval: tuple[float, float] | None = None  # 90%
+    host_others_share: float | None = None  # others' share of the host's CPU while measured
 
     @property
     def inside_interval(self) -> bool | None:
@@ -376,6 +378,7 @@ def _validation_row(c: Candidate, p: Prediction, m: Mapping[str, Any], role: str
         measured_memory_bytes=num(m.get("peak_memory_bytes")) if ok else None,
         memory_kind=str(m.get("memory_kind") or ""),
         predicted_tokens_per_s_interval=p.tokens_per_s_interval,
+        host_others_share=num(m.get("host_others_share")),
     )
 
 
@@ -465,6 +468,20 @@ def _inside_cell(r: ValidationRow) -> Cell:
     return cell("yes" if inside else "no", cls="" if inside else "bad")
 
 
+def _measured_rate_cell(r: ValidationRow) -> Cell:
+    """The measured tokens/s, marked when others took a busy share of the host meanwhile."""
+    share = r.host_others_share
+    if share is None or r.measured_tokens_per_s is None:
+        return num_cell(fmt.rate(r.measured_tokens_per_s), r.measured_tokens_per_s)
+    busy = share >= BUSY_HOST_SHARE
+    return num_cell(
+        fmt.rate(r.measured_tokens_per_s) + (" (busy host)" if busy else ""),
+        r.measured_tokens_per_s,
+        cls="bad" if busy else "",
+        hint=f"other processes took {share:.0%} of the host's CPU time while it was measured",
+    )
+
+
 def _validation_table(rows: Sequence[ValidationRow]) -> Table:
     table_rows = []
     for r in rows:
@@ -478,7 +495,7 @@ def _validation_table(rows: Sequence[ValidationRow]) -> Table:
                     cls="bad" if bad else "",
                 ),
                 num_cell(_predicted_rate(r), r.predicted_tokens_per_s, hint="90% interval"),
-                num_cell(fmt.rate(r.measured_tokens_per_s), r.measured_tokens_per_s),
+                _measured_rate_cell(r),
                 _inside_cell(r),
                 num_cell(fmt.percent(r.throughput_error, True), r.throughput_error),
                 num_cell(fmt.seconds(r.predicted_step_time_s), r.predicted_step_time_s),

@@ -42,3 +42,10 @@ TIE_MARGIN = 0.15
 
 # Visits of a close contender in all (the first included).
 DEFAULT_VALIDATE_ROUNDS = 3
+
+# A validation visit during which other processes (and a hypervisor's steal) took at least this
+# share of the host's CPU time (profilers.host_activity) is flagged in the plan's reasons: its
+# speed is the moment's as much as the config's. A quarter of the host is half a core of the
+# 2-vCPU dev host, the size of neighbour that moved one config's visits 7,550-9,283 tok/s
+# (above); session 12's 4x validation gap ran at a load average of 2.6-3.6 there.
+BUSY_HOST_SHARE = 0.25

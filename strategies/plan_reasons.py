@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from strategies.budgets import BUSY_HOST_SHARE
 from strategies.cost import CostModel, GiB
 from strategies.plan_records import Baseline, Measurement, Validation
 from strategies.search import Evaluation, SearchResult, rank
@@ -84,6 +85,9 @@ def plan_reasons(
         out.append(
             f"{v.candidate.label()}: not validated ({v.measured.status}: {v.measured.reason}){note}"
         )
+    busy = busy_host_reason(validations)
+    if busy:
+        out.append(busy)
     out.extend(_knob_reasons(winner, result.evaluations))
     if baseline.candidate is not None and baseline.predicted is not None:
         speed = (
@@ -100,6 +104,27 @@ def plan_reasons(
     else:
         out.append(f"baseline: {baseline.reason}")
     return out
+
+
+def busy_host_reason(validations: Sequence[Validation]) -> str | None:
+    """A line when any validated config was measured while others took at least
+    :data:`BUSY_HOST_SHARE` of the host's CPU time, else None."""
+    shares = [
+        (v.measured.host_others_share, v.candidate.label())
+        for v in validations
+        if v.measured.host_others_share is not None
+    ]
+    busy = [(s, label) for s, label in shares if s >= BUSY_HOST_SHARE]
+    if not busy:
+        return None
+    worst, label = max(busy)
+    return (
+        f"validation shared a busy host: other processes took up to {worst:.0%} of its CPU time "
+        f"while {len(busy)} of {len(shares)} validated configs were measured ({label} the "
+        "most); a busy moment slows every config, multi-threaded ones more, so these "
+        "measurements may rank the configs by that moment: re-run 'advisor recommend' when "
+        "the host is quiet"
+    )
 
 
 def _knob_reasons(winner: Evaluation, evaluations: Sequence[Evaluation]) -> list[str]:

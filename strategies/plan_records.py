@@ -36,7 +36,10 @@ class Measurement:
     (forward+backward of every micro-batch + optimizer), data loading excluded. ``visits``: how
     many separate short runs the samples were pooled from (close contenders are re-measured at
     different moments, see advisor.validation.validate_rounds); ``peak_memory_bytes`` is then
-    the largest of them and ``wall_s`` their sum.
+    the largest of them and ``wall_s`` their sum. ``host_others_share``: the largest share of
+    the host's CPU time that other processes (and a hypervisor's steal) took during its visits
+    (profilers.host_activity; None where it could not be read): a busy host slows every config,
+    multi-threaded ones more, so such a measurement ranks configs by the moment as well.
     """
 
     status: str
@@ -50,6 +53,7 @@ class Measurement:
     validator: str = ""
     wall_s: float = 0.0
     visits: int = 1
+    host_others_share: float | None = None
 
     def __post_init__(self) -> None:
         if self.status not in MEASUREMENT_STATUSES:

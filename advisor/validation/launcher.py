@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import statistics
 import sys
@@ -10,6 +11,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from advisor.validation.validator import SAFETY, STARTUP_S, over_budget
+from profilers.host_activity import HostMeter
 from profilers.metrics_record import MetricsRecord, TrainRecord
 from strategies.config import TrainConfig
 from strategies.cost import Prediction
@@ -96,14 +98,16 @@ class LauncherValidator:
             command = [sys.executable, "-m", "advisor", *options.train_args(plan)]
             timeout = STARTUP_S * 2 + SAFETY * steps * prediction.step_time_s
             timeout += SAFETY * prediction.compile_s  # torch.compile: paid in the first step
+            meter = HostMeter()
             try:
-                done = subprocess.run(
-                    command,
-                    capture_output=True,
-                    text=True,
-                    timeout=timeout,
-                    env={**os.environ, "PYTHONUNBUFFERED": "1"},
-                )
+                with meter:  # closes after the run and its ranks were waited for
+                    done = subprocess.run(
+                        command,
+                        capture_output=True,
+                        text=True,
+                        timeout=timeout,
+                        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+                    )
             except subprocess.TimeoutExpired:
                 return Measurement(
                     status="timeout",
@@ -126,6 +130,8 @@ class LauncherValidator:
                 )
             records = read_metrics(TrainDir(out).metrics).records
         measured = self.measurement(config, records, wall)
+        if meter.activity is not None:
+            measured = dataclasses.replace(measured, host_others_share=meter.activity.others_share)
         return self._within_budget(measured, records, config, prediction)
 
     def _within_budget(

@@ -181,8 +181,8 @@ def measure_configs(
 ) -> list[dict[str, Any]]:
     """Runs in the isolated child: each spec's real peak memory, then its timed steps.
 
-    Returns one plain dict per spec (status, reason, memory, samples). A spec whose memory pass
-    fails is not timed.
+    Returns one plain dict per spec (status, reason, memory, samples, and the share of the
+    host others took while the steps were timed). A spec whose memory pass fails is not timed.
     """
     from advisor.workload import AdvisorWorkload
 
@@ -197,13 +197,17 @@ def measure_configs(
             tokenizer=workload["tokenizer"],
         ),
     )
+    from profilers.host_activity import HostMeter
+
     out = _memory_pass(w, specs, device)
     runnable = [i for i, r in enumerate(out) if r["status"] == "ok"]
-    timed = _timing_pass(
-        w, specs, device, runnable, warmup=warmup, rounds=rounds, interleave=interleave
-    )
+    with HostMeter() as meter:  # what others took of the host while the steps were timed
+        timed = _timing_pass(
+            w, specs, device, runnable, warmup=warmup, rounds=rounds, interleave=interleave
+        )
+    share = meter.activity.others_share if meter.activity else None
     for i, found in timed.items():
-        out[i].update(found)
+        out[i].update(found, host_others_share=share)
     return out
 
 
@@ -338,4 +342,9 @@ def _measurement(
         device=device,
         validator=validator,
         wall_s=float(result.get("wall_s", 0.0)),
+        host_others_share=_share(result.get("host_others_share")),
     )
+
+
+def _share(value: Any) -> float | None:
+    return None if value is None else float(value)

@@ -13,7 +13,7 @@ import statistics
 from collections.abc import Callable, Sequence
 
 from advisor.validation.validator import Validator
-from strategies.budgets import DEFAULT_VALIDATE_ROUNDS, TIE_MARGIN
+from strategies.budgets import BUSY_HOST_SHARE, DEFAULT_VALIDATE_ROUNDS, TIE_MARGIN
 from strategies.config import TrainConfig
 from strategies.cost import Prediction
 from strategies.plan import Measurement
@@ -54,17 +54,25 @@ def route(
 
 def merge_measurements(first: Measurement, again: Measurement) -> Measurement:
     """One measurement from two visits of the same config: the samples pooled (throughput from
-    their median), the larger memory peak, the walls summed. A failed visit wins: a config that
-    ran out of memory or crashed once is not one to recommend."""
+    their median), the larger memory peak and host share, the walls summed. A failed visit
+    wins: a config that ran out of memory or crashed once is not one to recommend."""
     visits = first.visits + again.visits
     wall = first.wall_s + again.wall_s
+    shares = [s for s in (first.host_others_share, again.host_others_share) if s is not None]
+    first = dataclasses.replace(first, host_others_share=max(shares, default=None))
     if not first.ok:
         return dataclasses.replace(first, visits=visits, wall_s=wall)
     if not again.ok:
         reason = f"visit {visits}: {again.reason}"
         if first.tokens_per_s:
             reason += f" (earlier visits measured {first.tokens_per_s:,.0f} tok/s)"
-        return dataclasses.replace(again, reason=reason, visits=visits, wall_s=wall)
+        return dataclasses.replace(
+            again,
+            reason=reason,
+            visits=visits,
+            wall_s=wall,
+            host_others_share=first.host_others_share,
+        )
     assert first.step_time_s and first.tokens_per_s
     tokens_per_step = first.tokens_per_s * first.step_time_s
     samples = first.step_samples_s + again.step_samples_s
@@ -153,7 +161,9 @@ def validate_rounds(
     profiler's interleaved timing does within one process. A config whose one visit fell below
     its prediction's 90% interval, and which would be a contender as predicted, is visited
     again too (:func:`suspects`): one slow moment of the host must not rule out the
-    predicted best. Stops early when a round leaves fewer than two configs to compare.
+    predicted best. So is a config whose latest visit ran on a busy host (:func:`busy_visits`:
+    others took at least :data:`BUSY_HOST_SHARE` of its CPU time meanwhile). Stops early when a
+    round leaves fewer than two configs to compare.
 
     With ``replace``, a config whose first visit failed (out of memory, crashed, timed out) is
     replaced by the one ``replace`` names (:func:`backfill`), so that a failure among the
@@ -176,26 +186,39 @@ def validate_rounds(
         # A doubted config stays while its latest visit alone is within the margin: pooled
         # with the slow one, two visits can still sit outside it; a third decides.
         doubted = {i for i in doubted if latest[i].ok and (latest[i].tokens_per_s or 0.0) >= band}
-        doubted = (doubted | set(suspects(results, predictions, margin))) - close
+        busy = set(busy_visits(latest)) - close
+        doubted = (doubted | set(suspects(results, predictions, margin)) | busy) - close
         if len(close | doubted) < 2:
             break
         order = [i for i in reversed(order) if i in close | doubted]
+        why = []
+        if doubted - busy:
+            why.append(
+                f"{len(doubted - busy)} measured below the 90% interval of a prediction that "
+                "would make them contenders"
+            )
+        if busy:
+            why.append(f"{len(busy)} measured while others took a busy share of the host")
         say(
             f"validation round {r + 1}/{rounds}: {len(close)} configs within {margin:.0%} of "
-            "the fastest"
-            + (
-                f" and {len(doubted)} measured below the 90% interval of a prediction that "
-                "would make them contenders"
-                if doubted
-                else ""
-            )
-            + ", measuring them again"
+            "the fastest" + "".join(f" and {w}" for w in why) + ", measuring them again"
         )
         again = route([configs[i] for i in order], [predictions[i] for i in order], validators)
         for i, m in zip(order, again, strict=True):
             results[i] = merge_measurements(results[i], m)
             latest[i] = m
     return results
+
+
+def busy_visits(latest: Sequence[Measurement], share: float = BUSY_HOST_SHARE) -> list[int]:
+    """Indices of configs whose latest visit ran while other processes took at least
+    ``share`` of the host's CPU time (Measurement.host_others_share): that visit measured the
+    moment as much as the config, so another visit at another moment may tell them apart."""
+    return [
+        i
+        for i, m in enumerate(latest)
+        if m.ok and m.host_others_share is not None and m.host_others_share >= share
+    ]
 
 
 def suspects(

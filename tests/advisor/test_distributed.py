@@ -10,8 +10,12 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
+
+if TYPE_CHECKING:
+    from strategies.config import TrainConfig
 
 pytestmark = pytest.mark.skipif((os.cpu_count() or 1) < 2, reason="world size 2 needs two cores")
 
@@ -272,11 +276,11 @@ def test_launcher_validator_measures_ddp_and_fsdp_candidates() -> None:
         assert m.peak_memory_bytes and m.peak_memory_bytes > 0
 
 
-def test_launcher_validator_takes_the_profiled_overheads_off_a_cpu_rank_peak() -> None:
-    from advisor.validation import LauncherValidator
+def ddp_config() -> TrainConfig:
+    """gpt-tiny's default shape as ddp×2 over a global batch of 4 (the launcher's unit tests)."""
     from strategies.config import TrainConfig
 
-    config = TrainConfig(
+    return TrainConfig(
         model="gpt-tiny",
         seq_len=32,
         global_batch_size=4,
@@ -284,6 +288,12 @@ def test_launcher_validator_takes_the_profiled_overheads_off_a_cpu_rank_peak() -
         parallelism="ddp",
         world_size=2,
     )
+
+
+def test_launcher_validator_takes_the_profiled_overheads_off_a_cpu_rank_peak() -> None:
+    from advisor.validation import LauncherValidator
+
+    config = ddp_config()
     from profilers.metrics_record import parse_record
 
     lines = [
@@ -314,19 +324,11 @@ def test_launcher_validator_judges_what_the_run_held_against_the_budget() -> Non
     largest rank plus the predicted overheads on a GPU."""
     from advisor.validation import LauncherValidator
     from profilers.metrics_record import parse_record
-    from strategies.config import TrainConfig
     from strategies.cost import Prediction
     from strategies.prediction import Breakdown, MemoryTerms
 
     mib = 2**20
-    config = TrainConfig(
-        model="gpt-tiny",
-        seq_len=32,
-        global_batch_size=4,
-        micro_batch_size=2,
-        parallelism="ddp",
-        world_size=2,
-    )
+    config = ddp_config()
     lines = [
         {
             "kind": "train",

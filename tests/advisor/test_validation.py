@@ -14,6 +14,7 @@ import pytest
 from advisor.recommending import recommend
 from advisor.validation import (
     TIE_MARGIN,
+    busy_visits,
     contenders,
     merge_measurements,
     route,
@@ -97,6 +98,16 @@ def test_merge_pools_samples_keeps_the_largest_peak_and_counts_visits() -> None:
     assert merge_measurements(merged, ok(0.1)).visits == 3
 
 
+def test_merge_keeps_the_busiest_host_share_of_the_visits() -> None:
+    quiet = dataclasses.replace(ok(0.1), host_others_share=0.05)
+    busy = dataclasses.replace(ok(0.2), host_others_share=0.6)
+    assert merge_measurements(quiet, busy).host_others_share == 0.6
+    assert merge_measurements(busy, ok(0.1)).host_others_share == 0.6
+    assert merge_measurements(ok(0.1), ok(0.1)).host_others_share is None
+    failed = Measurement(status="oom", reason="out of memory")
+    assert merge_measurements(busy, failed).host_others_share == 0.6
+
+
 def test_a_failed_visit_fails_the_config_and_says_which_visit() -> None:
     failed = Measurement(status="oom", reason="out of memory", wall_s=1.0)
     merged = merge_measurements(ok(0.1), failed)
@@ -132,6 +143,34 @@ def test_a_config_fast_on_one_visit_only_loses_to_a_steady_one() -> None:
     assert results[0].step_time_s == pytest.approx(0.115)
     # each round in the reverse order of the one before
     assert local.calls == [[8, 4, 2], [4, 8], [8, 4]]
+
+
+def test_a_visit_on_a_busy_host_is_measured_again() -> None:
+    """Session 12's case: the best config read 4x slow while others took the host; its second
+    visit, quiet, puts it back in front. A busy visit that stays busy is retried while rounds
+    are left; a quiet slow one is not (nothing doubts it)."""
+
+    def busy(step_s: float) -> Measurement:
+        return dataclasses.replace(ok(step_s), host_others_share=0.6)
+
+    local = Scripted(
+        {
+            8: [busy(0.4), ok(0.1), ok(0.1)],
+            4: [ok(0.13), ok(0.13), ok(0.13)],
+            2: [ok(0.3)],
+        }
+    )
+    configs = [config(8), config(4), config(2)]
+    results = validate_rounds(configs, [prediction()] * 3, [local], rounds=3)
+    assert local.calls == [[8, 4, 2], [4, 8], [8, 4]]
+    best = max(range(3), key=lambda i: results[i].tokens_per_s or 0.0)
+    assert configs[best].micro_batch_size == 8
+    assert results[0].host_others_share == 0.6  # the plan still says one visit was busy
+    stays = Scripted({8: [busy(0.4), busy(0.4), busy(0.4)], 4: [ok(0.1)] * 3})
+    results = validate_rounds([config(8), config(4)], [prediction()] * 2, [stays], rounds=3)
+    assert [m.visits for m in results] == [3, 3]
+    assert busy_visits([busy(0.4), ok(0.1), oom()]) == [0]
+    assert busy_visits([dataclasses.replace(ok(0.1), host_others_share=0.1)]) == []
 
 
 def test_rounds_alternate_the_validators_order() -> None:

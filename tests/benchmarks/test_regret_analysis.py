@@ -411,6 +411,25 @@ def test_the_summaries_say_what_the_analysis_found() -> None:
     assert "advised config not in the grid" in summary
 
 
+def test_visits_on_a_busy_host_are_counted_where_logged() -> None:
+    from benchmarks import regret_report
+
+    times = {"single/a": [0.1, 0.1], "single/b": [0.2, 0.2]}
+    visits = grid(times)
+    assert (
+        ra.analyse_case(session="s1", case=case(list(times)), visits=visits, advisor=None).busy_host
+        is None
+    )  # sessions before the meter
+    for v, share in zip(visits, (0.02, 0.3, 0.6, None), strict=True):
+        if share is not None:
+            v["host_others_share"] = share
+    result = ra.analyse_case(session="s1", case=case(list(times)), visits=visits, advisor=None)
+    assert result.busy_host == {"visits": 3, "busy": 2, "threshold": 0.25, "max": 0.6}
+    text = "\n".join(regret_report.case_markdown(result))
+    want = "other processes took ≥ 25% of the host's CPU time during 2 of 3 visits (at most 60%)"
+    assert want in text
+
+
 # -- what the knobs of issue 14 gain --------------------------------------------------------------
 
 

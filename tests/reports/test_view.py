@@ -295,3 +295,23 @@ def test_no_run_is_an_error(tmp_path: Path) -> None:
         load_run(tmp_path)
     with pytest.raises(ReportError, match="does not exist"):
         load_run(tmp_path / "missing")
+
+
+def test_a_measurement_on_a_busy_host_is_marked_so() -> None:
+    from reports.candidates import _measured_rate_cell
+
+    def row(share: float | None) -> ValidationRow:
+        return ValidationRow(
+            key="k", label="l", role="validated", status="ok", reason="",
+            predicted_tokens_per_s=1000.0, measured_tokens_per_s=900.0,
+            predicted_step_time_s=1.0, measured_step_time_s=1.0,
+            predicted_memory_bytes=1.0, measured_memory_bytes=1.0, memory_kind="",
+            host_others_share=share,
+        )  # fmt: skip
+
+    busy = _measured_rate_cell(row(0.45))
+    assert busy.text.endswith("(busy host)") and "bad" in busy.cls
+    assert busy.hint == "other processes took 45% of the host's CPU time while it was measured"
+    quiet = _measured_rate_cell(row(0.05))
+    assert "busy" not in quiet.text and "bad" not in quiet.cls and "5%" in quiet.hint
+    assert _measured_rate_cell(row(None)).hint == ""

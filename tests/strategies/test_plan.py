@@ -290,3 +290,27 @@ def test_a_failed_finalist_is_replaced_by_the_next_ranked_one_not_taken() -> Non
     assert replacement(ranked, small, "oom", taken) is smallest  # ddp, needing less
     assert replacement(ranked, big, "oom", taken | {smaller.candidate.key}) is small  # none left
     assert replacement(ranked, smallest, "oom", {e.candidate.key for e in ranked[:4]}) is None
+
+
+def test_a_validation_on_a_busy_host_says_so_in_the_reasons(model: CostModel) -> None:
+    ranked = _plan(model, 16).evaluations
+    ordered = sorted((e for e in ranked if e.feasible), key=lambda e: -e.tokens_per_s)
+    first, second = ordered[0].candidate, ordered[1].candidate
+
+    def at(share: float | None, tps: float) -> Measurement:
+        return dataclasses.replace(ok(tps), host_others_share=share)
+
+    quiet = _plan(model, 16, {first.key: at(0.02, 200.0), second.key: at(None, 100.0)})
+    assert not any("busy host" in r for r in quiet.reasons)
+    busy = _plan(model, 16, {first.key: at(0.3, 200.0), second.key: at(0.55, 100.0)})
+    line = next(r for r in busy.reasons if "busy host" in r)
+    assert line.startswith(
+        "validation shared a busy host: other processes took up to 55% of its CPU time while "
+        f"2 of 2 validated configs were measured ({second.label()} the most)"
+    )
+    assert "re-run 'advisor recommend' when the host is quiet" in line
+    # Round-trips through plan.json.
+    validated = {v.candidate.key: v for v in busy.validated}
+    assert validated[second.key].measured.host_others_share == 0.55
+    again = Measurement.from_dict(validated[second.key].measured.to_dict())
+    assert again.host_others_share == 0.55
