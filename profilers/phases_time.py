@@ -17,7 +17,7 @@ from profilers import probe_rows
 from profilers.device import DeviceInfo
 from profilers.memory_model import MemoryModel
 from profilers.probe_run import CHILD_START_S, ProbeRun
-from profilers.throughput import StepTiming, TimeModel
+from profilers.throughput import StepTiming, TimeModel, with_host_share
 from profilers.workload import StepSpec, Workload
 
 CPU_MAX_TIMED_MICRO_BATCH = 8  # CPU throughput is flat or falls beyond ~8 (DESIGN.md)
@@ -169,6 +169,17 @@ def _timing_child(
     precision can be 30x slower than fp32 on a CPU); the larger size and the number of rounds
     follow from it: the largest power-of-two multiple <= ``max_micro`` whose rounds fit.
     """
+    from profilers.host_activity import HostMeter
+
+    with HostMeter() as meter:  # what others took of the host while this child timed
+        timings = _time_two_sizes(workload, small, max_micro, device, budget_s)
+    return [with_host_share(t, meter).to_dict() for t in timings]
+
+
+def _time_two_sizes(
+    workload: Workload, small: StepSpec, max_micro: int, device: str, budget_s: float
+) -> list[StepTiming]:
+    """:func:`_timing_child`'s timings."""
     import torch
 
     from profilers.throughput import measure_interleaved, time_steps
@@ -210,7 +221,7 @@ def _timing_child(
             timings.append(time_steps(workload, specs[again], device, warmup=1, repeats=2))
         finally:
             torch.set_num_threads(threads)
-    return [t.to_dict() for t in timings]
+    return timings
 
 
 def _split_target(step_s: Sequence[float], left_s: float) -> int | None:

@@ -25,6 +25,7 @@ from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
 from profilers.fit import AffineFit, fit_affine
+from profilers.host_activity import HostMeter
 from profilers.workload import Batch, StepSpec, TrainStep, Workload
 
 if TYPE_CHECKING:
@@ -44,6 +45,9 @@ class StepTiming:
     # Intra-op threads the steps ran with (0: not recorded). A group's fit is made of its
     # timings at the most threads; fewer (CPU: a rank's share of the cores) give its split ratio.
     threads: int = 0
+    # The share of the host's CPU time other processes (and a hypervisor's steal) took while
+    # the child that timed it ran its steps (profilers.host_activity); None: not measured.
+    host_others_share: float | None = None
 
     def __post_init__(self) -> None:
         if len(self.forward_backward_s) != len(self.optimizer_s):
@@ -77,6 +81,7 @@ class StepTiming:
         return self.tokens_per_step / self.median_step_s
 
     def to_dict(self) -> dict[str, Any]:
+        share = self.host_others_share
         return {
             "spec": self.spec.to_dict(),
             "device": self.device,
@@ -91,7 +96,7 @@ class StepTiming:
             "median_step_s": self.median_step_s,
             "tokens_per_step": self.tokens_per_step,
             "tokens_per_s": self.tokens_per_s,
-        }
+        } | ({"host_others_share": share} if share is not None else {})
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> StepTiming:
@@ -103,6 +108,11 @@ class StepTiming:
             optimizer_s=tuple(float(x) for x in data["optimizer_s"]),
             clock=str(data.get("clock", "perf_counter")),
             threads=int(data.get("threads", 0)),
+            host_others_share=(
+                float(data["host_others_share"])
+                if data.get("host_others_share") is not None
+                else None
+            ),
         )
 
 
@@ -297,10 +307,18 @@ def interleaved_child(
     """A profiler child's body (top level: pickled by reference): ``specs`` timed round-robin
     after one warm-up step each, as many rounds (up to ``rounds``) as ``budget_s`` allows."""
     deadline = time.perf_counter() + budget_s
-    timings = measure_interleaved(
-        workload, specs, device, rounds=rounds, warmup=1, deadline=deadline
-    )
-    return [t.to_dict() for t in timings]
+    with HostMeter() as meter:
+        timings = measure_interleaved(
+            workload, specs, device, rounds=rounds, warmup=1, deadline=deadline
+        )
+    return [with_host_share(t, meter).to_dict() for t in timings]
+
+
+def with_host_share(timing: StepTiming, meter: HostMeter) -> StepTiming:
+    """``timing`` with the share of the host others took while ``meter`` ran, if it read one."""
+    if meter.activity is None:
+        return timing
+    return dataclasses.replace(timing, host_others_share=meter.activity.others_share)
 
 
 def round_robin(num_configs: int, rounds: int) -> list[int]:

@@ -9,6 +9,7 @@ import reports.fmt as fmt
 from reports.common import mapping
 from reports.fmt import num
 from reports.model import Fact, Section, Table, cell, num_cell
+from strategies.budgets import BUSY_HOST_SHARE
 
 DTYPES = ("fp32", "tf32", "bf16", "fp16")
 
@@ -138,6 +139,26 @@ def _device_facts(device: Mapping[str, Any]) -> list[Fact]:
     return facts
 
 
+def _host_share_facts(timings: Sequence[Any]) -> list[Fact]:
+    """How much of the host others took while the profile timed steps (the largest share over
+    its timing children; profiles before the host meter have none)."""
+    shares = [
+        share for t in timings if (share := num(mapping(t).get("host_others_share"))) is not None
+    ]
+    if not shares:
+        return []
+    worst = max(shares)
+    busy = " — busy: the profile's step times read slow; re-profile when quiet"
+    return [
+        Fact(
+            label="host taken by others while timing",
+            value=f"up to {fmt.percent(worst)}" + (busy if worst >= BUSY_HOST_SHARE else ""),
+            hint="the share of the host's CPU time other processes (and a hypervisor's steal) "
+            "took while the profile's timing children ran, the largest over them",
+        )
+    ]
+
+
 def _model_facts(workload: Mapping[str, Any], model: Mapping[str, Any]) -> list[Fact]:
     args = mapping(workload.get("model_args"))
     spec = str(workload.get("model") or model.get("name") or "?")
@@ -230,8 +251,10 @@ def facts_section(
             note="No profile yet: run 'advisor profile --out RUN' (or 'advisor run').",
         )
     device = mapping(profile.get("device"))
-    facts = _device_facts(device) + _model_facts(
-        mapping(profile.get("workload")), mapping(profile.get("model"))
+    facts = (
+        _device_facts(device)
+        + _host_share_facts(profile.get("throughput") or ())
+        + _model_facts(mapping(profile.get("workload")), mapping(profile.get("model")))
     )
     statuses: dict[str, int] = {}
     for p in probes:

@@ -59,3 +59,20 @@ def summarize(result: Any, out: Path) -> None:
         f"profiled {built} on {result.device.name} in {result.elapsed_s:.0f}s "
         f"({counts}); wrote {RunDir(out).profile} and {RunDir(out).probes}"
     )
+    busy = busy_while_timing(result.throughput)
+    if busy is not None:
+        click.echo(
+            f"warning: other processes took up to {busy:.0%} of this host's CPU time while the "
+            "profile timed steps: its step times read slow; re-profile when the host is quiet",
+            err=True,
+        )
+
+
+def busy_while_timing(timings: Any) -> float | None:
+    """The largest share of the host others took while the profile timed steps, when it
+    reaches BUSY_HOST_SHARE; else None."""
+    from strategies.budgets import BUSY_HOST_SHARE
+
+    shares = [t.host_others_share for t in timings if t.host_others_share is not None]
+    worst = max(shares, default=0.0)
+    return worst if worst >= BUSY_HOST_SHARE else None

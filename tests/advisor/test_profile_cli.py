@@ -223,3 +223,16 @@ def test_profile_refuses_a_bad_checkpointing_setting_in_one_line(tmp_path: Path)
     assert result.exit_code == 2
     assert result.stderr.splitlines()[0].startswith("error: --checkpointing blocks:9:")
     assert not (tmp_path / "p" / "profile.json").exists()
+
+
+def test_a_profile_timed_on_a_busy_host_is_named() -> None:
+    from types import SimpleNamespace
+
+    from advisor.cli.profile import busy_while_timing
+
+    def timings(*shares: float | None) -> list[SimpleNamespace]:
+        return [SimpleNamespace(host_others_share=s) for s in shares]
+
+    assert busy_while_timing(timings(None, 0.02)) is None
+    assert busy_while_timing(timings()) is None
+    assert busy_while_timing(timings(0.1, 0.3, None)) == 0.3

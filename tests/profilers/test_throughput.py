@@ -189,6 +189,22 @@ def test_step_timing_round_trips_through_json() -> None:
     assert data["median_step_s"] == pytest.approx(0.26)
 
 
+def test_the_host_share_a_timing_child_saw_travels_with_its_timings() -> None:
+    import dataclasses
+
+    from profilers.host_activity import PROC_STAT
+    from profilers.throughput import interleaved_child
+
+    plain = _timing(4, [0.3], [0.05])
+    assert "host_others_share" not in plain.to_dict()  # not measured: profiles stay as they were
+    busy = dataclasses.replace(plain, host_others_share=0.4)
+    assert StepTiming.from_dict(json.loads(json.dumps(busy.to_dict()))) == busy
+    got = interleaved_child(TINY, [spec(2), spec(4)], "cpu", 30.0, 1)
+    if PROC_STAT.is_file():
+        assert all(0.0 <= d["host_others_share"] <= 1.0 for d in got)
+    assert [StepTiming.from_dict(d).spec.micro_batch_size for d in got] == [2, 4]
+
+
 def test_step_timing_rejects_unpaired_samples() -> None:
     with pytest.raises(ValueError, match="pair"):
         _timing(1, [0.1, 0.2], [0.1])

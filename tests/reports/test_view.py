@@ -315,3 +315,19 @@ def test_a_measurement_on_a_busy_host_is_marked_so() -> None:
     quiet = _measured_rate_cell(row(0.05))
     assert "busy" not in quiet.text and "bad" not in quiet.cls and "5%" in quiet.hint
     assert _measured_rate_cell(row(None)).hint == ""
+
+
+def test_the_facts_say_how_much_of_the_host_others_took_while_profiling() -> None:
+    from reports.facts import facts_section
+
+    def facts(*shares: float | None) -> dict[str, str]:
+        throughput = [{"host_others_share": s} if s is not None else {} for s in shares]
+        section = facts_section({"device": {}, "throughput": throughput}, [])
+        return {f.label: f.value for f in section.facts}
+
+    label = "host taken by others while timing"
+    assert label not in facts(None, None)  # profiles from before the meter
+    assert facts(0.01, 0.03)[label] == "up to 3.0%"
+    assert facts(0.02, 0.4)[label] == (
+        "up to 40.0% — busy: the profile's step times read slow; re-profile when quiet"
+    )
