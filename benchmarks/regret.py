@@ -766,6 +766,9 @@ def run_advisor(session: Session, case: Case, progress: Progress, label: str) ->
             "parallel": dict(profile.memory_overhead.parallel_bytes),
         }
         record["predictions"] = predictions(profile, case, settings)
+        shares = [s for t in profile.throughput if (s := t.host_others_share) is not None]
+        if shares:  # how busy the host was while the profile timed steps
+            record["profile"]["host_others_share_max"] = round(max(shares), 4)
         progress.say(f"{label} profiled in {wall:.0f} s; advisor recommend ...")
         record["recommend"]["unconstrained"] = recommend(
             case, settings, profile_dir, work / "unconstrained", fraction=None
