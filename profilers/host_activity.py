@@ -5,10 +5,10 @@ session one config's validation read 4x slower than the same config's `advisor t
 while the host's load average stood at 2.6-3.6 on 2 vCPUs; on a quiet host the two
 instruments agree within 0.90-1.17x (benchmarks/validation_agreement.py). The load average
 cannot tell whose work that was (our own child is most of it). This meter can: over a window,
-the host's busy CPU time (Linux ``/proc/stat``) minus the CPU time this process and its reaped
-children spent (``os.times``), plus the time a hypervisor gave the host's vCPUs to someone
-else (``steal``), over the window's wall time × the CPUs. 0: nobody else ran; 0.5: others took
-half of the machine.
+the busy CPU time (Linux ``/proc/stat``) of the CPUs this process may run on (its affinity)
+minus the CPU time this process and its reaped children spent (``os.times``), plus the time a
+hypervisor gave those vCPUs to someone else (``steal``), over the window's wall time × those
+CPUs. 0: nobody else ran; 0.5: others took half of them.
 
 Children count once they are reaped (``wait``): an isolated child joined, ``subprocess.run``,
 torchrun's ranks waited for by torchrun. A child still running when the window closes counts
@@ -40,29 +40,42 @@ class HostActivity:
 
 @dataclass(frozen=True, slots=True)
 class _Counters:
-    busy_s: float  # user + nice + system + irq + softirq, every CPU of the host
+    busy_s: float  # user + nice + system + irq + softirq over the CPUs counted
     steal_s: float
     cpus: int
 
 
-def read_counters(path: Path = PROC_STAT) -> _Counters | None:
-    """The host's CPU counters in seconds, or None where there is no readable ``/proc/stat``."""
+def read_counters(path: Path = PROC_STAT, allowed: set[int] | None = None) -> _Counters | None:
+    """The CPU counters in seconds of the CPUs this process may run on (``allowed``; default
+    its affinity, where the platform has one): others' work on CPUs we never use does not
+    slow us. None where there is no readable ``/proc/stat``."""
     try:
         lines = path.read_text().splitlines()
     except OSError:
         return None
-    total = next((line.split() for line in lines if line.startswith("cpu ")), None)
-    cpus = sum(1 for line in lines if line.startswith("cpu") and line[3:4].isdigit())
-    if total is None or len(total) < 8 or cpus < 1:
-        return None
-    try:
-        user, nice, system, _idle, _iowait, irq, softirq, steal = (float(v) for v in total[1:9])
-    except ValueError:
+    if allowed is None and hasattr(os, "sched_getaffinity"):
+        allowed = set(os.sched_getaffinity(0))
+    busy = steal = 0.0
+    cpus = 0
+    for line in lines:
+        fields = line.split()
+        if not fields or not fields[0].startswith("cpu") or not fields[0][3:].isdigit():
+            continue
+        if allowed is not None and int(fields[0][3:]) not in allowed:
+            continue
+        if len(fields) < 9:
+            return None
+        try:
+            user, nice, system, _idle, _iowait, irq, softirq, stolen = map(float, fields[1:9])
+        except ValueError:
+            return None
+        busy += user + nice + system + irq + softirq
+        steal += stolen
+        cpus += 1
+    if cpus < 1:
         return None
     tick = float(os.sysconf("SC_CLK_TCK")) if hasattr(os, "sysconf") else 100.0
-    return _Counters(
-        busy_s=(user + nice + system + irq + softirq) / tick, steal_s=steal / tick, cpus=cpus
-    )
+    return _Counters(busy_s=busy / tick, steal_s=steal / tick, cpus=cpus)
 
 
 def own_cpu_s() -> float:

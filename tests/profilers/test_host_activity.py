@@ -14,24 +14,33 @@ from profilers import host_activity as ha
 TICK = 100.0
 
 
-def stat(path: Path, user: int, system: int, steal: int, idle: int = 0, cpus: int = 2) -> Path:
-    # cpu  user nice system idle iowait irq softirq steal guest guest_nice (clock ticks)
-    lines = [f"cpu  {user} 0 {system} {idle} 0 0 0 {steal} 0 0"]
-    lines += [f"cpu{i} 0 0 0 0 0 0 0 0 0 0" for i in range(cpus)]
+def stat(path: Path, per_cpu: list[tuple[int, int, int]]) -> Path:
+    """A /proc/stat whose CPU i spent per_cpu[i] = (user, system, steal) clock ticks."""
+    # cpuN  user nice system idle iowait irq softirq steal guest guest_nice (clock ticks)
+    lines = [
+        f"cpu  {sum(u for u, _, _ in per_cpu)} 0 {sum(s for _, s, _ in per_cpu)} 0 0 0 0 "
+        f"{sum(t for _, _, t in per_cpu)} 0 0"
+    ]
+    lines += [f"cpu{i} {u} 0 {s} 9 0 0 0 {t} 0 0" for i, (u, s, t) in enumerate(per_cpu)]
     lines += ["intr 1 2 3", "ctxt 10"]
     path.write_text("\n".join(lines) + "\n")
     return path
 
 
-def test_counters_are_read_in_seconds_with_the_cpus_counted(tmp_path: Path) -> None:
-    counters = ha.read_counters(stat(tmp_path / "stat", user=300, system=100, steal=50, cpus=4))
-    assert counters is not None
+def test_counters_are_read_in_seconds_over_the_cpus_we_may_use(tmp_path: Path) -> None:
+    path = stat(tmp_path / "stat", [(100, 50, 10), (200, 50, 40), (1000, 0, 0), (7, 0, 0)])
     tick = float(ha.os.sysconf("SC_CLK_TCK"))
-    assert counters.busy_s == pytest.approx(400 / tick)
+    counters = ha.read_counters(path, allowed={0, 1})
+    assert counters is not None
+    assert counters.busy_s == pytest.approx(400 / tick)  # CPUs 2 and 3 are someone else's
     assert counters.steal_s == pytest.approx(50 / tick)
-    assert counters.cpus == 4
+    assert counters.cpus == 2
+    every = ha.read_counters(path, allowed={0, 1, 2, 3})
+    assert every is not None and every.cpus == 4
+    assert every.busy_s == pytest.approx(1407 / tick)
+    assert ha.read_counters(path, allowed={9}) is None  # none of ours listed
     assert ha.read_counters(tmp_path / "missing") is None
-    (tmp_path / "odd").write_text("cpu  a b c\n")
+    (tmp_path / "odd").write_text("cpu  1 2 3\ncpu0 a b c d e f g h\n")
     assert ha.read_counters(tmp_path / "odd") is None
 
 
