@@ -697,8 +697,8 @@ def visit(
     except Exception as exc:  # a bug in one visit costs that visit, not the session
         record.update(status="error", reason=f"{type(exc).__name__}: {exc}"[:300])
     record["wall_s"] = round(time.perf_counter() - started, 2)
-    if meter.activity is not None:
-        record["host_others_share"] = round(meter.activity.others_share, 4)
+    if meter.others_share is not None:
+        record["host_others_share"] = round(meter.others_share, 4)
     session.add_visit(record)
     return record
 
@@ -766,9 +766,11 @@ def run_advisor(session: Session, case: Case, progress: Progress, label: str) ->
             "parallel": dict(profile.memory_overhead.parallel_bytes),
         }
         record["predictions"] = predictions(profile, case, settings)
-        shares = [s for t in profile.throughput if (s := t.host_others_share) is not None]
-        if shares:  # how busy the host was while the profile timed steps
-            record["profile"]["host_others_share_max"] = round(max(shares), 4)
+        from profilers.throughput import largest_host_share
+
+        worst = largest_host_share(profile.throughput)
+        if worst is not None:  # how busy the host was while the profile timed steps
+            record["profile"]["host_others_share_max"] = round(worst, 4)
         progress.say(f"{label} profiled in {wall:.0f} s; advisor recommend ...")
         record["recommend"]["unconstrained"] = recommend(
             case, settings, profile_dir, work / "unconstrained", fraction=None

@@ -184,7 +184,7 @@ def run(models: Sequence[str], global_batch: int, rounds: int, out: Path | None)
                             got = _child_visit(configs)
                         else:
                             got = [_train_visit(c, scratch) for c in configs]
-                    share = meter.activity.others_share if meter.activity else None
+                    share = meter.others_share
                     for label, g in zip(labels, got, strict=True):
                         record = {
                             "model": model,

@@ -104,11 +104,17 @@ def activity_between(
 
 
 class HostMeter:
-    """``with HostMeter() as meter: ...`` then ``meter.activity`` (None where unreadable)."""
+    """``with HostMeter() as meter: ...`` then ``meter.activity`` / ``meter.others_share``
+    (None where unreadable)."""
 
     def __init__(self, path: Path = PROC_STAT) -> None:
         self._path = path
         self.activity: HostActivity | None = None
+
+    @property
+    def others_share(self) -> float | None:
+        """The window's ``HostActivity.others_share``; None where it could not be read."""
+        return self.activity.others_share if self.activity is not None else None
 
     def __enter__(self) -> HostMeter:
         self._before = read_counters(self._path)

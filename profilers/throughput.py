@@ -18,7 +18,7 @@ import dataclasses
 import math
 import statistics
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from contextlib import ExitStack
 from dataclasses import dataclass
 from types import TracebackType
@@ -315,10 +315,14 @@ def interleaved_child(
 
 
 def with_host_share(timing: StepTiming, meter: HostMeter) -> StepTiming:
-    """``timing`` with the share of the host others took while ``meter`` ran, if it read one."""
-    if meter.activity is None:
-        return timing
-    return dataclasses.replace(timing, host_others_share=meter.activity.others_share)
+    """``timing`` with the share of the host others took while ``meter`` ran (None: unread)."""
+    return dataclasses.replace(timing, host_others_share=meter.others_share)
+
+
+def largest_host_share(timings: Iterable[StepTiming]) -> float | None:
+    """The largest share of the host others took while ``timings`` were measured; None when
+    none of them measured it (profiles before the host meter)."""
+    return max((s for t in timings if (s := t.host_others_share) is not None), default=None)
 
 
 def round_robin(num_configs: int, rounds: int) -> list[int]:

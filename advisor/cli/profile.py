@@ -71,8 +71,8 @@ def summarize(result: Any, out: Path) -> None:
 def busy_while_timing(timings: Any) -> float | None:
     """The largest share of the host others took while the profile timed steps, when it
     reaches BUSY_HOST_SHARE; else None."""
+    from profilers.throughput import largest_host_share
     from strategies.budgets import BUSY_HOST_SHARE
 
-    shares = [t.host_others_share for t in timings if t.host_others_share is not None]
-    worst = max(shares, default=0.0)
-    return worst if worst >= BUSY_HOST_SHARE else None
+    worst = largest_host_share(timings)
+    return worst if worst is not None and worst >= BUSY_HOST_SHARE else None

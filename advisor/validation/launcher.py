@@ -130,8 +130,7 @@ class LauncherValidator:
                 )
             records = read_metrics(TrainDir(out).metrics).records
         measured = self.measurement(config, records, wall)
-        if meter.activity is not None:
-            measured = dataclasses.replace(measured, host_others_share=meter.activity.others_share)
+        measured = dataclasses.replace(measured, host_others_share=meter.others_share)
         return self._within_budget(measured, records, config, prediction)
 
     def _within_budget(
@@ -144,11 +143,7 @@ class LauncherValidator:
         """``measured`` as "oom" when the run held more than ``budget_bytes`` (class doc)."""
         if self.budget_bytes is None or not measured.ok:
             return measured
-        timed = [
-            r
-            for r in records
-            if isinstance(r, TrainRecord) and r.step > self.warmup and r.peak_memory_bytes
-        ]
+        timed = self._timed(records)
         if not timed:
             return measured
         if self.device.startswith("cuda"):
@@ -171,11 +166,9 @@ class LauncherValidator:
             what = f"the ranks' resident peaks together {total / MiB:,.0f} MiB"
         return over_budget(measured, total, what, self.budget_bytes)
 
-    def measurement(
-        self, config: TrainConfig, records: Sequence[MetricsRecord], wall: float
-    ) -> Measurement:
-        """The measurement of one run from its metrics.jsonl records."""
-        train = [
+    def _timed(self, records: Sequence[MetricsRecord]) -> list[TrainRecord]:
+        """The steps after the warm-up that logged a step time and a peak."""
+        return [
             r
             for r in records
             if isinstance(r, TrainRecord)
@@ -183,6 +176,12 @@ class LauncherValidator:
             and r.step_time_s is not None
             and r.peak_memory_bytes is not None
         ]
+
+    def measurement(
+        self, config: TrainConfig, records: Sequence[MetricsRecord], wall: float
+    ) -> Measurement:
+        """The measurement of one run from its metrics.jsonl records."""
+        train = self._timed(records)
         if not train:
             return Measurement(
                 status="error",

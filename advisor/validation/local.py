@@ -205,9 +205,8 @@ def measure_configs(
         timed = _timing_pass(
             w, specs, device, runnable, warmup=warmup, rounds=rounds, interleave=interleave
         )
-    share = meter.activity.others_share if meter.activity else None
     for i, found in timed.items():
-        out[i].update(found, host_others_share=share)
+        out[i].update(found, host_others_share=meter.others_share)
     return out
 
 
