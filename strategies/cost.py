@@ -28,6 +28,7 @@ from profilers.compile_records import CompileMeasurement, find_compile
 from profilers.flops import FlopCount
 from profilers.memory_model import MemoryModel
 from profilers.profile_record import Profile
+from profilers.throughput import largest_host_share
 from profilers.workload import ModelFacts
 from strategies.config import DEFAULT_STEPS, TrainConfig
 from strategies.errors import Unpredictable
@@ -56,6 +57,7 @@ from strategies.sources import (
 from strategies.space import Candidate
 from strategies.uncertainty import (
     Uncertainty,
+    busy_term,
     compile_term,
     delta_term,
     drift_term,
@@ -238,6 +240,9 @@ class CostModel:
     # How busy the host was when profiled (load average, CPUs): said with the interval.
     host_load_1m: float | None = None
     host_cpus: int | None = None
+    # Others' largest share of the host's CPU time while the profile timed steps (None when
+    # not measured): its step times may read slow (strategies.uncertainty.busy_term).
+    host_others_share: float | None = None
     # The run's length: a compiled candidate's compile time is amortised over these steps.
     run_steps: int = DEFAULT_STEPS
     # The profile's torch.compile records: what a compiled step holds beyond the eager trace.
@@ -368,6 +373,9 @@ class CostModel:
         terms.append(host_term(shared, self.host_load_1m, self.host_cpus))
         if shared:
             terms.append(drift_term())
+        busy = busy_term(self.host_others_share or 0.0) if not self.machine.estimate else None
+        if busy is not None:
+            terms.append(busy)
         if self.machine.estimate:
             terms.append(source_term("what_if"))
         if compute.derived:
@@ -773,6 +781,7 @@ def cost_model_from_profile(
         input_tokens_per_s=input_rates(profile),
         host_load_1m=profile.device.host_load_1m,
         host_cpus=profile.device.cpu.num_usable_cores,
+        host_others_share=largest_host_share(profile.throughput),
         run_steps=run_steps,
         compiled=tuple(profile.compile),
     )

@@ -30,6 +30,14 @@ host that may be shared. Its error has independent parts, each a relative standa
   (validation's contenders and doubted visits: :meth:`Uncertainty.comparable`) leave it out;
   those tests were set with intervals that did not have it. A device the job owns has no
   neighbour to drift with: no term.
+* ``busy``: other processes' share ``s`` of the host's CPU time while the profile timed steps
+  (profilers.host_activity, the largest over its timing children). A step that got only
+  ``1 − s`` of the host can read up to ``1/(1 − s)`` slow, a bias a quiet run does not share;
+  the part is sized so that the interval reaches it: ``σ = −ln(1 − s)/z``. Derived from the
+  meter's definition, not fitted: on a quiet host (``s`` below 1%) it adds nothing visible;
+  beside one spinning core of two (``s`` ≈ 0.4) the factor is at least 1.7. It is not a
+  common part: groups timed at different moments were slowed differently, so it widens the
+  comparisons between candidates too (more contenders validated after a busy profile).
 * ``source``: what the profile did not measure for this candidate: a checkpointing time derived
   from the counted FLOPs ratio, a CPU rank's time scaled from the single-process fit with the
   collectives modelled (their errors on the tuning models: ddp×2 median |error| 6-9%; fsdp×2
@@ -68,6 +76,7 @@ from profilers.fit import AffineFit
 __all__ = [
     "INTERVAL_LEVEL",
     "Uncertainty",
+    "busy_term",
     "compile_term",
     "delta_term",
     "drift_term",
@@ -202,6 +211,20 @@ def drift_term() -> tuple[str, float, str]:
         PROFILE_TO_RUN_DRIFT_SHARED,
         "a shared host's drift between the profile and a later run: profiled step times "
         "re-timed afterwards on the tuning models (root mean square 13%)",
+    )
+
+
+def busy_term(share: float) -> tuple[str, float, str] | None:
+    """The ``busy`` part for a profile timed while others took ``share`` of the host (module
+    docstring); None when nobody did (a share of 0, or not measured)."""
+    if not share > 0:
+        return None
+    share = min(share, 0.95)  # the meter's own noise, and a host entirely taken: keep it finite
+    return (
+        "busy",
+        -math.log1p(-share) / _Z,
+        f"other processes took up to {share:.1%} of the host's CPU time while the profile "
+        f"timed steps: its step times may read up to {1 / (1 - share):.2f}× slow",
     )
 
 

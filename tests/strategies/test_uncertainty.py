@@ -9,6 +9,8 @@ import pytest
 
 from profilers.fit import fit_affine
 from profilers.profile_record import Profile
+from profilers.throughput import StepTiming
+from profilers.workload import StepSpec
 from strategies.config import TrainConfig
 from strategies.cost import CostModel, cost_model_from_profile
 from strategies.plan import top_candidates
@@ -19,6 +21,7 @@ from strategies.uncertainty import (
     HOST_DRIFT_SHARED,
     PROFILE_TO_RUN_DRIFT_SHARED,
     Uncertainty,
+    busy_term,
     delta_term,
     drift_term,
     fit_terms,
@@ -106,6 +109,44 @@ def test_a_shared_host_adds_its_drift_since_the_profile_which_comparisons_leave_
         model, machine=dataclasses.replace(model.machine, shared_host=True, estimate=True)
     )
     assert _drift_sigmas(_prediction(what_if, micro_batch_size=4, grad_accum_steps=2)) == []
+
+
+def _busy(p: Prediction) -> list[float]:
+    assert p.uncertainty is not None
+    return [sigma for name, sigma, _ in p.uncertainty.terms if name == "busy"]
+
+
+def test_a_busy_profile_widens_the_interval_to_reach_a_quiet_run(profile: Profile) -> None:
+    """Others took 40% of the host while the profile timed steps: a step that got 60% of it
+    may read up to 1/0.6 slow, so the interval's lower end reaches at least 0.6 of the point,
+    and comparisons between candidates widen too (groups timed at different moments)."""
+    assert busy_term(0.0) is None and busy_term(-0.01) is None
+    alone = Uncertainty(terms=(busy_term(0.4),))  # type: ignore[arg-type]
+    assert alone.factor() == pytest.approx(1 / 0.6)
+    assert busy_term(1.0) is not None  # a host entirely taken: still finite
+    timed = StepTiming(
+        spec=StepSpec(seq_len=SEQ_LEN, micro_batch_size=2),
+        device="cpu",
+        num_warmup=1,
+        forward_backward_s=(0.1, 0.1),
+        optimizer_s=(0.01, 0.01),
+    )
+
+    def predicted(*shares: float | None) -> Prediction:
+        timings = tuple(dataclasses.replace(timed, host_others_share=s) for s in shares)
+        model = cost_model_from_profile(
+            dataclasses.replace(profile, throughput=timings), memory_budget=0.9
+        )
+        return _prediction(model, micro_batch_size=4, grad_accum_steps=2)
+
+    quiet, unmeasured, busy = predicted(0.0, 0.0), predicted(None), predicted(0.05, 0.4, None)
+    assert _busy(quiet) == _busy(unmeasured) == []
+    assert quiet.uncertainty == unmeasured.uncertainty
+    assert _busy(busy) == [pytest.approx(-math.log(0.6) / 1.6448536269514722)]
+    low, _ = busy.step_time_interval_s or (0.0, 0.0)
+    assert low <= 0.6 * busy.step_time_s
+    wide, narrow = busy.comparable_tokens_per_s_interval, quiet.comparable_tokens_per_s_interval
+    assert wide and narrow and wide[1] - wide[0] > narrow[1] - narrow[0]
 
 
 def test_the_contender_test_leaves_the_common_drift_out() -> None:
