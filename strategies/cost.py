@@ -373,7 +373,8 @@ class CostModel:
         terms.append(host_term(shared, self.host_load_1m, self.host_cpus))
         if shared:
             terms.append(drift_term())
-        busy = busy_term(self.host_others_share or 0.0) if not self.machine.estimate else None
+        # The step runs on the host's CPUs: others' share of them slowed the profile's timing.
+        busy = busy_term(self.host_others_share or 0.0) if shared else None
         if busy is not None:
             terms.append(busy)
         if self.machine.estimate:

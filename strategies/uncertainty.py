@@ -35,9 +35,11 @@ host that may be shared. Its error has independent parts, each a relative standa
   ``1 − s`` of the host can read up to ``1/(1 − s)`` slow, a bias a quiet run does not share;
   the part is sized so that the interval reaches it: ``σ = −ln(1 − s)/z``. Derived from the
   meter's definition, not fitted: on a quiet host (``s`` below 1%) it adds nothing visible;
-  beside one spinning core of two (``s`` ≈ 0.4) the factor is at least 1.7. It is not a
+  beside one spinning core of two (``s`` ≈ 0.4) the factor is at least 1.67. It is not a
   common part: groups timed at different moments were slowed differently, so it widens the
-  comparisons between candidates too (more contenders validated after a busy profile).
+  comparisons between candidates too (more contenders validated after a busy profile). Only
+  where the step runs on the host's CPUs: a GPU's step is the device's, and a busy host slows
+  only its launches (not modelled).
 * ``source``: what the profile did not measure for this candidate: a checkpointing time derived
   from the counted FLOPs ratio, a CPU rank's time scaled from the single-process fit with the
   collectives modelled (their errors on the tuning models: ddp×2 median |error| 6-9%; fsdp×2

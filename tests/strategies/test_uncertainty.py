@@ -147,6 +147,17 @@ def test_a_busy_profile_widens_the_interval_to_reach_a_quiet_run(profile: Profil
     assert low <= 0.6 * busy.step_time_s
     wide, narrow = busy.comparable_tokens_per_s_interval, quiet.comparable_tokens_per_s_interval
     assert wide and narrow and wide[1] - wide[0] > narrow[1] - narrow[0]
+    # A device the job owns runs the step itself: the host's CPUs being busy is not counted.
+    model = cost_model_from_profile(
+        dataclasses.replace(
+            profile, throughput=(dataclasses.replace(timed, host_others_share=0.4),)
+        ),
+        memory_budget=0.9,
+    )
+    owned = dataclasses.replace(
+        model, machine=dataclasses.replace(model.machine, shared_host=False, estimate=False)
+    )
+    assert _busy(_prediction(owned, micro_batch_size=4, grad_accum_steps=2)) == []
 
 
 def test_the_contender_test_leaves_the_common_drift_out() -> None:
