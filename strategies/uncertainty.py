@@ -39,7 +39,12 @@ host that may be shared. Its error has independent parts, each a relative standa
   common part: groups timed at different moments were slowed differently, so it widens the
   comparisons between candidates too (more contenders validated after a busy profile). Only
   where the step runs on the host's CPUs: a GPU's step is the device's, and a busy host slows
-  only its launches (not modelled).
+  only its launches (not modelled). Not a bound for a multi-threaded step, seen once: a
+  bert-tiny profile beside the test suite on the 2-vCPU dev host (``s`` = 43%, allowing
+  1.76×) timed fp32 mb 8 at 0.087 s, 2.0× a quiet profile's 0.044 s (the regret grid measured
+  0.038 s): a step's threads meet at every op, so a core shared with a neighbour slows all of
+  them to its pace. The interval widened from ×/÷ 1.28 to ×/÷ 1.85 and still did not reach
+  the quiet step; the warning to re-profile on a quiet host stands.
 * ``source``: what the profile did not measure for this candidate: a checkpointing time derived
   from the counted FLOPs ratio, a CPU rank's time scaled from the single-process fit with the
   collectives modelled (their errors on the tuning models: ddp×2 median |error| 6-9%; fsdp×2
