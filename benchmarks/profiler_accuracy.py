@@ -198,7 +198,8 @@ def relative_error(predicted: float, measured: float) -> float:
 
 
 def bench_model(model: str, settings: Settings) -> dict[str, Any]:
-    from profilers.throughput import fit_step_time
+    from profilers.host_activity import HostMeter
+    from profilers.throughput import fit_step_time, largest_host_share
     from profilers.workload import StepSpec
 
     say(f"{model}: profiling (budget {settings.budget_s:g} s)")
@@ -252,13 +253,19 @@ def bench_model(model: str, settings: Settings) -> dict[str, Any]:
     samples: dict[tuple[str, str, int], list[float]] = {}
     session: dict[tuple[str, str], list[Any]] = {}  # StepTimings at the probed sizes
     failures: dict[tuple[str, str], str] = {}
+    truth_shares: dict[tuple[str, str], list[float]] = {}
     for repeat in range(settings.repeats):
         for p, c in groups:
             if (p, c) in failures or ((p, c) in slow and repeat >= SLOW_REPEATS):
                 continue
             say(f"  {model} {p}/{c}: child {repeat + 1}/{settings.repeats}, {rounds[p, c]} rounds")
             specs = [spec(p, c, b) for b in sorted({*settings.sizes, *probed[p, c]})]
-            result = time_group(model, specs, rounds[p, c], 1 if (p, c) in slow else 2)
+            # Others' share of the host while the child ran (the child is reaped inside, so
+            # its own CPU time counts as ours): the profile records the same for its timings.
+            with HostMeter() as meter:
+                result = time_group(model, specs, rounds[p, c], 1 if (p, c) in slow else 2)
+            if meter.others_share is not None:
+                truth_shares.setdefault((p, c), []).append(meter.others_share)
             if isinstance(result, str):
                 failures[p, c] = result
                 continue
@@ -325,6 +332,14 @@ def bench_model(model: str, settings: Settings) -> dict[str, Any]:
                     "error": relative_error(predicted_s, measured_s),
                     "extrapolated": outside(time_sizes, b),
                     "drift": drift,
+                    # Others' largest share of the host: the profile's timing children of
+                    # this group, and the truth's children (None: not measured).
+                    "profile_host_share": largest_host_share(
+                        t
+                        for t in profile.throughput
+                        if (t.spec.precision, t.spec.activation_checkpointing) == (p, c)
+                    ),
+                    "truth_host_share": max(truth_shares.get((p, c), []), default=None),
                 }
                 if same_session is not None:
                     row["time"]["same_session_predicted_s"] = same_session.predict(b)
@@ -348,7 +363,9 @@ def bench_model(model: str, settings: Settings) -> dict[str, Any]:
             "throughput_probes": throughput_rows,
             "memory_overhead": profile.memory_overhead.to_dict(),
             "time_fits": [t.to_dict() for t in profile.fits.time],
+            "host_share": largest_host_share(profile.throughput),
         },
+        "truth_host_share": max((x for v in truth_shares.values() for x in v), default=None),
         "memory_truth_load": memory_load,
         "time_truth_load": time_load,
         "rounds": {f"{p}/{c}": n for (p, c), n in rounds.items()},
@@ -574,6 +591,17 @@ def summary_rows(name: str, summary: Sequence[dict[str, Any]]) -> list[str]:
     return lines
 
 
+def host_shares(profile_share: float | None, truth_share: float | None) -> str:
+    """Others' largest share of the host while the profile and the truth timed, where read
+    (runs before the host meter have neither)."""
+    if profile_share is None and truth_share is None:
+        return ""
+    return (
+        f" Others' largest share of the host: profile {pct(profile_share).lstrip('+')}, "
+        f"time truth {pct(truth_share).lstrip('+')}."
+    )
+
+
 def model_section(bench: dict[str, Any], heading: str) -> list[str]:
     if "error" in bench:
         return ["", f"{heading} {bench['model']}", "", f"Not measured: {bench['error']}."]
@@ -586,6 +614,7 @@ def model_section(bench: dict[str, Any], heading: str) -> list[str]:
         f"{prof['load_before']:.1f} → {prof['load_after']:.1f}; time truth load "
         + " → ".join(f"{x:.1f}" for x in bench["time_truth_load"])
         + "."
+        + host_shares(prof.get("host_share"), bench.get("truth_host_share"))
         + (f" Measured by the run of {bench['kept_from']} (kept)." if "kept_from" in bench else ""),
         "",
         "| precision | ckpt | b | memory probed at | predicted MiB | measured MiB | error "
