@@ -170,7 +170,10 @@ def _timing_child(
     follow from it: the largest power-of-two multiple <= ``max_micro`` whose rounds fit.
     """
     from profilers.host_activity import HostMeter
+    from profilers.host_allocator import steady_malloc
 
+    if not device.startswith("cuda"):
+        steady_malloc()  # two sizes alternate here, one in a training run (the module says why)
     with HostMeter() as meter:  # what others took of the host while this child timed
         timings = _time_two_sizes(workload, small, max_micro, device, budget_s)
     return [with_host_share(t, meter).to_dict() for t in timings]

@@ -305,8 +305,14 @@ def interleaved_child(
     workload: Workload, specs: Sequence[StepSpec], device: str, budget_s: float, rounds: int
 ) -> list[dict[str, Any]]:
     """A profiler child's body (top level: pickled by reference): ``specs`` timed round-robin
-    after one warm-up step each, as many rounds (up to ``rounds``) as ``budget_s`` allows."""
+    after one warm-up step each, as many rounds (up to ``rounds``) as ``budget_s`` allows.
+    On a CPU, glibc malloc's thresholds are pinned first (:mod:`profilers.host_allocator`):
+    configs that alternate would otherwise churn the heap as no one-config training run does."""
+    from profilers.host_allocator import steady_malloc
+
     deadline = time.perf_counter() + budget_s
+    if not str(device).startswith("cuda"):
+        steady_malloc()
     with HostMeter() as meter:
         timings = measure_interleaved(
             workload, specs, device, rounds=rounds, warmup=1, deadline=deadline
