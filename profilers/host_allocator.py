@@ -3,10 +3,11 @@
 A training process runs one config: every step allocates and frees the same tensors, and glibc
 malloc's dynamic thresholds settle on them. A timing child interleaves two micro-batch sizes
 (:func:`profilers.phases_time._timing_child`), and the alternation keeps glibc returning the
-larger size's memory to the kernel and faulting it back in: the larger size read 5-12% slower
+larger size's memory to the kernel and faulting it back in: the larger size read 5-10% slower
 than the same size run alone (gpt-tiny fp32 mb 8, one thread, fresh processes alternating; 0.251
 s interleaved with mb 2 against 0.237 s alone, and 0.236 s interleaved once the thresholds were
-pinned: ``benchmarks/timing_child_ab.py``, results in ``benchmarks/results/timing_child_ab*``).
+pinned: ``benchmarks/timing_child_ab.py``, ``benchmarks/results/timing_child_ab*`` and
+``benchmarks/results/timing_child_variants/``).
 The profiler-accuracy benchmark saw it as a "drift": the profile's timings 5-32% above the
 truth's, always in that direction.
 
