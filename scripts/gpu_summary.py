@@ -45,6 +45,25 @@ def _metrics(run: Path, skip: int = 3) -> dict[str, Any] | None:
     }
 
 
+def _train_config(run: Path) -> dict[str, Any] | None:
+    saved = _load(TrainDir(run).train_config)
+    if not isinstance(saved, dict):
+        return None
+    config = saved.get("config", saved)
+    keys = (
+        "model",
+        "model_args",
+        "seq_len",
+        "precision",
+        "micro_batch_size",
+        "grad_accum_steps",
+        "activation_checkpointing",
+        "parallelism",
+        "world_size",
+    )
+    return {k: config.get(k) for k in keys if k in config}
+
+
 def _ratio(predicted: float | None, measured: float | None) -> float | None:
     if not predicted or not measured:
         return None
@@ -93,10 +112,9 @@ def summarise(out: Path) -> dict[str, Any]:
             ],
         }
     runs = {}
-    for name in ("train_plan", "train_fp16", "train_bf16", "train_ddp_w1", "train_fsdp_w1"):
-        m = _metrics(out / name)
-        if m is not None:
-            runs[name] = m
+    for run in sorted(out.iterdir()):
+        if (run / "metrics.jsonl").is_file() and (m := _metrics(run)) is not None:
+            runs[run.name] = m | {"config": _train_config(run)}
     summary["train"] = runs
     if plan and "train_plan" in runs:
         predicted = plan.get("predicted") or {}
