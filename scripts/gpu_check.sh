@@ -80,7 +80,7 @@ stage() {  # stage NAME SECONDS COMMAND...: at most SECONDS, and never past DEAD
   pack
 }
 
-advisor() { "$PY" -m advisor "$@"; }
+
 
 stage env 30 bash -c "nvidia-smi || true; $PY -c 'import torch, sys; print(sys.version); \
 print(torch.__version__, torch.cuda.is_available(), torch.version.cuda, \
@@ -88,17 +88,17 @@ torch.cuda.get_device_name() if torch.cuda.is_available() else None)'; \
 $PY -c 'import optuna, pynvml; print(\"optuna\", optuna.__version__)'"
 
 # --- timed, alone on the device -------------------------------------------------------------
-stage profile $((PROFILE_BUDGET + 45)) advisor profile --device "$DEVICE" --model "$MODEL" \
+stage profile $((PROFILE_BUDGET + 45)) "$PY" -m advisor profile --device "$DEVICE" --model "$MODEL" \
   --seq-len "$SEQ" --budget-s "$PROFILE_BUDGET" --out "$WORK/profile" --quiet
-stage recommend 110 advisor recommend --profile "$WORK/profile/profile.json" \
+stage recommend 110 "$PY" -m advisor recommend --profile "$WORK/profile/profile.json" \
   --global-batch-size "$GBS" --validate-top 3 --device "$DEVICE" --out "$WORK/plan" --quiet
-stage train_plan 60 advisor train --plan "$WORK/plan/plan.json" --steps 30 --device "$DEVICE" \
+stage train_plan 60 "$PY" -m advisor train --plan "$WORK/plan/plan.json" --steps 30 --device "$DEVICE" \
   --eval-every 0 --eval-batches 1 --checkpoint-every 1000 --quiet --out "$WORK/train_plan"
 
 # Real-scale shapes of published runs (llm-foundry's MPT 760M and 1B: no bias, vocabulary
 # 50368), one GPU, bf16, sequence 2048: what benchmarks/whatif_measured.py predicts for an H200.
 mpt() {  # mpt NAME N_LAYER N_HEAD N_EMBD MICRO_BATCH CHECKPOINTING
-  stage "real_$1" 55 advisor train --model gpt-small --model-arg "n_layer=$2" \
+  stage "real_$1" 55 "$PY" -m advisor train --model gpt-small --model-arg "n_layer=$2" \
     --model-arg "n_head=$3" --model-arg "n_embd=$4" --model-arg vocab_size=50368 \
     --model-arg bias=false --seq-len 2048 --data synthetic --precision bf16 \
     --micro-batch-size "$5" --grad-accum-steps 1 --activation-checkpointing "$6" --steps 10 \
@@ -117,16 +117,16 @@ fi
 GPU_TEST_FILES=$(grep -rl "mark.gpu" tests | sort)
 # shellcheck disable=SC2086
 stage gpu_tests 150 "$PY" -m pytest -q -m gpu -p no:cacheprovider -n 4 $GPU_TEST_FILES &
-stage train_fp16 90 advisor train --model "$MODEL" --seq-len "$SEQ" --precision fp16 \
+stage train_fp16 90 "$PY" -m advisor train --model "$MODEL" --seq-len "$SEQ" --precision fp16 \
   --micro-batch-size 4 --steps 10 --eval-every 0 --eval-batches 1 --checkpoint-every 1000 --device "$DEVICE" \
   --quiet --out "$WORK/train_fp16" &
 for parallelism in ddp fsdp; do
-  stage "train_${parallelism}_w1" 120 advisor train --model "$MODEL" --seq-len "$SEQ" \
+  stage "train_${parallelism}_w1" 120 "$PY" -m advisor train --model "$MODEL" --seq-len "$SEQ" \
     --precision bf16 --parallelism "$parallelism" --world-size 1 --micro-batch-size 4 \
     --steps 10 --eval-every 0 --eval-batches 1 --checkpoint-every 1000 --device "$DEVICE" --quiet \
     --out "$WORK/train_${parallelism}_w1" &
 done
-stage predict 60 advisor predict --profile "$WORK/profile/profile.json" --seq-len "$SEQ" \
+stage predict 60 "$PY" -m advisor predict --profile "$WORK/profile/profile.json" --seq-len "$SEQ" \
   --global-batch-size "$GBS" --micro-batch-size 8 --precision bf16 &
 wait
 
