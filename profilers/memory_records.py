@@ -192,6 +192,10 @@ class CudaStepMemory:
     built that the allocator does not hold: the CUDA context, plus other processes on a shared
     device (an upper bound). ``workspace_bytes`` is device memory the step added outside the
     allocator (library handles and workspaces not taken from the caching allocator).
+    ``library_bytes`` is what the math libraries take *from* the caching allocator once per
+    process: cuBLAS's workspace, one per thread and stream (a step's forward and autograd's
+    backward thread: 2 × 32 MiB on an H200). The allocator's peaks include it, the fake trace
+    cannot: :attr:`step_peak_allocated_bytes` is the step's own.
     """
 
     spec: StepSpec
@@ -203,6 +207,12 @@ class CudaStepMemory:
     optimizer_step_peak_allocated_bytes: int
     context_bytes: int
     workspace_bytes: int
+    library_bytes: int = 0
+
+    @property
+    def step_peak_allocated_bytes(self) -> int:
+        """The allocator's peak less the libraries' workspaces: what the fake trace counts."""
+        return max(0, self.peak_allocated_bytes - self.library_bytes)
 
     @property
     def fragmentation_bytes(self) -> int:

@@ -115,10 +115,33 @@ class CoreResult:
         return [g for g in (*self.unfit, *self.skipped) if g not in self.traced]
 
 
+# On a GPU, a 16-bit precision whose measured GEMM rate is at least this many times fp32's is
+# timed before fp32 (lead_precision).
+LEAD_GEMM_RATIO = 2.0
+
+
+def lead_precision(device: DeviceInfo, precisions: Sequence[str], on_gpu: bool) -> str:
+    """The precision the core times first: fp32 (the naive loop every plan is compared with),
+    except on a GPU where bf16 (else fp16) runs GEMMs at least :data:`LEAD_GEMM_RATIO` times
+    fp32's measured rate: there the fastest plans are 16-bit, and a budget that times one
+    group must time that one. Seen on the first device run (an H200, 2026-12-04: bf16 686 and
+    fp32 51 TFLOP/s measured): a 75 s profile of gpt-small timed fp32/none alone, and the plan
+    was fp32. On a CPU the order stays fp32 first (every CPU benchmark here was measured so;
+    an autocast step's CPU speed does not follow its GEMM rate)."""
+    fp32 = device.measured_flops("fp32") if on_gpu else None
+    if fp32:
+        for p in ("bf16", "fp16"):
+            rate = device.measured_flops(p)
+            if p in precisions and rate and rate >= LEAD_GEMM_RATIO * fp32:
+                return p
+    return "fp32" if "fp32" in precisions or not precisions else precisions[0]
+
+
 def ordered_groups(
-    precisions: Sequence[str], checkpointing: Sequence[str]
+    precisions: Sequence[str], checkpointing: Sequence[str], lead: str = "fp32"
 ) -> list[tuple[str, str]]:
-    """fp32 first (the search's baseline), then the others in the order given (bf16 before
+    """``lead`` first (:func:`lead_precision`: fp32, the search's baseline, unless a GPU runs
+    16-bit much faster), fp32 next, then the others in the order given (bf16 before
     fp16 by default: no loss scaling, and the mixed precision of choice where both run); no
     checkpointing before full, whose time the cost model can derive from it. The selective
     settings come after every whole-model group: the per-op ones (ops, ops-half) first, in the
@@ -126,7 +149,7 @@ def ordered_groups(
     priced from none and full without its own measurement (the line in K): the 7th regret
     session's default profile traced blocks:2 and left the ops-half asked for untraced, so
     every ops-half candidate was unpredictable."""
-    order = sorted(precisions, key=lambda p: p != "fp32")
+    order = sorted(precisions, key=lambda p: (p != lead, p != "fp32"))
     whole = [c for c in checkpointing if not is_selective(c)]
     selective = sorted(
         (c for c in checkpointing if is_selective(c)), key=lambda c: not is_per_op(c)
@@ -157,7 +180,9 @@ def core_phase(
 
     share = run.clock.share("memory") + run.clock.share("throughput")
     deadline = time.perf_counter() + share
-    groups = ordered_groups(precisions, run.options.checkpointing)
+    groups = ordered_groups(
+        precisions, run.options.checkpointing, lead_precision(device, precisions, run.on_gpu)
+    )
     sizes = tuple(run.options.trace_micro_batch_sizes[-2:])
     costs = _Costs(whole_factor=whole_trace_factor(scalable_layers(run.workload)))
     out = CoreResult(costs=costs)

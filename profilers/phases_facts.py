@@ -37,6 +37,14 @@ def device_phase(run: ProbeRun) -> DeviceInfo:
     info = probe_device(
         run.options.device, budget_s=max(MIN_DEVICE_BUDGET_S, run.clock.share("device"))
     )
+    if run.on_gpu:
+        # The benchmarks' GEMM operands stay in this process's caching allocator otherwise
+        # (gigabytes at 16384²), and every later child would read them as its own context
+        # (mem_get_info sees the whole device): the first device run's profile charged each
+        # process 10.2 GB of "fixed" memory, and its plan's peak read +35% over the training.
+        import torch
+
+        torch.cuda.empty_cache()
     run.measured(
         "device", None, since=t0, name=info.name, value=info.total_memory_bytes, unit="bytes"
     )

@@ -55,10 +55,14 @@ def memory_model_for(
 
 
 def memory_check_phase(
-    run: ProbeRun, models: Sequence[MemoryModel], precisions: Sequence[str], capacity: int
+    run: ProbeRun,
+    models: Sequence[MemoryModel],
+    precisions: Sequence[str],
+    capacity: int,
+    lead: str = "fp32",
 ) -> MemoryCheckResult:
     """A real step at the middle traced size for each group predicted to fit ``capacity``,
-    fp32 first: the very first whatever the budget, the first of each other checkpointing mode
+    ``lead`` first: the very first whatever the budget, the first of each other checkpointing mode
     while the whole budget has room for one more, the others only within the phase's share.
 
     One of each mode because the overhead (the overall max) is not the same for both on CPU:
@@ -70,8 +74,9 @@ def memory_check_phase(
     deadline = time.perf_counter() + share
     b = run.options.trace_micro_batch_sizes[1]
     candidates = [(p, c) for p in precisions for c in run.options.checkpointing]
-    # fp32 first: the others are checked only while the budget lasts.
-    candidates.sort(key=lambda pc: (pc[0] != "fp32", pc[1] != "none"))
+    # The core's lead precision first (fp32 unless a GPU runs 16-bit much faster): the
+    # others are checked only while the budget lasts.
+    candidates.sort(key=lambda pc: (pc[0] != lead, pc[0] != "fp32", pc[1] != "none"))
     evidence = _Evidence()
     tried: set[str] = set()  # checkpointing modes checked (or attempted) once already
     last_wall_s = 0.0
@@ -141,10 +146,12 @@ class _Evidence:
         record: StepMemory
         if data.get("device_name") is not None:
             record = CudaStepMemory.from_dict(data)
-            self.fixed.append(record.context_bytes + record.workspace_bytes)
+            # The libraries' workspaces in the allocator are per process too, and beyond
+            # what the trace counts: fixed, and not the trace's error.
+            self.fixed.append(record.context_bytes + record.workspace_bytes + record.library_bytes)
             if record.peak_allocated_bytes:
                 self.fragmentation.append(record.fragmentation_bytes / record.peak_allocated_bytes)
-            truth = record.peak_allocated_bytes
+            truth = record.step_peak_allocated_bytes
         else:
             record = CpuStepMemory.from_dict(data)
             truth = record.peak_bytes

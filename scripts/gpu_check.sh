@@ -90,9 +90,10 @@ $PY -c 'import optuna, pynvml; print(\"optuna\", optuna.__version__)'"
 # --- timed, alone on the device -------------------------------------------------------------
 stage profile $((PROFILE_BUDGET + 45)) "$PY" -m advisor profile --device "$DEVICE" --model "$MODEL" \
   --seq-len "$SEQ" --budget-s "$PROFILE_BUDGET" --out "$WORK/profile" --quiet
-stage recommend 110 "$PY" -m advisor recommend --profile "$WORK/profile/profile.json" \
-  --global-batch-size "$GBS" --validate-top 3 --device "$DEVICE" --out "$WORK/plan" --quiet
-stage train_plan 60 "$PY" -m advisor train --plan "$WORK/plan/plan.json" --steps 30 --device "$DEVICE" \
+stage recommend 90 "$PY" -m advisor recommend --profile "$WORK/profile/profile.json" \
+  --global-batch-size "$GBS" --validate-top "${VALIDATE_TOP:-2}" --device "$DEVICE" --out "$WORK/plan" \
+  --quiet
+stage train_plan 60 "$PY" -m advisor train --plan "$WORK/plan/plan.json" --steps 20 --device "$DEVICE" \
   --eval-every 0 --eval-batches 1 --checkpoint-every 1000 --quiet --out "$WORK/train_plan"
 
 # Real-scale shapes of published runs (llm-foundry's MPT 760M and 1B: no bias, vocabulary
@@ -100,13 +101,12 @@ stage train_plan 60 "$PY" -m advisor train --plan "$WORK/plan/plan.json" --steps
 mpt() {  # mpt NAME N_LAYER N_HEAD N_EMBD MICRO_BATCH CHECKPOINTING
   stage "real_$1" 55 "$PY" -m advisor train --model gpt-small --model-arg "n_layer=$2" \
     --model-arg "n_head=$3" --model-arg "n_embd=$4" --model-arg vocab_size=50368 \
-    --model-arg bias=false --seq-len 2048 --data synthetic --precision bf16 \
+    --model-arg bias=false --model-arg block_size=2048 --seq-len 2048 --data synthetic --precision bf16 \
     --micro-batch-size "$5" --grad-accum-steps 1 --activation-checkpointing "$6" --steps 10 \
     --eval-every 0 --eval-batches 1 --checkpoint-every 1000 --device "$DEVICE" --quiet --out "$WORK/real_$1"
   rm -rf "$WORK/real_$1/checkpoints"  # the final checkpoint: up to 17 GB of a 64 GB disk
 }
 if [ "$REAL_SCALE" = 1 ]; then
-  mpt mpt760m_mb16_none 24 12 1536 16 none
   mpt mpt1b_mb8_none 24 16 2048 8 none
   mpt mpt1b_mb16_full 24 16 2048 16 full
 fi

@@ -138,7 +138,8 @@ def test_on_cuda_the_block_keeps_unrepeated_k_v_and_the_trace_matches_the_alloca
     measured = measure_cuda_step_memory(workload, spec, "cuda")
     traced = trace_step_memory(workload, spec, target_device_type="cuda")
     print(f"\nllama-tiny bf16 b=8: traced {traced.peak_bytes}, {measured.to_dict()}")
-    error = (traced.peak_bytes - measured.peak_allocated_bytes) / measured.peak_allocated_bytes
+    truth = measured.step_peak_allocated_bytes  # the libraries' workspaces apart
+    error = (traced.peak_bytes - truth) / truth
     assert abs(error) <= 0.15, error
 
 

@@ -165,3 +165,31 @@ def test_one_precision_is_checked_alone_and_fp32_needs_no_try(
     assert tried == ["bf16"]
     with pytest.raises(ValueError, match="unknown precision 'fp8'"):
         device.precision_problem("cpu", "fp8")
+
+
+def test_a_precisions_speed_comes_from_timed_calls_never_from_its_warm_up(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # The first device run (an H200): bf16's first call took 1.33 s (its kernels' set-up), fp32's
+    # 35 ms, and a budget spent on warm-ups read bf16 as 38x slower than fp32; the core then
+    # priced bf16's timing far past the budget and the plan was fp32.
+    import torch
+
+    from profilers import device_precision
+
+    calls: dict[str, int] = {}
+    warm = {"fp32": 0.035, "bf16": 1.33}
+    timed = {"fp32": 0.035, "bf16": 0.012}
+
+    def fake_time_call(fn: object, sync: object) -> float:
+        p = fn.args[2]  # type: ignore[attr-defined]  # functools.partial(_autocast_step, b, x, p)
+        calls[p] = calls.get(p, 0) + 1
+        return warm[p] if calls[p] == 1 else timed[p]
+
+    monkeypatch.setattr(device_precision, "time_call", fake_time_call)
+    checks = device_precision.precision_benchmarks(
+        torch.device("cpu"), 60.0, {"fp32": None, "bf16": None, "fp16": "unsupported"}
+    )
+    assert checks["bf16"].speedup_vs_fp32 == pytest.approx(0.035 / 0.012)
+    assert checks["bf16"].samples_s and all(s == 0.012 for s in checks["bf16"].samples_s)
+    assert not checks["bf16"].warmup_only and checks["fp16"].reason == "unsupported"

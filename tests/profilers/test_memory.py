@@ -261,8 +261,10 @@ def test_cuda_truth_against_a_cuda_target_trace(precision: str) -> None:
     print(f"\n{precision}: {measured.to_dict()} traced {traced.peak_bytes}")
     assert measured.peak_reserved_bytes >= measured.peak_allocated_bytes > 0
     assert measured.fragmentation_bytes >= 0
+    # cuBLAS's workspaces, which the caching allocator holds and no trace sees: counted apart.
+    assert 0 < measured.library_bytes < measured.peak_allocated_bytes
     # The trace uses CPU autocast and CPU attention kernels: close, not exact, on CUDA.
-    assert abs(_relative_error(traced.peak_bytes, measured.peak_allocated_bytes)) <= 0.15
+    assert abs(_relative_error(traced.peak_bytes, measured.step_peak_allocated_bytes)) <= 0.15
 
 
 def test_parallel_resident_bytes_measures_what_a_rank_loads_in_a_fresh_process() -> None:

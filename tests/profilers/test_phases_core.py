@@ -23,6 +23,7 @@ from profilers.memory_records import MemoryBreakdown, MemoryTrace
 from profilers.phases_core import (
     CoreResult,
     core_phase,
+    lead_precision,
     least_timing_s,
     ordered_groups,
     refine_phase,
@@ -136,6 +137,39 @@ def test_groups_go_fp32_first_and_no_checkpointing_before_full() -> None:
         ("fp16", "none"),
         ("fp16", "full"),
     ]
+
+
+def _gemm_device(**tflops: float) -> DeviceInfo:
+    rates = {p: SimpleNamespace(rate=t * 1e12) for p, t in tflops.items()}
+    return cast(
+        DeviceInfo,
+        SimpleNamespace(measured_flops=lambda p: rates[p].rate if p in rates else None),
+    )
+
+
+def test_a_gpu_that_runs_16_bit_far_faster_times_it_first() -> None:
+    # The first device run: an H200 measured bf16 686, fp16 590 and fp32 51 TFLOP/s.
+    h200 = _gemm_device(fp32=51, bf16=686, fp16=590)
+    assert lead_precision(h200, ("fp32", "bf16", "fp16"), on_gpu=True) == "bf16"
+    assert lead_precision(h200, ("fp32", "fp16"), on_gpu=True) == "fp16"
+    assert ordered_groups(("fp32", "bf16", "fp16"), ("none", "full"), lead="bf16") == [
+        ("bf16", "none"),
+        ("bf16", "full"),
+        ("fp32", "none"),
+        ("fp32", "full"),
+        ("fp16", "none"),
+        ("fp16", "full"),
+    ]
+
+
+def test_fp32_leads_on_a_cpu_and_where_16_bit_is_not_much_faster() -> None:
+    amx = _gemm_device(fp32=0.1, bf16=0.7)  # this host's CPU: bf16 GEMMs 7x, steps not
+    assert lead_precision(amx, ("fp32", "bf16"), on_gpu=False) == "fp32"
+    slow = _gemm_device(fp32=20, bf16=30)
+    assert lead_precision(slow, ("fp32", "bf16"), on_gpu=True) == "fp32"
+    unmeasured = _gemm_device()
+    assert lead_precision(unmeasured, ("fp32", "bf16"), on_gpu=True) == "fp32"
+    assert lead_precision(unmeasured, ("bf16",), on_gpu=True) == "bf16"
 
 
 def test_cheap_traces_all_run_before_the_first_timing(
