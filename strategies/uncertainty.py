@@ -14,8 +14,11 @@ host that may be shared. Its error has independent parts, each a relative standa
   llama-tiny, 60 configs × 3 visits each, benchmarks/results/regret_grid.csv of the earlier
   regret benchmark on the 2-vCPU dev host): a visit's log-deviation from its config's median
   had a 90th percentile of 0.104 and 0.073; pooled ≈ 0.09 → σ = 0.09 / 1.645 = 0.055. A GPU
-  the job owns has no such neighbour: no GPU run has measured its drift yet, so a small
-  ``0.02`` is assumed there, and said so.
+  the job owns has no such neighbour: a small ``0.02`` is assumed there, and said so. The one
+  GPU run so far (an H200, gpt-small fp32, benchmarks/results/gpu_h200_2026-12-04/) is within
+  it: three validated configs' visits came within 0.0-0.4% of the profile's fits (their own
+  visits within 0.5% of each other), and a 30-step training run within 0.8%. One run, one
+  model: kept as an assumption.
 * ``drift``: a shared host's drift between the profile's moment and a later run's, which the
   ``host`` part (visits of one grid, minutes apart) does not see: the profiler-accuracy
   benchmark re-times a profile's own probed sizes after the profile (``drift`` = step time
@@ -202,7 +205,8 @@ def host_term(shared_host: bool, load: float | None, cpus: int | None) -> tuple[
         return (
             "host",
             HOST_DRIFT_DEDICATED,
-            "drift of a device the job owns: assumed (no GPU run has measured it yet)",
+            "drift of a device the job owns: assumed; on the one GPU run so far (an H200), "
+            "validation visits and a training run came within 0.8% of the profile's fit",
         )
     at = f"; load {load:.1f} on {cpus} CPUs when profiled" if load is not None and cpus else ""
     return (
