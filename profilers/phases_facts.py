@@ -42,8 +42,13 @@ def device_phase(run: ProbeRun) -> DeviceInfo:
         # (gigabytes at 16384²), and every later child would read them as its own context
         # (mem_get_info sees the whole device): the first device run's profile charged each
         # process 10.2 GB of "fixed" memory, and its plan's peak read +35% over the training.
+        # What stays: this process's CUDA context (each child still counts it, with its own:
+        # an over-estimate of a few hundred MB, the safe side).
         import torch
 
+        clear_workspaces = getattr(torch._C, "_cuda_clearCublasWorkspaces", None)
+        if clear_workspaces is not None:  # cuBLAS's workspaces are tensors the pool keeps
+            clear_workspaces()
         torch.cuda.empty_cache()
     run.measured(
         "device", None, since=t0, name=info.name, value=info.total_memory_bytes, unit="bytes"

@@ -193,3 +193,27 @@ def test_a_precisions_speed_comes_from_timed_calls_never_from_its_warm_up(
     assert checks["bf16"].speedup_vs_fp32 == pytest.approx(0.035 / 0.012)
     assert checks["bf16"].samples_s and all(s == 0.012 for s in checks["bf16"].samples_s)
     assert not checks["bf16"].warmup_only and checks["fp16"].reason == "unsupported"
+
+
+def test_a_gpu_profiles_parent_frees_its_benchmark_memory_before_any_child_runs(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # The first device run: the GEMM benchmarks' operands stayed in the parent's caching
+    # allocator, and every child, reading the whole device's use, charged 10.2 GB as context.
+    import torch
+
+    from profilers import phases_facts
+    from profilers.probe_run import ProbeRun, ProfileOptions
+    from tests.profilers.toy_workload import ToyWorkload
+
+    freed: list[str] = []
+    info = device.probe_device("cpu", budget_s=0.5)
+    monkeypatch.setattr(device, "probe_device", lambda *a, **k: info)
+    monkeypatch.setattr(torch.cuda, "empty_cache", lambda: freed.append("cache"))
+    monkeypatch.setattr(
+        torch._C, "_cuda_clearCublasWorkspaces", lambda: freed.append("cublas"), raising=False
+    )
+    cpu = ProbeRun(ToyWorkload(), ProfileOptions(seq_len=16, budget_s=10, device="cpu"), None)
+    assert phases_facts.device_phase(cpu) is info and freed == []
+    gpu = ProbeRun(ToyWorkload(), ProfileOptions(seq_len=16, budget_s=10, device="cuda"), None)
+    assert phases_facts.device_phase(gpu) is info and freed == ["cublas", "cache"]

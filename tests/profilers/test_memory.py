@@ -239,6 +239,7 @@ def test_records_round_trip_through_json() -> None:
         optimizer_step_peak_allocated_bytes=9 << 30,
         context_bytes=500 << 20,
         workspace_bytes=32 << 20,
+        library_bytes=64 << 20,
     )
     breakdown = MemoryBreakdown(parameters=1, activations=2)
     for record in (trace, model, truth, cuda, breakdown):
@@ -248,6 +249,10 @@ def test_records_round_trip_through_json() -> None:
         trace.forward_backward_peak_bytes
     )
     assert cuda.to_dict()["fragmentation_bytes"] == 1 << 30
+    assert cuda.step_peak_allocated_bytes == (10 << 30) - (64 << 20)
+    # A record written before library_bytes existed reads as none measured.
+    old = {k: v for k, v in cuda.to_dict().items() if k != "library_bytes"}
+    assert CudaStepMemory.from_dict(old).library_bytes == 0
     assert model.to_dict()["forward_backward"]["residuals"] == [0.0, 0.0]
 
 

@@ -36,3 +36,29 @@ def test_a_ranks_extra_is_measured_on_top_of_what_the_training_step_loaded() -> 
     # model loaded) is hundreds of MiB; a gloo group and two wrappers on top of it are a few.
     # Measured before the step, the wrappers' imports read 80-190 MiB: more than a quarter.
     assert extra["fsdp"] < (rss - truth) / 4, (extra, rss, truth)
+
+
+def test_cuda_libraries_workspaces_are_fixed_overhead_not_the_traces_error() -> None:
+    # The first device run (an H200): a step's allocator peak held cuBLAS's two 32 MiB
+    # workspaces beyond what any fake trace counts; they are per process, like the context.
+    from profilers.memory_records import CudaStepMemory
+    from profilers.phases_memory import _Evidence
+
+    record = CudaStepMemory(
+        spec=StepSpec(seq_len=16, micro_batch_size=4),
+        device_name="NVIDIA H200",
+        total_bytes=150 << 30,
+        peak_allocated_bytes=(1 << 30) + (64 << 20),
+        peak_reserved_bytes=(1 << 30) + (96 << 20),
+        forward_backward_peak_allocated_bytes=(1 << 30) + (64 << 20),
+        optimizer_step_peak_allocated_bytes=1 << 29,
+        context_bytes=500 << 20,
+        workspace_bytes=8 << 20,
+        library_bytes=64 << 20,
+    )
+    evidence = _Evidence()
+    truth = evidence.add(record.to_dict(), None, {}, predicted=1 << 30)
+    assert truth == 1 << 30  # the step's own peak: what the trace predicted, exactly
+    overhead = evidence.overhead(on_gpu=True)
+    assert overhead.fixed_bytes == (500 + 8 + 64) << 20
+    assert overhead.trace_error_fraction == 0.0
