@@ -1,0 +1,205 @@
+"""Does ``advisor predict --target`` match our own GPU runs? Step time, row by row.
+
+``whatif_published.py`` holds the what-if against published tables; this one holds it against
+runs of our own trainer on a lent GPU, from the results ``scripts/gpu_check.sh`` committed under
+``benchmarks/results/gpu_*/``. A row is a configuration that ran alone on the device:
+
+* ``validated``: each candidate ``advisor recommend --validate-top`` measured (plan.json; the
+  median of its visits' timed steps);
+* ``train``: the runs the script trains alone (``train_plan``, ``real_*``): the median step after
+  the first three.
+
+The runs the script starts together (``train_fp16``, ``train_ddp_w1``, ``train_fsdp_w1``, beside
+the GPU tests) shared the device and are left out. Each row is predicted the way
+``whatif_published.py`` predicts a published run: a trace-only profile of the model shape, built
+on this CPU (no GPU timing at all), then :func:`advisor.recommending.predict` with the device's
+datasheet row as ``target``. Nothing is fitted on these rows.
+
+Run ``python benchmarks/whatif_measured.py`` (``--runs DIR ...`` to pick result directories).
+Writes ``benchmarks/results/whatif_measured.{json,md}``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+import whatif_published as wp  # noqa: E402
+
+RESULTS = ROOT / "benchmarks" / "results"
+ALONE_RUNS = ("train_plan",)  # plus every real_* run
+SKIP_STEPS = 3  # the first steps carry warm-up (the cuBLAS handles, the allocator's first segments)
+
+
+@dataclass(frozen=True)
+class Measured:
+    source: str  # result directory / run or candidate
+    config: dict[str, Any]
+    target: str
+    step_time_s: float
+    peak_allocated_bytes: int | None = None
+
+
+def _json(path: Path) -> Any:
+    return json.loads(path.read_text())
+
+
+def measured_rows(run_dir: Path) -> list[Measured]:
+    """The rows one ``gpu_check.sh`` result directory holds (see the module docstring)."""
+    from profilers.hardware import match_device
+
+    profile = run_dir / "profile" / "profile.json"
+    if not profile.is_file():
+        return []
+    spec = match_device(_json(profile)["device"]["name"])
+    if spec is None:
+        return []
+    rows = []
+    plan = run_dir / "plan" / "plan.json"
+    if plan.is_file():
+        data = _json(plan)
+        base = data["config"]
+        for v in data.get("validated", []):
+            measured = v.get("measured") or {}
+            if measured.get("status") == "ok" and measured.get("step_time_s"):
+                rows.append(
+                    Measured(
+                        source=f"{run_dir.name}: validated {v['key']}",
+                        config={**base, **v["candidate"]},
+                        target=spec.key,
+                        step_time_s=float(measured["step_time_s"]),
+                    )
+                )
+    for run in sorted(run_dir.iterdir()):
+        if not (run.name in ALONE_RUNS or run.name.startswith("real_")):
+            continue
+        metrics, config = run / "metrics.jsonl", run / "train_config.json"
+        if not (metrics.is_file() and config.is_file()):
+            continue
+        train = [
+            r for r in map(json.loads, metrics.read_text().splitlines()) if r["kind"] == "train"
+        ][SKIP_STEPS:]
+        if not train:
+            continue
+        rows.append(
+            Measured(
+                source=f"{run_dir.name}: {run.name}",
+                config=_json(config)["config"],
+                target=spec.key,
+                step_time_s=statistics.median(r["step_time_s"] for r in train),
+                peak_allocated_bytes=max(r["peak_memory_bytes"] for r in train),
+            )
+        )
+    return rows
+
+
+def as_row(m: Measured) -> Any:
+    """The measured run as a ``whatif_published.Row`` (its trace-only profile and prediction)."""
+    c = m.config
+    args = {**c.get("model_args", {})}
+    if c["model"].startswith("gpt"):
+        args.setdefault("block_size", c["seq_len"])  # the shape's key: as the run built it
+    return wp.Row(
+        row=m.source,
+        tune=False,
+        label=m.source,
+        model=c["model"],
+        model_args=args,
+        target=m.target,
+        n_gpus=c.get("world_size", 1),
+        nodes=1,
+        network=None,
+        seq_len=c["seq_len"],
+        micro_batch_size=c["micro_batch_size"],
+        grad_accum_steps=c["grad_accum_steps"],
+        global_batch_size=c["global_batch_size"],
+        precision=c["precision"],
+        activation_checkpointing=c["activation_checkpointing"],
+        parallelism=c.get("parallelism", "single"),
+        tokens_per_s_per_gpu=c["seq_len"] * c["global_batch_size"] / m.step_time_s,
+        mfu_percent=0.0,
+        source=m.source,
+        source_name="measured here",
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--runs", nargs="*", type=Path, default=sorted(RESULTS.glob("gpu_*")))
+    args = parser.parse_args(argv)
+    measured = [m for d in args.runs for m in measured_rows(d)]
+    if not measured:
+        print("no GPU result directory with a profile: run scripts/gpu_check.sh on a GPU first")
+        return 2
+    rows = [as_row(m) for m in measured]
+    results = []
+    for m, row in zip(measured, rows, strict=True):
+        predicted = wp.predict_row(row, wp.profile_for(row, rows))["predicted"]
+        step = predicted["step_time_s"]
+        results.append(
+            {
+                "source": m.source,
+                "target": m.target,
+                "config": {k: m.config.get(k) for k in ("model", "model_args", "seq_len")}
+                | {
+                    k: m.config.get(k)
+                    for k in (
+                        "precision",
+                        "activation_checkpointing",
+                        "micro_batch_size",
+                        "grad_accum_steps",
+                    )
+                },
+                "measured_step_time_s": m.step_time_s,
+                "predicted_step_time_s": step,
+                "error": step / m.step_time_s - 1,
+                "parts_s": (predicted["breakdown"]["time"] or {}).get("forward_backward_parts"),
+                "measured_peak_allocated_bytes": m.peak_allocated_bytes,
+                "predicted_traced_peak_bytes": predicted["breakdown"]["memory"][
+                    "fitted_peak_bytes"
+                ],
+            }
+        )
+    errors = [abs(r["error"]) for r in results]
+    lines = [
+        "# What-if (`advisor predict --target`) vs our own GPU runs",
+        "",
+        "Step time predicted from a trace-only CPU profile and the device's datasheet row, "
+        "against the median measured step (predicted / measured - 1). Nothing fitted on these "
+        "rows. `benchmarks/whatif_measured.py`.",
+        "",
+        "| run | target | precision | ckpt | mb×ga | measured s | predicted s | error |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for r in results:
+        c = r["config"]
+        lines.append(
+            f"| {r['source']} | {r['target']} | {c['precision']} | "
+            f"{c['activation_checkpointing']} | {c['micro_batch_size']}×{c['grad_accum_steps']} | "
+            f"{r['measured_step_time_s']:.4f} | {r['predicted_step_time_s']:.4f} | "
+            f"{r['error']:+.1%} |"
+        )
+    lines += [
+        "",
+        f"{len(results)} rows: median |error| {statistics.median(errors):.1%}, "
+        f"max {max(errors):.1%}.",
+    ]
+    text = "\n".join(lines) + "\n"
+    (RESULTS / "whatif_measured.md").write_text(text)
+    (RESULTS / "whatif_measured.json").write_text(json.dumps(results, indent=1) + "\n")
+    print(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,41 @@
+"""benchmarks/whatif_measured.py reads the GPU runs that ran alone, and only those."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+from benchmarks import whatif_measured as wm
+
+H200_RUN = wm.RESULTS / "gpu_h200_2026-12-04"
+
+
+def test_the_committed_h200_run_gives_its_validated_candidates_and_its_plans_training() -> None:
+    rows = wm.measured_rows(H200_RUN)
+    sources = [r.source.split(": ", 1)[1] for r in rows]
+    assert sources == [
+        "validated fp32/none/single1/mb32xga1/nw0",
+        "validated fp32/blocks:1/single1/mb32xga1/nw0",
+        "validated fp32/none/single1/mb16xga2/nw0",
+        "train_plan",
+    ]
+    assert {r.target for r in rows} == {"h200"}
+    assert rows[1].config["activation_checkpointing"] == "blocks:1"
+    assert rows[2].config["micro_batch_size"] == 16 and rows[2].config["grad_accum_steps"] == 2
+    # The training run: the median step after the first three (warm-up), 30 steps in all.
+    lines = (H200_RUN / "train_plan/metrics.jsonl").read_text().splitlines()
+    train = [json.loads(x) for x in lines]
+    steps = sorted(r["step_time_s"] for r in train if r["kind"] == "train")
+    assert steps[0] <= rows[3].step_time_s <= steps[-1]
+    row = wm.as_row(rows[3])
+    assert row.model_args == {"block_size": 1024} and row.target == "h200"
+
+
+def test_runs_that_shared_the_device_are_left_out(tmp_path: Path) -> None:
+    run = tmp_path / "gpu_x"
+    for part in ("profile", "train_plan", "train_fsdp_w1", "train_fp16"):
+        shutil.copytree(H200_RUN / part, run / part)
+    rows = wm.measured_rows(run)
+    assert [r.source for r in rows] == ["gpu_x: train_plan"]  # no plan.json: nothing validated
+    assert wm.measured_rows(tmp_path / "nothing") == []
