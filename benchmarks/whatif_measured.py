@@ -57,15 +57,16 @@ def _json(path: Path) -> Any:
 def measured_rows(run_dir: Path) -> list[Measured]:
     """The rows one ``gpu_check.sh`` result directory holds (see the module docstring)."""
     from profilers.hardware import match_device
+    from profilers.rundir import RunDir, TrainDir
 
-    profile = run_dir / "profile" / "profile.json"
+    profile = RunDir(run_dir / "profile").profile
     if not profile.is_file():
         return []
     spec = match_device(_json(profile)["device"]["name"])
     if spec is None:
         return []
     rows = []
-    plan = run_dir / "plan" / "plan.json"
+    plan = RunDir(run_dir / "plan").plan
     if plan.is_file():
         data = _json(plan)
         base = data["config"]
@@ -83,7 +84,7 @@ def measured_rows(run_dir: Path) -> list[Measured]:
     for run in sorted(run_dir.iterdir()):
         if not (run.name in ALONE_RUNS or run.name.startswith("real_")):
             continue
-        metrics, config = run / "metrics.jsonl", run / "train_config.json"
+        metrics, config = TrainDir(run).metrics, TrainDir(run).train_config
         if not (metrics.is_file() and config.is_file()):
             continue
         train = [

@@ -88,7 +88,7 @@ def summarise(out: Path) -> dict[str, Any]:
             "elapsed_s": profile["elapsed_s"],
             "probes": {
                 s: sum(p["status"] == s for p in profile["probes"])
-                for s in {p["status"] for p in profile["probes"]}
+                for s in sorted({p["status"] for p in profile["probes"]})
             },
             "memory_overhead": profile.get("memory_overhead"),
             "memory_checks": profile.get("memory_measured"),
@@ -113,7 +113,7 @@ def summarise(out: Path) -> dict[str, Any]:
         }
     runs = {}
     for run in sorted(out.iterdir()):
-        if (run / "metrics.jsonl").is_file() and (m := _metrics(run)) is not None:
+        if TrainDir(run).metrics.is_file() and (m := _metrics(run)) is not None:
             runs[run.name] = m | {"config": _train_config(run)}
     summary["train"] = runs
     if plan and "train_plan" in runs:
