@@ -96,10 +96,12 @@ stage recommend 90 "$PY" -m advisor recommend --profile "$WORK/profile/profile.j
 stage train_plan 60 "$PY" -m advisor train --plan "$WORK/plan/plan.json" --steps 20 --device "$DEVICE" \
   --eval-every 0 --eval-batches 1 --checkpoint-every 1000 --quiet --out "$WORK/train_plan"
 
-# Real-scale shapes of published runs (llm-foundry's MPT 760M and 1B: no bias, vocabulary
-# 50368), one GPU, bf16, sequence 2048: what benchmarks/whatif_measured.py predicts for an H200.
+# A real-scale shape of published runs (llm-foundry's MPT 1B: no bias, vocabulary 50368), one
+# GPU, bf16, sequence 2048, without and with full checkpointing: what
+# benchmarks/whatif_measured.py predicts for that GPU. 90 s each: building 1.3B parameters on
+# the host and the final checkpoint (16 GB with the optimizer state) take most of it.
 mpt() {  # mpt NAME N_LAYER N_HEAD N_EMBD MICRO_BATCH CHECKPOINTING
-  stage "real_$1" 55 "$PY" -m advisor train --model gpt-small --model-arg "n_layer=$2" \
+  stage "real_$1" 90 "$PY" -m advisor train --model gpt-small --model-arg "n_layer=$2" \
     --model-arg "n_head=$3" --model-arg "n_embd=$4" --model-arg vocab_size=50368 \
     --model-arg bias=false --model-arg block_size=2048 --seq-len 2048 --data synthetic --precision bf16 \
     --micro-batch-size "$5" --grad-accum-steps 1 --activation-checkpointing "$6" --steps 10 \
