@@ -32,9 +32,8 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "benchmarks"))
 
-import whatif_published as wp  # noqa: E402
+from benchmarks import whatif_published as wp  # noqa: E402
 
 RESULTS = ROOT / "benchmarks" / "results"
 ALONE_RUNS = ("train_plan",)  # plus every real_* run

@@ -109,6 +109,7 @@ class CoreResult:
     # Traced, never timed: a step at micro-batch 1 is predicted not to fit the device.
     unfit: list[tuple[str, str]] = field(default_factory=list)
     costs: _Costs = field(default_factory=lambda: _Costs())  # what a trace took, for refine
+    lead: str = "fp32"  # the precision timed first (lead_precision): the memory checks' too
 
     def untraced(self) -> list[tuple[str, str]]:
         """Skipped or unfit groups whose core sizes were not traced."""
@@ -180,12 +181,11 @@ def core_phase(
 
     share = run.clock.share("memory") + run.clock.share("throughput")
     deadline = time.perf_counter() + share
-    groups = ordered_groups(
-        precisions, run.options.checkpointing, lead_precision(device, precisions, run.on_gpu)
-    )
+    lead = lead_precision(device, precisions, run.on_gpu)
+    groups = ordered_groups(precisions, run.options.checkpointing, lead)
     sizes = tuple(run.options.trace_micro_batch_sizes[-2:])
     costs = _Costs(whole_factor=whole_trace_factor(scalable_layers(run.workload)))
-    out = CoreResult(costs=costs)
+    out = CoreResult(costs=costs, lead=lead)
     traced: dict[tuple[str, str], list[MemoryTrace]] = {}
 
     def trace_group(i: int, group: tuple[str, str]) -> None:

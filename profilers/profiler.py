@@ -30,7 +30,7 @@ from profilers.budget import Progress as Progress
 from profilers.phases_chunked import chunked_loss_phase
 from profilers.phases_comm import communication_phase
 from profilers.phases_compile import compile_phase
-from profilers.phases_core import core_phase, lead_precision, refine_phase
+from profilers.phases_core import core_phase, refine_phase
 from profilers.phases_distributed import distributed_trace_phase
 from profilers.phases_facts import device_phase, model_phase, usable_precisions
 from profilers.phases_input import input_phase
@@ -117,9 +117,7 @@ def run_profile(
     compiled = compile_phase(run, core.groups, core.timings)
     models = _fit_groups(fit_memory_models, traces, [], "memory")
     comm = communication_phase(run)
-    checks = memory_check_phase(
-        run, models, precisions, capacity, lead_precision(device, precisions, run.on_gpu)
-    )
+    checks = memory_check_phase(run, models, precisions, capacity, core.lead)
     world_sizes, layouts = _traced_layouts(options, target)
     order = None
     if core.unfit and not core.groups:
