@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.advisor.torchrun import run_world_2
+from tests.advisor.torchrun import end_rank, run_world_2
 
 TOLERANCE = 1e-6
 
@@ -78,7 +78,7 @@ def _rank_main(parallelism: str, out: str) -> None:  # pragma: no cover - runs u
             "tied": tied,
         }
         Path(out).write_text(json.dumps(diff))
-    dist.destroy_process_group()
+    end_rank()
 
 
 if __name__ == "__main__":

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.advisor.torchrun import run_world_2
+from tests.advisor.torchrun import end_rank, run_world_2
 
 RELATIVE_TOLERANCE = 1e-5  # as tests/advisor/test_compile.py: inductor reorders fp32 reductions
 PARALLELISMS = ("ddp", "fsdp")
@@ -64,7 +64,7 @@ def _rank_main(out: str) -> None:  # pragma: no cover - runs under torchrun
     result = {p: (losses(p, False), losses(p, True)) for p in PARALLELISMS}
     if rank == 0:
         Path(out).write_text(json.dumps(result))
-    dist.destroy_process_group()
+    end_rank()
 
 
 if __name__ == "__main__":

@@ -20,7 +20,7 @@ from click.testing import CliRunner
 from advisor.cli import main
 from strategies.commands import Command
 from strategies.config import ConfigError, TrainConfig, load_plan_config
-from tests.advisor.torchrun import run_world_2
+from tests.advisor.torchrun import end_rank, run_world_2
 
 TOLERANCE = 1e-6
 
@@ -170,7 +170,7 @@ def _rank_main(out: str) -> None:  # pragma: no cover - runs under torchrun
             "kept_modules": kept,
         }
         Path(out).write_text(json.dumps(diff))
-    dist.destroy_process_group()
+    end_rank()
 
 
 if __name__ == "__main__":
