@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import statistics
 import sys
 from dataclasses import dataclass
@@ -133,6 +134,18 @@ def as_row(m: Measured) -> Any:
     )
 
 
+def rms_log_errors(results: list[dict[str, Any]]) -> dict[str, tuple[int, float]]:
+    """Per precision: (rows, root mean square of log(predicted / measured)), the spread the
+    what-if's interval is sized by where no published run exists (fp32)."""
+    by: dict[str, list[float]] = {}
+    for r in results:
+        by.setdefault(r["config"]["precision"], []).append(math.log1p(r["error"]))
+    return {
+        p: (len(logs), math.sqrt(statistics.fmean(x * x for x in logs)))
+        for p, logs in sorted(by.items())
+    }
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", nargs="*", type=Path, default=sorted(RESULTS.glob("gpu_*")))
@@ -193,6 +206,12 @@ def main(argv: list[str] | None = None) -> int:
         "",
         f"{len(results)} rows: median |error| {statistics.median(errors):.1%}, "
         f"max {max(errors):.1%}.",
+        "",
+        *(
+            f"- {precision}: {n} rows, RMS log error {rms:.3f}"
+            + (" (strategies.uncertainty.WHAT_IF_FP32)" if precision == "fp32" else "")
+            for precision, (n, rms) in rms_log_errors(results).items()
+        ),
     ]
     text = "\n".join(lines) + "\n"
     (RESULTS / "whatif_measured.md").write_text(text)

@@ -770,6 +770,8 @@ def summary(results: Sequence[Result]) -> dict[str, float]:
         "rows": len(errors),
         "median_abs_error": statistics.median(errors),
         "max_abs_error": max(errors),
+        # The what-if's interval (strategies.uncertainty.WHAT_IF_PUBLISHED) is this, held out
+        "rms_log_error": math.sqrt(statistics.fmean(math.log1p(r.error) ** 2 for r in results)),
         "communication_hidden_median_abs_error": statistics.median(hidden),
         "communication_hidden_max_abs_error": max(hidden),
         "within_10pct": sum(e <= 0.10 for e in errors),
@@ -885,7 +887,8 @@ def _summary_line(name: str, s: Mapping[str, float]) -> str:
     return (
         f"- {name}: {s['rows']:.0f} rows, median |error| {s['median_abs_error']:.1%}, max "
         f"{s['max_abs_error']:.1%}, {s['within_10pct']:.0f} within 10%, "
-        f"{s['within_20pct']:.0f} within 20% ({verdict}: median <= 10%, max <= 20%); "
+        f"{s['within_20pct']:.0f} within 20% ({verdict}: median <= 10%, max <= 20%), "
+        f"RMS log error {s['rms_log_error']:.3f}; "
         f"memory: {s['predicted_to_fit']:.0f} of {s['rows']:.0f} published configs predicted "
         "to fit their GPU"
         + (

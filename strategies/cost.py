@@ -378,7 +378,7 @@ class CostModel:
         if busy is not None:
             terms.append(busy)
         if self.machine.estimate:
-            terms.append(source_term("what_if"))
+            terms.append(source_term("what_if_fp32" if c.precision == "fp32" else "what_if"))
         if compute.derived:
             terms.append(source_term("derived_checkpointing"))
         if compute.delta_se_s > 0 and compute.forward_backward_s > 0 and time.step_s > 0:

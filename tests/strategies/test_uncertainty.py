@@ -256,10 +256,18 @@ def test_a_what_if_prediction_is_an_estimate_with_its_own_term(model: CostModel)
     what_if = dataclasses.replace(
         model, machine=dataclasses.replace(model.machine, estimate=True, shared_host=False)
     )
-    p = _prediction(what_if, micro_batch_size=4, grad_accum_steps=2)
+    p = _prediction(what_if, micro_batch_size=4, grad_accum_steps=2, precision="bf16")
     assert p.uncertainty is not None
     assert source_term("what_if") in p.uncertainty.terms
+    assert source_term("what_if_fp32") not in p.uncertainty.terms
     assert host_term(False, None, None)[1] in [s for _, s, _ in p.uncertainty.terms]
+    # fp32, which no published run used, carries its own (measured, much wider) part instead
+    fp32 = _prediction(what_if, micro_batch_size=4, grad_accum_steps=2, precision="fp32")
+    assert fp32.uncertainty is not None
+    assert source_term("what_if_fp32") in fp32.uncertainty.terms
+    assert source_term("what_if") not in fp32.uncertainty.terms
+    (low, high), (low16, high16) = fp32.step_time_interval_s, p.step_time_interval_s  # type: ignore[misc]
+    assert high / low > 2 * (high16 / low16)
 
 
 def test_a_timed_delta_adds_its_own_standard_error() -> None:
