@@ -23,6 +23,10 @@ from strategies.commands import torchrun_args, torchrun_command
 LAUNCHED_ENV = "ADVISOR_LAUNCHED"
 
 
+class RanksFailed(AdvisorError):
+    """A rank of the job failed (the message names which, how, and why)."""
+
+
 @dataclass(frozen=True, kw_only=True)
 class LaunchSpec:
     world_size: int
@@ -93,7 +97,7 @@ def launch(spec: LaunchSpec, advisor_args: list[str]) -> None:
     try:
         run(args)
     except ChildFailedError as exc:
-        raise AdvisorError(_describe_failure(exc, time.monotonic() - started)) from None
+        raise RanksFailed(_describe_failure(exc, time.monotonic() - started)) from None
     finally:
         os.environ.pop(LAUNCHED_ENV, None)
 

@@ -85,7 +85,7 @@ def launch_ranks(
     config: TrainConfig, options: RunOptions, spec: LaunchSpec, say: Callable[[str], None]
 ) -> None:
     """Re-run ``advisor train`` once per rank through torchrun, with ``config`` as its plan."""
-    from advisor.launch import launch, node_commands
+    from advisor.launch import RanksFailed, launch, node_commands
 
     options.out.mkdir(parents=True, exist_ok=True)
     plan = TrainDir(options.out).launch_config
@@ -95,7 +95,43 @@ def launch_ranks(
         say("run on every node (with --out on a shared filesystem):")
         for command in node_commands(spec, args):
             say(f"  {command}")
-    launch(spec, args)
+    started = time.time()
+    try:
+        launch(spec, args)
+    except RanksFailed as exc:
+        final = completed_since(options.out, started)
+        if final is None:
+            raise
+        say(
+            f"warning: {exc}, after the run had completed: its final checkpoint ({final}) was "
+            "committed by every rank, so its results are whole (a rank can abort while the "
+            "interpreter tears down its process group: PyTorch issue #65231)"
+        )
+
+
+def completed_since(out: Path, started: float) -> Path | None:
+    """The final checkpoint of a run in ``out`` committed at or after ``started`` (epoch
+    seconds), or None: a failure after it came once every rank had finished its work.
+
+    The trainer commits the last step's checkpoint after every rank has written its part
+    (a barrier before rank 0's commit), so a committed checkpoint whose step is the run's last
+    means no rank had work left when one failed; a checkpoint from before this launch (a run
+    already complete when resumed) or of an earlier step does not count.
+    """
+    from advisor.trainer.checkpoint import CheckpointDir
+
+    checkpoints = CheckpointDir(TrainDir(out).checkpoints, keep_last=0)
+    latest = checkpoints.latest()
+    if latest is None:
+        return None
+    try:
+        if (latest / "extra.pt").stat().st_mtime < started:
+            return None
+        extra = CheckpointDir.load_extra(latest)
+    except Exception:  # unreadable (torch.load fails many ways): no proof of completion
+        return None
+    step, total = extra.get("step"), extra.get("total_steps")
+    return latest if isinstance(step, int) and step == total else None
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
