@@ -310,9 +310,10 @@ def resolve_target(request: SearchRequest) -> tuple[HardwareSpec, NetworkPreset 
         raise StrategyError("what-if planning needs --target (e.g. --target h100-80gb)")
     try:
         target = lookup_target(request.target)
-        network = None
-        if request.nodes > 1:
-            network = lookup_network(request.network or DEFAULT_NETWORK)
+        # A named network is checked even on one node (where no collective crosses it): a
+        # misspelt key is an error, never silently unused.
+        named = lookup_network(request.network) if request.network else None
+        network = (named or lookup_network(DEFAULT_NETWORK)) if request.nodes > 1 else None
     except ValueError as exc:
         raise StrategyError(str(exc)) from None
     return target, network

@@ -103,3 +103,15 @@ def test_whatif_space_uses_the_targets_precisions_and_exact_world_size() -> None
 def test_an_unknown_target_lists_the_known_ones() -> None:
     with pytest.raises(StrategyError, match=r"unknown target device 'h900'.*h100-80gb"):
         whatif_cost_model(hand_profile(), SearchRequest(global_batch_size=8, target="h900"))
+
+
+@pytest.mark.parametrize("nodes", [1, 2])
+def test_an_unknown_network_is_refused_on_any_number_of_nodes(nodes: int) -> None:
+    """On one node no collective crosses the network, but a misspelt key is still an error
+    (it used to be accepted silently there)."""
+    request = SearchRequest(
+        global_batch_size=16, world_size=8 * nodes, target="h100-80gb", nodes=nodes
+    )
+    with pytest.raises(StrategyError, match=r"unknown network 'ib-hdr-2000'.*ib-ndr-400"):
+        whatif_cost_model(hand_profile(), dataclasses.replace(request, network="ib-hdr-2000"))
+    whatif_cost_model(hand_profile(), dataclasses.replace(request, network="ib-hdr-200"))
