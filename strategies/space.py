@@ -112,6 +112,13 @@ class Candidate:
         if self.parallelism != "single":
             parts.append(self.layout)
         parts.append(f"{self.micro_batch_size}×{self.grad_accum_steps}")
+        return " · ".join([*parts, *self.extras()])
+
+    def extras(self) -> list[str]:
+        """The knobs beyond precision, checkpointing, layout and batch split that are not at
+        their defaults, one short word each: ``2w`` (loader workers), ``16ch`` (loss chunks),
+        ``kept`` (FSDP blocks kept gathered), ``compiled``."""
+        parts = []
         if self.num_workers:
             parts.append(f"{self.num_workers}w")
         if self.loss_chunks > 1:
@@ -120,7 +127,7 @@ class Candidate:
             parts.append("kept")
         if self.compile:
             parts.append("compiled")
-        return " · ".join(parts)
+        return parts
 
     def apply(self, base: TrainConfig) -> TrainConfig:
         """``base`` with this candidate's knobs (and the matching global batch)."""

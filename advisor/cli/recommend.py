@@ -102,12 +102,17 @@ def print_plan(plan: Any, out: Path) -> None:
         title=f"best of {search.get('space_size', search.get('num_evaluated', 0))} candidates "
         f"({search.get('mode', '')})"
     )
-    for column in ("", "prec", "ckpt", "layout", "mb×ga", "GiB", "pred tok/s (90%)", "meas tok/s"):
-        table.add_column(column, justify="right" if column.endswith(("s", "GiB")) else "left")
     rows = [(plan.candidate, plan.predicted)] + [
         (a.candidate, a.prediction) for a in plan.alternatives if a.prediction is not None
     ]
-    for i, (candidate, predicted) in enumerate(rows[:6]):
+    rows = rows[:6]
+    # The other knobs (loss chunks, FSDP blocks kept gathered, compile, loader workers) get a
+    # column when any row shown turns one: two rows must never look the same.
+    other = any(candidate.extras() for candidate, _ in rows)
+    columns = ("", "prec", "ckpt", "layout", "mb×ga", *(("other",) if other else ()), "GiB")
+    for column in (*columns, "pred tok/s (90%)", "meas tok/s"):
+        table.add_column(column, justify="right" if column.endswith(("s", "GiB")) else "left")
+    for i, (candidate, predicted) in enumerate(rows):
         m = measured.get(candidate.key)
         if m is None:
             shown = ""
@@ -121,6 +126,7 @@ def print_plan(plan: Any, out: Path) -> None:
             candidate.activation_checkpointing,
             candidate.layout,
             f"{candidate.micro_batch_size}×{candidate.grad_accum_steps}",
+            *((" ".join(candidate.extras()) or "-",) if other else ()),
             f"{predicted.peak_memory_bytes / GiB:.2f}",
             _with_interval(predicted),
             shown,
