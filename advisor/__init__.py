@@ -5,6 +5,7 @@ The Python API (``__all__`` is the public surface; everything else is internal):
     import advisor
     profile = advisor.profile(model="gpt-tiny", seq_len=128, out="runs/p")
     plan = advisor.recommend(profile, global_batch_size=8)
+    cost = advisor.predict(profile, micro_batch_size=4, precision="bf16")
     result = advisor.train(plan, steps=50, out="runs/x")
 
 Importing this package stays cheap and imports no torch (``advisor --help`` relies on it):
@@ -23,6 +24,7 @@ if TYPE_CHECKING:
         export,
         load_profile,
         model_spec,
+        predict,
         profile,
         recommend,
         train,
@@ -41,6 +43,7 @@ if TYPE_CHECKING:
 _OWNERS = {
     "profile": "advisor.api",
     "recommend": "advisor.api",
+    "predict": "advisor.api",
     "train": "advisor.api",
     "tune": "advisor.api",
     "export": "advisor.api",
@@ -81,6 +84,7 @@ __all__ = [
     "load_plan",
     "load_profile",
     "model_spec",
+    "predict",
     "profile",
     "recommend",
     "train",

@@ -1,9 +1,10 @@
-"""The Python API: ``advisor.profile``, ``advisor.recommend``, ``advisor.train``,
-``advisor.export`` — the very library functions the CLI calls, with keyword options named
-like its flags (``--global-batch-size`` → ``global_batch_size=``).
+"""The Python API: ``advisor.profile``, ``advisor.recommend``, ``advisor.predict``,
+``advisor.train``, ``advisor.export`` — the very library functions the CLI calls, with keyword
+options named like its flags (``--global-batch-size`` → ``global_batch_size=``).
 
     profile = advisor.profile(model="gpt-tiny", seq_len=128, out="runs/p")   → Profile
     plan = advisor.recommend(profile, global_batch_size=8)                   → Plan
+    cost = advisor.predict(profile, plan, micro_batch_size=4)                → Prediction
     advisor.export(plan, "hf")                                               → Export
     tuned = advisor.tune(plan, trials=12, out="runs/p")                      → TuneResult
     result = advisor.train(plan, steps=50, out="runs/x")                     → TrainSummary
@@ -49,6 +50,7 @@ if TYPE_CHECKING:
     from advisor.tuning import TuneProgress, TuneResult
     from profilers.profile_record import Profile
     from strategies.plan_records import Plan
+    from strategies.prediction import Prediction
 
 DEVICES = ("auto", "cpu", "cuda")
 
@@ -345,6 +347,83 @@ def recommend(
             device=device,
             progress=progress,
         )
+
+
+def predict(
+    profile: Profile | str | os.PathLike[str],
+    plan: Plan | TrainConfig | str | os.PathLike[str] | None = None,
+    *,
+    memory_budget: float = DEFAULT_MEMORY_BUDGET,
+    target: str | None = None,
+    nodes: int = 1,
+    network: str | None = None,
+    steps: int | None = None,
+    **config: Any,
+) -> Prediction:
+    """What one config would cost (``advisor predict``): peak memory, step time and tokens/s
+    with their 90% intervals, whether it fits, and the breakdown.
+
+    ``profile``: a Profile, or the path of a profile.json or of its directory. ``plan``: a
+    Plan, a TrainConfig or a plan.json path to price (None: the profile's model and sequence
+    length at the defaults); ``config``: TrainConfig keys over it, as the CLI's flags
+    (``micro_batch_size=8``, ``precision="bf16"``, ``activation_checkpointing="full"``
+    ...). The model is the profile's (a plan's must match it, as its sequence length must).
+    ``memory_budget``: the fraction of
+    device memory a plan may use (``fits``). ``target``/``nodes``/``network``: an estimate for
+    hardware that is not here. ``steps``: the run's length, over which a compiled config's
+    compile time is amortised.
+
+    Returns a :class:`strategies.prediction.Prediction` (``.step_time_s``,
+    ``.tokens_per_s``, ``.step_time_interval_s``, ``.fits``, ``.breakdown``, ``.to_dict()``);
+    raises ``Unpredictable`` when the profile lacks a measurement the config needs (the
+    message names the probe that would add it) and ``ConfigError`` for an inconsistent config.
+    """
+    from advisor.recommending import predict_config, read_profile
+    from profilers.profile_record import Profile
+    from strategies.config import compose_config, load_plan_config
+    from strategies.plan_records import Plan
+
+    _check_int("nodes", nodes, 1)
+    _check_int("steps", steps, 1)
+    prof = read_profile(profile if isinstance(profile, Profile) else Path(profile))
+    unknown = sorted(set(config) - {f.name for f in dataclasses.fields(TrainConfig)})
+    if unknown:
+        raise UsageProblem(
+            f"unknown TrainConfig key(s) {', '.join(unknown)}: use "
+            + ", ".join(f.name for f in dataclasses.fields(TrainConfig))
+        )
+    fixed = {"model", "model_args", "seq_len"} & set(config)
+    if fixed:
+        raise UsageProblem(
+            f"{', '.join(sorted(fixed))}: the profile's, not a knob to price: profile that "
+            "model and sequence length to price them"
+        )
+    workload = prof.workload
+    base = TrainConfig(
+        model=workload["model"],
+        model_args=dict(workload.get("model_args") or {}),
+        seq_len=int(workload["seq_len"]),
+    )
+    if plan is not None:
+        chosen = (
+            plan.config
+            if isinstance(plan, Plan)
+            else plan
+            if isinstance(plan, TrainConfig)
+            else load_plan_config(Path(plan))
+        )
+        knobs = {k: v for k, v in chosen.to_dict().items() if k not in {"model", "model_args"}}
+        base = compose_config(base, knobs)
+    prediction, _label = predict_config(
+        prof,
+        compose_config(base, config),
+        memory_budget=memory_budget,
+        target=target,
+        nodes=nodes,
+        network=network,
+        steps=steps,
+    )
+    return prediction
 
 
 def train(

@@ -296,6 +296,31 @@ def _profile_info(
     }
 
 
+def predict_config(
+    profile: str | Path | Profile,
+    config: TrainConfig,
+    *,
+    memory_budget: float = 0.9,
+    target: str | None = None,
+    nodes: int = 1,
+    network: str | None = None,
+    steps: int | None = None,
+) -> tuple[Prediction, str]:
+    """(what ``config`` would cost, the cost model's label): :func:`predict`'s record."""
+    prof = read_profile(profile)
+    request = SearchRequest(
+        global_batch_size=config.global_batch_size,
+        memory_budget=memory_budget,
+        world_size=config.world_size,
+        target=target,
+        nodes=nodes,
+        network=network,
+        run_steps=steps if steps is not None else DEFAULT_STEPS,
+    )
+    model, label = cost_model_for(prof, request)
+    return model.predict_config(config), label
+
+
 def predict(
     profile: str | Path | Profile,
     config: TrainConfig,
@@ -315,18 +340,15 @@ def predict(
     "estimate", "label"}``. Raises strategies' Unpredictable when the profile
     lacks a measurement the config needs.
     """
-    prof = read_profile(profile)
-    request = SearchRequest(
-        global_batch_size=config.global_batch_size,
+    prediction, label = predict_config(
+        profile,
+        config,
         memory_budget=memory_budget,
-        world_size=config.world_size,
         target=target,
         nodes=nodes,
         network=network,
-        run_steps=steps if steps is not None else DEFAULT_STEPS,
+        steps=steps,
     )
-    model, label = cost_model_for(prof, request)
-    prediction = model.predict_config(config)
     return {
         "config": config.to_dict(),
         "predicted": prediction.to_dict(),

@@ -1,4 +1,5 @@
-"""The Python API on one page: profile a model, pick its fastest config, export it, train it.
+"""The Python API on one page: profile a model, pick its fastest config, price it elsewhere,
+export it, train it.
 
 Tiny settings, so that it runs in about a minute on a laptop CPU; for a real model drop them
 (the default profile budget is 120 s). In a script keep the calls under
@@ -24,6 +25,10 @@ def main() -> None:
     print(f"predicted: {plan.predicted.tokens_per_s:,.0f} tokens/s")
     if plan.measured is not None:
         print(f"measured: {plan.measured.tokens_per_s:,.0f} tokens/s")
+
+    # What the chosen config would do on hardware that is not here (an estimate, no run)
+    h100 = advisor.predict(profile, plan, target="h100-80gb")
+    print(f"on an H100: {h100.tokens_per_s:,.0f} tokens/s (estimate)")
 
     # The same config for the Hugging Face Trainer (also: accelerate, lightning, deepspeed,
     # torchtitan); with out= it is written to runs/quickstart/training_args.json too.

@@ -79,7 +79,7 @@ def test_the_api_names_stay_functions_after_the_library_modules_are_imported() -
         "import advisor, advisor.api\n"
         "import advisor.recommending, advisor.profiling, advisor.training, advisor.exporters\n"
         "print(all(getattr(advisor, n) is getattr(advisor.api, n)"
-        " for n in ('profile', 'recommend', 'train', 'export')))"
+        " for n in ('profile', 'recommend', 'predict', 'train', 'export')))"
     )
     assert out == "True\n"
 
@@ -290,6 +290,44 @@ def test_recommend_carries_the_hyperparameters(tmp_path: Path) -> None:
         hand_profile(), global_batch_size=8, validate_top=0, hyperparameters={"lr": 3e-4}
     )
     assert plan.config.lr == 3e-4
+
+
+def test_predict_prices_a_plan_as_recommend_did_and_a_config_as_the_cli_does(
+    tmp_path: Path,
+) -> None:
+    profile = hand_profile()
+    plan = advisor.recommend(profile, global_batch_size=8, validate_top=0)
+    assert advisor.predict(profile, plan).to_dict() == plan.predicted.to_dict()
+    profile.save(tmp_path)
+    flags = {"micro_batch_size": 2, "grad_accum_steps": 4, "precision": "bf16"}
+    cost = advisor.predict(tmp_path, **flags)
+    result = CliRunner().invoke(
+        main,
+        [
+            *("predict", "--profile", str(tmp_path), "--micro-batch-size", "2"),
+            *("--grad-accum-steps", "4", "--precision", "bf16"),
+        ],
+    )
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.stdout)["predicted"] == json.loads(json.dumps(cost.to_dict()))
+    assert cost.step_time_interval_s is not None and cost.fits is True
+    bigger = advisor.predict(profile, plan, micro_batch_size=8, grad_accum_steps=1)
+    assert (
+        bigger.peak_memory_bytes
+        > advisor.predict(profile, plan, micro_batch_size=1, grad_accum_steps=8).peak_memory_bytes
+    )
+
+
+def test_predict_estimates_a_target_and_refuses_what_it_cannot_price() -> None:
+    profile = hand_profile()
+    estimate = advisor.predict(profile, target="h100-80gb", micro_batch_size=8)
+    assert estimate.estimate is True
+    with pytest.raises(UsageProblem, match=r"unknown TrainConfig key\(s\) micro_batch: use"):
+        advisor.predict(profile, micro_batch=8)
+    with pytest.raises(UsageProblem, match=r"^model, seq_len: the profile's, not a knob"):
+        advisor.predict(profile, model="gpt-small", seq_len=64)
+    with pytest.raises(advisor.StrategyError, match="unknown target device 'h900'"):
+        advisor.predict(profile, target="h900")
 
 
 def test_load_plan_names_the_fix(tmp_path: Path) -> None:

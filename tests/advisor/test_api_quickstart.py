@@ -53,8 +53,9 @@ def test_the_example_runs(tmp_path: Path) -> None:
     assert re.fullmatch(r"chosen: fp32, \w+, micro-batch \d+ × \d+ accumulation", lines[0])
     assert re.fullmatch(r"predicted: [\d,]+ tokens/s", lines[1])
     assert re.fullmatch(r"measured: [\d,]+ tokens/s", lines[2])  # validate_top=1 measured it
-    assert lines[3].startswith("TrainingArguments: {'output_dir': ")
-    assert re.fullmatch(r"trained 5 steps: loss \d+\.\d{3}", lines[4])
+    assert re.fullmatch(r"on an H100: [\d,]+ tokens/s \(estimate\)", lines[3])
+    assert lines[4].startswith("TrainingArguments: {'output_dir': ")
+    assert re.fullmatch(r"trained 5 steps: loss \d+\.\d{3}", lines[5])
     run = RunDir(tmp_path / "runs" / "quickstart")
     assert load_profile(run.profile).workload["model_args"] == {"n_layer": 1}
     plan = json.loads(run.plan.read_text())
