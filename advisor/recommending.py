@@ -321,34 +321,18 @@ def predict_config(
     return model.predict_config(config), label
 
 
-def predict(
-    profile: str | Path | Profile,
-    config: TrainConfig,
-    *,
-    memory_budget: float = 0.9,
-    target: str | None = None,
-    nodes: int = 1,
-    network: str | None = None,
-    steps: int | None = None,
-) -> dict[str, Any]:
-    """What ``config`` would cost on the profiled device (or, with ``target``, an estimate);
-    ``steps``: the run's length, over which a compiled config's compile time is amortised
-    (None: strategies.config.DEFAULT_STEPS).
+def predict(profile: str | Path | Profile, config: TrainConfig, **options: Any) -> dict[str, Any]:
+    """What ``config`` would cost on the profiled device (or, with ``target``, an estimate):
+    :func:`predict_config`'s record as ``advisor predict`` prints it; ``options`` are its
+    keywords (``memory_budget``, ``target``, ``nodes``, ``network``, ``steps``: the run's
+    length, over which a compiled config's compile time is amortised).
 
     Returns ``{"config", "predicted": {peak_memory_bytes, step_time_s, tokens_per_s,
     step_time_s_interval, tokens_per_s_interval (90%), uncertainty, fits, breakdown ...},
     "estimate", "label"}``. Raises strategies' Unpredictable when the profile
     lacks a measurement the config needs.
     """
-    prediction, label = predict_config(
-        profile,
-        config,
-        memory_budget=memory_budget,
-        target=target,
-        nodes=nodes,
-        network=network,
-        steps=steps,
-    )
+    prediction, label = predict_config(profile, config, **options)
     return {
         "config": config.to_dict(),
         "predicted": prediction.to_dict(),
