@@ -104,14 +104,15 @@ def launch_ranks(
             raise
         say(
             f"warning: {exc}, after the run had completed: its final checkpoint ({final}) was "
-            "committed by every rank, so its results are whole (a rank can abort while the "
-            "interpreter tears down its process group: PyTorch issue #65231)"
+            "committed by every rank, so its results are whole (a gloo rank can abort while "
+            "its interpreter tears down the process group, after its work)"
         )
 
 
 def completed_since(out: Path, started: float) -> Path | None:
     """The final checkpoint of a run in ``out`` committed at or after ``started`` (epoch
-    seconds), or None: a failure after it came once every rank had finished its work.
+    seconds), or None: a failure after it came once every rank had finished its work (the
+    teardown abort of PyTorch issue 65231 that CI saw in a test's ranks on 2026-12-04).
 
     The trainer commits the last step's checkpoint after every rank has written its part
     (a barrier before rank 0's commit), so a committed checkpoint whose step is the run's last
