@@ -192,6 +192,16 @@ def _check_int(name: str, value: int | None, minimum: int) -> None:
         raise UsageProblem(f"{name} must be {kind}, got {value!r}")
 
 
+def _check_config_keys(config: Mapping[str, Any]) -> None:
+    """Keyword arguments meant as TrainConfig keys: a UsageProblem listing the valid ones."""
+    unknown = sorted(set(config) - {f.name for f in dataclasses.fields(TrainConfig)})
+    if unknown:
+        raise UsageProblem(
+            f"unknown TrainConfig key(s) {', '.join(unknown)}: use "
+            + ", ".join(f.name for f in dataclasses.fields(TrainConfig))
+        )
+
+
 def _path(value: str | os.PathLike[str] | None) -> Path | None:
     return None if value is None else Path(value)
 
@@ -368,17 +378,16 @@ def predict(
     length at the defaults); ``config``: TrainConfig keys over it, as the CLI's flags
     (``micro_batch_size=8``, ``precision="bf16"``, ``activation_checkpointing="full"``
     ...). The model is the profile's (a plan's must match it, as its sequence length must).
-    ``memory_budget``: the fraction of
-    device memory a plan may use (``fits``). ``target``/``nodes``/``network``: an estimate for
-    hardware that is not here. ``steps``: the run's length, over which a compiled config's
-    compile time is amortised.
+    ``memory_budget``: the fraction of device memory a plan may use (``fits``).
+    ``target``/``nodes``/``network``: an estimate for hardware that is not here. ``steps``: the
+    run's length, over which a compiled config's compile time is amortised.
 
     Returns a :class:`strategies.prediction.Prediction` (``.step_time_s``,
     ``.tokens_per_s``, ``.step_time_interval_s``, ``.fits``, ``.breakdown``, ``.to_dict()``);
     raises ``Unpredictable`` when the profile lacks a measurement the config needs (the
     message names the probe that would add it) and ``ConfigError`` for an inconsistent config.
     """
-    from advisor.recommending import predict_config, read_profile
+    from advisor.recommending import predict_config, profiled_config, read_profile
     from profilers.profile_record import Profile
     from strategies.config import compose_config, load_plan_config
     from strategies.plan_records import Plan
@@ -386,24 +395,14 @@ def predict(
     _check_int("nodes", nodes, 1)
     _check_int("steps", steps, 1)
     prof = read_profile(profile if isinstance(profile, Profile) else Path(profile))
-    unknown = sorted(set(config) - {f.name for f in dataclasses.fields(TrainConfig)})
-    if unknown:
-        raise UsageProblem(
-            f"unknown TrainConfig key(s) {', '.join(unknown)}: use "
-            + ", ".join(f.name for f in dataclasses.fields(TrainConfig))
-        )
+    _check_config_keys(config)
     fixed = {"model", "model_args", "seq_len"} & set(config)
     if fixed:
         raise UsageProblem(
             f"{', '.join(sorted(fixed))}: the profile's, not a knob to price: profile that "
             "model and sequence length to price them"
         )
-    workload = prof.workload
-    base = TrainConfig(
-        model=workload["model"],
-        model_args=dict(workload.get("model_args") or {}),
-        seq_len=int(workload["seq_len"]),
-    )
+    base = profiled_config(prof)
     if plan is not None:
         chosen = (
             plan.config
@@ -478,12 +477,7 @@ def train(
     directory = _path(out)
     if resume and directory is None:
         raise UsageProblem("resume=True needs out= naming the run to continue")
-    unknown = sorted(set(config) - {f.name for f in dataclasses.fields(TrainConfig)})
-    if unknown:
-        raise UsageProblem(
-            f"unknown TrainConfig key(s) {', '.join(unknown)}: use "
-            + ", ".join(f.name for f in dataclasses.fields(TrainConfig))
-        )
+    _check_config_keys(config)
     if "model" in config:
         config["model"] = model_spec(config["model"])
     base = plan.config if isinstance(plan, Plan) else plan

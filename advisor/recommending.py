@@ -62,6 +62,17 @@ def profile_digest(profile: str | Path | Profile) -> str:
     return hashlib.sha256(text.encode()).hexdigest()
 
 
+def profiled_config(profile: Profile) -> TrainConfig:
+    """The profiled model and sequence length at the defaults: what ``advisor predict``
+    composes a config's flags onto."""
+    workload = profile.workload
+    return TrainConfig(
+        model=workload["model"],
+        model_args=dict(workload.get("model_args") or {}),
+        seq_len=int(workload["seq_len"]),
+    )
+
+
 def base_config(profile: Profile, request: SearchRequest) -> TrainConfig:
     """The TrainConfig every candidate shares: the profiled workload + the request's keys."""
     workload = profile.workload

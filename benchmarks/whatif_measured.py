@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import statistics
 import sys
 from dataclasses import dataclass
@@ -139,11 +138,8 @@ def rms_log_errors(results: list[dict[str, Any]]) -> dict[str, tuple[int, float]
     what-if's interval is sized by where no published run exists (fp32)."""
     by: dict[str, list[float]] = {}
     for r in results:
-        by.setdefault(r["config"]["precision"], []).append(math.log1p(r["error"]))
-    return {
-        p: (len(logs), math.sqrt(statistics.fmean(x * x for x in logs)))
-        for p, logs in sorted(by.items())
-    }
+        by.setdefault(r["config"]["precision"], []).append(r["error"])
+    return {p: (len(errors), wp.rms_log_error(errors)) for p, errors in sorted(by.items())}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -751,6 +751,12 @@ def fit_constants(results: Sequence[Result]) -> dict[str, tuple[float, float]]:
 # -- output ---------------------------------------------------------------------------------------
 
 
+def rms_log_error(errors: Iterable[float]) -> float:
+    """Root mean square of log(predicted / measured) over errors ``predicted / measured - 1``:
+    the spread that sizes a what-if's interval (strategies.uncertainty)."""
+    return math.sqrt(statistics.fmean(math.log1p(e) ** 2 for e in errors))
+
+
 def summary(results: Sequence[Result]) -> dict[str, float]:
     errors = [abs(r.error) for r in results]
     if not errors:
@@ -771,7 +777,7 @@ def summary(results: Sequence[Result]) -> dict[str, float]:
         "median_abs_error": statistics.median(errors),
         "max_abs_error": max(errors),
         # The what-if's interval (strategies.uncertainty.WHAT_IF_PUBLISHED) is this, held out
-        "rms_log_error": math.sqrt(statistics.fmean(math.log1p(r.error) ** 2 for r in results)),
+        "rms_log_error": rms_log_error(r.error for r in results),
         "communication_hidden_median_abs_error": statistics.median(hidden),
         "communication_hidden_max_abs_error": max(hidden),
         "within_10pct": sum(e <= 0.10 for e in errors),

@@ -35,18 +35,12 @@ def predict(**params: Any) -> None:
     """Predict peak memory, step time and tokens/s of one config (TrainConfig flags) from a
     profile, with the breakdown, as JSON."""
     from advisor.recommending import predict as run_predict
-    from advisor.recommending import read_profile
-    from strategies.config import TrainConfig, compose_config
+    from advisor.recommending import profiled_config, read_profile
+    from strategies.config import compose_config
 
     check_whatif(params)
     profile = read_profile(params["profile_path"])
-    workload = profile.workload
-    base = TrainConfig(
-        model=workload["model"],
-        model_args=dict(workload.get("model_args") or {}),
-        seq_len=int(workload["seq_len"]),
-    )
-    config = compose_config(base, explicit_config(params))
+    config = compose_config(profiled_config(profile), explicit_config(params))
     result = run_predict(
         profile, config, **pick(params, "memory_budget", "target", "nodes", "network", "steps")
     )
