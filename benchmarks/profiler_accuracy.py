@@ -293,6 +293,11 @@ def bench_model(model: str, settings: Settings) -> dict[str, Any]:
         memory_sizes = (
             sorted({int(x) for x in memory_model.forward_backward.xs}) if memory_model else []
         )
+        # How a blocks:K without traces of its own is priced: from the measured settings'
+        # windows (profilers.checkpointing_fits), else on the line in K between them.
+        memory_priced = (
+            "windows in K" if memory_model and memory_model.forward_backward.pieces else "line in K"
+        )
         time_sizes = sorted({int(x) for x in time_model.forward_backward.xs}) if time_model else []
         for b in settings.sizes:
             row: dict[str, Any] = {
@@ -301,6 +306,7 @@ def bench_model(model: str, settings: Settings) -> dict[str, Any]:
                 "activation_checkpointing": c,
                 "micro_batch_size": b,
                 "memory_probed_sizes": memory_sizes,
+                "memory_priced": memory_priced,
                 "time_probed_sizes": time_sizes,
             }
             truth = measured_memory[p, c, b]
@@ -440,7 +446,8 @@ def interleaved_order(models: Sequence[str], variants: Sequence[Variant]) -> lis
 def beyond(sizes: Sequence[int], b: int) -> bool:
     """Whether a memory fit extrapolates to ``b``: right of its largest traced size (left of
     the smallest it is floored there). False for a fit with no sizes of its own: ``blocks:K``
-    priced on the line in K through the measured settings, which is what is being judged."""
+    priced from the measured settings (their windows, or the line in K through them), which
+    is what is being judged."""
     return bool(sizes) and b > max(sizes)
 
 
@@ -640,7 +647,7 @@ def model_section(bench: dict[str, Any], heading: str) -> list[str]:
         )
         lines.append(
             f"| {r['precision']} | {r['activation_checkpointing']} | {r['micro_batch_size']} | "
-            f"{r['memory_probed_sizes'] or 'line in K'} | {mem} | "
+            f"{r['memory_probed_sizes'] or r.get('memory_priced', 'line in K')} | {mem} | "
             f"{r['time_probed_sizes'] or 'line in K'} | {tim} |"
         )
     skipped = [p for p in prof["throughput_probes"] if p["status"] != "ok"]

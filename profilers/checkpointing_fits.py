@@ -1,20 +1,36 @@
 """Fits of ``blocks:K`` checkpointing for any K, from the measured settings around it.
 
-A profile measures ``none``, ``full`` and one middle ``blocks:K`` (K = L // 2); every other K is
-a line between the nearest two measured anchors, so the search can price any K without a
-trace or a timing of each.
+A profile measures ``none``, ``full`` and one middle ``blocks:M`` (M = L // 2); every other K
+is priced from them, so the search can price any K without a trace or a timing of each.
 
-Memory. Each checkpointed block keeps only its input instead of its activations, so at any
-one moment of the step the live bytes are affine in K; the peak is the largest over the
-step's moments, a maximum of lines, hence convex in K. A line between two measured anchors
-(``none`` at K = 0, the middle ``blocks:K``, ``full`` at K = L) is then never below the truth
-between them: on the safe side of a memory budget, and exact where one moment holds the peak
-throughout. Traced here (4 blocks, seq_len 128, micro-batch 8): gpt-tiny with n_embd 32 is
-exactly linear in K (the loss's moment wins throughout); in the presets the per-block savings
-shrink with K (gpt-tiny: 15.8, 13.7, 11.5, 0 MB: checkpointing the last block too saves
-nothing at the peak), so the line through the middle anchor over-predicts blocks:1 by 1.1%
-(llama-tiny 1.6%) and blocks:3 by 7.9% (llama-tiny 12.0%); through none and full alone by up
-to 14% (20%). Tests: tests/advisor/test_memory_selective.py.
+Memory, from the windows of the traces (:func:`windowed_blocks_model`). Each checkpointed
+block keeps only its input instead of its activations, a saving s per block; the trace of a
+model with repeated blocks keeps its forward+backward peak per window
+(``MemoryTrace.window_peaks``), split where the last block's backward ends, and the peak of
+blocks:K is the larger of the two parts, each exact from three traces:
+
+* before that moment (window "F", and "A" under autocast) every block's saved tensors are
+  live at the window's peak, and blocks:K never checkpoints the last block
+  (profilers.checkpointing.checkpointed_blocks), so each window's peak is a line in K,
+  P(K) = P(0) - K * s: the line through none and blocks:M, window by window;
+* after it (window "B"), at block j's backward (j = L-2 .. 0) the live bytes are those at
+  the top of backward, less d for each block below the top (its activations freed, its
+  gradients made) and less s for each checkpointed block below j (saved input instead of
+  activations; block j's own are live either way, saved or recomputed):
+  B(K) = max over j of [B(none) - (L-2-j) * d - s * |checkpointed blocks below j|], s from
+  window "A" (or "F") of none and blocks:M, d from B(none) and B(full) over L-2 blocks
+  (when the top wins in full, d stands in at s: exact at the peak all the same).
+
+The model is checked against the measured blocks:M (its B must come out no lower than
+measured) and not used when it fails, when a setting has no windows (records before they
+were kept; a distributed rank's windows are per block) or L < 3: then the line in K between
+the nearest measured settings prices it. That line is never below the truth (the peak, a
+max of lines in K, is convex) but not exact: the savings per block shrink towards K = L
+(gpt-tiny, seq 128: 15.8, 13.7, 11.5, 0 MB; blocks:L-1 peaks as full does), so the line
+over-predicted blocks:3 of 4 by up to 14.8% in the profiler accuracy benchmark. Traced
+against whole traces (tests/profilers/test_checkpointing_windows.py): gpt-tiny, llama-tiny
+and bert-tiny, fp32 and bf16, with and without accumulation, every K exact to the byte at
+the traced sizes.
 
 Time. A ``blocks:K`` step recomputes the forward of K blocks where ``full`` recomputes all L:
 t(K) = t(none) + (K / L) · (t(full) - t(none)), through the middle timing when there is one.
@@ -26,19 +42,30 @@ anchors are pure lines, this is the line between their predictions at every micr
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from typing import TypeVar
 
-from profilers.checkpointing import BLOCKS_PREFIX, FULL, NONE, parse_checkpointing
-from profilers.fit import AffineFit
+from profilers.checkpointing import (
+    BLOCKS_PREFIX,
+    FULL,
+    NONE,
+    checkpointed_blocks,
+    parse_checkpointing,
+)
+from profilers.fit import AffineFit, envelope, fit_hinged
 from profilers.memory_model import MemoryModel
 from profilers.throughput import TimeModel
 
 _M = TypeVar("_M", MemoryModel, TimeModel)
+# How far (a fraction) the windowed model may fall below the measured blocks:M's window B
+# before it is not used (fit residuals: the windows are fitted over b one by one).
+_CHECK = 0.001
 
 
 def lerp_fit(low: AffineFit, high: AffineFit, w: float) -> AffineFit:
     """The fit a fraction ``w`` of the way from ``low`` to ``high`` (no samples of its own)."""
+    if low.pieces or high.pieces:
+        raise ValueError("an envelope of fits is not interpolated piece by piece")
     floor = (
         None
         if low.floor is None or high.floor is None
@@ -66,7 +93,7 @@ def _anchors(lookup: Callable[[str], _M | None], num_layers: int, full_at: int) 
     return out
 
 
-def _bracket(anchors: dict[int, _M], k: int) -> tuple[int, int] | None:
+def _bracket(anchors: Mapping[int, _M], k: int) -> tuple[int, int] | None:
     below = [a for a in anchors if a <= k]
     above = [a for a in anchors if a >= k]
     if not below or not above:
@@ -85,7 +112,124 @@ def blocks_memory_model(
     if parsed.kind != "blocks" or not 0 < parsed.blocks < num_layers:
         return None
     anchors = _anchors(lookup, num_layers, num_layers)
+    windowed = windowed_blocks_model(anchors, parsed.blocks, num_layers)
+    if windowed is not None:
+        return windowed
     return _interpolate(anchors, parsed.blocks, setting, _lerp_memory)
+
+
+def windowed_blocks_model(
+    anchors: Mapping[int, MemoryModel], k: int, num_layers: int
+) -> MemoryModel | None:
+    """``blocks:K``'s memory fit from the window fits of ``none`` (anchor 0), a measured
+    ``blocks:M`` (the nearest to K) and ``full`` (anchor L), per the model in this module's
+    docstring: each window of blocks:K at the sizes they were traced at, fitted over b, and
+    the largest window at any b (an envelope); None when one of them has no windows, L < 3,
+    or the model fails its check against the measured ``blocks:M`` (then the line in K
+    prices it). With accumulation the same from their window fits with accumulation: at the
+    sizes traced so when there are two, else each window of the fit without accumulation
+    moved by what the model adds to that window at the one size traced so (as each traced
+    setting's windows are: ``accumulation_source`` "offset"); without such fits, the line
+    in K's."""
+    none, full = anchors.get(0), anchors.get(num_layers)
+    middles = sorted((m for m in anchors if 0 < m < num_layers), key=lambda m: (abs(m - k), -m))
+    if none is None or full is None or not middles or num_layers < 3 or not 0 < k < num_layers:
+        return None
+    m = middles[0]
+    trio = (none, anchors[m], full)
+    sizes = sorted({x for model in trio for x in model.forward_backward.xs})
+    plain = _window_peaks([t.windows for t in trio], m, k, num_layers, sizes)
+    if plain is None or len(sizes) < 2:
+        return None
+    pieces = {name: fit_hinged(sizes, values) for name, values in plain.items()}
+    low, high = _bracket(anchors, k) or (0, num_layers)
+    line = _lerp_memory(
+        anchors[low], anchors[high], (k - low) / (high - low) if high > low else 0.0
+    )
+    accumulating = line.forward_backward_accumulating
+    traced = sorted({x for model in trio for x in model.forward_backward_accumulating.xs})
+    added = _window_peaks([t.windows_accumulating for t in trio], m, k, num_layers, traced)
+    if added is not None and len(traced) >= 2:
+        accumulating = envelope([fit_hinged(traced, v) for v in added.values()])
+    elif added is not None and traced:
+        at = traced[0]
+        accumulating = envelope(
+            [fit.shifted(added[name][0] - fit.predict(at)) for name, fit in pieces.items()]
+        )
+    return dataclasses.replace(
+        line,
+        activation_checkpointing=f"{BLOCKS_PREFIX}{k}",
+        # No sizes of its own (as the line in K's): derived from the measured settings.
+        forward_backward=envelope(list(pieces.values())),
+        forward_backward_accumulating=accumulating,
+    )
+
+
+def _window_peaks(
+    windows: Sequence[Sequence[tuple[str, AffineFit]]],
+    m: int,
+    k: int,
+    num_layers: int,
+    sizes: Sequence[float],
+) -> dict[str, list[float]] | None:
+    """blocks:K's peak per window at each of ``sizes``, from the window fits of none,
+    blocks:M and full (``windows``, in that order); None where the model does not apply."""
+    names = [name for name, _ in windows[0]]
+    # full's windows before B may be cut differently (its last block's recompute ends the
+    # autocast window "F" early in fp32), and only its B is read.
+    if (
+        "B" not in names
+        or len(names) < 2
+        or [n for n, _ in windows[1]] != names
+        or "B" not in dict(windows[2])
+    ):
+        return None
+    none, middle, full = (dict(w) for w in windows)
+    blocks_k = checkpointed_blocks(f"{BLOCKS_PREFIX}{k}", num_layers)
+    blocks_m = checkpointed_blocks(f"{BLOCKS_PREFIX}{m}", num_layers)
+    pre = [name for name in names if name != "B"]
+    out: dict[str, list[float]] = {name: [] for name in names}
+    for b in sizes:
+        terms = _after_terms(none, middle, full, pre[-1], m, num_layers, b)
+        if terms is None:
+            return None
+        # The check: the model must not fall below what blocks:M itself measured.
+        if _after_peak(terms, blocks_m, num_layers) < middle["B"].predict(b) * (1 - _CHECK):
+            return None
+        out["B"].append(_after_peak(terms, blocks_k, num_layers))
+        for name in pre:
+            at_none, at_m = none[name].predict(b), middle[name].predict(b)
+            out[name].append(at_none + k / m * (at_m - at_none))
+    return out
+
+
+def _after_terms(
+    none: Mapping[str, AffineFit],
+    middle: Mapping[str, AffineFit],
+    full: Mapping[str, AffineFit],
+    last_pre: str,
+    m: int,
+    num_layers: int,
+    b: float,
+) -> tuple[float, float, float] | None:
+    """(B(none), saving per checkpointed block, change per block of backward) at b, or None
+    when checkpointing raised a peak (the model's premise)."""
+    saving = (none[last_pre].predict(b) - middle[last_pre].predict(b)) / m
+    top = none["B"].predict(b)
+    step = (top - full["B"].predict(b)) / (num_layers - 2)
+    if saving < 0 or step < 0:
+        return None
+    return top, saving, step
+
+
+def _after_peak(terms: tuple[float, float, float], checkpointed: Sequence[int], L: int) -> float:
+    """Window B's peak: the largest over the backward of blocks j = L-2 .. 0 of B(none) less
+    one step per block below the top and one saving per checkpointed block below j."""
+    top, saving, step = terms
+    return max(
+        top - (L - 2 - j) * step - saving * sum(1 for i in checkpointed if i < j)
+        for j in range(L - 1)
+    )
 
 
 def blocks_time_model(
@@ -150,6 +294,8 @@ def _lerp_memory(low: MemoryModel, high: MemoryModel, w: float) -> MemoryModel:
         optimizer_step=lerp_fit(low.optimizer_step, high.optimizer_step, w),
         # Windows are not on the line: an FSDP fit reshards by the bound instead.
         reshard_points=(),
+        windows=(),
+        windows_accumulating=(),
     )
 
 

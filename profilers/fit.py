@@ -17,26 +17,32 @@ from typing import Any
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class AffineFit:
-    """y = intercept + slope * x, or max(floor, that) for a hinged fit (see fit_hinged)."""
+    """y = intercept + slope * x, or max(floor, that) for a hinged fit (see fit_hinged), or
+    the largest of ``pieces`` for an envelope (see :func:`envelope`)."""
 
     intercept: float
     slope: float
     xs: tuple[float, ...]
     ys: tuple[float, ...]
     floor: float | None = None
+    # An envelope's fits (intercept, slope and floor are then its steepest piece's).
+    pieces: tuple[AffineFit, ...] = ()
 
     def predict(self, x: float) -> float:
+        if self.pieces:
+            return max(piece.predict(x) for piece in self.pieces)
         line = self.intercept + self.slope * x
         return line if self.floor is None else max(self.floor, line)
 
     def shifted(self, offset: float) -> AffineFit:
-        """The same fit moved up by ``offset`` (floor included)."""
+        """The same fit moved up by ``offset`` (floor and pieces included)."""
         return AffineFit(
             intercept=self.intercept + offset,
             slope=self.slope,
             xs=(),
             ys=(),
             floor=None if self.floor is None else self.floor + offset,
+            pieces=tuple(piece.shifted(offset) for piece in self.pieces),
         )
 
     def mapped(self, scale: float, offset: float) -> AffineFit:
@@ -50,6 +56,7 @@ class AffineFit:
             xs=self.xs,
             ys=tuple(scale * y + offset for y in self.ys),
             floor=None if self.floor is None else scale * self.floor + offset,
+            pieces=tuple(piece.mapped(scale, offset) for piece in self.pieces),
         )
 
     @property
@@ -73,6 +80,7 @@ class AffineFit:
             "residuals": list(self.residuals),
             "max_relative_residual": self.max_relative_residual,
             "floor": self.floor,
+            **({"pieces": [piece.to_dict() for piece in self.pieces]} if self.pieces else {}),
         }
 
     @classmethod
@@ -83,7 +91,26 @@ class AffineFit:
             xs=tuple(float(x) for x in data.get("xs", ())),
             ys=tuple(float(y) for y in data.get("ys", ())),
             floor=None if data.get("floor") is None else float(data["floor"]),
+            pieces=tuple(cls.from_dict(piece) for piece in data.get("pieces") or ()),
         )
+
+
+def envelope(pieces: Sequence[AffineFit], xs: Sequence[float] = ()) -> AffineFit:
+    """The largest of ``pieces`` at every x: a peak that is the maximum of parts each affine
+    in x (e.g. the windows of a training step, each peaking at its own moment), where one
+    line through the maximum's values would cut the kinks. ``xs``: the points it was
+    measured at (its ``ys`` its values there); none for one derived from other fits."""
+    if not pieces:
+        raise ValueError("an envelope needs at least one piece")
+    steepest = max(pieces, key=lambda piece: piece.slope)
+    return AffineFit(
+        intercept=steepest.intercept,
+        slope=steepest.slope,
+        xs=tuple(float(x) for x in xs),
+        ys=tuple(max(piece.predict(x) for piece in pieces) for x in xs),
+        floor=steepest.floor,
+        pieces=tuple(pieces),
+    )
 
 
 def fit_affine(xs: Sequence[float], ys: Sequence[float]) -> AffineFit:

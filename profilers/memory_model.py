@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 from profilers.fit import AffineFit, fit_hinged
@@ -69,6 +70,13 @@ class MemoryModel:
     # (per window, the most unsharded and the most sharded bytes live): what resharded() scales.
     # Empty: not FSDP, or traced before windows were kept (resharded() bounds it instead).
     reshard_points: tuple[tuple[int, tuple[tuple[int, int], ...]], ...] = ()
+    # One device: the forward+backward peak per window of the step (MemoryTrace.window_peaks:
+    # "F", "A" before the last block's backward ends, "B" after), each fitted over b as the
+    # whole peak is; ``windows_accumulating`` the same with accumulation (fitted, or each
+    # window shifted by what one traced size measured, as accumulation_source says). What
+    # prices a blocks:K nobody traced (profilers.checkpointing_fits). Empty: not traced so.
+    windows: tuple[tuple[str, AffineFit], ...] = ()
+    windows_accumulating: tuple[tuple[str, AffineFit], ...] = ()
 
     def predict(self, micro_batch_size: int, grad_accum_steps: int = 1) -> int:
         """Predicted peak bytes of one optimizer step."""
@@ -183,6 +191,12 @@ class MemoryModel:
                 if self.reshard_points
                 else {}
             ),
+            **({"windows": _windows_dict(self.windows)} if self.windows else {}),
+            **(
+                {"windows_accumulating": _windows_dict(self.windows_accumulating)}
+                if self.windows_accumulating
+                else {}
+            ),
         }
 
     @classmethod
@@ -210,7 +224,17 @@ class MemoryModel:
                 (int(b), tuple((int(r), int(s)) for r, s in ws))
                 for b, ws in data.get("reshard_points") or ()
             ),
+            windows=_windows_from(data.get("windows")),
+            windows_accumulating=_windows_from(data.get("windows_accumulating")),
         )
+
+
+def _windows_dict(windows: Sequence[tuple[str, AffineFit]]) -> dict[str, Any]:
+    return {name: fit.to_dict() for name, fit in windows}
+
+
+def _windows_from(data: Mapping[str, Any] | None) -> tuple[tuple[str, AffineFit], ...]:
+    return tuple((str(name), AffineFit.from_dict(fit)) for name, fit in (data or {}).items())
 
 
 def fit_memory(traces: Sequence[MemoryTrace]) -> MemoryModel:
@@ -242,23 +266,20 @@ def fit_memory(traces: Sequence[MemoryTrace]) -> MemoryModel:
     forward_backward = _fit(single, "forward_backward_peak_bytes")
     optimizer_step = _fit(single, "optimizer_step_peak_bytes")
     reference = max(single, key=lambda t: t.spec.micro_batch_size)
-    source = "fit"
-    if len({t.spec.micro_batch_size for t in accumulating}) >= 2:
-        accumulating_fit = _fit(accumulating, "forward_backward_peak_bytes")
-    else:
-        if accumulating:
-            source = "offset"
-            extra = max(
-                t.forward_backward_peak_bytes - forward_backward.predict(t.spec.micro_batch_size)
-                for t in accumulating
-            )
-            xs = tuple(float(t.spec.micro_batch_size) for t in accumulating)
-            ys = tuple(float(t.forward_backward_peak_bytes) for t in accumulating)
-        else:
-            source, extra, xs, ys = "gradient_bytes", reference.gradient_bytes, (), ()
-        moved = forward_backward.shifted(extra)
-        accumulating_fit = AffineFit(
-            intercept=moved.intercept, slope=moved.slope, xs=xs, ys=ys, floor=moved.floor
+    source = (
+        "fit"
+        if len({t.spec.micro_batch_size for t in accumulating}) >= 2
+        else ("offset" if accumulating else "gradient_bytes")
+    )
+    accumulating_fit = _accumulating(
+        forward_backward, accumulating, source, reference.gradient_bytes, _total_peak
+    )
+    windows = _window_fits(single)
+    windows_accumulating: tuple[tuple[str, AffineFit], ...] = ()
+    if windows and accumulating and _window_names(accumulating) == tuple(n for n, _ in windows):
+        windows_accumulating = tuple(
+            (name, _accumulating(fit, accumulating, source, 0, partial(_window_peak, name=name)))
+            for name, fit in windows
         )
     first = traces[0]
     return MemoryModel(
@@ -279,6 +300,51 @@ def fit_memory(traces: Sequence[MemoryTrace]) -> MemoryModel:
         loss_chunks=first.spec.loss_chunks,
         fsdp_reshard_after_forward=first.spec.fsdp_reshard_after_forward,
         reshard_points=_reshard_points(single),
+        windows=windows,
+        windows_accumulating=windows_accumulating,
+    )
+
+
+def _total_peak(trace: MemoryTrace) -> int:
+    return trace.forward_backward_peak_bytes
+
+
+def _window_peak(trace: MemoryTrace, name: str) -> int:
+    return dict(trace.window_peaks)[name]
+
+
+def _accumulating(
+    fit: AffineFit,
+    accumulating: Sequence[MemoryTrace],
+    source: str,
+    gradient_bytes: int,
+    peak: Callable[[MemoryTrace], int],
+) -> AffineFit:
+    """The fit with accumulation of what ``peak`` reads from a trace, ``fit`` being the same
+    without: fitted on its own traces, or ``fit`` shifted by the most any one measured above
+    it (``offset``), or by the gradient bytes (``gradient_bytes``: none traced)."""
+    if source == "fit":
+        return _fit_by(accumulating, peak)
+    if source == "offset":
+        extra = max(peak(t) - fit.predict(t.spec.micro_batch_size) for t in accumulating)
+        xs = tuple(float(t.spec.micro_batch_size) for t in accumulating)
+        ys = tuple(float(peak(t)) for t in accumulating)
+    else:
+        extra, xs, ys = gradient_bytes, (), ()
+    moved = fit.shifted(extra)
+    return AffineFit(intercept=moved.intercept, slope=moved.slope, xs=xs, ys=ys, floor=moved.floor)
+
+
+def _window_names(traces: Sequence[MemoryTrace]) -> tuple[str, ...]:
+    """The windows every one of ``traces`` has, in order (empty when they differ)."""
+    names = {tuple(n for n, _ in t.window_peaks) for t in traces}
+    return names.pop() if len(names) == 1 else ()
+
+
+def _window_fits(single: Sequence[MemoryTrace]) -> tuple[tuple[str, AffineFit], ...]:
+    """Each window's peak fitted over b, when every trace has the same windows."""
+    return tuple(
+        (name, _fit_by(single, partial(_window_peak, name=name))) for name in _window_names(single)
     )
 
 
@@ -293,9 +359,12 @@ def _reshard_points(
 
 
 def _fit(traces: Sequence[MemoryTrace], attribute: str) -> AffineFit:
+    return _fit_by(traces, lambda t: int(getattr(t, attribute)))
+
+
+def _fit_by(traces: Sequence[MemoryTrace], peak: Callable[[MemoryTrace], int]) -> AffineFit:
     return fit_hinged(
-        [float(t.spec.micro_batch_size) for t in traces],
-        [float(getattr(t, attribute)) for t in traces],
+        [float(t.spec.micro_batch_size) for t in traces], [float(peak(t)) for t in traces]
     )
 
 

@@ -96,6 +96,13 @@ class MemoryTrace:
     # holds at most max over windows of (unsharded + sharded x N/N'): MemoryModel.resharded.
     # Empty: not an FSDP rank, or traced before windows were kept.
     reshard_windows: tuple[tuple[int, int], ...] = ()
+    # One device's forward+backward peak per window of the step, split where the last
+    # repeated block's backward ends (memory_tracing.PeakWindows: "F" the forward until
+    # autocast drops its weight copies, "A" until that backward ends, "B" the rest of
+    # backward), in that order; the largest is forward_backward_peak_bytes. What prices
+    # blocks:K from the traced settings (checkpointing_fits). Empty: a model without repeated
+    # blocks, a distributed rank, or traced before windows were kept.
+    window_peaks: tuple[tuple[str, int], ...] = ()
 
     @property
     def peak_phase(self) -> str:
@@ -133,6 +140,7 @@ class MemoryTrace:
                 if self.reshard_windows
                 else {}
             ),
+            **({"window_peaks": dict(self.window_peaks)} if self.window_peaks else {}),
         }
 
     @classmethod
@@ -155,6 +163,9 @@ class MemoryTrace:
             scaled_from_blocks=_pair(data.get("scaled_from_blocks")),
             reshard_windows=tuple(
                 (int(rest), int(sharded)) for rest, sharded in data.get("reshard_windows") or ()
+            ),
+            window_peaks=tuple(
+                (str(name), int(peak)) for name, peak in (data.get("window_peaks") or {}).items()
             ),
         )
 

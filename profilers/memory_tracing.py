@@ -24,7 +24,7 @@ import copy
 import dataclasses
 import math
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -34,7 +34,7 @@ from torch.distributed._tools.mem_tracker import MemTracker
 
 from profilers.memory_grad_sums import GradSumsInPlace
 from profilers.memory_records import MemoryBreakdown, MemoryTrace
-from profilers.workload import StepSpec, Workload
+from profilers.workload import BlockScalableWorkload, StepSpec, Workload
 
 # MemTracker's categories (``_MemRefType`` values) -> MemoryBreakdown fields.
 _CATEGORY_FIELDS = {
@@ -170,9 +170,28 @@ class _StepMemTracker(GradSumsInPlace, PeakWindows, MemTracker):
 
 
 def trace(workload: Workload, spec: StepSpec, *, cuda_rounding: bool) -> MemoryTrace:
+    """Trace one step of the whole model; a model with repeated blocks is split at the last
+    one's backward, so the trace keeps its window peaks (``MemoryTrace.window_peaks``)."""
     started = time.perf_counter()
-    raw = trace_raw(workload, spec, cuda_rounding=cuda_rounding)
+    raw = trace_raw(workload, spec, cuda_rounding=cuda_rounding, split_after=last_block(workload))
     return raw.assemble(spec, cuda_rounding=cuda_rounding, started=started)
+
+
+def last_block(workload: Workload) -> Callable[[Any], torch.nn.Module | None] | None:
+    """``split_after`` for :func:`trace_raw`: the step's last repeated block (None for a
+    workload that cannot name its blocks, or a step without any)."""
+    if not isinstance(workload, BlockScalableWorkload):
+        return None
+
+    def last(step: Any) -> torch.nn.Module | None:
+        blocks = workload.step_blocks(step)
+        return blocks[-1] if blocks else None
+
+    return last
+
+
+# The windows of a one-device trace split at the last block's backward, in the step's order.
+STEP_WINDOWS: tuple[str, ...] = ("F", "A", "B")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -205,7 +224,12 @@ class RawTrace:
             started=started,
         )
         windows = tuple(self.reshard_windows[k] for k in sorted(self.reshard_windows))
-        return dataclasses.replace(trace, reshard_windows=windows)
+        peaks = (
+            tuple((k, self.windows[k].total) for k in STEP_WINDOWS if k in self.windows)
+            if "B" in self.windows and set(self.windows) <= set(STEP_WINDOWS)
+            else ()
+        )
+        return dataclasses.replace(trace, reshard_windows=windows, window_peaks=peaks)
 
 
 def trace_raw(
@@ -216,7 +240,7 @@ def trace_raw(
     split_after: Any = None,
 ) -> RawTrace:
     """Trace one step; ``split_after(step)`` (optional) names the module whose backward ends
-    window "A" (see ``_StepMemTracker.split_after``)."""
+    window "A" (see ``_StepMemTracker.split_after``; None: not split)."""
     round_bytes = cuda_block_bytes if cuda_rounding else _identity
     with contextlib.ExitStack() as stack:
         stack.enter_context(FakeTensorMode(allow_non_fake_inputs=True))
@@ -229,14 +253,15 @@ def trace_raw(
         with tracker:
             tracker.calibrate_grad_sums()
         windows: dict[str, MemoryBreakdown] = {}
+        split = None if split_after is None else split_after(step)
         for _ in range(2):  # the second iteration is measured: optimizer state exists
             tracker.reset_mod_stats()
-            if split_after is not None:
-                tracker.start_windows(split_after(step))
+            if split is not None:
+                tracker.start_windows(split)
             with tracker, _on_autocast_cache_clear(tracker.autocast_cache_cleared):
                 batches = step.synthetic_batches()
                 loss = step.forward_backward(batches)
-            if split_after is not None:
+            if split is not None:
                 windows = {k: _breakdown(v) for k, v in tracker.finish_windows().items()}
             else:
                 windows = {"all": _peak(tracker)}

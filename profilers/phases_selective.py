@@ -2,10 +2,11 @@
 
 A profile measures ``none``, ``full`` and one ``blocks:K`` at K = L // 2
 (:func:`profilers.checkpointing.profiled`); every other K is priced on the line between the
-nearest two (:mod:`profilers.checkpointing_fits`). The middle measurement is an anchor *and* a
-check: :func:`line_rows` writes, per precision, one ``checkpointing_line`` row for memory and
-one for time whose value is (line through none and full - measured) / measured at the middle
-K, so a profile states how far the model in K would be off without the middle anchor.
+nearest two, or for memory from the three's windows (:mod:`profilers.checkpointing_fits`).
+The middle measurement is an anchor *and* a check: :func:`line_rows` writes, per precision,
+one ``checkpointing_line`` row for memory and one for time whose value is (line through none
+and full - measured) / measured at the middle K, so a profile states how far the model in K
+would be off without the middle anchor.
 """
 
 from __future__ import annotations
@@ -52,6 +53,11 @@ def line_rows(
                 continue
             error = line_error(found["none"], found["full"], found[middle], w, micro_batch_size)
             what = "peak memory" if kind == "memory" else "forward+backward time"
+            windows = all(
+                isinstance(m, MemoryModel) and m.windows
+                for m in (found["none"], found["full"], found[middle])
+            )
+            how = "from the windows of" if windows else "between"
             rows.append(
                 ProbeRow(
                     probe=PROBE,
@@ -60,7 +66,7 @@ def line_rows(
                     reason=(
                         f"the none-full line in K is {error:+.1%} off the measured {what} of "
                         f"{middle} (of {num_layers} blocks) at micro-batch {micro_batch_size}; "
-                        "other K are priced between none, this one and full"
+                        f"other K are priced {how} none, this one and full"
                     ),
                     precision=precision,
                     activation_checkpointing=middle,
