@@ -56,7 +56,7 @@ def test_a_failed_model_and_an_old_layout_are_read_or_skipped() -> None:
 
 def test_the_committed_results_give_the_constant_the_intervals_use() -> None:
     result = profile_drift.collect(profile_drift.RESULTS)
-    assert result["summary"]["tuning"]["groups"] == 64
+    assert result["summary"]["tuning"]["groups"] == 80
     assert round(result["summary"]["tuning"]["rms_log_drift"], 2) == PROFILE_TO_RUN_DRIFT_SHARED
 
 
