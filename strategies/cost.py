@@ -307,7 +307,8 @@ class CostModel:
                 return model
         if not derive:
             return None
-        # blocks:K without a trace of its own: the line in K between the measured settings.
+        # blocks:K without a trace of its own: from the measured settings' windows, else the
+        # line in K between them (profilers.checkpointing_fits).
         return blocks_memory_model(
             lambda setting: self._find_memory_model(
                 precision,

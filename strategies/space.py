@@ -408,8 +408,9 @@ def searched_checkpointing(
 
     ``ops`` and ``ops-half`` need their own traces and timings (no other setting predicts
     their recompute), so each is searched only when the profile measured it (ops-half only
-    when asked: ``advisor profile --checkpointing``). ``blocks:K`` is priced on the line in K
-    through the measured settings (profilers.checkpointing_fits); a deep model's K are thinned
+    when asked: ``advisor profile --checkpointing``). ``blocks:K`` is priced from the measured
+    settings (profilers.checkpointing_fits: memory from their windows, time on the line in
+    K); a deep model's K are thinned
     to :data:`MAX_BLOCK_SETTINGS` evenly spaced values (always K = 1, the least recompute), so
     an 80-layer model does not multiply the space by 79; a K named in ``keep`` (asked for by
     ``--only``) is priced whether or not the thinning picks it.
