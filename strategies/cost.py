@@ -22,7 +22,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from profilers.checkpointing import block_fraction
+from profilers.checkpointing import block_fraction, parse_checkpointing
 from profilers.checkpointing_fits import blocks_memory_model
 from profilers.compile_records import CompileMeasurement, find_compile
 from profilers.flops import FlopCount
@@ -426,6 +426,13 @@ class CostModel:
         resharded_from = None
         if traced_rank is None and c.parallelism == "fsdp":
             traced_rank, resharded_from = self._resharded_fsdp_model(c)
+        derived = self._blocks_memory_note(
+            c,
+            model if traced_rank is None else traced_rank,
+            ("single", 1) if traced_rank is None else (c.parallelism, resharded_from or world),
+        )
+        if derived:
+            assumptions.append(derived)
         if traced_rank is not None:
             # A per-rank trace of this very layout (DDP buckets / FSDP shards, gathered units
             # and communication buffers included) beats the analytic reshaping below.
@@ -491,6 +498,34 @@ class CostModel:
             gradient_bytes=model.gradient_bytes,
             optimizer_state_bytes=model.optimizer_state_bytes,
             compile_extra_bytes=compile_extra,
+        )
+
+    def _blocks_memory_note(
+        self, c: Candidate, model: MemoryModel, layout: tuple[str, int]
+    ) -> str | None:
+        """How a blocks:K that was not traced itself in ``layout`` (parallelism, world size) is
+        priced, ``model`` being its fit (profilers.checkpointing_fits); None otherwise."""
+        if parse_checkpointing(c.activation_checkpointing).kind != "blocks":
+            return None
+        traced = self._find_memory_model(
+            c.precision,
+            c.activation_checkpointing,
+            *layout,
+            c.loss_chunks,
+            derive=False,
+            reshard=c.fsdp_reshard_after_forward if layout[0] == "fsdp" else True,
+        )
+        if traced is not None:
+            return None
+        what = f"memory of {c.activation_checkpointing} (of {self.facts.num_layers} blocks)"
+        if model.forward_backward.pieces:
+            return (
+                f"{what}: not traced itself; from the windows of the traced {c.precision} none, "
+                "middle blocks:K and full (exact where traced against whole traces)"
+            )
+        return (
+            f"{what}: not traced itself; on the line in K between the traced {c.precision} "
+            "settings (never below the truth; up to 15-20% above it where measured)"
         )
 
     def _compile_extra_bytes(self, c: Candidate, assumptions: list[str]) -> int | None:

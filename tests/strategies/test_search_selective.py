@@ -7,7 +7,7 @@ import dataclasses
 
 import pytest
 
-from profilers.fit import AffineFit
+from profilers.fit import AffineFit, fit_hinged
 from strategies.cost import backward_share, cost_model_from_profile
 from strategies.search import evaluate, rank
 from strategies.space import Candidate, SearchRequest, build_space
@@ -37,6 +37,62 @@ def test_blocks_k_is_priced_on_the_line_between_none_and_full() -> None:
         step = none.step_time_s + k / 4 * (full.step_time_s - none.step_time_s)
         assert got.step_time_s == pytest.approx(step, rel=1e-6)
         assert "interpolated: blocks:" in got.breakdown.time.compute_source
+        # Said so: no traces of its own, and no windows in this profile.
+        (note,) = [a for a in got.breakdown.assumptions if a.startswith("memory of blocks:")]
+        assert "on the line in K" in note
+
+
+def test_blocks_k_with_windows_is_priced_from_them_and_says_so() -> None:
+    """Window fits (MB, over b) as none, blocks:2 and full of 4 blocks trace them: a saving
+    s = 2 + 2b per checkpointed block before the last block's backward, a step d = 5 + b per
+    block after it. blocks:3 (blocks 0-2) before: 100 + 10b - 3s = 94 + 4b; after: the top of
+    backward at block 2, 90 + 8b - 2s = 86 + 4b, block 1's 83 + 5b, block 0's 80 + 6b. At
+    b = 4: 110 MB, before (the line in K through blocks:2 and full says 112)."""
+    mb = 1e6
+
+    def windows(
+        f: tuple[float, float], b: tuple[float, float]
+    ) -> tuple[tuple[str, AffineFit], ...]:
+        return (
+            ("F", AffineFit(intercept=f[0] * mb, slope=f[1] * mb, xs=(1.0, 8.0), ys=())),
+            ("B", AffineFit(intercept=b[0] * mb, slope=b[1] * mb, xs=(1.0, 8.0), ys=())),
+        )
+
+    shapes = {
+        "none": ((100, 10), (90, 8)),
+        "blocks:2": ((96, 6), (88, 6)),
+        "full": ((80, 5), (80, 6)),
+    }
+    base = hand_profile()
+    traced = []
+    for setting, (f, b) in shapes.items():
+        fits = windows(f, b)
+        traced.append(
+            dataclasses.replace(
+                memory_model("fp32", "none"),
+                activation_checkpointing=setting,
+                forward_backward=fit_hinged(
+                    [1.0, 8.0], [max(fit.predict(x) for _, fit in fits) for x in (1.0, 8.0)]
+                ),
+                windows=fits,
+            )
+        )
+    kept = [
+        m
+        for m in base.fits.memory
+        if (m.precision, m.activation_checkpointing) not in {("fp32", s) for s in shapes}
+    ]
+    fits = dataclasses.replace(base.fits, memory=(*traced, *kept))
+    model = cost_model_from_profile(dataclasses.replace(base, fits=fits), 0.9)
+    got = model.predict(candidate("blocks:3"))
+    assert got.breakdown.memory.fitted_peak_bytes == pytest.approx(110 * mb, abs=1)
+    (note,) = [a for a in got.breakdown.assumptions if a.startswith("memory of blocks:3")]
+    assert "from the windows of the traced fp32 none" in note
+    # A traced setting says nothing of the kind.
+    assert not any(
+        a.startswith("memory of")
+        for a in model.predict(candidate("blocks:2")).breakdown.assumptions
+    )
 
 
 def test_blocks_k_below_the_timed_sizes_is_between_the_kept_physical_anchors() -> None:
