@@ -29,8 +29,8 @@ max of lines in K, is convex) but not exact: the savings per block shrink toward
 (gpt-tiny, seq 128: 15.8, 13.7, 11.5, 0 MB; blocks:L-1 peaks as full does), so the line
 over-predicted blocks:3 of 4 by up to 14.8% in the profiler accuracy benchmark. Traced
 against whole traces (tests/profilers/test_checkpointing_windows.py): gpt-tiny, llama-tiny
-and bert-tiny, fp32 and bf16, with and without accumulation, every K exact to the byte at
-the traced sizes.
+and bert-tiny, fp32 and bf16, with and without accumulation, every K within a millionth at
+the traced sizes (between them as close as the measured settings' own fits over b).
 
 Time. A ``blocks:K`` step recomputes the forward of K blocks where ``full`` recomputes all L:
 t(K) = t(none) + (K / L) · (t(full) - t(none)), through the middle timing when there is one.
