@@ -62,24 +62,27 @@ def profile_digest(profile: str | Path | Profile) -> str:
     return hashlib.sha256(text.encode()).hexdigest()
 
 
+def _profiled_fields(profile: Profile) -> dict[str, Any]:
+    """The TrainConfig keys the profile fixes: its model and sequence length."""
+    workload = profile.workload
+    return {
+        "model": workload["model"],
+        "model_args": dict(workload.get("model_args") or {}),
+        "seq_len": int(workload["seq_len"]),
+    }
+
+
 def profiled_config(profile: Profile) -> TrainConfig:
     """The profiled model and sequence length at the defaults: what ``advisor predict``
     composes a config's flags onto."""
-    workload = profile.workload
-    return TrainConfig(
-        model=workload["model"],
-        model_args=dict(workload.get("model_args") or {}),
-        seq_len=int(workload["seq_len"]),
-    )
+    return TrainConfig(**_profiled_fields(profile))
 
 
 def base_config(profile: Profile, request: SearchRequest) -> TrainConfig:
     """The TrainConfig every candidate shares: the profiled workload + the request's keys."""
     workload = profile.workload
     fields: dict[str, Any] = {
-        "model": workload["model"],
-        "model_args": dict(workload.get("model_args") or {}),
-        "seq_len": int(workload["seq_len"]),
+        **_profiled_fields(profile),
         "global_batch_size": request.global_batch_size,
         "micro_batch_size": request.global_batch_size,
     }

@@ -42,6 +42,7 @@ anchors are pure lines, this is the line between their predictions at every micr
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Callable, Mapping, Sequence
 from typing import TypeVar
 
@@ -226,10 +227,11 @@ def _after_peak(terms: tuple[float, float, float], checkpointed: Sequence[int], 
     """Window B's peak: the largest over the backward of blocks j = L-2 .. 0 of B(none) less
     one step per block below the top and one saving per checkpointed block below j."""
     top, saving, step = terms
-    return max(
-        top - (L - 2 - j) * step - saving * sum(1 for i in checkpointed if i < j)
-        for j in range(L - 1)
-    )
+    marked, below, peak = set(checkpointed), 0, -math.inf
+    for j in range(L - 1):  # one pass: an 80-block model is priced per candidate
+        peak = max(peak, top - (L - 2 - j) * step - saving * below)
+        below += j in marked
+    return peak
 
 
 def blocks_time_model(

@@ -66,7 +66,7 @@ def trace_scaled(
     workload: BlockScalableWorkload, spec: StepSpec, *, cuda_rounding: bool, num_layers: int
 ) -> MemoryTrace:
     """The trace of ``spec`` on the full model, from traces of two shallow copies."""
-    from profilers.memory_tracing import trace_raw
+    from profilers.memory_tracing import last_block, trace_raw
 
     require_identical_blocks(spec)
     started = time.perf_counter()
@@ -76,7 +76,7 @@ def trace_scaled(
             workload.with_blocks(k),
             spec,
             cuda_rounding=cuda_rounding,
-            split_after=lambda step: workload.step_blocks(step)[-1],
+            split_after=last_block(workload),
         )
         for k in (k1, k2)
     ]
