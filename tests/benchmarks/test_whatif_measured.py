@@ -39,3 +39,28 @@ def test_runs_that_shared_the_device_are_left_out(tmp_path: Path) -> None:
     rows = wm.measured_rows(run)
     assert [r.source for r in rows] == ["gpu_x: train_plan"]  # no plan.json: nothing validated
     assert wm.measured_rows(tmp_path / "nothing") == []
+
+
+def test_a_real_scale_run_is_read_with_the_shape_it_was_built_with(tmp_path: Path) -> None:
+    # scripts/gpu_check.sh's real_* runs (an MPT 1B shape at sequence 2048) have not run on a
+    # GPU yet: the first time they do, whatif_measured must read them with their model args.
+    run = tmp_path / "gpu_x"
+    shutil.copytree(H200_RUN / "profile", run / "profile")
+    real = run / "real_mpt1b_mb8_none"
+    shutil.copytree(H200_RUN / "train_plan", real)
+    saved = json.loads((real / "train_config.json").read_text())
+    args = {"n_layer": 24, "n_head": 16, "n_embd": 2048, "vocab_size": 50368, "bias": False}
+    args["block_size"] = 2048
+    saved["config"] |= {
+        "model_args": args,
+        "seq_len": 2048,
+        "precision": "bf16",
+        "micro_batch_size": 8,
+        "global_batch_size": 8,
+    }
+    (real / "train_config.json").write_text(json.dumps(saved))
+    rows = wm.measured_rows(run)
+    assert [r.source for r in rows] == ["gpu_x: real_mpt1b_mb8_none"]
+    row = wm.as_row(rows[0])
+    assert row.model_args == args and row.seq_len == 2048 and row.precision == "bf16"
+    assert row.tokens_per_s_per_gpu == 2048 * 8 / rows[0].step_time_s
