@@ -294,6 +294,7 @@ def trace_raw(
         if cuda_rounding:
             stack.enter_context(single.cuda_target())
         stack.enter_context(single._grad_scaler_never_skips())
+        stack.enter_context(_sharded_scaler_updates_untraced())
         if spec.parallelism == "ddp":
             with _ddp_without_init_collectives():
                 step = workload.build_step(spec, "cpu", from_meta=True)
@@ -467,6 +468,27 @@ def _fsdp_breakdown(snapshot: dict[torch.device, dict[Any, int]]) -> MemoryBreak
 
 
 # -- DDP ------------------------------------------------------------------------------------------
+
+
+@contextlib.contextmanager
+def _sharded_scaler_updates_untraced() -> Iterator[None]:
+    """Trace an fp16 FSDP step's scale update as taken without overflow.
+
+    The trainer's FSDP fp16 scaler (``ShardedGradScaler``) updates a scale that lives on the
+    CPU in Python, reading ``found_inf.item()``; a fake tensor has no value (on CUDA the
+    update is one kernel and reads nothing back). It changes two scalars in place and
+    allocates nothing worth counting, so the trace skips it (every fp16 FSDP rank trace
+    failed with ``DataDependentOutputException`` before).
+    """
+    from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
+
+    from profilers.memory_tracing import _patched
+
+    def unchanged(self: Any, found_inf: Any) -> None:
+        return None
+
+    with _patched(ShardedGradScaler, "_amp_update_scale_cpu_", unchanged):
+        yield
 
 
 @contextlib.contextmanager

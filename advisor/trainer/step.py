@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import math
+import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -192,6 +193,9 @@ def build_optimizer(module: nn.Module, spec: StepSpec, device: torch.device) -> 
     return torch.optim.AdamW(groups, lr=spec.lr, betas=ADAM_BETAS, eps=ADAM_EPS, fused=fused)
 
 
+_FOUND_INF_REPLICATED = "Found a non-scalar tensor with numel=1 and ndim!=0"
+
+
 def make_grad_scaler(spec: StepSpec, device: torch.device) -> Any:
     """Dynamic loss scaling for fp16 only (bf16 has fp32's exponent range)."""
     enabled = spec.precision == "fp16"
@@ -269,7 +273,11 @@ class AdvisorStep:
     def optimizer_step(self) -> StepStats:
         fp16 = self.scaler.is_enabled()
         if fp16:
-            self.scaler.unscale_(self.optimizer)
+            with warnings.catch_warnings():
+                # FSDP: torch's ShardedGradScaler keeps found-inf as a 1-element tensor, which
+                # DTensor warns it replicates (every step's first unscale; nothing to act on).
+                warnings.filterwarnings("ignore", message=_FOUND_INF_REPLICATED)
+                self.scaler.unscale_(self.optimizer)
             # The scale tensor (no host sync): update() backs it off exactly when it skips.
             scale_before = self.scaler._scale.clone()
         max_norm = self.spec.grad_clip if self.spec.grad_clip > 0 else math.inf

@@ -167,6 +167,22 @@ def test_accumulation_is_traced_for_both_strategies() -> None:
     assert fsdp_accum.forward_backward_breakdown.gradients == fsdp.gradient_bytes
 
 
+def test_an_fp16_fsdp_rank_is_traced_like_a_bf16_one_with_a_loss_scaler_beside_it() -> None:
+    # FSDP's fp16 scaler (ShardedGradScaler) updates its scale in Python on a CPU tensor,
+    # reading found_inf.item(), which a fake tensor cannot answer: every fp16 FSDP rank trace
+    # failed, and no fp16 FSDP candidate could be priced. Same step in bf16 and fp16: the
+    # same bytes but the scaler's few scalars (a CUDA block each).
+    specs = [
+        dataclasses.replace(_spec("fsdp", 2, 2, accum=2), precision=p) for p in ("bf16", "fp16")
+    ]
+    bf16, fp16 = trace_distributed_step_memories(WORKLOAD, specs, target_device_type="cuda")
+    assert bf16.parameter_bytes == fp16.parameter_bytes
+    assert bf16.gradient_bytes == fp16.gradient_bytes
+    for name in ("forward_backward_peak_bytes", "optimizer_step_peak_bytes"):
+        extra = getattr(fp16, name) - getattr(bf16, name)
+        assert 0 < extra <= 8 * CUDA_BLOCK, name
+
+
 def test_cuda_target_rounds_every_storage_to_512_byte_blocks() -> None:
     cpu = _trace("fsdp", 2, 4)
     cuda = trace_distributed_step_memory(WORKLOAD, cpu.spec, target_device_type="cuda")
