@@ -88,12 +88,20 @@ def recommend(**params: Any) -> None:
     print_plan(plan, out)
 
 
+# The table's width when stdout is not a terminal: wide enough for every column of six rows.
+PIPED_TABLE_WIDTH = 160
+
+
 def print_plan(plan: Any, out: Path) -> None:
     """A short table of the best candidates, the baseline, and the command that trains it."""
     from rich.console import Console
     from rich.table import Table
 
     console = Console(highlight=False)
+    if not console.is_terminal:
+        # Piped or logged (CI, `| tee`): rich would assume 80 columns and cut the cells
+        # ("blocks…", "(58,04…"); a log has no width, so give the table what it needs.
+        console.width = max(console.width, PIPED_TABLE_WIDTH)
     if plan.estimate:
         click.echo(plan.label)
     measured = {v.candidate.key: v.measured for v in plan.validated}
@@ -111,7 +119,12 @@ def print_plan(plan: Any, out: Path) -> None:
     other = any(candidate.extras() for candidate, _ in rows)
     columns = ("", "prec", "ckpt", "layout", "mb×ga", *(("other",) if other else ()), "GiB")
     for column in (*columns, "pred tok/s (90%)", "meas tok/s"):
-        table.add_column(column, justify="right" if column.endswith(("s", "GiB")) else "left")
+        # A narrow terminal folds a cell onto more lines, never cuts it ("blocks…", "(58,04…").
+        table.add_column(
+            column,
+            justify="right" if column.endswith(("s", "GiB", "(90%)")) else "left",
+            overflow="fold",
+        )
     for i, (candidate, predicted) in enumerate(rows):
         m = measured.get(candidate.key)
         if m is None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import re
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -69,3 +70,33 @@ def test_no_other_column_when_no_row_turns_another_knob(
 ) -> None:
     out = _table(capsys, tmp_path, BASE, dataclasses.replace(BASE, precision="bf16"))
     assert "other" not in _header(out) and "ckpt" in _header(out)
+
+
+def _blocks_rows(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> list[str]:
+    selective = dataclasses.replace(BASE, activation_checkpointing="blocks:16", loss_chunks=16)
+    out = _table(capsys, tmp_path, BASE, selective)
+    return [re.sub(r"\x1b\[[0-9;]*m", "", line) for line in out.splitlines()]
+
+
+def test_a_piped_table_is_as_wide_as_its_cells(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Piped to a log or `tee`: rich would assume 80 columns and cut "blocks:16" to "blocks…".
+    monkeypatch.setenv("COLUMNS", "80")
+    lines = _blocks_rows(capsys, tmp_path)
+    row = next(line for line in lines if "blocks:16" in line)
+    assert "16ch" in row and re.search(r"[\d,]+ \([\d,]+–[\d,]+\)", row)
+    assert not any("…" in line for line in lines)
+
+
+def test_a_narrow_terminal_folds_cells_and_never_cuts_them(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("COLUMNS", "60")
+    monkeypatch.setenv("FORCE_COLOR", "1")  # rich: a terminal
+    monkeypatch.delenv("NO_COLOR", raising=False)
+    lines = _blocks_rows(capsys, tmp_path)
+    assert max(len(line) for line in lines if "│" in line) <= 60
+    assert not any("…" in line for line in lines)
+    cells = "".join(line.split("│")[3].strip() for line in lines if line.count("│") > 3)
+    assert "blocks:16" in cells  # folded over lines, read back whole
