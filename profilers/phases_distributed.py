@@ -165,7 +165,8 @@ def _record_results(
             probe_rows.skipped(
                 "memory_distributed",
                 None,
-                f"{skipped} traces left out: time budget spent",
+                f"{skipped} traces left out: time budget spent; --budget-s "
+                f"{_covering_budget_s(run, results, skipped)} would cover them",
                 name=GROUP_NAME,
             )
         )

@@ -15,7 +15,12 @@ from advisor.workload import AdvisorWorkload
 from profilers.budget import SHARES
 from profilers.memory import MemoryModel, MemoryTrace, fit_memory, fit_memory_models
 from profilers.memory_distributed import trace_distributed_step_memories
-from profilers.phases_distributed import KEPT_GATHERED_NAME, _distributed_specs, _record_results
+from profilers.phases_distributed import (
+    GROUP_NAME,
+    KEPT_GATHERED_NAME,
+    _distributed_specs,
+    _record_results,
+)
 from profilers.probe_run import ProbeRun, ProfileOptions
 from profilers.profile_record import Fits
 from profilers.workload import StepSpec
@@ -162,6 +167,11 @@ def test_kept_traces_follow_the_baseline_group_then_come_last_and_say_what_cover
     )
     assert row.reason.endswith(f", {every} all of them")
     assert enough < every
+    # The row for every trace left out, kept gathered or not, names the budget for them all.
+    group = next(r for r in run.rows if r.name == GROUP_NAME)
+    assert group.reason == (
+        f"{len(specs) - 3} traces left out: time budget spent; --budget-s {every} would cover them"
+    )
 
 
 def test_a_group_order_puts_its_groups_first_keeping_sizes_before_accumulation() -> None:
