@@ -16,6 +16,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from profilers import probe_rows
+from profilers.memory_model import MemoryModel
 from profilers.memory_records import MemoryTrace
 from profilers.probe_run import CHILD_START_S, MIN_CHILD_SHARE_S, ProbeRun
 from profilers.workload import StepSpec, Workload
@@ -64,6 +65,31 @@ def distributed_trace_phase(
         run.rows.append(probe_rows.failed("memory_distributed", None, outcome, name=GROUP_NAME))
         return []
     return _record_results(run, specs, outcome.value)
+
+
+# The what-if's precisions, in the order a model too large for this device has its ranks
+# traced: it serves GPUs, whose plans at that scale are 16-bit (bf16, the mixed precision of
+# choice where it runs, then fp16), and an fp16 rank holds what a bf16 one does but for its
+# loss scaler's few scalars.
+WHAT_IF_PRECISION_ORDER = ("bf16", "fp16", "fp32")
+
+
+def what_if_rank_order(models: Sequence[MemoryModel], largest: int) -> list[tuple[str, str]]:
+    """The (precision, checkpointing) groups whose FSDP ranks a profile of a model that fits
+    no device here traces first: by precision (:data:`WHAT_IF_PRECISION_ORDER`), then the
+    groups needing least memory first, ranked by forward/backward at the ``largest`` traced
+    size (at micro-batch 1 the optimizer step, the same for every group, hides what their
+    activations differ by). Until 2026-12-05 the order was by memory alone, which put fp32
+    and fp16 with full checkpointing before bf16 without: a 6.7B Llama's default profile
+    traced fp32/full, bf16/full and fp16/full ranks, and its bf16/none candidates, the
+    fastest that fit 8 H100s, were priced by the analytic fallback instead."""
+    fitted = {
+        (m.precision, m.activation_checkpointing): m.forward_backward.predict(largest)
+        for m in models
+        if m.loss_chunks == 1
+    }
+    rank = {p: i for i, p in enumerate(WHAT_IF_PRECISION_ORDER)}
+    return sorted(fitted, key=lambda g: (rank.get(g[0], len(rank)), fitted[g]))
 
 
 def _distributed_specs(

@@ -31,7 +31,7 @@ from profilers.phases_chunked import chunked_loss_phase
 from profilers.phases_comm import communication_phase
 from profilers.phases_compile import compile_phase
 from profilers.phases_core import core_phase, refine_phase
-from profilers.phases_distributed import distributed_trace_phase
+from profilers.phases_distributed import distributed_trace_phase, what_if_rank_order
 from profilers.phases_facts import device_phase, model_phase, usable_precisions
 from profilers.phases_input import input_phase
 from profilers.phases_memory import memory_check_phase
@@ -125,15 +125,7 @@ def run_profile(
         # profile serves a what-if (--target), where memory binds. DDP ranks hold a whole
         # step each, so they fit no better: FSDP only, the groups needing least memory first.
         layouts = tuple(layout for layout in layouts if layout == "fsdp")
-        # Ranked by forward/backward at the largest traced size: at micro-batch 1 the
-        # optimizer step (the same for every group) hides what the groups' activations differ by.
-        largest = options.trace_micro_batch_sizes[-1]
-        fitted = {
-            (m.precision, m.activation_checkpointing): m.forward_backward.predict(largest)
-            for m in models
-            if m.loss_chunks == 1
-        }
-        order = sorted(fitted, key=lambda g: fitted[g])
+        order = what_if_rank_order(models, options.trace_micro_batch_sizes[-1])
     traces += distributed_trace_phase(run, precisions, target, world_sizes, layouts, order)
     models = _fit_groups(fit_memory_models, traces, run.rows, "memory")
     # blocks:K: how far the none-full line is from the measured middle K (memory and time).

@@ -7,6 +7,7 @@ All traces come from ONE child process (cached), on a small gpt-tiny (two blocks
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 
 import pytest
@@ -20,10 +21,12 @@ from profilers.phases_distributed import (
     KEPT_GATHERED_NAME,
     _distributed_specs,
     _record_results,
+    what_if_rank_order,
 )
 from profilers.probe_run import ProbeRun, ProfileOptions
 from profilers.profile_record import Fits
 from profilers.workload import StepSpec
+from tests.strategies.profiles import memory_model
 
 WORKLOAD = AdvisorWorkload("gpt-tiny", {"n_layer": 2, "n_embd": 128, "vocab_size": 4096})
 SEQ_LEN = 64
@@ -226,3 +229,32 @@ def test_the_rank_trace_child_starts_no_trace_it_expects_to_end_past_its_deadlin
     out = phases_distributed._distributed_trace_child(WORKLOAD, specs, "cpu", 10.0)
     assert [r["status"] for r in out] == ["ok"] * 3 + ["skipped"] * 3
     assert clock.now == 9.0  # within the 10 s
+
+
+def test_a_what_if_traces_the_16_bit_ranks_first_least_memory_first_within_each() -> None:
+    # A model too large for this device: its profile serves GPUs, where plans are bf16. By
+    # memory alone fp32/full and fp16/full came before bf16/none, and a 6.7B Llama's budget
+    # ran out before bf16/none's ranks were traced.
+    def model(precision: str, checkpointing: str, chunks: int) -> MemoryModel:
+        # fp16 holds what bf16 does (the hand-made profile has no fp16 of its own).
+        base = memory_model("fp32" if precision == "fp32" else "bf16", checkpointing)
+        return dataclasses.replace(base, precision=precision, loss_chunks=chunks)
+
+    models = [
+        model(p, c, chunks)
+        for p in ("fp32", "fp16", "bf16")
+        for c in ("none", "full")
+        for chunks in (1, 4)
+    ]
+    order = what_if_rank_order(models, largest=8)
+    assert order == [
+        ("bf16", "full"),
+        ("bf16", "none"),
+        ("fp16", "full"),
+        ("fp16", "none"),
+        ("fp32", "full"),
+        ("fp32", "none"),
+    ]
+    assert memory_model("fp32", "full").forward_backward.predict(8) < (
+        memory_model("bf16", "none").forward_backward.predict(8)
+    )  # by memory alone fp32/full would have come second
