@@ -299,7 +299,7 @@ def test_a_checkpointed_group_is_traced_without_a_timing_when_its_time_can_be_de
     assert ("fp32", "full") in core.traced
 
 
-def test_the_refinement_traces_skipped_groups_then_accumulation_then_the_hinge(
+def test_the_refinement_traces_skipped_groups_then_the_hinge_then_accumulation(
     clock: FakeClock, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     script = Script(trace_s={"none": 10.0, "full": 15.0})
@@ -322,8 +322,12 @@ def test_the_refinement_traces_skipped_groups_then_accumulation_then_the_hinge(
     n_core = 2 * len(untraced)
     assert labels[:n_core] == [(p, c, b, 1) for p, c in untraced for b in sizes[-2:]]
     every = [*core.groups, *core.skipped]
-    assert labels[n_core : n_core + len(every)] == [(p, c, sizes[-2], 2) for p, c in every]
-    assert labels[n_core + len(every) :] == [(p, c, b, 1) for b in sizes[:-2] for p, c in every]
+    # The hinge first: without it the fit under-predicts small micro-batches (unsafe); without
+    # an accumulation trace it is shifted by the gradients' bytes (an upper bound).
+    n_hinge = len(sizes[:-2]) * len(every)
+    hinge = labels[n_core : n_core + n_hinge]
+    assert hinge == [(p, c, b, 1) for b in sizes[:-2] for p, c in every]
+    assert labels[n_core + n_hinge :] == [(p, c, sizes[-2], 2) for p, c in every]
 
 
 def test_the_first_group_is_always_traced_and_timed_even_on_a_spent_budget(
@@ -570,9 +574,10 @@ def test_an_untraced_group_is_refined_with_both_core_sizes_or_neither(
     # ops-half estimated 3.0 x 1.6 = 4.8 s a trace: one fits the 7 s, the pair does not.
     traces = refine_phase(run, core, "cpu")
     assert "trace fp32/ops-half" not in script.events
-    # ... while the single refinements after it still run: none's accumulation variant first
+    # ... while the single refinements after it still run: none's hinge first
     assert traces and {t.spec.activation_checkpointing for t in traces} == {"none"}
-    assert traces[0].spec.grad_accum_steps == 2
+    assert traces[0].spec.micro_batch_size == run.options.trace_micro_batch_sizes[0]
+    assert traces[0].spec.grad_accum_steps == 1
     left = [r for r in run.rows if r.status == "skipped" and "ops-half" in r.name]
     sizes = run.options.trace_micro_batch_sizes
     assert {r.micro_batch_size for r in left if r.grad_accum_steps == 1} >= set(sizes[-2:])
