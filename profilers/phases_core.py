@@ -22,7 +22,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from profilers import probe_rows
 from profilers.checkpointing import OPS, is_per_op, is_selective, parse_checkpointing
@@ -326,6 +326,7 @@ def refine_phase(run: ProbeRun, core: CoreResult, target: str) -> list[MemoryTra
     costs = core.costs
     pairs = len(untraced) * len(core_sizes)  # the plan's items that are a group's core sizes
     left_out: set[tuple[str, str]] = set()  # groups whose core sizes were not all started
+    skipped: list[tuple[int, float]] = []  # (row index, the trace's expected seconds)
     for i, spec in enumerate(plan):
         # Started only when it would end in time at what such a trace took (or is estimated to
         # take: a blocks:K trace of a model traced from shallow copies is a whole-model one);
@@ -337,6 +338,7 @@ def refine_phase(run: ProbeRun, core: CoreResult, target: str) -> list[MemoryTra
         late = time.perf_counter() + whole > (borrowed if i < first else deadline)
         if late or (i < pairs and group in left_out):
             left_out.add(group)
+            skipped.append((len(run.rows), expected))
             run.rows.append(
                 probe_rows.skipped(
                     "memory", spec, "time budget spent" + costs.whole_note(spec, expected)
@@ -349,7 +351,26 @@ def refine_phase(run: ProbeRun, core: CoreResult, target: str) -> list[MemoryTra
         costs.add(spec.activation_checkpointing, time.perf_counter() - t0)
         if trace is not None:
             traces.append(trace)
+    if skipped:
+        # Every row left out names the budget whose refinement share covers them all.
+        suggested = _covering_budget_s(run, ("memory_refine",), sum(s for _, s in skipped))
+        for index, _ in skipped:
+            row = run.rows[index]
+            run.rows[index] = replace(
+                row,
+                reason=f"{row.reason}; --budget-s {suggested} would cover the "
+                f"{len(skipped)} refinement traces left out",
+            )
     return traces
+
+
+def _covering_budget_s(run: ProbeRun, phases: Sequence[str], need_s: float) -> int:
+    """The --budget-s whose share for ``phases`` (their weights of the whole,
+    profilers.budget.SHARES) also covers ``need_s`` more seconds, rounded up to 30 s."""
+    from profilers.budget import SHARES
+
+    fraction = sum(SHARES[p] for p in phases) / sum(SHARES.values())
+    return int(math.ceil((run.options.budget_s + need_s / fraction) / 30.0) * 30)
 
 
 @dataclass
@@ -454,8 +475,6 @@ def _record_skipped(
     timing_cost: Callable[[str, str], float],
 ) -> None:
     """One row per skipped group, with the budget that would have covered it."""
-    from profilers.budget import SHARES
-
     # The groups' missing traces plus a timing child each, over the part of the budget the
     # core gets (the memory and throughput weights of the whole): what to add to --budget-s.
     need = sum(
@@ -463,8 +482,7 @@ def _record_skipped(
         + max(2 * MIN_CHILD_SHARE_S, timing_cost(*g))
         for g in core.skipped
     )
-    fraction = (SHARES["memory"] + SHARES["throughput"]) / sum(SHARES.values())
-    suggested = int(math.ceil((run.options.budget_s + need / fraction) / 30.0) * 30)
+    suggested = _covering_budget_s(run, ("memory", "throughput"), need)
     names = ", ".join(f"{p}/{c}" for p, c in core.skipped)
     fewer = "" if run.options.precisions else ", or --precision to profile fewer precisions"
     for p, c in core.skipped:

@@ -17,6 +17,7 @@ import pytest
 
 import profilers.phases_core as core_module
 import profilers.phases_time as time_module
+from profilers.budget import SHARES
 from profilers.device import DeviceInfo
 from profilers.flops import FlopCount
 from profilers.memory_records import MemoryBreakdown, MemoryTrace
@@ -581,3 +582,12 @@ def test_an_untraced_group_is_refined_with_both_core_sizes_or_neither(
     left = [r for r in run.rows if r.status == "skipped" and "ops-half" in r.name]
     sizes = run.options.trace_micro_batch_sizes
     assert {r.micro_batch_size for r in left if r.grad_accum_steps == 1} >= set(sizes[-2:])
+    # Every row left out names one budget covering them all: their expected seconds (none's
+    # 3.0 s, ops-half's 3.0 x 1.6) over the refinement's weight of the whole, rounded up.
+    skipped = [r for r in run.rows if r.status == "skipped" and r.probe == "memory"]
+    need = sum(4.8 if "ops-half" in r.name else 3.0 for r in skipped)
+    share = SHARES["memory_refine"] / sum(SHARES.values())
+    suggested = int(-(-(120 + need / share) // 30) * 30)
+    tail = f"; --budget-s {suggested} would cover the {len(skipped)} refinement traces left out"
+    assert skipped and all(r.reason.endswith(tail) for r in skipped)
+    assert all(r.reason.startswith("time budget spent") for r in skipped)
