@@ -295,6 +295,7 @@ def trace_raw(
             stack.enter_context(single.cuda_target())
         stack.enter_context(single._grad_scaler_never_skips())
         stack.enter_context(_sharded_scaler_updates_untraced())
+        stack.enter_context(single.module_reentry_quiet())
         if spec.parallelism == "ddp":
             with _ddp_without_init_collectives():
                 step = workload.build_step(spec, "cpu", from_meta=True)

@@ -24,6 +24,7 @@ import copy
 import dataclasses
 import math
 import time
+import warnings
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
@@ -247,6 +248,7 @@ def trace_raw(
         if cuda_rounding:
             stack.enter_context(cuda_target())
         stack.enter_context(_grad_scaler_never_skips())
+        stack.enter_context(module_reentry_quiet())
         step = workload.build_step(spec, "cpu", from_meta=True)
         tracker = _StepMemTracker()
         tracker.track_external(step.model, step.optimizer)
@@ -400,6 +402,31 @@ def _grad_scaler_never_skips() -> Iterator[None]:
 
     with _patched(torch.amp.GradScaler, "_maybe_opt_step", always_step):
         yield
+
+
+# torch's ModTracker (under MemTracker) warns this when a module is entered again before its
+# forward ended.
+_MODULE_REENTRY = "The module hierarchy tracking maybe be messed up"
+
+
+@contextlib.contextmanager
+def module_reentry_quiet() -> Iterator[None]:
+    """Silence ModTracker's warning about a module entered again before its forward ended.
+
+    Hugging Face transformers wraps functions such as ``apply_rotary_pos_emb`` in small hub
+    kernel modules (the ``kernels`` package's ``Func``) that do this in every attention layer:
+    a profile of an ``hf:`` Llama or Qwen2 printed the warning once per layer per traced step
+    (tens of lines on stderr). ModTracker counts re-entries, and nothing here reads its
+    per-module attribution (peaks are the whole step's; windows close on a block's own
+    backward hook), so the warning says nothing about these traces. ModTracker also replaces
+    ``warnings.formatwarning`` before it warns; that is restored too."""
+    formatwarning = warnings.formatwarning
+    try:
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message=_MODULE_REENTRY)
+            yield
+    finally:
+        warnings.formatwarning = formatwarning
 
 
 @contextlib.contextmanager
