@@ -173,3 +173,28 @@ def test_an_unopenable_storage_is_a_clear_error(model: CostModel) -> None:
 
     with pytest.raises(StrategyError, match="cannot open the study storage"):
         run_search(_space(4), model, storage="nosuchdb://x", study_name="s")
+
+
+def test_at_equal_predicted_speed_bf16_ranks_before_fp16_whatever_their_memory() -> None:
+    # A what-if prices bf16 and fp16 at one datasheet peak: equal speed, and a memory gap
+    # between them is one of measurement coverage (a 7.6B Qwen2's fp16 fit lacked the
+    # micro-batch-1 trace bf16's had, and read 2.5 GiB less), not of the step.
+    from types import SimpleNamespace
+
+    from strategies.config import TrainConfig
+    from strategies.search import Evaluation
+    from strategies.space import Candidate
+
+    def evaluation(precision: str, gib: float, tokens: float) -> Evaluation:
+        config = TrainConfig(model="gpt-tiny", seq_len=64, precision=precision)
+        predicted = SimpleNamespace(
+            fits=True, amortised_tokens_per_s=tokens, budgeted_bytes=gib * 2**30
+        )
+        return Evaluation(candidate=Candidate.from_config(config), prediction=predicted)  # type: ignore[arg-type]
+
+    fp16, bf16 = evaluation("fp16", 68.6, 1000.0), evaluation("bf16", 71.1, 1000.0)
+    assert rank([fp16, bf16]) == [bf16, fp16]
+    faster = evaluation("fp16", 71.1, 1001.0)  # speed still comes first
+    assert rank([bf16, faster]) == [faster, bf16]
+    lean = evaluation("fp32", 10.0, 1000.0)  # fp32 and bf16 at one speed: less memory first
+    assert rank([bf16, lean])[0] == lean
