@@ -282,7 +282,9 @@ class CostModel:
             )
         raise Unpredictable(
             f"the profile has no memory fit for {precision} with {checkpointing} "
-            "checkpointing: re-run 'advisor profile' so it traces this combination"
+            "checkpointing: re-run 'advisor profile' with a larger --budget-s (its probes.csv "
+            f"names the one that covers its traces), or with --precision {precision} to give "
+            "that precision the whole budget"
         )
 
     def _find_memory_model(
