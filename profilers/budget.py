@@ -9,8 +9,9 @@ with nothing to do still asks, so its weight stops counting for the rest.
 
 from __future__ import annotations
 
+import math
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection, Sequence
 
 Progress = Callable[[str, float], None]  # (what is running now, fraction of the budget spent)
 
@@ -36,6 +37,18 @@ SHARES = {
     "memory_distributed": 0.055,
     "input": 0.049,
 }
+
+
+def covering_budget_s(
+    budget_s: float, phases: Sequence[str], need_s: float, dropped: Collection[str] = ()
+) -> int:
+    """The --budget-s whose share for ``phases`` also covers ``need_s`` more seconds, rounded
+    up to 30 s: what a skipped probe's row names. A share is the phases' weight among those
+    that run (one ``dropped`` for the run, e.g. the collectives of a model that fits no device
+    here, gives its weight to the others)."""
+    running = sum(w for p, w in SHARES.items() if p not in dropped)
+    fraction = sum(SHARES[p] for p in phases) / running
+    return int(math.ceil((budget_s + need_s / fraction) / 30.0) * 30)
 
 
 class Clock:

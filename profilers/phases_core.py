@@ -19,12 +19,12 @@ the two *largest* sizes, where the memory line is exact; below them the hinged f
 
 from __future__ import annotations
 
-import math
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 
 from profilers import probe_rows
+from profilers.budget import covering_budget_s
 from profilers.checkpointing import OPS, is_per_op, is_selective, parse_checkpointing
 from profilers.device import DeviceInfo
 from profilers.flops import FlopCount
@@ -353,7 +353,9 @@ def refine_phase(run: ProbeRun, core: CoreResult, target: str) -> list[MemoryTra
             traces.append(trace)
     if skipped:
         # Every row left out names the budget whose refinement share covers them all.
-        suggested = _covering_budget_s(run, ("memory_refine",), sum(s for _, s in skipped))
+        suggested = covering_budget_s(
+            run.options.budget_s, ("memory_refine",), sum(s for _, s in skipped), run.clock.dropped
+        )
         for index, _ in skipped:
             row = run.rows[index]
             run.rows[index] = replace(
@@ -362,15 +364,6 @@ def refine_phase(run: ProbeRun, core: CoreResult, target: str) -> list[MemoryTra
                 f"{len(skipped)} refinement traces left out",
             )
     return traces
-
-
-def _covering_budget_s(run: ProbeRun, phases: Sequence[str], need_s: float) -> int:
-    """The --budget-s whose share for ``phases`` (their weights of the whole,
-    profilers.budget.SHARES) also covers ``need_s`` more seconds, rounded up to 30 s."""
-    from profilers.budget import SHARES
-
-    fraction = sum(SHARES[p] for p in phases) / sum(SHARES.values())
-    return int(math.ceil((run.options.budget_s + need_s / fraction) / 30.0) * 30)
 
 
 @dataclass
@@ -482,7 +475,9 @@ def _record_skipped(
         + max(2 * MIN_CHILD_SHARE_S, timing_cost(*g))
         for g in core.skipped
     )
-    suggested = _covering_budget_s(run, ("memory", "throughput"), need)
+    suggested = covering_budget_s(
+        run.options.budget_s, ("memory", "throughput"), need, run.clock.dropped
+    )
     names = ", ".join(f"{p}/{c}" for p, c in core.skipped)
     fewer = "" if run.options.precisions else ", or --precision to profile fewer precisions"
     for p, c in core.skipped:

@@ -9,13 +9,13 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
-import math
 import statistics
 import time
 from collections.abc import Sequence
 from typing import Any
 
 from profilers import probe_rows
+from profilers.budget import covering_budget_s
 from profilers.memory_model import MemoryModel
 from profilers.memory_records import MemoryTrace
 from profilers.probe_run import CHILD_START_S, MIN_CHILD_SHARE_S, ProbeRun
@@ -240,16 +240,12 @@ def _kept_budget_advice(
 
 def _covering_budget_s(run: ProbeRun, results: Sequence[dict[str, Any]], skipped: int) -> int:
     """The --budget-s whose share for this phase also covers ``skipped`` more traces, at the
-    mean wall time of the traces made, rounded up to 30 s. The share is this phase's weight
-    among the phases that run (one dropped for the run, e.g. the collectives of a model that
-    fits no device here, gives its weight to the others)."""
-    from profilers.budget import SHARES
-
+    mean wall time of the traces made (profilers.budget.covering_budget_s)."""
     walls = [float(r["wall_s"]) for r in results if r["status"] == "ok"]
     per_trace = statistics.fmean(walls) if walls else DEFAULT_TRACE_S
-    running = sum(w for p, w in SHARES.items() if p not in run.clock.dropped)
-    fraction = SHARES["memory_distributed"] / running
-    return int(math.ceil((run.options.budget_s + skipped * per_trace / fraction) / 30.0) * 30)
+    return covering_budget_s(
+        run.options.budget_s, ("memory_distributed",), skipped * per_trace, run.clock.dropped
+    )
 
 
 # -- child-process entry point (top level: pickled by reference) ------------------------------
