@@ -314,7 +314,8 @@ def floored_by_windows(fit: AffineFit, windows: Sequence[tuple[str, AffineFit]])
     of backward (every gradient live, activations nearly gone), a window whose own line is
     nearly flat in b. The largest of the windows' lines at micro-batch 1 estimates that peak,
     and a step's peak never falls as the micro-batch grows, so it floors every size. Measured
-    (tests/profilers/test_memory_windows_floor.py; fits from 4 and 8 against traces at 1, 2, 3):
+    (fits from 4 and 8 against traces at 1, 2 and 3, as a profile traces; the test
+    tests/profilers/test_memory_windows_floor.py holds gpt-small's and gpt-tiny's):
     gpt-small at 128 tokens from -20.0% to 0.0% at micro-batch 1 (fp32/none) and from -13.4% to
     -0.02% at 2; llama-tiny fp32/none -12.5% to -9.0% at 1 (its window B bends within, left to
     the traced hinge). A fit with a floor (the smallest size traced), a window-less record, or
