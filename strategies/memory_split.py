@@ -108,6 +108,13 @@ def split_memory(
         activations = float(memory.fsdp.activation_bytes)
         temporaries = max(traced - params - optimizer - grads - activations, 0.0)
     else:
+        # A traced FSDP rank (resharded to this world size) holds 1/N of the parameters,
+        # gradients and optimizer state (MemoryTerms names the whole model's); the rest of its
+        # peak splits as the single device's traces split theirs, their gradients 1/N. Until
+        # 2026-12-05 the whole model's were drawn, so a 6.7B Llama's rank on 8 GPUs showed 25
+        # GiB of parameters and 50 GiB of optimizer state under a 61.6 GiB peak.
+        shards = world if candidate.parallelism == "fsdp" else 1
+        params, optimizer = params / shards, optimizer / shards
         buckets = float(memory.ddp_gradient_buckets_bytes or 0)
         rest = max(traced - params - optimizer - buckets, 0.0)
         shares = _interpolated_shares(
@@ -116,8 +123,10 @@ def split_memory(
         if shares is None or sum(shares.values()) <= 0:
             split = "estimated"
             live = memory.phase == "optimizer_step" or candidate.grad_accum_steps > 1
-            grads = min(rest, float(memory.gradient_bytes)) if live else 0.0
+            grads = min(rest, float(memory.gradient_bytes) / shards) if live else 0.0
             shares = {"gradients": grads, "activations": rest - grads, "temporaries": 0.0}
+        else:
+            shares = {**shares, "gradients": shares["gradients"] / shards}
         scale = rest / sum(shares.values()) if sum(shares.values()) > 0 else 0.0
         grads = shares["gradients"] * scale + buckets
         activations = shares["activations"] * scale
@@ -130,6 +139,8 @@ def split_memory(
         "temporaries": round(temporaries),
         "overhead": round(overhead),
     }
-    # Rounding and clamping may leave a few bytes: they go to temporaries so the parts add up.
-    parts["temporaries"] = max(parts["temporaries"] + total - sum(parts.values()), 0)
+    # Rounding and clamping may leave a few bytes either way: the largest of the parts split
+    # from the rest absorbs them, so the parts add up.
+    absorbing = max(("temporaries", "activations", "gradients"), key=lambda k: parts[k])
+    parts[absorbing] = max(parts[absorbing] + total - sum(parts.values()), 0)
     return MemorySplit(parts=parts, split=split)

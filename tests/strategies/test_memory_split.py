@@ -1,0 +1,110 @@
+"""strategies.memory_split: a predicted per-rank peak split by category adds up to it."""
+
+from __future__ import annotations
+
+import pytest
+
+from strategies.config import TrainConfig
+from strategies.memory_split import CATEGORIES, split_memory
+from strategies.prediction import MemoryTerms
+from strategies.space import Candidate
+
+GiB = 2**30
+
+
+def _terms(traced: int, total: int, **kwargs: object) -> MemoryTerms:
+    # A 6.7B Llama's whole-model state (what MemoryTerms names), bf16 with an fp32 master copy.
+    return MemoryTerms(
+        fitted_peak_bytes=traced,
+        phase="forward_backward",
+        traced_bytes=traced,
+        rounding_allowance_bytes=0,
+        fragmentation_bytes=total - traced - GiB,
+        fixed_overhead_bytes=GiB,
+        parallel_overhead_bytes=0,
+        per_rank_bytes=total,
+        ranks_sharing_memory=1,
+        budgeted_bytes=total,
+        budget_bytes=72 * GiB,
+        parameter_bytes=26_953_662_464,
+        gradient_bytes=26_953_662_464,
+        optimizer_state_bytes=53_907_326_092,
+        **kwargs,  # type: ignore[arg-type]
+    )
+
+
+@pytest.mark.parametrize("parallelism", ["fsdp", "ddp"])
+def test_a_traced_rank_splits_into_parts_that_add_up_to_its_peak(parallelism: str) -> None:
+    world = 8
+    config = TrainConfig(
+        model="llama-1b",
+        seq_len=4096,
+        precision="bf16",
+        parallelism=parallelism,
+        world_size=world,
+        micro_batch_size=2,
+        grad_accum_steps=4,
+        global_batch_size=64,
+    )
+    candidate = Candidate.from_config(config)
+    # The FSDP rank of the 6.7B what-if (57.6 GB traced, 66.2 GB budgeted); a DDP rank of the
+    # same model holds everything whole (here, a larger made-up peak that can hold it).
+    traced, total = (
+        (57_619_317_039, 66_183_570_079)
+        if parallelism == "fsdp"
+        else (
+            130 * GiB,
+            150 * GiB,
+        )
+    )
+    memory = _terms(traced, total, source=f"traced {parallelism}×{world} per-rank fit")
+    split = split_memory(memory, total, candidate, traces=[])
+    assert tuple(split.parts) == CATEGORIES
+    assert sum(split.parts.values()) == total and min(split.parts.values()) >= 0
+    shards = world if parallelism == "fsdp" else 1
+    assert split.parts["parameters"] == round(memory.parameter_bytes / shards)
+    assert split.parts["optimizer state"] == round(memory.optimizer_state_bytes / shards)
+    assert split.parts["overhead"] == total - traced
+
+
+def test_a_traced_fsdp_rank_holds_a_shard_of_the_gradients_the_single_device_traces_hold() -> None:
+    from profilers.memory_records import MemoryBreakdown, MemoryTrace
+    from profilers.workload import StepSpec
+
+    world, total, traced = 8, 66_183_570_079, 57_619_317_039
+    config = TrainConfig(
+        model="llama-1b",
+        seq_len=4096,
+        precision="bf16",
+        parallelism="fsdp",
+        world_size=world,
+        micro_batch_size=2,
+        grad_accum_steps=4,
+        global_batch_size=64,
+    )
+    memory = _terms(traced, total, source="traced fsdp×2 per-rank fit, resharded to 8 ranks")
+    # One device's trace at micro-batch 2: every gradient, 20 GiB of activations, 2 of
+    # temporaries at its forward/backward peak.
+    single = MemoryTrace(
+        spec=StepSpec(seq_len=4096, micro_batch_size=2, precision="bf16"),
+        target_device_type="cuda",
+        peak_bytes=0,
+        forward_backward_peak_bytes=0,
+        optimizer_step_peak_bytes=0,
+        forward_backward_breakdown=MemoryBreakdown(
+            gradients=memory.gradient_bytes, activations=20 * GiB, temporaries=2 * GiB
+        ),
+        optimizer_step_breakdown=MemoryBreakdown(),
+        parameter_bytes=memory.parameter_bytes,
+        gradient_bytes=memory.gradient_bytes,
+        optimizer_state_bytes=memory.optimizer_state_bytes,
+        resident_bytes=0,
+        trace_seconds=1.0,
+    )
+    parts = split_memory(memory, total, Candidate.from_config(config), [single]).parts
+    assert sum(parts.values()) == total
+    rest = traced - (memory.parameter_bytes + memory.optimizer_state_bytes) / world
+    shares = memory.gradient_bytes / world + 22 * GiB
+    assert parts["gradients"] == pytest.approx(memory.gradient_bytes / world * rest / shares, 1e-6)
+    assert parts["activations"] == pytest.approx(20 * GiB * rest / shares, rel=1e-6)
+    assert parts["gradients"] < 0.2 * parts["activations"]  # 25 GiB of them before the fix
