@@ -186,6 +186,23 @@ def failed_stages(
     return out
 
 
+def _plan_profile(plan: Mapping[str, Any]) -> tuple[dict[str, Any], Path] | None:
+    """The profile ``plan`` was made from, when it is not in the plan's directory (``advisor
+    recommend --out`` elsewhere): the path the plan records (as given to recommend, so
+    relative to where it ran), if the profile there is the same one (its creation time).
+    Without this a what-if planned into its own directory was reported with no profile."""
+    info = plan.get("profile")
+    if not isinstance(info, Mapping) or not info.get("path") or not info.get("created"):
+        return None
+    path = Path(str(info["path"]))
+    for candidate in (path, path / PROFILE):
+        if candidate.is_file():
+            data = _read_json(candidate, [])
+            if data is not None and data.get("created") == info["created"]:
+                return data, candidate.parent
+    return None
+
+
 def load_run(root: str | Path) -> RunFiles:
     """Read every run file under ``root``; ReportError when there is no run there at all."""
     root = Path(root)
@@ -213,6 +230,13 @@ def load_run(root: str | Path) -> RunFiles:
         tune_trials=_read_jsonl(files.tune.trials, problems),
         problems=tuple(problems),
     )
+    if run.profile is None and run.plan is not None:
+        found = _plan_profile(run.plan)
+        if found is not None:
+            # recommend --out elsewhere than the profile: the plan names the profile it used.
+            profile, where = found
+            probes = _read_csv(RunDir(where).probes, problems)
+            run = dataclasses.replace(run, profile=profile, probes=probes)
     run = dataclasses.replace(run, failed_stages=failed_stages(run.run_info, files, train))
     if run.empty and not problems:
         raise ReportError(

@@ -334,3 +334,23 @@ def test_the_facts_say_how_much_of_the_host_others_took_while_profiling() -> Non
     assert facts(0.02, 0.4)[label] == (
         "up to 40.0% — busy: the profile's step times read slow; re-profile when quiet"
     )
+
+
+def test_a_plan_written_away_from_its_profile_is_reported_with_that_profile(
+    hand_run: Path, tmp_path: Path
+) -> None:
+    # `advisor recommend --profile RUN --out RUN/h100`: the plan's directory has no profile;
+    # the plan names the one it was made from (and its creation time).
+    away = tmp_path / "h100"
+    away.mkdir()
+    for name in ("plan.json", "trials.csv"):
+        shutil.copy(hand_run / name, away / name)
+    run = load_run(away)
+    assert run.profile is not None and run.profile["created"] == "2026-01-01T00:00:00+00:00"
+    assert run.probes and run.probes[0]["probe"] == "device"
+    assert build_view(away).section("memory").charts  # split by the profile's traces
+    # A profile of the same path written since (another creation time) is not that profile.
+    plan = json.loads((away / "plan.json").read_text())
+    plan["profile"]["created"] = "2026-02-02T00:00:00+00:00"
+    (away / "plan.json").write_text(json.dumps(plan))
+    assert load_run(away).profile is None
