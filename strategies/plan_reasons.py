@@ -19,6 +19,49 @@ def _fmt_tps(value: float) -> str:
     return f"{value:,.0f} tok/s"
 
 
+_GROUPS, _PRECISION = "\x00groups\x00", "\x00precision\x00"
+
+
+def unpredictable_lines(evaluations: Sequence[Evaluation]) -> list[str]:
+    """One line per kind of missing measurement, naming every (precision, checkpointing)
+    group it concerns, most candidates first. One line per group before: 36 lines of "12
+    candidates could not be predicted: the profile has no memory fit for bf16 with blocks:7
+    checkpointing ..." for a short profile of bert-base."""
+    counts: dict[str, int] = {}
+    groups: dict[str, dict[str, list[str]]] = {}  # kind -> precision -> checkpointing settings
+    for e in evaluations:
+        if e.prediction is not None:
+            continue
+        p, c = e.candidate.precision, e.candidate.activation_checkpointing
+        kind = e.reason
+        group = f"for {p} with {c} checkpointing"
+        if group in kind:
+            kind = kind.replace(group, _GROUPS).replace(
+                f"--precision {p} ", f"--precision {_PRECISION} "
+            )
+            settings = groups.setdefault(kind, {}).setdefault(p, [])
+            if c not in settings:
+                settings.append(c)
+        counts[kind] = counts.get(kind, 0) + 1
+    out = []
+    for kind, count in sorted(counts.items(), key=lambda item: -item[1]):
+        text = kind
+        if kind in groups:
+            by_precision = groups[kind]
+            named = ", or ".join(
+                f"{p} with {_either(settings)} checkpointing"
+                for p, settings in by_precision.items()
+            )
+            flags = " or ".join(f"--precision {p}" for p in by_precision)
+            text = kind.replace(_GROUPS, f"for {named}").replace(f"--precision {_PRECISION}", flags)
+        out.append(f"{count} candidates could not be predicted: {text}")
+    return out
+
+
+def _either(items: Sequence[str]) -> str:
+    return items[0] if len(items) == 1 else f"{', '.join(items[:-1])} or {items[-1]}"
+
+
 def plan_reasons(
     winner: Evaluation,
     winner_measured: Measurement | None,
@@ -41,12 +84,7 @@ def plan_reasons(
         f"{budget / GiB:.2f} GiB ({model.memory_budget:g} × {model.machine.memory_bytes / GiB:.2f}"
         f" GiB, {model.machine.name})"
     )
-    unpredictable: dict[str, int] = {}
-    for e in result.evaluations:
-        if e.prediction is None:
-            unpredictable[e.reason] = unpredictable.get(e.reason, 0) + 1
-    for reason, count in sorted(unpredictable.items(), key=lambda item: -item[1]):
-        out.append(f"{count} candidates could not be predicted: {reason}")
+    out.extend(unpredictable_lines(result.evaluations))
     for excluded in space.excluded:
         out.append(f"not considered: {excluded}")
     if winner_measured is not None:
