@@ -284,18 +284,12 @@ def trace_raw(
     """One rank's step, per window when ``split_blocks(step)`` names the repeated blocks
     (``memory_tracing.PeakWindows``: "A" up to the last block's backward, then one per
     block); one window, "all", otherwise."""
-    from torch._subclasses.fake_tensor import FakeTensorMode
-
     from profilers import memory_tracing as single
 
     round_bytes = single.cuda_block_bytes if cuda_rounding else single._identity
     with contextlib.ExitStack() as stack:
-        stack.enter_context(FakeTensorMode(allow_non_fake_inputs=True))
-        if cuda_rounding:
-            stack.enter_context(single.cuda_target())
-        stack.enter_context(single._grad_scaler_never_skips())
+        single.enter_step_tracing(stack, cuda_rounding=cuda_rounding)
         stack.enter_context(_sharded_scaler_updates_untraced())
-        stack.enter_context(single.module_reentry_quiet())
         if spec.parallelism == "ddp":
             with _ddp_without_init_collectives():
                 step = workload.build_step(spec, "cpu", from_meta=True)
@@ -468,9 +462,6 @@ def _fsdp_breakdown(snapshot: dict[torch.device, dict[Any, int]]) -> MemoryBreak
     return MemoryBreakdown(**counts)
 
 
-# -- DDP ------------------------------------------------------------------------------------------
-
-
 @contextlib.contextmanager
 def _sharded_scaler_updates_untraced() -> Iterator[None]:
     """Trace an fp16 FSDP step's scale update as taken without overflow.
@@ -490,6 +481,9 @@ def _sharded_scaler_updates_untraced() -> Iterator[None]:
 
     with _patched(ShardedGradScaler, "_amp_update_scale_cpu_", unchanged):
         yield
+
+
+# -- DDP ------------------------------------------------------------------------------------------
 
 
 @contextlib.contextmanager

@@ -244,11 +244,7 @@ def trace_raw(
     window "A" (see ``_StepMemTracker.split_after``; None: not split)."""
     round_bytes = cuda_block_bytes if cuda_rounding else _identity
     with contextlib.ExitStack() as stack:
-        stack.enter_context(FakeTensorMode(allow_non_fake_inputs=True))
-        if cuda_rounding:
-            stack.enter_context(cuda_target())
-        stack.enter_context(_grad_scaler_never_skips())
-        stack.enter_context(module_reentry_quiet())
+        enter_step_tracing(stack, cuda_rounding=cuda_rounding)
         step = workload.build_step(spec, "cpu", from_meta=True)
         tracker = _StepMemTracker()
         tracker.track_external(step.model, step.optimizer)
@@ -380,6 +376,17 @@ def _on_autocast_cache_clear(callback: Any) -> Iterator[None]:
 
     with _patched(torch, "clear_autocast_cache", clear):
         yield
+
+
+def enter_step_tracing(stack: contextlib.ExitStack, *, cuda_rounding: bool) -> None:
+    """Enter on ``stack`` what tracing one training step needs, on one device or as a rank
+    (profilers.memory_distributed adds its own): fake tensors, the CUDA target's rounding and
+    kernels when asked, a loss scaler whose step is taken, and no module-reentry warnings."""
+    stack.enter_context(FakeTensorMode(allow_non_fake_inputs=True))
+    if cuda_rounding:
+        stack.enter_context(cuda_target())
+    stack.enter_context(_grad_scaler_never_skips())
+    stack.enter_context(module_reentry_quiet())
 
 
 @contextlib.contextmanager

@@ -123,7 +123,7 @@ def run_profile(
     if core.unfit and not core.groups:
         # Nothing fits this device even at micro-batch 1 (a 70B model on a small host): the
         # profile serves a what-if (--target), where memory binds. DDP ranks hold a whole
-        # step each, so they fit no better: FSDP only, the groups needing least memory first.
+        # step each, so they fit no better: FSDP only, bf16's groups first (what_if_rank_order).
         layouts = tuple(layout for layout in layouts if layout == "fsdp")
         order = what_if_rank_order(models, options.trace_micro_batch_sizes[-1])
     traces += distributed_trace_phase(run, precisions, target, world_sizes, layouts, order)

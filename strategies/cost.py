@@ -216,6 +216,17 @@ def fsdp_units(facts: ModelFacts) -> tuple[int, int]:
 # -- the model ------------------------------------------------------------------------------------
 
 
+def missing_fit_group(precision: str, checkpointing: str) -> str:
+    """How an unpredictable candidate's reason names its (precision, checkpointing) group:
+    strategies.plan_reasons finds it there to list the groups of one missing measurement."""
+    return f"for {precision} with {checkpointing} checkpointing"
+
+
+def precision_flag(precision: str) -> str:
+    """The ``advisor profile`` flag a reason names to measure one precision."""
+    return f"--precision {precision}"
+
+
 @dataclass(frozen=True, kw_only=True)
 class CostModel:
     """Predicts a :class:`Prediction` for every candidate of one workload on one machine.
@@ -274,17 +285,17 @@ class CostModel:
             return found
         if loss_chunks > 1:
             raise Unpredictable(
-                f"the profile has no memory fit for {precision} with {checkpointing} "
-                f"checkpointing and the loss in {loss_chunks} chunks (the profiler traces the "
+                f"the profile has no memory fit {missing_fit_group(precision, checkpointing)} "
+                f"and the loss in {loss_chunks} chunks (the profiler traces the "
                 "chunked loss at one precision, for the checkpointing settings its budget "
                 "covers): use --loss-chunks 1, or re-run 'advisor profile' with a larger "
                 "--budget-s"
             )
         raise Unpredictable(
-            f"the profile has no memory fit for {precision} with {checkpointing} "
-            "checkpointing: re-run 'advisor profile' with a larger --budget-s (its probes.csv "
-            f"names the one that covers its traces), or with --precision {precision} to give "
-            "that precision the whole budget"
+            f"the profile has no memory fit {missing_fit_group(precision, checkpointing)}: "
+            "re-run 'advisor profile' with a larger --budget-s (its probes.csv names the one "
+            f"that covers its traces), or with {precision_flag(precision)} to give that "
+            "precision the whole budget"
         )
 
     def _find_memory_model(

@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from strategies.budgets import BUSY_HOST_SHARE
-from strategies.cost import CostModel, GiB
+from strategies.cost import CostModel, GiB, missing_fit_group, precision_flag
 from strategies.plan_records import Baseline, Measurement, Validation
 from strategies.search import Evaluation, SearchResult, rank
 from strategies.space import SearchSpace
@@ -34,11 +34,9 @@ def unpredictable_lines(evaluations: Sequence[Evaluation]) -> list[str]:
             continue
         p, c = e.candidate.precision, e.candidate.activation_checkpointing
         kind = e.reason
-        group = f"for {p} with {c} checkpointing"
+        group = missing_fit_group(p, c)
         if group in kind:
-            kind = kind.replace(group, _GROUPS).replace(
-                f"--precision {p} ", f"--precision {_PRECISION} "
-            )
+            kind = kind.replace(group, _GROUPS).replace(precision_flag(p), _PRECISION)
             settings = groups.setdefault(kind, {}).setdefault(p, [])
             if c not in settings:
                 settings.append(c)
@@ -52,8 +50,8 @@ def unpredictable_lines(evaluations: Sequence[Evaluation]) -> list[str]:
                 f"{p} with {_either(settings)} checkpointing"
                 for p, settings in by_precision.items()
             )
-            flags = " or ".join(f"--precision {p}" for p in by_precision)
-            text = kind.replace(_GROUPS, f"for {named}").replace(f"--precision {_PRECISION}", flags)
+            flags = " or ".join(precision_flag(p) for p in by_precision)
+            text = kind.replace(_GROUPS, f"for {named}").replace(_PRECISION, flags)
         out.append(f"{count} candidates could not be predicted: {text}")
     return out
 
