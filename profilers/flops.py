@@ -12,7 +12,9 @@ element-wise ops, norms and softmax are free, as in the formula. Its registry la
 flash-attention kernels that ``F.scaled_dot_product_attention`` dispatches to on CPU, so an
 attention model traced on CPU silently loses its attention FLOPs. Every count first calls
 :func:`register_cpu_sdpa_formulas`, which registers them, mirroring torch's own SDPA formulas
-(the full T×T score matrix, no causal discount, the backward recomputing the scores once).
+(the full T×T score matrix, no causal discount, the backward recomputing the scores once),
+and :func:`profilers.fake_kernels.register_grouped_mm_formula`, which counts the grouped GEMMs
+of mixture-of-experts layers (each routed token times one expert's weights).
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from profilers.checkpointing import OPS, block_fraction
+from profilers.fake_kernels import fake_tracing_extras, register_grouped_mm_formula
 from profilers.memory_blocks import SCALE_FROM_BLOCKS, scalable_layers
 from profilers.workload import (
     CHECKPOINTING,
@@ -249,18 +252,21 @@ def _count(workload: Workload, base: StepSpec, checkpointing: str, *, fake: bool
     from torch.utils.flop_counter import FlopCounterMode
 
     register_cpu_sdpa_formulas()
+    register_grouped_mm_formula()
     spec = dataclasses.replace(base, activation_checkpointing=checkpointing)
     mode = FakeTensorMode(allow_non_fake_inputs=True) if fake else None
-    if mode is not None:
-        with mode:
-            step = workload.build_step(spec, "cpu", from_meta=True)
-    else:
-        step = workload.build_step(spec, "cpu")
-    with mode or contextlib.nullcontext():
-        batches = step.synthetic_batches(torch.Generator().manual_seed(0))
-        # FlopCounterMode inside the fake mode: it sees each op first, then the fake mode runs it.
-        with FlopCounterMode(display=False) as counter:
-            step.forward_backward(batches)
+    with fake_tracing_extras() if fake else contextlib.nullcontext():
+        if mode is not None:
+            with mode:
+                step = workload.build_step(spec, "cpu", from_meta=True)
+        else:
+            step = workload.build_step(spec, "cpu")
+        with mode or contextlib.nullcontext():
+            batches = step.synthetic_batches(torch.Generator().manual_seed(0))
+            # FlopCounterMode inside the fake mode: it sees each op first, then the fake mode
+            # runs it.
+            with FlopCounterMode(display=False) as counter:
+                step.forward_backward(batches)
     return {str(op): int(n) for op, n in counter.get_flop_counts()["Global"].items()}
 
 

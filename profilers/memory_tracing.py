@@ -33,6 +33,7 @@ import torch.distributed._tools.mem_tracker as mem_tracker_module
 from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.distributed._tools.mem_tracker import MemTracker
 
+from profilers.fake_kernels import fake_tracing_extras
 from profilers.memory_grad_sums import GradSumsInPlace
 from profilers.memory_records import MemoryBreakdown, MemoryTrace
 from profilers.workload import BlockScalableWorkload, StepSpec, Workload
@@ -381,7 +382,9 @@ def _on_autocast_cache_clear(callback: Any) -> Iterator[None]:
 def enter_step_tracing(stack: contextlib.ExitStack, *, cuda_rounding: bool) -> None:
     """Enter on ``stack`` what tracing one training step needs, on one device or as a rank
     (profilers.memory_distributed adds its own): fake tensors, the CUDA target's rounding and
-    kernels when asked, a loss scaler whose step is taken, and no module-reentry warnings."""
+    kernels when asked, a loss scaler whose step is taken, no module-reentry warnings, and the
+    fake kernels and quiet failures of :mod:`profilers.fake_kernels`."""
+    stack.enter_context(fake_tracing_extras())
     stack.enter_context(FakeTensorMode(allow_non_fake_inputs=True))
     if cuda_rounding:
         stack.enter_context(cuda_target())

@@ -145,7 +145,16 @@ class FlopsTime:
 # list's GEMM time to the count (a model that is not the standard block); within it, the op list
 # stands (the count includes a few tiny matmuls, e.g. of biases' gradients).
 GEMM_COUNT_TOLERANCE = 0.02
-COUNTED_GEMM_OPS: tuple[str, ...] = ("aten.mm", "aten.addmm", "aten.bmm", "aten.matmul")
+# aten._grouped_mm: a mixture-of-experts layer's experts (profilers.fake_kernels counts them);
+# without it a Mixtral's count held only its attention, router and head, and the op list's one
+# dense FFN was scaled down (x0.46) instead of up to the routed experts.
+COUNTED_GEMM_OPS: tuple[str, ...] = (
+    "aten.mm",
+    "aten.addmm",
+    "aten.bmm",
+    "aten.matmul",
+    "aten._grouped_mm",
+)
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

@@ -132,8 +132,8 @@ def selective_checkpointing_unmapped(setting: str, stack: str) -> list[str]:
             f"activation_checkpointing ops: {stack} has no per-op checkpointing policy; wrap "
             "each repeated block in torch.utils.checkpoint.checkpoint(use_reentrant=False, "
             "context_fn=partial(create_selective_checkpoint_contexts, policy)) whose policy "
-            "MUST_SAVEs aten mm/addmm/bmm and scaled_dot_product_* outputs and "
-            "PREFER_RECOMPUTEs the rest"
+            "MUST_SAVEs aten mm/addmm/bmm/baddbmm, _grouped_mm (a mixture of experts') and "
+            "scaled_dot_product_* outputs and PREFER_RECOMPUTEs the rest"
         ]
     if parsed.kind == "ops-half":
         return [

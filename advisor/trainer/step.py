@@ -87,12 +87,22 @@ def _saved_ops() -> frozenset[Any]:
     return frozenset(getattr(aten, n).default for n in names if hasattr(aten, n))
 
 
+@functools.cache
+def _expert_matmuls() -> frozenset[Any]:
+    """A mixture-of-experts layer's grouped GEMMs (Hugging Face's experts run one per
+    projection): matmuls ``ops`` saves too. ``ops-half`` does not: torchtitan's ``op`` policy,
+    which it mirrors, has no grouped GEMM in its save list, so it recomputes the experts."""
+    op = getattr(torch.ops.aten, "_grouped_mm", None)
+    return frozenset() if op is None else frozenset({op.default})
+
+
 def save_matmuls_policy(ctx: Any, op: Any, *args: Any, **kwargs: Any) -> Any:
-    """Selective-checkpoint policy of ``ops``: must save matmul/attention outputs, prefer
-    recomputing the rest (torch.utils.checkpoint.CheckpointPolicy)."""
+    """Selective-checkpoint policy of ``ops``: must save matmul (mixture-of-experts grouped
+    GEMMs included) and attention outputs, prefer recomputing the rest
+    (torch.utils.checkpoint.CheckpointPolicy)."""
     from torch.utils.checkpoint import CheckpointPolicy
 
-    if op in _saved_ops():
+    if op in _saved_ops() or op in _expert_matmuls():
         return CheckpointPolicy.MUST_SAVE
     return CheckpointPolicy.PREFER_RECOMPUTE
 

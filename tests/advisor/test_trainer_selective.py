@@ -132,6 +132,33 @@ def test_ops_half_recomputes_every_second_matmul_of_a_block(
     assert counts["ops-half"][sdpa] == counts["none"][sdpa] < counts["full"][sdpa]
 
 
+def test_ops_saves_a_mixture_of_experts_grouped_gemms_and_ops_half_recomputes_them() -> None:
+    """Hugging Face runs a MoE layer's experts as grouped GEMMs: ``ops`` saves every matmul's
+    output, those included; ``ops-half`` is torchtitan's ``op`` policy, which recomputes them."""
+    pytest.importorskip("transformers")
+    if not hasattr(torch, "_grouped_mm"):
+        pytest.skip("this torch has no grouped GEMM")
+    moe = AdvisorWorkload(
+        "hf:mixtral",
+        {
+            "hidden_size": 32,
+            "intermediate_size": 48,
+            "num_hidden_layers": 2,
+            "num_attention_heads": 2,
+            "num_key_value_heads": 1,
+            "vocab_size": 64,
+            "num_local_experts": 4,
+            "max_position_embeddings": 32,
+        },
+    )
+    counts = {s: op_counts(build(moe, s)) for s in ("none", "ops", "ops-half", "full")}
+    grouped = "_grouped_mm"
+    assert counts["none"][grouped] > 0
+    assert counts["ops"][grouped] == counts["none"][grouped]
+    assert counts["full"][grouped] > counts["none"][grouped]
+    assert counts["ops-half"][grouped] > counts["none"][grouped]
+
+
 def test_ops_half_keeps_less_than_ops_and_more_than_full() -> None:
     """The step's traced peak (the selective outputs live inside the checkpoint's frame, where
     autograd's saved-tensor hooks do not see them)."""

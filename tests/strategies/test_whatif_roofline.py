@@ -190,6 +190,30 @@ def test_counted_gemm_flops_rescale_a_model_that_is_not_the_standard_block() -> 
     assert "scaled ×1.500" in scaled.source
 
 
+def test_a_mixture_of_experts_count_scales_the_gemms_up_by_its_routed_experts() -> None:
+    """The experts' grouped GEMMs count with the dense ones: a block whose FFN runs in two of
+    its experts per token does twice the FFN's FLOPs, not only its attention's."""
+    from profilers.flops import FlopCount
+
+    facts = gpt_facts(1024, 4, 16, 512)
+    shape = roofline.BlockShape.from_facts(facts)
+    assert shape is not None
+    dense = 6.0 * shape.matmul_params
+    ffn = 6.0 * facts.num_layers * 2 * facts.hidden_size * facts.ffn_hidden_size
+    by_op = {"aten.mm": dense - ffn, "aten._grouped_mm": 2 * ffn}
+    count = FlopCount(
+        seq_len=512,
+        micro_batch_size=1,
+        tokens=512,
+        flops_per_token={"none": dense + ffn},
+        flops_by_op={"none": by_op},
+        formula_flops_per_token=None,
+        method="fake",
+    )
+    moe = RooflineTime(target=A100, shape=shape, seq_len=512, flops=count)
+    assert moe.gemm_scale() == pytest.approx((dense + ffn) / dense)
+
+
 def test_an_unmeasured_gpu_says_its_constants_are_borrowed() -> None:
     l40s = lookup_target("l40s")
     source = time_source(l40s, gpt_facts(2048, 24, 16, 2048), 2048, None)

@@ -1,0 +1,136 @@
+"""What fake-tensor tracing and FLOP counting need beyond torch's own registries.
+
+**Grouped GEMMs of mixture-of-experts layers.** Hugging Face transformers (5.x) runs the
+experts of every MoE model it ships (Mixtral, Qwen-MoE, OLMoE, DeepSeek, gpt-oss, ...) as one
+``torch._grouped_mm`` per projection: the routed tokens sorted by expert, times the stacked
+expert weights, split by per-expert offsets. The real CPU and CUDA (sm80+) kernels take fp32,
+bf16 and fp16 operands, but torch 2.13's meta function for the op still implements only the
+Hopper kernel's checks (``Expected inputs of BF16 type``), so a fake-tensor trace of an fp32
+step, or of a bf16-autocast step over fp32 master weights (transformers casts the tokens to the
+weights' dtype: autocast does not cover the op), fails in every MoE layer: every memory probe
+of ``hf:mixtral`` was an error row. :func:`grouped_mm_any_float` gives the op, while a trace
+runs, a fake kernel with the meta function's shapes for any floating dtype pair that matches.
+FLOPs: ``FlopCounterMode`` has no formula for the op, so a MoE model's count lost its expert
+GEMMs; :func:`register_grouped_mm_formula` adds one (2 FLOPs per multiply-add, each routed
+row multiplied by one expert's matrix).
+
+**Quiet failures.** When a meta function raises, ``FakeTensorMode`` logs the whole traceback
+at ERROR before re-raising (``torch._subclasses.fake_tensor``): one probe of a model whose op
+cannot be traced printed ~20 lines to stderr, once per op call, hundreds per profile, even with
+``--quiet``. The probe records the error itself (a one-line reason in probes.csv);
+:func:`fake_errors_unlogged` keeps that logger quiet while a trace runs.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import math
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import torch
+
+# torch is imported where it is used: profilers.flops imports this module, and importing the
+# advisor package must not load torch.
+FAKE_TENSOR_LOGGER = "torch._subclasses.fake_tensor"
+
+
+def _grouped_mm_op() -> Any:
+    import torch
+
+    return getattr(torch.ops.aten, "_grouped_mm", None)
+
+
+def _fake_grouped_mm(
+    fake_mode: Any,
+    func: Any,
+    mat_a: torch.Tensor,
+    mat_b: torch.Tensor,
+    offs: torch.Tensor | None = None,
+    bias: torch.Tensor | None = None,
+    out_dtype: torch.dtype | None = None,
+) -> Any:
+    """The meta function's output for matching floating operands; anything else goes on to
+    torch's own meta function (and its message)."""
+    from torch._meta_registrations import _create_grouped_mm_output_tensor
+    from torch._subclasses.fake_tensor import FakeTensor, in_kernel_invocation_manager
+
+    if mat_a.dtype != mat_b.dtype or not mat_a.dtype.is_floating_point or mat_a.dtype.itemsize < 2:
+        return NotImplemented
+    with in_kernel_invocation_manager(fake_mode):
+        out = _create_grouped_mm_output_tensor(mat_a, mat_b, offs, out_dtype)
+    return FakeTensor(fake_mode, out, mat_a.device)
+
+
+@contextlib.contextmanager
+def grouped_mm_any_float() -> Iterator[None]:
+    """While inside, fake tensors run ``aten._grouped_mm`` on fp32/bf16/fp16 operands (see the
+    module docstring). A no-op where torch lacks the op or already has a fake rule for it."""
+    from torch._subclasses import fake_impls
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    op = _grouped_mm_op()
+    overload = getattr(op, "default", None)
+    if overload is None or overload in fake_impls.op_implementations_dict:
+        yield
+        return
+    fake_impls.op_implementations_dict[overload] = _fake_grouped_mm
+    try:
+        yield
+    finally:
+        fake_impls.op_implementations_dict.pop(overload, None)
+        # FakeTensorMode caches dispatch results class-wide, ours among them: forget them.
+        FakeTensorMode.cache_clear()
+
+
+def grouped_mm_flops(
+    a_shape: Any, b_shape: Any, *args: Any, out_shape: Any = None, **kwargs: Any
+) -> int:
+    """FLOPs of one ``_grouped_mm`` from its operands' shapes: 2 per multiply-add.
+
+    2D x 3D (routed rows x stacked experts: each row meets one expert's K x N matrix), 3D x 2D
+    and 3D x 3D: every output element is one K-long dot product. 2D x 2D (the weight gradient:
+    the contraction over the rows is split by the offsets into one K x N result per group): the
+    M x K x N products are made once in all, whatever the split."""
+    a, b = tuple(a_shape), tuple(b_shape)
+    k = a[-1]
+    if len(a) == 2 and len(b) == 2:
+        return 2 * a[0] * k * b[-1]
+    if out_shape is None:
+        raise ValueError("a grouped GEMM with a 3D operand needs its output's shape")
+    return 2 * math.prod(out_shape) * k
+
+
+def register_grouped_mm_formula() -> list[str]:
+    """Register :func:`grouped_mm_flops` with FlopCounterMode if torch has the op and no formula
+    for it (idempotent). Returns the ops this call registered."""
+    from torch.utils import flop_counter
+
+    op = _grouped_mm_op()
+    # The registry is looked up anew: torch rebinds the module-level dict after import.
+    if op is None or op in flop_counter.flop_registry:
+        return []
+    flop_counter.register_flop_formula(op)(grouped_mm_flops)
+    return ["aten._grouped_mm"]
+
+
+@contextlib.contextmanager
+def fake_errors_unlogged() -> Iterator[None]:
+    """Keep FakeTensorMode's per-failure traceback off stderr (the caller records the error)."""
+    logger = logging.getLogger(FAKE_TENSOR_LOGGER)
+    level = logger.level
+    logger.setLevel(logging.CRITICAL)
+    try:
+        yield
+    finally:
+        logger.setLevel(level)
+
+
+@contextlib.contextmanager
+def fake_tracing_extras() -> Iterator[None]:
+    """Everything above, for one trace or count."""
+    register_grouped_mm_formula()
+    with grouped_mm_any_float(), fake_errors_unlogged():
+        yield
