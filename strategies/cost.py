@@ -258,6 +258,10 @@ class CostModel:
     run_steps: int = DEFAULT_STEPS
     # The profile's torch.compile records: what a compiled step holds beyond the eager trace.
     compiled: tuple[CompileMeasurement, ...] = ()
+    # (precision, checkpointing) -> the first error of the group's single-device memory traces,
+    # for the groups none of whose traces succeeded (failed_memory_traces): a budget would not
+    # bring their fit, so the reason says what failed instead.
+    failed_traces: Mapping[tuple[str, str], str] = field(default_factory=dict)
 
     @property
     def seq_len(self) -> int:
@@ -290,6 +294,14 @@ class CostModel:
                 "chunked loss at one precision, for the checkpointing settings its budget "
                 "covers): use --loss-chunks 1, or re-run 'advisor profile' with a larger "
                 "--budget-s"
+            )
+        failed = self.failed_traces.get((precision, checkpointing))
+        if failed is not None and parallelism == "single":
+            raise Unpredictable(
+                f"the profile has no memory fit {missing_fit_group(precision, checkpointing)}: "
+                f"its memory traces failed with '{failed}' (each in probes.csv), which a "
+                "larger --budget-s would not change: the fake-tensor tracer cannot run this "
+                "model at this setting; please report the error"
             )
         raise Unpredictable(
             f"the profile has no memory fit {missing_fit_group(precision, checkpointing)}: "
@@ -811,6 +823,23 @@ def machine_from_profile(profile: Profile) -> Machine:
     )
 
 
+def failed_memory_traces(profile: Profile) -> dict[tuple[str, str], str]:
+    """(precision, checkpointing) -> the first error of the single-device memory traces of
+    each group that has an error row and no successful trace."""
+    failed: dict[tuple[str, str], str] = {}
+    traced: set[tuple[str, str]] = set()
+    for row in profile.probes:
+        if row.probe != "memory" or not row.precision or not row.activation_checkpointing:
+            continue
+        group = (row.precision, row.activation_checkpointing)
+        if row.status == "ok":
+            traced.add(group)
+        elif row.status == "error":
+            first = row.reason.splitlines()[0].rstrip(". ") if row.reason else ""
+            failed.setdefault(group, first or "an error")
+    return {g: why for g, why in failed.items() if g not in traced}
+
+
 def cost_model_from_profile(
     profile: Profile, memory_budget: float, *, run_steps: int = DEFAULT_STEPS
 ) -> CostModel:
@@ -834,4 +863,5 @@ def cost_model_from_profile(
         host_others_share=largest_host_share(profile.throughput),
         run_steps=run_steps,
         compiled=tuple(profile.compile),
+        failed_traces=failed_memory_traces(profile),
     )

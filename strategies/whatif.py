@@ -31,7 +31,7 @@ from profilers.hardware import HardwareSpec, NetworkPreset, lookup_network, look
 from profilers.profile_record import Profile
 from profilers.workload import ModelFacts
 from strategies import roofline
-from strategies.cost import ComputeTime, CostModel, Machine
+from strategies.cost import ComputeTime, CostModel, Machine, failed_memory_traces
 from strategies.errors import StrategyError, Unpredictable
 from strategies.space import COMPILE_UNAVAILABLE, Candidate, SearchRequest
 
@@ -388,5 +388,6 @@ def whatif_cost_model(profile: Profile, request: SearchRequest) -> tuple[CostMod
         flops=profile.flops,
         rounding_allowance_bytes=allowance,
         assumptions=tuple(assumptions),
+        failed_traces=failed_memory_traces(profile),
     )
     return model, label

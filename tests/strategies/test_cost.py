@@ -522,3 +522,42 @@ def test_a_group_without_its_own_split_borrows_its_precisions_other_checkpointin
     ).breakdown.to_dict()
     assert bf16_ddp["time"]["forward_backward_s"] == pytest.approx(2 * bf16["forward_backward_s"])
     assert any("share the host's cores" in a for a in bf16_ddp["assumptions"])
+
+
+def test_a_group_whose_memory_traces_failed_says_so_instead_of_asking_for_budget() -> None:
+    """A group whose every trace failed (an op the fake tensors cannot run) gets no fit from a
+    larger budget: the reason names the error, not --budget-s. A group with one successful
+    trace beside a failed one, or with no row at all, keeps the budget reason."""
+
+    def row(precision: str, ckpt: str, status: str, reason: str = "") -> ProbeRow:
+        return ProbeRow(
+            probe="memory",
+            name=f"{precision}/{ckpt}/b=4",
+            status=status,
+            reason=reason,
+            precision=precision,
+            activation_checkpointing=ckpt,
+            micro_batch_size=4,
+        )
+
+    error = "RuntimeError: Expected inputs of BF16 type\nmore detail."
+    profile = dataclasses.replace(
+        hand_profile(precisions=("fp32",), checkpointing=("none",)),
+        probes=(
+            row("bf16", "none", "error", error),
+            row("bf16", "none", "error", "RuntimeError: another"),
+            row("bf16", "full", "error", error),
+            row("bf16", "full", "ok"),
+        ),
+    )
+    model = cost_model_from_profile(profile, 0.9)
+    assert model.failed_traces == {("bf16", "none"): "RuntimeError: Expected inputs of BF16 type"}
+    with pytest.raises(Unpredictable) as failed:
+        model.predict(cand(precision="bf16"))
+    assert "its memory traces failed with 'RuntimeError: Expected inputs of BF16 type'" in str(
+        failed.value
+    )
+    assert "would not change" in str(failed.value)
+    for other in (cand(precision="bf16", ckpt="full"), cand(precision="fp16")):
+        with pytest.raises(Unpredictable, match="with a larger --budget-s"):
+            model.predict(other)
