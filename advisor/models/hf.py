@@ -34,8 +34,44 @@ def import_transformers() -> Any:
     return transformers
 
 
-def load_hf_config(name_or_path: str) -> Any:
+def load_hf_config(name_or_path: str, args: dict[str, Any] | None = None) -> Any:
+    """The transformers config of ``name_or_path`` with ``args`` (``--model-arg``) applied.
+
+    The overrides go through the config's constructor with the file's fields, not onto a built
+    config: many configs derive fields when constructed (Llama's and Mistral's ``head_dim`` =
+    hidden / heads when the file gives none, DeepSeek-V3's ``head_dim`` and ``qk_head_dim``
+    from its rope and nope dims), and a field set afterwards left them stale: ``hf:mistral
+    --model-arg hidden_size=64 --model-arg num_attention_heads=4`` built heads of 128
+    dimensions (4096 / 32, the defaults), and a DeepSeek-V3 with smaller rope dims failed in
+    its first forward."""
     tf = import_transformers()
+    model_type, data = _config_source(tf, name_or_path)
+    args = dict(args or {})
+    try:
+        base = tf.AutoConfig.for_model(model_type, **data)
+    except Exception as exc:  # transformers 5 validates configs: huggingface_hub's own errors
+        raise UsageProblem(
+            f"hf:{name_or_path}: its config does not validate ({one_line(exc)}): fix its fields"
+        ) from None
+    unknown = sorted(k for k in args if not hasattr(base, k))
+    if unknown:
+        raise UsageProblem(
+            f"--model-arg {', '.join(unknown)} is not a field of {type(base).__name__}: "
+            "check the config's attribute names"
+        )
+    if not args:
+        return base
+    try:
+        return tf.AutoConfig.for_model(model_type, **{**data, **args})
+    except Exception as exc:  # TypeError, ValueError, huggingface_hub's StrictDataclassError
+        raise UsageProblem(
+            f"hf:{name_or_path}: {type(base).__name__} refuses these --model-arg values "
+            f"({one_line(exc)}): check them against the config class"
+        ) from None
+
+
+def _config_source(tf: Any, name_or_path: str) -> tuple[str, dict[str, Any]]:
+    """(model type, the fields a config file gives: none for a bare model type)."""
     path = Path(name_or_path).expanduser()
     if path.is_dir():
         if not (path / "config.json").is_file():
@@ -56,25 +92,18 @@ def load_hf_config(name_or_path: str) -> Any:
                 "(nothing is downloaded): save the model's config.json locally and pass "
                 f"hf:DIR, or use a model type such as gpt2, bert, llama ({len(types)} known)"
             )
-        return tf.AutoConfig.for_model(name_or_path)
+        return name_or_path, {}
     model_type = data.pop("model_type", None) if isinstance(data, dict) else None
     if model_type not in tf.CONFIG_MAPPING:
         raise UsageProblem(f"{path}: config has unknown model_type {model_type!r}")
-    return tf.AutoConfig.for_model(model_type, **data)
+    return model_type, data
 
 
 def build_hf(spec: str, args: dict[str, Any], meta: bool) -> ModelAdapter:
     tf = import_transformers()
     from transformers.models.auto import modeling_auto
 
-    config = load_hf_config(spec[3:])
-    unknown = sorted(k for k in args if not hasattr(config, k))
-    if unknown:
-        raise UsageProblem(
-            f"--model-arg {', '.join(unknown)} is not a field of {type(config).__name__}: "
-            "check the config's attribute names"
-        )
-    config.update(args)
+    config = load_hf_config(spec[3:], args)
     config.use_cache = False  # training: no KV cache
     model_type = config.model_type
     causal = model_type in modeling_auto.MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
@@ -92,8 +121,10 @@ def build_hf(spec: str, args: dict[str, Any], meta: bool) -> ModelAdapter:
         with torch.device("meta") if meta else torch.device("cpu"):
             try:
                 module = auto.from_config(config, attn_implementation="sdpa")
-            except (ValueError, ImportError):  # this architecture has no SDPA path
-                module = auto.from_config(config)
+            except (ValueError, ImportError):
+                # This architecture has no SDPA path (Gemma 2, gpt-oss: soft-capping, sinks).
+                # Left unnamed, transformers 5 picks SDPA again and refuses again.
+                module = auto.from_config(config, attn_implementation="eager")
     except Exception as exc:
         raise UsageProblem(f"cannot build {spec} ({one_line(exc)})") from None
     module = module.float() if not meta else module.to(torch.float32)

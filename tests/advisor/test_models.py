@@ -225,6 +225,76 @@ def test_hf_model_type_builds_from_config_and_trains(
 
 
 @pytest.mark.usefixtures("transformers_installed")
+def test_hf_overrides_reach_the_fields_a_config_derives_from_them() -> None:
+    """--model-arg goes through the config's constructor: Llama derives head_dim from hidden
+    and heads, DeepSeek-V3 its head dims from the rope and nope dims. Set on a built config,
+    the overrides left them at the defaults' (Llama's heads 4096 / 32 = 128 wide)."""
+    llama = build_model("hf:llama", HF_TINY["hf:llama"], meta=True).module
+    assert llama.config.head_dim == 16
+    assert llama.model.layers[0].self_attn.q_proj.out_features == 32
+    deepseek = {
+        "hidden_size": 32,
+        "intermediate_size": 48,
+        "moe_intermediate_size": 16,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 2,
+        "num_key_value_heads": 2,
+        "vocab_size": 64,
+        "n_routed_experts": 4,
+        "num_experts_per_tok": 2,
+        "first_k_dense_replace": 1,
+        "n_group": 1,
+        "topk_group": 1,
+        "q_lora_rank": 16,
+        "kv_lora_rank": 8,
+        "qk_rope_head_dim": 8,
+        "qk_nope_head_dim": 8,
+        "v_head_dim": 8,
+    }
+    torch.manual_seed(0)
+    adapter = build_model("hf:deepseek_v3", deepseek)
+    assert adapter.module.config.qk_head_dim == 16
+    adapter.loss(random_batch(adapter)).backward()  # failed in rotary before
+
+
+@pytest.mark.usefixtures("transformers_installed")
+@pytest.mark.parametrize(
+    ("args", "words"),
+    [
+        ({"hidden_size": "wide"}, "expected int"),
+        ({"hidden_size": 30, "num_attention_heads": 4}, "not a multiple"),
+    ],
+)
+def test_hf_overrides_the_config_refuses_are_one_line_usage_problems(
+    args: dict[str, object], words: str
+) -> None:
+    with pytest.raises(UsageProblem) as excinfo:
+        build_model("hf:llama", args, meta=True)
+    line = one_line_problem(excinfo)
+    assert line.startswith("hf:llama: LlamaConfig refuses these --model-arg values")
+    assert words in line
+
+
+@pytest.mark.usefixtures("transformers_installed")
+def test_an_architecture_without_an_sdpa_path_builds_with_eager_attention() -> None:
+    """Gemma 2 (logit soft-capping) has no SDPA path in transformers; it was refused."""
+    args = {
+        "hidden_size": 32,
+        "num_attention_heads": 2,
+        "num_key_value_heads": 1,
+        "head_dim": 16,
+        "intermediate_size": 64,
+        "num_hidden_layers": 1,
+        "vocab_size": 64,
+    }
+    adapter = build_model("hf:gemma2", args)
+    assert adapter.module.config._attn_implementation == "eager"
+    adapter.loss(random_batch(adapter)).backward()
+    llama = build_model("hf:llama", HF_TINY["hf:llama"], meta=True).module
+    assert llama.config._attn_implementation == "sdpa"
+
+
+@pytest.mark.usefixtures("transformers_installed")
 def test_hf_full_size_config_on_meta_has_published_size() -> None:
     facts = build_model("hf:gpt2", meta=True).facts()
     assert facts.num_params == pytest.approx(124e6, rel=0.01)
