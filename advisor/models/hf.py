@@ -94,7 +94,7 @@ def _config_source(tf: Any, name_or_path: str) -> tuple[str, dict[str, Any]]:
             )
         return name_or_path, {}
     model_type = data.pop("model_type", None) if isinstance(data, dict) else None
-    if model_type not in tf.CONFIG_MAPPING:
+    if not isinstance(model_type, str) or model_type not in tf.CONFIG_MAPPING:
         raise UsageProblem(f"{path}: config has unknown model_type {model_type!r}")
     return model_type, data
 
