@@ -3,7 +3,8 @@
 Runs after :mod:`profilers.phases_core` and its refinements (a new knob comes after the
 search's core in priority) and only for models whose logits are worth chunking
 (:func:`chosen_loss_chunks`). It measures one precision (:func:`chunked_precision`: the one
-whose plain step the core timed fastest without checkpointing, fp32 when none was timed), in
+whose plain step the core timed fastest without checkpointing; when none was timed, bf16 before
+fp16 before fp32 among those traced), in
 this order while its part of the budget lasts:
 
 1. memory without checkpointing: the step traced with the knob on at the core's two traced
@@ -96,16 +97,26 @@ class ChunkedResult:
     time_models: list[TimeModel] = field(default_factory=list)
 
 
-def chunked_precision(core_models: Sequence[TimeModel], micro_batch_size: int) -> str:
+def chunked_precision(
+    core_models: Sequence[TimeModel], micro_batch_size: int, traced: Sequence[str] = ()
+) -> str:
     """The precision the chunked loss is measured at: the one whose plain single-device step
     without checkpointing the core timed fastest at ``micro_batch_size`` (bf16 on a GPU, fp32
-    on most CPUs), the one the search most likely keeps; fp32 when none was timed."""
+    on most CPUs), the one the search most likely keeps. When none was timed (a model that
+    fits no device here: its profile serves a what-if), the first of the ``traced`` precisions
+    in the what-if's order (bf16, fp16, fp32: profilers.phases_distributed), fp32 without any.
+    Until 2026-12-05 that was always fp32: a 46.7B Mixtral profiled with ``--precision bf16``
+    traced its chunked loss in fp32 only, a precision it was asked not to plan."""
+    from profilers.phases_distributed import WHAT_IF_PRECISION_ORDER
+
     timed = {
         m.precision: m.forward_backward.predict(micro_batch_size)
         for m in core_models
         if (m.activation_checkpointing, m.parallelism, m.loss_chunks) == ("none", "single", 1)
     }
-    return min(timed, key=lambda p: timed[p]) if timed else "fp32"
+    if timed:
+        return min(timed, key=lambda p: timed[p])
+    return next((p for p in WHAT_IF_PRECISION_ORDER if p in traced), "fp32")
 
 
 def checkpointed_settings(traced: Sequence[MemoryTrace], precision: str) -> list[str]:
@@ -158,7 +169,9 @@ def chunked_loss_phase(
     timed_size = max(
         (t.spec.micro_batch_size for t in core_timings if t.spec.loss_chunks == 1), default=1
     )
-    precision = chunked_precision(core_models, timed_size)
+    precision = chunked_precision(
+        core_models, timed_size, traced=sorted({t.spec.precision for t in traced})
+    )
     last_s = 0.0
     for b in sizes:
         spec = dataclasses.replace(run.spec(precision, "none", b), loss_chunks=chunks)

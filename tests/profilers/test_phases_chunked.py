@@ -105,7 +105,12 @@ def test_measured_precision_is_the_one_whose_plain_step_was_fastest() -> None:
     )
     assert chunked_precision([fp32, bf16, checkpointed], 2) == "bf16"  # full is not compared
     assert chunked_precision([fp32], 2) == "fp32"
-    assert chunked_precision([], 2) == "fp32"  # nothing timed: the search's baseline
+    assert chunked_precision([], 2) == "fp32"  # nothing timed or traced
+    # nothing timed (a model that fits no device here): the what-if's order among the traced
+    assert chunked_precision([], 2, traced=["bf16"]) == "bf16"
+    assert chunked_precision([], 2, traced=["fp32", "fp16", "bf16"]) == "bf16"
+    assert chunked_precision([], 2, traced=["fp32", "fp16"]) == "fp16"
+    assert chunked_precision([fp32], 2, traced=["fp32", "bf16"]) == "fp32"  # timed wins
 
 
 def _traced(precision: str, setting: str, b: int, **extra: Any) -> Any:
