@@ -591,16 +591,44 @@ class CostModel:
             if getattr(m, "parallelism", "single") == "fsdp"
         }
         for world in sorted(worlds, reverse=True):
-            source = self._find_memory_model(
-                c.precision,
-                c.activation_checkpointing,
-                "fsdp",
-                world,
-                c.loss_chunks,
-                reshard=c.fsdp_reshard_after_forward,
-            )
+
+            def traced(setting: str, world: int = world) -> MemoryModel | None:
+                return self._find_memory_model(
+                    c.precision,
+                    setting,
+                    "fsdp",
+                    world,
+                    c.loss_chunks,
+                    derive=False,
+                    reshard=c.fsdp_reshard_after_forward,
+                )
+
+            source = traced(c.activation_checkpointing)
             if source is not None:
                 return source.resharded(c.world_size), world
+            if c.world_size != world:
+                # A blocks:K not traced at this world: the line in K between the traced
+                # settings, each resharded window by window first. Derived at the traced
+                # world, it had no windows to reshard by and took the bound that keeps that
+                # world's sharded gradients: a 46.7B Mixtral's blocks:14 at 64 ranks, micro-
+                # batch 1, read 99 GiB against none's 66 GiB and blocks:16's traced 45 GiB.
+                derived = blocks_memory_model(
+                    lambda s: m.resharded(c.world_size) if (m := traced(s)) else None,
+                    c.activation_checkpointing,
+                    self.facts.num_layers,
+                    windowed=False,
+                )
+            else:
+                derived = self._find_memory_model(
+                    c.precision,
+                    c.activation_checkpointing,
+                    "fsdp",
+                    world,
+                    c.loss_chunks,
+                    reshard=c.fsdp_reshard_after_forward,
+                )
+            if derived is not None:
+                return derived, world
         return None, None
 
     def _fsdp_memory(

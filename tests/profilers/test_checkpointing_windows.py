@@ -154,3 +154,24 @@ def test_an_envelope_is_the_largest_of_its_pieces() -> None:
     assert both.shifted(2.0).predict(1) == 13.0 and both.mapped(2.0, 0.0).predict(10) == 60.0
     with pytest.raises(ValueError, match="at least one piece"):
         envelope([], [1.0])
+
+
+def test_the_line_in_k_keeps_a_floor_when_only_one_anchor_has_one() -> None:
+    """none traced at three sizes (a line floored at micro-batch 1's peak), blocks:M at two (a
+    plain line): the line between them is floored at their values at micro-batch 1, so it
+    runs between what they predict there. Without the floor it was the lines' intercepts:
+    below both anchors' values."""
+    from profilers.checkpointing_fits import lerp_fit
+    from profilers.fit import fit_affine, fit_hinged
+
+    none = fit_hinged([1.0, 4.0, 8.0], [66.0, 197.0, 382.0])  # the floor 66 lies over the line
+    middle = fit_affine([1.0, 4.0], [45.0, 114.0])
+    assert none.predict(1) == 66.0 and none.intercept + none.slope < 66.0
+    for w in (0.0, 0.25, 1.0):
+        mid = lerp_fit(none, middle, w)
+        assert mid.predict(1) == pytest.approx(66.0 + w * (45.0 - 66.0))
+        assert mid.predict(8) == pytest.approx(
+            none.predict(8) + w * (middle.predict(8) - none.predict(8))
+        )
+    plain = lerp_fit(fit_affine([1.0, 4.0], [1.0, 4.0]), middle, 0.5)
+    assert plain.floor is None  # neither floored: a line, as before

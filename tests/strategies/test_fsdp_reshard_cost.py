@@ -170,3 +170,49 @@ def test_what_if_roofline_copies_each_block_out_of_one_gather_less() -> None:
     assert {k: v for k, v in twice.items() if k != name} == {
         k: v for k, v in once.items() if k != name
     }
+
+
+def test_an_untraced_blocks_k_at_another_world_is_the_line_between_resharded_anchors() -> None:
+    """blocks:K with no rank trace of its own, at a world size other than the traced one: the
+    traced none and full ranks are each resharded window by window, then the line in K runs
+    between them. Derived at the traced world first, the line had no windows and resharded by
+    the bound that keeps the traced world's sharded gradients: above none itself."""
+    from tests.strategies.profiles import ADAM_BYTES, GRAD_BYTES, PARAM_BYTES
+
+    sharded = (PARAM_BYTES + GRAD_BYTES + ADAM_BYTES) // 2  # a world-2 rank's shards
+
+    def rank(setting: str, rest: dict[int, int]) -> object:
+        model = dataclasses.replace(
+            memory_model("fp32", setting),
+            parallelism="fsdp",
+            world_size=2,
+            forward_backward=line(rest[1] + sharded, (rest[4] - rest[1]) / 3),
+            parameter_bytes=PARAM_BYTES // 2,
+            gradient_bytes=GRAD_BYTES // 2,
+            optimizer_state_bytes=ADAM_BYTES // 2,
+            reshard_points=tuple((b, ((r, sharded),)) for b, r in sorted(rest.items())),
+        )
+        return model
+
+    none = rank("none", {1: 10 * MB, 4: 40 * MB})
+    full = rank("full", {1: 5 * MB, 4: 8 * MB})
+    base = hand_profile()
+    profile = dataclasses.replace(
+        base, fits=dataclasses.replace(base.fits, memory=(*base.fits.memory, none, full))
+    )
+    model = cost_model_from_profile(profile, 0.9)
+
+    def traced(setting: str, world: int) -> float:
+        c = dataclasses.replace(cand(world=world, micro=4), activation_checkpointing=setting)
+        p = model.predict(c)
+        assert p.breakdown.memory is not None
+        return p.breakdown.memory.traced_bytes
+
+    assert model.facts.num_layers == 4
+    at8 = {s: traced(s, 8) for s in ("none", "blocks:2", "full")}
+    assert at8["none"] == pytest.approx(40 * MB + sharded / 4, rel=1e-6)
+    assert at8["full"] == pytest.approx(8 * MB + sharded / 4, rel=1e-6)
+    assert at8["blocks:2"] == pytest.approx((at8["none"] + at8["full"]) / 2, rel=1e-6)
+    # at the traced world the derived setting is priced there, as before
+    at2 = {s: traced(s, 2) for s in ("none", "blocks:2", "full")}
+    assert at2["full"] < at2["blocks:2"] < at2["none"]
