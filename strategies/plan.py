@@ -89,11 +89,14 @@ def naive_baseline(model: CostModel, global_batch_size: int) -> Baseline:
                 reason=f"the naive fp32 loop on one device: {how}",
             )
     why = last.reason if last else "no global batch"
-    return Baseline(
-        candidate=None,
-        predicted=None,
-        reason=f"the naive fp32 loop fits at no accumulation ({why})",
+    # Over the budget at every accumulation, or not priceable at all (a profile limited to
+    # other precisions has no fp32 fit): said apart.
+    reason = (
+        f"the naive fp32 loop could not be priced ({why})"
+        if last is not None and last.prediction is None
+        else f"the naive fp32 loop fits at no accumulation ({why})"
     )
+    return Baseline(candidate=None, predicted=None, reason=reason)
 
 
 def _unfit_device(model: CostModel) -> StrategyError | None:

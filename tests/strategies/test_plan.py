@@ -114,6 +114,17 @@ def test_an_unvalidated_candidate_never_beats_a_measured_one_silently() -> None:
     )
 
 
+def test_a_baseline_that_cannot_be_priced_says_so_apart_from_one_that_does_not_fit() -> None:
+    no_fp32 = cost_model_from_profile(hand_profile(precisions=("bf16",)), 0.9)
+    baseline = naive_baseline(no_fp32, 8)
+    assert baseline.candidate is None
+    assert baseline.reason.startswith("the naive fp32 loop could not be priced (")
+    tiny = cost_model_from_profile(hand_profile(memory_bytes=2**20), 0.9)
+    baseline = naive_baseline(tiny, 8)
+    assert baseline.candidate is None
+    assert baseline.reason.startswith("the naive fp32 loop fits at no accumulation (")
+
+
 def test_the_baseline_is_the_naive_loop_with_the_smallest_accumulation_that_fits() -> None:
     roomy = cost_model_from_profile(hand_profile(), 0.9)
     baseline = naive_baseline(roomy, 32)
