@@ -273,6 +273,9 @@ class Profile:
     created: str = ""
     budget_s: float | None = None
     elapsed_s: float = 0.0
+    # The precisions ``advisor profile --precision`` was limited to (None: every one the device
+    # runs): the search plans only these (strategies.space.build_space).
+    precisions: tuple[str, ...] | None = None
     schema_version: int = SCHEMA_VERSION
 
     @property
@@ -305,6 +308,7 @@ class Profile:
             "probes": [p.to_dict() for p in self.probes],
             "budget_s": self.budget_s,
             "elapsed_s": self.elapsed_s,
+            "precisions": list(self.precisions) if self.precisions is not None else None,
         }
 
     @classmethod
@@ -346,6 +350,7 @@ class Profile:
             probes=tuple(ProbeRow.from_dict(p) for p in data.get("probes", ())),
             budget_s=data.get("budget_s"),
             elapsed_s=float(data.get("elapsed_s", 0.0)),
+            precisions=(tuple(data["precisions"]) if data.get("precisions") is not None else None),
         )
 
     # -- files ------------------------------------------------------------------------------------

@@ -156,6 +156,7 @@ def run_profile(
         ),
         probes=tuple(run.rows),
         budget_s=options.budget_s,
+        precisions=tuple(options.precisions) if options.precisions else None,
         elapsed_s=run.clock.elapsed(),
     )
 

@@ -402,22 +402,29 @@ def available_devices(profile: Profile) -> int:
 
 
 def searched_checkpointing(
-    profile: Profile, settings: Sequence[str], *, keep: Sequence[str] = ()
+    profile: Profile,
+    settings: Sequence[str],
+    *,
+    keep: Sequence[str] = (),
+    whatif: bool = False,
 ) -> tuple[tuple[str, ...], tuple[str, ...]]:
     """(the checkpointing settings the search prices, why the others are left out).
 
     ``ops`` and ``ops-half`` need their own traces and timings (no other setting predicts
     their recompute), so each is searched only when the profile measured it (ops-half only
-    when asked: ``advisor profile --checkpointing``). ``blocks:K`` is priced from the measured
+    when asked: ``advisor profile --checkpointing``). A what-if (``whatif``) times them by the
+    roofline over the profile's FLOP count, so their traces suffice: a profile of a model that
+    fits no device here times nothing, and a 46.7B Mixtral's traced ``ops`` was left out of its
+    64-GPU what-if. ``blocks:K`` is priced from the measured
     settings (profilers.checkpointing_fits: memory from their windows, time on the line in
     K); a deep model's K are thinned
     to :data:`MAX_BLOCK_SETTINGS` evenly spaced values (always K = 1, the least recompute), so
     an 80-layer model does not multiply the space by 79; a K named in ``keep`` (asked for by
     ``--only``) is priced whether or not the thinning picks it.
     """
-    measured = {m.activation_checkpointing for m in profile.fits.memory} & {
-        t.activation_checkpointing for t in profile.fits.time
-    }
+    measured = {m.activation_checkpointing for m in profile.fits.memory}
+    if not whatif:
+        measured &= {t.activation_checkpointing for t in profile.fits.time}
     kept: list[str] = []
     left_out: list[str] = []
     layers = profile.model.num_layers
@@ -472,6 +479,17 @@ def build_space(
     else:
         precisions, excluded = device_precisions(profile)
         worlds = range(1, (request.world_size or available_devices(profile)) + 1)
+    if profile.precisions is not None:
+        asked = " ".join(f"--precision {p}" for p in profile.precisions)
+        excluded = (
+            *excluded,
+            *(
+                f"{p}: not profiled (the profile was limited to {asked})"
+                for p in precisions
+                if p not in profile.precisions
+            ),
+        )
+        precisions = tuple(p for p in precisions if p in profile.precisions)
     precisions, restricted = narrow(
         "precision", precisions, only, reasons=reasons_by_value(excluded)
     )
@@ -493,7 +511,10 @@ def build_space(
     # Checkpointing per block needs repeated blocks (ModelFacts.checkpointing_modes).
     checkpointing, no_blocks = profile.model.checkpointing_modes()
     checkpointing, unmeasured = searched_checkpointing(
-        profile, checkpointing, keep=only.get("activation_checkpointing", ())
+        profile,
+        checkpointing,
+        keep=only.get("activation_checkpointing", ()),
+        whatif=target is not None,
     )
     excluded = (*excluded, *no_blocks, *unmeasured)
     checkpointing, lines = narrow(

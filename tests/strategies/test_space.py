@@ -50,6 +50,55 @@ def test_precisions_are_those_the_device_runs() -> None:
     assert any(e.startswith("bf16:") for e in space.excluded)
 
 
+def test_a_profile_limited_to_some_precisions_plans_only_those() -> None:
+    """``advisor profile --precision bf16`` profiles and plans bf16: the others the device
+    runs are left out with the flag named, not listed as candidates the profile cannot price."""
+    import dataclasses
+
+    from profilers.hardware import lookup_target
+
+    profile = dataclasses.replace(hand_profile(), precisions=("bf16",))
+    space = build_space(profile, SearchRequest(global_batch_size=8))
+    assert space.precisions == ("bf16",)
+    assert "fp32: not profiled (the profile was limited to --precision bf16)" in space.excluded
+    whatif = build_space(
+        profile,
+        SearchRequest(global_batch_size=8, world_size=8, target="h100-80gb"),
+        target=lookup_target("h100-80gb"),
+    )
+    assert whatif.precisions == ("bf16",)
+    # an old profile (no record of the flag) keeps every precision the device runs
+    old = build_space(hand_profile(), SearchRequest(global_batch_size=8))
+    assert old.precisions == ("fp32", "bf16")
+    assert dataclasses.replace(profile, precisions=None).to_dict()["precisions"] is None
+    assert type(profile).from_dict(profile.to_dict()).precisions == ("bf16",)
+
+
+def test_a_whatif_prices_ops_from_its_traces_alone() -> None:
+    """A profile of a model that fits no device here times nothing; the what-if times ops by
+    the roofline, so a traced ops is searched there, and only there."""
+    import dataclasses
+
+    from profilers.hardware import lookup_target
+    from tests.strategies.profiles import memory_model
+
+    base = hand_profile(timed_checkpointing=("none",))
+    ops = [
+        dataclasses.replace(memory_model(p, "full"), activation_checkpointing="ops")
+        for p in ("fp32", "bf16")
+    ]
+    fits = dataclasses.replace(base.fits, memory=(*base.fits.memory, *ops))
+    profile = dataclasses.replace(base, fits=fits)
+    here = build_space(profile, SearchRequest(global_batch_size=8))
+    assert "ops" not in here.checkpointing
+    whatif = build_space(
+        profile,
+        SearchRequest(global_batch_size=8, world_size=8, target="h100-80gb"),
+        target=lookup_target("h100-80gb"),
+    )
+    assert "ops" in whatif.checkpointing
+
+
 def test_cpu_hosts_search_one_rank_unless_asked_and_no_loader_workers() -> None:
     inputs = [
         InputSample(num_workers=w, micro_batch_size=8, seq_len=SEQ_LEN, batches_per_s=9.0)
