@@ -33,6 +33,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from profilers import probe_rows
+from profilers.budget import covering_budget_s
 from profilers.memory_records import MemoryTrace, fitted_groups
 from profilers.phases_time import plain_steps, time_side_by_side
 from profilers.probe_run import CHILD_START_S, MIN_CHILD_SHARE_S, ProbeRun
@@ -176,7 +177,9 @@ def chunked_loss_phase(
     for b in sizes:
         spec = dataclasses.replace(run.spec(precision, "none", b), loss_chunks=chunks)
         if time.perf_counter() > deadline and run.clock.remaining() < 2 * last_s:
-            run.rows.append(probe_rows.skipped("memory", spec, "time budget spent"))
+            suggested = _covering_budget_s(run, 2 * last_s, SHARE_OF_REMAINING)
+            why = f"time budget spent; --budget-s {suggested} would cover it"
+            run.rows.append(probe_rows.skipped("memory", spec, why))
             continue
         run.clock.say(f"memory: tracing {probe_rows.label(spec)} ({chunks} loss chunks)")
         t0 = time.perf_counter()
@@ -186,6 +189,7 @@ def chunked_loss_phase(
             out.traces.append(trace)
     _time_delta(run, out, precision, chunks, deadline, core_timings, core_models)
     deadline = max(deadline, time.perf_counter() + run.clock.remaining() * EXTRA_SHARE_OF_REMAINING)
+    left_out: list[tuple[range, float]] = []  # (its rows, seconds) of each pair left out
     for setting in checkpointed_settings(traced, precision):
         pair_s = 2 * (trace_seconds(setting) if trace_seconds is not None else last_s)
         specs = [
@@ -194,9 +198,9 @@ def chunked_loss_phase(
         if time.perf_counter() + pair_s > deadline or run.clock.remaining() < pair_s:
             why = (
                 f"time budget spent (the chunked loss's part of it; ~{pair_s:.0f} s for both "
-                "sizes): a larger --budget-s traces it, else its chunked candidates are "
-                "unpredictable"
+                "sizes), else its chunked candidates are unpredictable"
             )
+            left_out.append((range(len(run.rows), len(run.rows) + len(specs)), pair_s))
             run.rows += [probe_rows.skipped("memory", spec, why) for spec in specs]
             continue
         for spec in specs:
@@ -204,7 +208,30 @@ def chunked_loss_phase(
             trace = _trace(run, spec, target)
             if trace is not None:
                 out.traces.append(trace)
+    if left_out:
+        # Every pair left out names the budget whose part covers them all.
+        need = sum(seconds for _, seconds in left_out)
+        suggested = _covering_budget_s(run, need, EXTRA_SHARE_OF_REMAINING)
+        for rows, _ in left_out:
+            for index in rows:
+                row = run.rows[index]
+                run.rows[index] = dataclasses.replace(
+                    row,
+                    reason=f"{row.reason}; --budget-s {suggested} would cover the "
+                    f"{len(left_out)} chunked-loss pairs left out",
+                )
     return out
+
+
+# The chunked loss has no share of its own: it takes a part (SHARE_OF_REMAINING, then
+# EXTRA_SHARE_OF_REMAINING) of what is left for the phases after it.
+_LATER_PHASES = ("compile", "communication", "memory_check", "memory_distributed", "input")
+
+
+def _covering_budget_s(run: ProbeRun, need_s: float, part: float) -> int:
+    """The --budget-s whose later phases' shares, of which the chunked loss takes ``part``,
+    cover ``need_s`` more seconds."""
+    return covering_budget_s(run.options.budget_s, _LATER_PHASES, need_s / part, run.clock.dropped)
 
 
 def _time_delta(

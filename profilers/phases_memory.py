@@ -11,10 +11,11 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from profilers import probe_rows
+from profilers.budget import covering_budget_s
 from profilers.checkpointing import is_selective
 from profilers.isolate import quiet_native_output
 from profilers.memory_model import MemoryModel
@@ -80,6 +81,8 @@ def memory_check_phase(
     evidence = _Evidence()
     tried: set[str] = set()  # checkpointing modes checked (or attempted) once already
     last_wall_s = 0.0
+    walls: list[float] = []  # each check's seconds
+    skipped: list[int] = []  # rows of checks left out for time
     for p, c in candidates:
         spec = run.spec(p, c, b)
         model = memory_model_for(models, p, c)
@@ -96,6 +99,7 @@ def memory_check_phase(
         # The selective settings' checks (ops, blocks:K) only within the share: the budget.
         late = c in tried or is_selective(c) or (tried and run.clock.remaining() < last_wall_s)
         if spent and late:
+            skipped.append(len(run.rows))
             run.rows.append(probe_rows.skipped("memory_check", spec, "time budget spent"))
             continue
         tried.add(c)
@@ -108,6 +112,7 @@ def memory_check_phase(
             timeout_s=max(MEMORY_CHECK_MIN_TIMEOUT_S, deadline - time.perf_counter()),
         )
         last_wall_s = outcome.wall_s
+        walls.append(outcome.wall_s)
         if not outcome.ok:
             run.rows.append(probe_rows.failed("memory_check", spec, outcome))
             continue
@@ -123,9 +128,26 @@ def memory_check_phase(
                 reason=f"traced fit {predicted} B",
             )
         )
+    _name_covering_budget(run, skipped, walls)
     return MemoryCheckResult(
         measured=tuple(evidence.measured), overhead=evidence.overhead(run.on_gpu)
     )
+
+
+def _name_covering_budget(run: ProbeRun, skipped: Sequence[int], walls: Sequence[float]) -> None:
+    """Add to each check left out for time the --budget-s whose memory-check share covers them
+    all, at what the checks that ran took on average (each is a fresh child)."""
+    if not skipped or not walls:
+        return
+    need = len(skipped) * sum(walls) / len(walls)
+    suggested = covering_budget_s(run.options.budget_s, ("memory_check",), need, run.clock.dropped)
+    for index in skipped:
+        row = run.rows[index]
+        run.rows[index] = replace(
+            row,
+            reason=f"{row.reason}; --budget-s {suggested} would cover the {len(skipped)} "
+            "real-step checks left out",
+        )
 
 
 @dataclass

@@ -176,3 +176,30 @@ def test_peek_tells_a_phase_its_share_without_starting_it() -> None:
     assert clock.peek("compile") == 0.0  # started: nothing left to borrow
     clock.drop("input")
     assert clock.peek("input") == 0.0
+
+
+def test_real_step_checks_left_out_name_the_budget_that_covers_them() -> None:
+    """profilers.phases_memory: each check skipped for time names the --budget-s whose
+    memory-check share covers them all, at the checks' mean time."""
+    from types import SimpleNamespace
+
+    from profilers import probe_rows
+    from profilers.budget import covering_budget_s
+    from profilers.phases_memory import _name_covering_budget
+
+    rows = [
+        probe_rows.skipped("memory_check", None, "time budget spent", name=f"fp32/c{i}/b=4")
+        for i in range(3)
+    ]
+    run = SimpleNamespace(
+        options=SimpleNamespace(budget_s=120.0), clock=SimpleNamespace(dropped=()), rows=rows
+    )
+    _name_covering_budget(run, [0, 2], [4.0, 6.0])  # type: ignore[arg-type]
+    suggested = covering_budget_s(120.0, ("memory_check",), 2 * 5.0)
+    assert suggested > 120
+    expected = (
+        f"time budget spent; --budget-s {suggested} would cover the 2 real-step checks left out"
+    )
+    assert [r.reason for r in run.rows] == [expected, "time budget spent", expected]
+    _name_covering_budget(run, [1], [])  # type: ignore[arg-type]  # nothing ran: no estimate
+    assert run.rows[1].reason == "time budget spent"

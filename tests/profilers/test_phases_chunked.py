@@ -206,7 +206,15 @@ def test_a_setting_the_share_cannot_cover_gets_a_row_not_a_trace(
     ]
     skipped = [r for r in run.rows if r.status == "skipped" and r.probe == "memory"]
     assert [r.name for r in skipped] == [f"fp32/full/b=2/lc{chunks}", f"fp32/full/b=4/lc{chunks}"]
-    assert all("a larger --budget-s traces it" in (r.reason or "") for r in skipped)
+    # the budget whose later phases' part covers the pair (1e6 s a trace, x2)
+    suggested = phase._covering_budget_s(run, 2e6, phase.EXTRA_SHARE_OF_REMAINING)
+    assert suggested > run.options.budget_s + 2e6
+    assert all(
+        (r.reason or "").endswith(
+            f"; --budget-s {suggested} would cover the 1 chunked-loss pairs left out"
+        )
+        for r in skipped
+    )
     assert any(r.probe == "throughput" and "no base" in (r.reason or "") for r in run.rows)
 
 
