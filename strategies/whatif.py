@@ -328,6 +328,26 @@ def resolve_target(request: SearchRequest) -> tuple[HardwareSpec, NetworkPreset 
     return target, network
 
 
+# GPUs one node of the table's parts holds in the servers they ship in: an HGX/DGX board's 8
+# (A100, H100, H200, B200 SXM), and a common PCIe server's 8.
+USUAL_GPUS_PER_NODE = 8
+
+
+def one_node_caveat(target: HardwareSpec, world_size: int, nodes: int) -> str:
+    """What a what-if assumes when more GPUs than a node usually holds are asked for without
+    ``--nodes``: all of them in one node, every collective on its NVLink/PCIe (the 70B and
+    Mixtral examples asked for 64 H100s so, and their collectives were priced at NVLink's
+    450 GB/s); "" otherwise."""
+    if nodes > 1 or world_size <= USUAL_GPUS_PER_NODE:
+        return ""
+    spread = math.ceil(world_size / USUAL_GPUS_PER_NODE)
+    return (
+        f"all {world_size} GPUs assumed in one node (--nodes 1), every collective on its "
+        f"links; a node of {target.name} usually holds {USUAL_GPUS_PER_NODE}: pass --nodes "
+        f"{spread} (and --network) for {spread} nodes"
+    )
+
+
 def whatif_label(
     target: HardwareSpec, world_size: int, nodes: int, network: NetworkPreset | None
 ) -> str:
@@ -369,6 +389,10 @@ def whatif_cost_model(profile: Profile, request: SearchRequest) -> tuple[CostMod
         + (" (measured on the profiled GPU)" if measured_on_cuda else " (assumed, documented)")
     )
     label = whatif_label(target, world, nodes, network)
+    crowded = one_node_caveat(target, world, nodes)
+    if crowded:
+        assumptions.append(crowded)
+        label = f"{label}; {crowded}"
     model = CostModel(
         machine=Machine(
             kind="cuda",

@@ -115,3 +115,20 @@ def test_an_unknown_network_is_refused_on_any_number_of_nodes(nodes: int) -> Non
     with pytest.raises(StrategyError, match=r"unknown network 'ib-hdr-2000'.*ib-ndr-400"):
         whatif_cost_model(hand_profile(), dataclasses.replace(request, network="ib-hdr-2000"))
     whatif_cost_model(hand_profile(), dataclasses.replace(request, network="ib-hdr-200"))
+
+
+def test_more_gpus_than_a_node_holds_without_nodes_says_what_it_assumes() -> None:
+    """--world-size 64 without --nodes prices every collective on one node's NVLink: the
+    label and the assumptions say so and name the --nodes that spreads them; with --nodes,
+    or within a node, nothing is said."""
+    one = SearchRequest(global_batch_size=64, world_size=64, target="h100-80gb")
+    model, label = whatif_cost_model(hand_profile(), one)
+    hint = "all 64 GPUs assumed in one node (--nodes 1)"
+    assert hint in label and "pass --nodes 8 (and --network) for 8 nodes" in label
+    assert any(hint in a for a in model.assumptions)
+    spread = dataclasses.replace(one, nodes=8)
+    model, label = whatif_cost_model(hand_profile(), spread)
+    assert "assumed in one node" not in label
+    assert not any("assumed in one node" in a for a in model.assumptions)
+    node = SearchRequest(global_batch_size=64, world_size=8, target="h100-80gb")
+    assert "assumed in one node" not in whatif_cost_model(hand_profile(), node)[1]
