@@ -37,6 +37,10 @@ if TYPE_CHECKING:
 FAKE_TENSOR_LOGGER = "torch._subclasses.fake_tensor"
 
 
+# Whether _fake_grouped_mm answered while the context was entered (a set: no global rebinding).
+_USED: set[bool] = set()
+
+
 def _grouped_mm_op() -> Any:
     import torch
 
@@ -59,6 +63,7 @@ def _fake_grouped_mm(
 
     if mat_a.dtype != mat_b.dtype or not mat_a.dtype.is_floating_point or mat_a.dtype.itemsize < 2:
         return NotImplemented
+    _USED.add(True)
     with in_kernel_invocation_manager(fake_mode):
         out = _create_grouped_mm_output_tensor(mat_a, mat_b, offs, out_dtype)
     return FakeTensor(fake_mode, out, mat_a.device)
@@ -77,12 +82,16 @@ def grouped_mm_any_float() -> Iterator[None]:
         yield
         return
     fake_impls.op_implementations_dict[overload] = _fake_grouped_mm
+    _USED.clear()
     try:
         yield
     finally:
         fake_impls.op_implementations_dict.pop(overload, None)
-        # FakeTensorMode caches dispatch results class-wide, ours among them: forget them.
-        FakeTensorMode.cache_clear()
+        if _USED:
+            # FakeTensorMode caches dispatch results class-wide, ours among them: forget them
+            # (only when there are any: the cache speeds every other trace).
+            FakeTensorMode.cache_clear()
+            _USED.clear()
 
 
 def grouped_mm_flops(
