@@ -126,7 +126,7 @@ def build_hf(spec: str, args: dict[str, Any], meta: bool) -> ModelAdapter:
                 # Left unnamed, transformers 5 picks SDPA again and refuses again.
                 module = auto.from_config(config, attn_implementation="eager")
     except Exception as exc:
-        raise UsageProblem(f"cannot build {spec} ({one_line(exc)})") from None
+        raise UsageProblem(f"cannot build {spec} ({one_line(exc)}){_build_hint(config)}") from None
     module = module.float() if not meta else module.to(torch.float32)
 
     def first(*names: str) -> int | None:
@@ -153,6 +153,18 @@ def build_hf(spec: str, args: dict[str, Any], meta: bool) -> ModelAdapter:
         mask_token_id=first("mask_token_id"),
         head_blocker=_logits_after_head(config),
     )
+
+
+def _build_hint(config: Any) -> str:
+    """The fix for a build failure the config explains: a padding token id past a vocabulary
+    shrunk by --model-arg (Phi-3's 32000, ModernBERT's 50283) fails in nn.Embedding."""
+    pad, vocab = getattr(config, "pad_token_id", None), getattr(config, "vocab_size", None)
+    if isinstance(pad, int) and isinstance(vocab, int) and pad >= vocab:
+        return (
+            f": its pad_token_id {pad} is not below vocab_size {vocab}; pass --model-arg "
+            "pad_token_id=0 (or a larger vocab_size)"
+        )
+    return ""
 
 
 # Config fields of transformers models that change the logits after the output head (Gemma 2's

@@ -276,6 +276,27 @@ def test_hf_overrides_the_config_refuses_are_one_line_usage_problems(
 
 
 @pytest.mark.usefixtures("transformers_installed")
+def test_a_vocabulary_shrunk_below_the_padding_id_names_the_fix() -> None:
+    args = {
+        "hidden_size": 32,
+        "intermediate_size": 64,
+        "num_hidden_layers": 1,
+        "num_attention_heads": 2,
+        "num_key_value_heads": 1,
+        "vocab_size": 64,
+    }
+    with pytest.raises(UsageProblem) as excinfo:
+        build_model("hf:phi3", args, meta=True)
+    line = one_line_problem(excinfo)
+    assert line.startswith("cannot build hf:phi3 (")
+    assert line.endswith(
+        "its pad_token_id 32000 is not below vocab_size 64; pass --model-arg pad_token_id=0 "
+        "(or a larger vocab_size)"
+    )
+    assert build_model("hf:phi3", {**args, "pad_token_id": 0}, meta=True).vocab_size == 64
+
+
+@pytest.mark.usefixtures("transformers_installed")
 def test_an_architecture_without_an_sdpa_path_builds_with_eager_attention() -> None:
     """Gemma 2 (logit soft-capping) has no SDPA path in transformers; it was refused."""
     args = {
