@@ -157,6 +157,11 @@ COUNTED_GEMM_OPS: tuple[str, ...] = (
 )
 
 
+# Attention as SDPA (every kernel's aten name has it) or as batched matmuls (eager attention).
+SDPA_OP_MARK = "scaled_dot_product"
+ATTENTION_MATMUL_OPS: tuple[str, ...] = ("aten.bmm", "aten.matmul")
+
+
 @dataclass(frozen=True, kw_only=True, slots=True)
 class RooflineTime:
     """Compute time from the per-op roofline of :mod:`strategies.roofline`."""
@@ -166,13 +171,29 @@ class RooflineTime:
     seq_len: int
     flops: FlopCount | None = None
 
+    def attention_as_matmuls(self) -> bool:
+        """Whether the counted step ran attention as plain matmuls (no SDPA kernel in the
+        count: an architecture transformers builds with eager attention, Gemma 2 or gpt-oss)."""
+        if not self.flops or "none" not in self.flops.flops_by_op:
+            return False
+        ops = self.flops.flops_by_op["none"]
+        return any(op in ATTENTION_MATMUL_OPS for op in ops) and not any(
+            SDPA_OP_MARK in op for op in ops
+        )
+
     def gemm_scale(self) -> float:
-        """Counted over analytic GEMM FLOPs per token (no recompute), 1 within tolerance."""
+        """Counted over analytic GEMM FLOPs per token (no recompute), 1 within tolerance.
+
+        When attention ran as matmuls, its batched matmuls (the scores and the weighted sum)
+        are left out of the count: the op list prices them as its attention op, and counting
+        them as GEMMs too priced them twice (an eager Gemma 2's GEMMs scaled up by its
+        attention's FLOPs)."""
         if not self.flops or "none" not in self.flops.flops_by_op:
             return 1.0
-        counted = sum(
-            v for op, v in self.flops.flops_by_op["none"].items() if op in COUNTED_GEMM_OPS
-        )
+        gemms = COUNTED_GEMM_OPS
+        if self.attention_as_matmuls():
+            gemms = tuple(op for op in gemms if op not in ATTENTION_MATMUL_OPS)
+        counted = sum(v for op, v in self.flops.flops_by_op["none"].items() if op in gemms)
         analytic = 6.0 * self.shape.matmul_params
         if counted <= 0 or analytic <= 0:
             return 1.0
@@ -238,6 +259,11 @@ class RooflineTime:
         ]
         if scale != 1.0:
             notes.append(f"GEMM FLOPs scaled ×{scale:.3f} to the profile's counted ones")
+        if self.attention_as_matmuls():
+            notes.append(
+                "attention ran as matmuls (no SDPA kernel: eager attention) and is priced as "
+                "flash attention: optimistic"
+            )
         return ComputeTime(
             forward_backward_s=times.total_s / sustained,
             optimizer_s=optimizer,

@@ -190,6 +190,47 @@ def test_counted_gemm_flops_rescale_a_model_that_is_not_the_standard_block() -> 
     assert "scaled ×1.500" in scaled.source
 
 
+def test_attention_run_as_matmuls_is_not_counted_as_gemms_too() -> None:
+    """An eager-attention model (no SDPA kernel in its count: Gemma 2, gpt-oss) counts its
+    scores and weighted sum as bmm; the op list prices them as its attention op, so they stay
+    out of the GEMM rescale, and the source says the attention is priced as flash (optimistic).
+    With an SDPA kernel in the count, a bmm is a GEMM like any other."""
+    from profilers.flops import FlopCount
+
+    facts = gpt_facts(1024, 4, 16, 512)
+    shape = roofline.BlockShape.from_facts(facts)
+    assert shape is not None
+    dense = 6.0 * shape.matmul_params
+    attention = 12.0 * 512 * 1024 * 4  # QK^T and PV, forward and backward, per token
+
+    def source(by_op: dict[str, float]) -> RooflineTime:
+        count = FlopCount(
+            seq_len=512,
+            micro_batch_size=1,
+            tokens=512,
+            flops_per_token={"none": sum(by_op.values())},
+            flops_by_op={"none": by_op},
+            formula_flops_per_token=None,
+            method="fake",
+        )
+        return RooflineTime(target=A100, shape=shape, seq_len=512, flops=count)
+
+    eager = source({"aten.mm": dense, "aten.bmm": attention})
+    assert eager.attention_as_matmuls()
+    assert eager.gemm_scale() == 1.0
+    assert "priced as flash attention: optimistic" in eager.compute(cand(4)).source
+    sdpa = source(
+        {
+            "aten.mm": dense,
+            "aten.bmm": 0.1 * dense,
+            "aten._scaled_dot_product_flash_attention": attention,
+        }
+    )
+    assert not sdpa.attention_as_matmuls()
+    assert sdpa.gemm_scale() == pytest.approx(1.1)
+    assert "optimistic" not in sdpa.compute(cand(4)).source
+
+
 def test_a_mixture_of_experts_count_scales_the_gemms_up_by_its_routed_experts() -> None:
     """The experts' grouped GEMMs count with the dense ones: a block whose FFN runs in two of
     its experts per token does twice the FFN's FLOPs, not only its attention's."""
