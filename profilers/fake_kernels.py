@@ -139,7 +139,7 @@ def fake_errors_unlogged() -> Iterator[None]:
 
 @contextlib.contextmanager
 def fake_tracing_extras() -> Iterator[None]:
-    """Everything above, for one trace or count."""
-    register_grouped_mm_formula()
+    """The fake kernel and the quiet failures, for one trace or count (a FLOP count also
+    registers :func:`register_grouped_mm_formula`; a memory trace counts nothing)."""
     with grouped_mm_any_float(), fake_errors_unlogged():
         yield

@@ -212,14 +212,12 @@ def chunked_loss_phase(
         # Every pair left out names the budget whose part covers them all.
         need = sum(seconds for _, seconds in left_out)
         suggested = _covering_budget_s(run, need, EXTRA_SHARE_OF_REMAINING)
-        for rows, _ in left_out:
-            for index in rows:
-                row = run.rows[index]
-                run.rows[index] = dataclasses.replace(
-                    row,
-                    reason=f"{row.reason}; --budget-s {suggested} would cover the "
-                    f"{len(left_out)} chunked-loss pairs left out",
-                )
+        probe_rows.name_covering_budget(
+            run.rows,
+            (i for rows, _ in left_out for i in rows),
+            suggested,
+            f"{len(left_out)} chunked-loss pairs",
+        )
     return out
 
 

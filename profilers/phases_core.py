@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
 from profilers import probe_rows
 from profilers.budget import covering_budget_s
@@ -356,13 +356,9 @@ def refine_phase(run: ProbeRun, core: CoreResult, target: str) -> list[MemoryTra
         suggested = covering_budget_s(
             run.options.budget_s, ("memory_refine",), sum(s for _, s in skipped), run.clock.dropped
         )
-        for index, _ in skipped:
-            row = run.rows[index]
-            run.rows[index] = replace(
-                row,
-                reason=f"{row.reason}; --budget-s {suggested} would cover the "
-                f"{len(skipped)} refinement traces left out",
-            )
+        probe_rows.name_covering_budget(
+            run.rows, (i for i, _ in skipped), suggested, f"{len(skipped)} refinement traces"
+        )
     return traces
 
 

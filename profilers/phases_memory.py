@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any
 
 from profilers import probe_rows
@@ -80,7 +80,6 @@ def memory_check_phase(
     candidates.sort(key=lambda pc: (pc[0] != lead, pc[0] != "fp32", pc[1] != "none"))
     evidence = _Evidence()
     tried: set[str] = set()  # checkpointing modes checked (or attempted) once already
-    last_wall_s = 0.0
     walls: list[float] = []  # each check's seconds
     skipped: list[int] = []  # rows of checks left out for time
     for p, c in candidates:
@@ -97,7 +96,11 @@ def memory_check_phase(
         # for one more (as long as the last check took), the very first one always.
         spent = time.perf_counter() > deadline
         # The selective settings' checks (ops, blocks:K) only within the share: the budget.
-        late = c in tried or is_selective(c) or (tried and run.clock.remaining() < last_wall_s)
+        late = (
+            c in tried
+            or is_selective(c)
+            or (bool(walls) and run.clock.remaining() < walls[-1])  # as long as the last took
+        )
         if spent and late:
             skipped.append(len(run.rows))
             run.rows.append(probe_rows.skipped("memory_check", spec, "time budget spent"))
@@ -111,7 +114,6 @@ def memory_check_phase(
             run.options.device,
             timeout_s=max(MEMORY_CHECK_MIN_TIMEOUT_S, deadline - time.perf_counter()),
         )
-        last_wall_s = outcome.wall_s
         walls.append(outcome.wall_s)
         if not outcome.ok:
             run.rows.append(probe_rows.failed("memory_check", spec, outcome))
@@ -141,13 +143,9 @@ def _name_covering_budget(run: ProbeRun, skipped: Sequence[int], walls: Sequence
         return
     need = len(skipped) * sum(walls) / len(walls)
     suggested = covering_budget_s(run.options.budget_s, ("memory_check",), need, run.clock.dropped)
-    for index in skipped:
-        row = run.rows[index]
-        run.rows[index] = replace(
-            row,
-            reason=f"{row.reason}; --budget-s {suggested} would cover the {len(skipped)} "
-            "real-step checks left out",
-        )
+    probe_rows.name_covering_budget(
+        run.rows, skipped, suggested, f"{len(skipped)} real-step checks"
+    )
 
 
 @dataclass

@@ -9,6 +9,8 @@ its spec's fields and, unless named otherwise, the spec's :func:`label`.
 
 from __future__ import annotations
 
+import dataclasses
+from collections.abc import Iterable
 from typing import Any
 
 from profilers.isolate import Outcome
@@ -61,6 +63,18 @@ def row(
         unit=unit,
         **kw,
     )
+
+
+def name_covering_budget(
+    rows: list[ProbeRow], indices: Iterable[int], budget_s: int, what: str
+) -> None:
+    """Append to each of ``rows[indices]`` (rows skipped for time) the ``--budget-s`` that
+    covers every one of them: "; --budget-s N would cover the {what} left out"."""
+    for index in indices:
+        rows[index] = dataclasses.replace(
+            rows[index],
+            reason=f"{rows[index].reason}; --budget-s {budget_s} would cover the {what} left out",
+        )
 
 
 def skipped(probe: str, spec: StepSpec | None, reason: str, *, name: str | None = None) -> ProbeRow:

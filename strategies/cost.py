@@ -54,7 +54,7 @@ from strategies.sources import (
     TimeSource,
     affine_seconds,
 )
-from strategies.space import Candidate
+from strategies.space import Candidate, precision_flag
 from strategies.uncertainty import (
     Uncertainty,
     busy_term,
@@ -220,11 +220,6 @@ def missing_fit_group(precision: str, checkpointing: str) -> str:
     """How an unpredictable candidate's reason names its (precision, checkpointing) group:
     strategies.plan_reasons finds it there to list the groups of one missing measurement."""
     return f"for {precision} with {checkpointing} checkpointing"
-
-
-def precision_flag(precision: str) -> str:
-    """The ``advisor profile`` flag a reason names to measure one precision."""
-    return f"--precision {precision}"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -592,14 +587,16 @@ class CostModel:
         }
         for world in sorted(worlds, reverse=True):
 
-            def traced(setting: str, world: int = world) -> MemoryModel | None:
+            def traced(
+                setting: str, world: int = world, derive: bool = False
+            ) -> MemoryModel | None:
                 return self._find_memory_model(
                     c.precision,
                     setting,
                     "fsdp",
                     world,
                     c.loss_chunks,
-                    derive=False,
+                    derive=derive,
                     reshard=c.fsdp_reshard_after_forward,
                 )
 
@@ -619,14 +616,7 @@ class CostModel:
                     windowed=False,
                 )
             else:
-                derived = self._find_memory_model(
-                    c.precision,
-                    c.activation_checkpointing,
-                    "fsdp",
-                    world,
-                    c.loss_chunks,
-                    reshard=c.fsdp_reshard_after_forward,
-                )
+                derived = traced(c.activation_checkpointing, derive=True)
             if derived is not None:
                 return derived, world
         return None, None

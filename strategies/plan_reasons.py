@@ -9,10 +9,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from strategies.budgets import BUSY_HOST_SHARE
-from strategies.cost import CostModel, GiB, missing_fit_group, precision_flag
+from strategies.cost import CostModel, GiB, missing_fit_group
 from strategies.plan_records import Baseline, Measurement, Validation
 from strategies.search import Evaluation, SearchResult, rank
-from strategies.space import SearchSpace
+from strategies.space import SearchSpace, precision_flag
 
 
 def _fmt_tps(value: float) -> str:

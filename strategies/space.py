@@ -401,6 +401,11 @@ def available_devices(profile: Profile) -> int:
     return 1
 
 
+def precision_flag(precision: str) -> str:
+    """The ``advisor profile`` flag that measures one precision (reasons name it)."""
+    return f"--precision {precision}"
+
+
 def searched_checkpointing(
     profile: Profile,
     settings: Sequence[str],
@@ -480,7 +485,7 @@ def build_space(
         precisions, excluded = device_precisions(profile)
         worlds = range(1, (request.world_size or available_devices(profile)) + 1)
     if profile.precisions is not None:
-        asked = " ".join(f"--precision {p}" for p in profile.precisions)
+        asked = " ".join(precision_flag(p) for p in profile.precisions)
         excluded = (
             *excluded,
             *(

@@ -275,16 +275,20 @@ def test_hf_overrides_the_config_refuses_are_one_line_usage_problems(
     assert words in line
 
 
+# A one-layer decoder most hf model types accept as --model-arg overrides.
+TINY_DECODER = {
+    "hidden_size": 32,
+    "intermediate_size": 64,
+    "num_hidden_layers": 1,
+    "num_attention_heads": 2,
+    "num_key_value_heads": 1,
+    "vocab_size": 64,
+}
+
+
 @pytest.mark.usefixtures("transformers_installed")
 def test_a_vocabulary_shrunk_below_the_padding_id_names_the_fix() -> None:
-    args = {
-        "hidden_size": 32,
-        "intermediate_size": 64,
-        "num_hidden_layers": 1,
-        "num_attention_heads": 2,
-        "num_key_value_heads": 1,
-        "vocab_size": 64,
-    }
+    args = TINY_DECODER
     with pytest.raises(UsageProblem) as excinfo:
         build_model("hf:phi3", args, meta=True)
     line = one_line_problem(excinfo)
@@ -299,16 +303,7 @@ def test_a_vocabulary_shrunk_below_the_padding_id_names_the_fix() -> None:
 @pytest.mark.usefixtures("transformers_installed")
 def test_an_architecture_without_an_sdpa_path_builds_with_eager_attention() -> None:
     """Gemma 2 (logit soft-capping) has no SDPA path in transformers; it was refused."""
-    args = {
-        "hidden_size": 32,
-        "num_attention_heads": 2,
-        "num_key_value_heads": 1,
-        "head_dim": 16,
-        "intermediate_size": 64,
-        "num_hidden_layers": 1,
-        "vocab_size": 64,
-    }
-    adapter = build_model("hf:gemma2", args)
+    adapter = build_model("hf:gemma2", {**TINY_DECODER, "head_dim": 16})
     assert adapter.module.config._attn_implementation == "eager"
     adapter.loss(random_batch(adapter)).backward()
     llama = build_model("hf:llama", HF_TINY["hf:llama"], meta=True).module
