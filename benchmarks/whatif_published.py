@@ -233,6 +233,14 @@ def extend_flops(one: Any, two: Any, layers: int) -> Any:
             for m in modes
         },
         formula_flops_per_token=None,
+        score_traffic=(
+            {
+                p: {k: _lerp(v, two.score_traffic[p][k], layers) for k, v in fields.items()}
+                for p, fields in one.score_traffic.items()
+            }
+            if one.score_traffic and two.score_traffic
+            else None
+        ),
     )
 
 

@@ -42,6 +42,19 @@ if TYPE_CHECKING:
 
 METHODS: tuple[str, ...] = ("fake", "real")
 
+# Attention as SDPA (every kernel's aten name has it) or as batched matmuls (eager attention:
+# Gemma 2, gpt-oss, a hand-written attention).
+SDPA_OP_MARK = "scaled_dot_product"
+ATTENTION_MATMUL_OPS: tuple[str, ...] = ("aten.bmm", "aten.matmul")
+
+
+def attention_as_matmuls(ops: Mapping[str, float]) -> bool:
+    """Whether a step's counted ops (aten op -> FLOPs) ran attention as batched matmuls: some
+    bmm and no SDPA kernel."""
+    return any(op in ATTENTION_MATMUL_OPS for op in ops) and not any(
+        SDPA_OP_MARK in op for op in ops
+    )
+
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class FlopCount:
@@ -58,6 +71,14 @@ class FlopCount:
     # Counted on copies with these many blocks and extended to the model's depth (a deep
     # model: profilers.memory_blocks); None when the whole model was counted.
     scaled_from_blocks: tuple[int, int] | None = None
+    # Attention run as plain matmuls (attention_as_matmuls): the traffic over its T×T scores
+    # per counted precision ("fp32", "bf16"; profilers.eager_attention.ScoreTraffic fields);
+    # None for an SDPA model, or when the count could not be taken.
+    score_traffic: dict[str, dict[str, float]] | None = None
+
+    def attention_as_matmuls(self) -> bool:
+        """Whether the step ran attention as plain matmuls (no SDPA kernel in the count)."""
+        return attention_as_matmuls(self.flops_by_op.get("none", {}))
 
     @property
     def model_flops_per_token(self) -> float:
@@ -97,10 +118,11 @@ class FlopCount:
     def to_dict(self) -> dict[str, Any]:
         data = dataclasses.asdict(self)
         data["relative_difference"] = self.relative_difference
-        if self.scaled_from_blocks is None:
-            # Counted whole: written as before the field existed (a profile's digest names
-            # its study, which a re-run resumes).
-            del data["scaled_from_blocks"]
+        # Written only when present, as before the fields existed (a profile's digest names
+        # its study, which a re-run resumes).
+        for optional in ("scaled_from_blocks", "score_traffic"):
+            if data[optional] is None:
+                del data[optional]
         return data
 
     @classmethod
@@ -211,6 +233,9 @@ def count_step_flops(
         counts = {mode: _count(workload, base, mode, fake=False) for mode in modes}
         method = "real"
     tokens = base.micro_batch_size * base.seq_len
+    traffic = None
+    if method == "fake" and attention_as_matmuls(counts.get("none", {})):
+        traffic = _score_traffic(workload, base)
     try:
         formula: float | None = formula_flops_per_token(workload.facts(), base.seq_len)
     except Exception:  # facts are optional for counting; no formula then
@@ -227,7 +252,23 @@ def count_step_flops(
         method=method,
         fallback_reason=fallback_reason,
         scaled_from_blocks=scaled,
+        score_traffic=traffic,
     )
+
+
+def _score_traffic(workload: Workload, base: StepSpec) -> dict[str, dict[str, float]] | None:
+    """The eager attention's score traffic per counted precision (a few shallow fake steps);
+    None when a count fails (the what-if then prices the attention as flash, and says so)."""
+    from profilers.eager_attention import COUNTED_PRECISIONS, count_score_traffic
+
+    out = {}
+    for precision in COUNTED_PRECISIONS:
+        spec = dataclasses.replace(base, precision=precision)
+        try:
+            out[precision] = count_score_traffic(workload, spec).to_dict()
+        except Exception:  # any failure of the trace: priced as before, never the whole count
+            return None
+    return out
 
 
 def _count_scaled(

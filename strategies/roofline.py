@@ -36,6 +36,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from profilers.checkpointing import block_fraction, parse_checkpointing
+from profilers.eager_attention import ScoreTraffic
 from profilers.hardware import HardwareSpec
 from profilers.workload import ModelFacts
 
@@ -191,10 +192,13 @@ class Op:
     """One kernel of the step, repeated ``count`` times (once per layer, say)."""
 
     name: str
-    kind: str  # "gemm" | "attention" | "memory_bound"
+    # "gemm" | "attention" | "memory_bound"; "attention_gemm": a batched matmul of eager
+    # attention (priced as a GEMM, counted FLOPs: never rescaled; in the attention part)
+    kind: str
     flops: float = 0.0
     bytes: float = 0.0
     mnk: tuple[int, int, int] | None = None  # GEMM output M×N, reduction K
+    batch: int = 1  # independent GEMMs of that shape in one kernel (batched matmul)
     backward: bool = False  # attention: which FlashAttention efficiency applies
     count: int = 1
 
@@ -225,8 +229,74 @@ def _memory(name: str, elements: float, e: int, count: int) -> Op:
     return Op(name=name, kind="memory_bound", bytes=elements * e, count=count)
 
 
-def block_forward_ops(shape: BlockShape, tokens: int, seq_len: int, precision: str) -> list[Op]:
-    """One layer's forward, ``count``ed over the layers: the GEMMs without their backward."""
+# Eager attention's ops that step_ops does not derive a backward for (eager_attention_ops
+# lists their backward, measured).
+EAGER_FORWARD_OPS = ("attention.scores", "attention.weighted_sum", "attention.score_ops")
+
+
+def eager_attention_ops(
+    shape: BlockShape,
+    traffic: ScoreTraffic,
+    tokens: int,
+    seq_len: int,
+    precision: str,
+    *,
+    backward: bool,
+) -> list[Op]:
+    """Attention run as plain matmuls (no fused kernel), per layer, from the profile's count of
+    its score traffic (:mod:`profilers.eager_attention`, per token at this sequence): forward
+    Q·Kᵀ (M=N=T, K=d) and P·V (M=T, N=d, K=T), batched over B·H, and the element-wise ops over
+    the T×T scores at their counted bytes; backward the four gradients' matmuls (dP = dO·Vᵀ at
+    T×T, dV, dQ, dK at T×d) and the element-wise ops' backward at their counted bytes. No
+    causal discount: the whole score matrix is computed. The scores' writes and reads by the
+    matmuls are in the GEMMs' bytes (a head of 64-256 is memory-bound there), not counted twice.
+    """
+    e = ELEMENT_BYTES[precision]
+    L, T = shape.num_layers, seq_len
+    batch = max(tokens // seq_len, 1) * shape.num_heads
+    gemm = (traffic.backward_gemm_flops if backward else traffic.forward_gemm_flops) * tokens / L
+    bytes_ = (traffic.backward_bytes if backward else traffic.forward_bytes) * tokens / L
+    per_matmul = gemm / (4 if backward else 2)
+    # head dim from the counted FLOPs (2·B·H·T²·d per matmul): Gemma 2's is not hidden / heads
+    d = max(1, round(traffic.forward_gemm_flops * tokens / L / 2 / (2.0 * batch * T * T)))
+
+    def matmul(name: str, m: int, n: int, k: int) -> Op:
+        return Op(
+            name=name,
+            kind="attention_gemm",
+            flops=per_matmul,
+            bytes=float(e * batch * (m * k + k * n + m * n)),
+            mnk=(m, n, k),
+            batch=batch,
+            backward=backward,
+            count=L,
+        )
+
+    if not backward:
+        return [
+            matmul("attention.scores", T, T, d),
+            matmul("attention.weighted_sum", T, d, T),
+            Op(name="attention.score_ops", kind="memory_bound", bytes=bytes_, count=L),
+        ]
+    return [
+        matmul("attention.scores.grad", T, T, d),  # dP = dO·Vᵀ
+        matmul("attention.values.grad", T, d, T),  # dV = Pᵀ·dO
+        matmul("attention.query.grad", T, d, T),  # dQ = dS·K
+        matmul("attention.key.grad", T, d, T),  # dK = dSᵀ·Q
+        Op(name="attention.score_ops.backward", kind="memory_bound", bytes=bytes_, count=L),
+    ]
+
+
+def block_forward_ops(
+    shape: BlockShape,
+    tokens: int,
+    seq_len: int,
+    precision: str,
+    eager: ScoreTraffic | None = None,
+) -> list[Op]:
+    """One layer's forward, ``count``ed over the layers: the GEMMs without their backward.
+    ``eager``: the attention ran as plain matmuls, with this score traffic
+    (:func:`eager_attention_ops`), instead of a flash kernel."""
     e = ELEMENT_BYTES[precision]
     L, h, f = shape.num_layers, shape.hidden, shape.ffn_hidden
     kv = shape.num_kv_heads * shape.head_dim
@@ -234,16 +304,22 @@ def block_forward_ops(shape: BlockShape, tokens: int, seq_len: int, precision: s
     attn_flops = 4.0 * batch * shape.num_heads * seq_len * seq_len * shape.head_dim
     attn_flops *= 0.5 if shape.causal else 1.0  # flash skips the masked half
     gated = shape.ffn_matrices == 3
+    if eager is not None:
+        attention = eager_attention_ops(shape, eager, tokens, seq_len, precision, backward=False)
+    else:
+        attention = [
+            Op(
+                name="attention",
+                kind="attention",
+                flops=attn_flops,
+                bytes=4.0 * tokens * h * e,
+                count=L,
+            )
+        ]
     ops = [
         _memory("norm1", 2 * tokens * h, e, L),
         *[o for o in _linear("qkv", tokens, h, h + 2 * kv, e, L) if o.name == "qkv"],
-        Op(
-            name="attention",
-            kind="attention",
-            flops=attn_flops,
-            bytes=4.0 * tokens * h * e,
-            count=L,
-        ),
+        *attention,
         _memory("attention.out_copy", 2 * tokens * h, e, L),
         *[o for o in _linear("proj", tokens, h, h, e, L) if o.name == "proj"],
         _memory("residual1", 3 * tokens * h, e, L),
@@ -331,6 +407,7 @@ def step_ops(
     loss_chunks: int = 1,
     gathers: int = FSDP_GATHERS,
     matmul_fraction: float | None = None,
+    eager: ScoreTraffic | None = None,
 ) -> list[Op]:
     """Every kernel of one micro-batch's forward and backward (``tokens`` = micro-batch × seq).
 
@@ -341,13 +418,20 @@ def step_ops(
     head's forward GEMM again in backward, one chunk of the tokens at a time (its share of the
     loss's memory traffic is left out: one read of the logits, small beside the GEMM).
     ``gathers``: FSDP all-gathers of each block per micro-batch (1 with the blocks kept
-    gathered from forward to backward, ``fsdp_reshard_after_forward`` False).
+    gathered from forward to backward, ``fsdp_reshard_after_forward`` False). ``eager``: the
+    attention ran as plain matmuls with this score traffic (:func:`eager_attention_ops`; its
+    backward is the counted one, and ``ops``/``ops-half`` save its matmuls' outputs as the
+    trainer's policies do: they recompute only its element-wise ops).
     """
     e = ELEMENT_BYTES[precision]
     L, h = shape.num_layers, shape.hidden
-    forward = block_forward_ops(shape, tokens, seq_len, precision)
+    forward = block_forward_ops(shape, tokens, seq_len, precision, eager)
     backward: list[Op] = []
+    if eager is not None:
+        backward += eager_attention_ops(shape, eager, tokens, seq_len, precision, backward=True)
     for op in forward:
+        if op.name in EAGER_FORWARD_OPS:
+            continue
         if op.kind == "gemm":
             base = op.name
             n_in, n_out = op.mnk[2], op.mnk[1]  # type: ignore[index]
@@ -422,12 +506,13 @@ def step_ops(
 # -- efficiencies ------------------------------------------------------------------------------
 
 
-def wave_efficiency(m: int, n: int, num_sms: int) -> float:
-    """Useful fraction of the tiles × waves a GEMM's (M, N) output occupies (best tile)."""
+def wave_efficiency(m: int, n: int, num_sms: int, batch: int = 1) -> float:
+    """Useful fraction of the tiles × waves a GEMM's (M, N) output occupies (best tile);
+    ``batch`` GEMMs of that shape in one batched kernel share the waves."""
     best = 0.0
     for tm, tn in GEMM_TILES:
         tiles_m, tiles_n = math.ceil(m / tm), math.ceil(n / tn)
-        tiles = tiles_m * tiles_n
+        tiles = tiles_m * tiles_n * batch
         waves = math.ceil(tiles / num_sms)
         useful = (m * n) / (tiles_m * tm * tiles_n * tn) * tiles / (waves * num_sms)
         best = max(best, useful)
@@ -518,10 +603,10 @@ def time_ops(
     kernels = 0
     for op in ops:
         memory_s = op.bytes / bandwidth
-        if op.kind == "gemm":
+        if op.kind in ("gemm", "attention_gemm"):
             m, n, _ = op.mnk  # type: ignore[misc]
-            work = op.flops * gemm_scale
-            compute_s = work / (peak * gemm_fraction * wave_efficiency(m, n, sms))
+            work = op.flops * (gemm_scale if op.kind == "gemm" else 1.0)
+            compute_s = work / (peak * gemm_fraction * wave_efficiency(m, n, sms, op.batch))
             seconds = max(compute_s, memory_s)
             flops += work * op.count
         elif op.kind == "attention":
@@ -532,7 +617,7 @@ def time_ops(
         extra = max(LAUNCH_S - seconds, 0.0)
         if op.kind == "gemm":
             gemm += seconds * op.count
-        elif op.kind == "attention":
+        elif op.kind in ("attention", "attention_gemm"):
             attention += seconds * op.count
         else:
             memory += seconds * op.count

@@ -26,7 +26,8 @@ from dataclasses import dataclass
 
 from profilers.checkpointing import OPS_HALF, block_fraction
 from profilers.comm_records import bus_bandwidth_factor
-from profilers.flops import FlopCount, formula_flops_per_token
+from profilers.eager_attention import ScoreTraffic, traffic_precision
+from profilers.flops import ATTENTION_MATMUL_OPS, FlopCount, formula_flops_per_token
 from profilers.hardware import HardwareSpec, NetworkPreset, lookup_network, lookup_target
 from profilers.profile_record import Profile
 from profilers.workload import ModelFacts
@@ -157,11 +158,6 @@ COUNTED_GEMM_OPS: tuple[str, ...] = (
 )
 
 
-# Attention as SDPA (every kernel's aten name has it) or as batched matmuls (eager attention).
-SDPA_OP_MARK = "scaled_dot_product"
-ATTENTION_MATMUL_OPS: tuple[str, ...] = ("aten.bmm", "aten.matmul")
-
-
 @dataclass(frozen=True, kw_only=True, slots=True)
 class RooflineTime:
     """Compute time from the per-op roofline of :mod:`strategies.roofline`."""
@@ -174,12 +170,20 @@ class RooflineTime:
     def attention_as_matmuls(self) -> bool:
         """Whether the counted step ran attention as plain matmuls (no SDPA kernel in the
         count: an architecture transformers builds with eager attention, Gemma 2 or gpt-oss)."""
-        if not self.flops or "none" not in self.flops.flops_by_op:
-            return False
-        ops = self.flops.flops_by_op["none"]
-        return any(op in ATTENTION_MATMUL_OPS for op in ops) and not any(
-            SDPA_OP_MARK in op for op in ops
-        )
+        return self.flops is not None and self.flops.attention_as_matmuls()
+
+    def eager_traffic(self, precision: str) -> ScoreTraffic | None:
+        """The counted score traffic of an eager attention at ``precision``, per token at this
+        sequence (scaled from the counted one: scores per token grow with T); None for an SDPA
+        model or a profile without the count (priced as flash attention then, said so)."""
+        if not self.attention_as_matmuls() or self.flops is None:
+            return None
+        counted = (self.flops.score_traffic or {}).get(traffic_precision(precision))
+        if counted is None:
+            return None
+        ratio = self.seq_len / self.flops.seq_len if self.flops.seq_len else 1.0
+        traffic = ScoreTraffic.from_dict(counted)
+        return ScoreTraffic(**{k: v * ratio for k, v in traffic.to_dict().items()})
 
     def gemm_scale(self) -> float:
         """Counted over analytic GEMM FLOPs per token (no recompute), 1 within tolerance.
@@ -233,6 +237,7 @@ class RooflineTime:
             sharded=candidate.parallelism == "fsdp",
             loss_chunks=candidate.loss_chunks,
             gathers=roofline.FSDP_GATHERS if candidate.fsdp_reshard_after_forward else 1,
+            eager=(eager := self.eager_traffic(candidate.precision)),
         )
         scale = self.gemm_scale()
         times = roofline.time_ops(
@@ -251,7 +256,14 @@ class RooflineTime:
             f"GEMMs at {gemm_fraction:.1%} of the {candidate.precision} peak"
             + (" (measured MAMF)" if measured else " (median MAMF: not measured for this GPU)")
             + " × wave quantisation",
-            f"flash attention at FA-2's {t.architecture or 'default'} efficiency",
+            (
+                "eager attention (no SDPA kernel): its batched matmuls as GEMMs, its "
+                "element-wise ops over the T×T scores at their counted "
+                f"{(eager.forward_bytes + eager.backward_bytes) / 1e6:.3g} MB per token "
+                f"({traffic_precision(candidate.precision)}) as memory-bound ops"
+                if eager is not None
+                else f"flash attention at FA-2's {t.architecture or 'default'} efficiency"
+            ),
             f"memory-bound ops at {roofline.MEMORY_BANDWIDTH_EFFICIENCY:.0%} of HBM bandwidth",
             f"{times.kernels} kernels with a {roofline.LAUNCH_S * 1e6:.0f} us launch floor",
             f"all over a sustained fraction of {sustained:.2f}"
@@ -259,10 +271,10 @@ class RooflineTime:
         ]
         if scale != 1.0:
             notes.append(f"GEMM FLOPs scaled ×{scale:.3f} to the profile's counted ones")
-        if self.attention_as_matmuls():
+        if eager is None and self.attention_as_matmuls():
             notes.append(
                 "attention ran as matmuls (no SDPA kernel: eager attention) and is priced as "
-                "flash attention: optimistic"
+                "flash attention: optimistic (the profile has no count of its score traffic)"
             )
         return ComputeTime(
             forward_backward_s=times.total_s / sustained,

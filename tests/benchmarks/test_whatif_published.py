@@ -149,6 +149,27 @@ def test_the_ops_half_count_extends_in_depth_like_the_others() -> None:
     assert direct.flops_per_token["none"] < direct.flops_per_token["ops-half"]
 
 
+def test_an_eager_models_score_traffic_extends_in_depth_like_its_flops() -> None:
+    """Gemma 2's counted score traffic (eager attention) from 1- and 2-layer copies, extended
+    to 4 layers, is the direct count of the 4-layer model."""
+    pytest.importorskip("transformers")
+    from advisor.workload import AdvisorWorkload
+    from profilers.flops import FlopCount, count_step_flops
+    from profilers.workload import StepSpec
+
+    args = {"hidden_size": 32, "intermediate_size": 64, "num_attention_heads": 2}
+    args |= {"num_key_value_heads": 1, "head_dim": 16, "vocab_size": 64}
+
+    def count(layers: int) -> FlopCount:
+        w = AdvisorWorkload(model="hf:gemma2", model_args={**args, "num_hidden_layers": layers})
+        return count_step_flops(w, StepSpec(seq_len=32, micro_batch_size=1))
+
+    extended, direct = wp.extend_flops(count(1), count(2), 4), count(4)
+    assert direct.score_traffic is not None and extended.score_traffic is not None
+    for precision, fields in direct.score_traffic.items():
+        assert extended.score_traffic[precision] == pytest.approx(fields, rel=1e-9)
+
+
 def _result(row: wp.Row, predicted: float) -> wp.Result:
     return wp.Result(
         row=row,

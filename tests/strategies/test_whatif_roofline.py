@@ -231,6 +231,108 @@ def test_attention_run_as_matmuls_is_not_counted_as_gemms_too() -> None:
     assert "optimistic" not in sdpa.compute(cand(4)).source
 
 
+def _eager_count(seq: int, traffic: dict[str, dict[str, float]] | None):  # type: ignore[no-untyped-def]
+    """A count of gpt_facts(1024, 4, 16, seq) run with eager attention (bmm, no SDPA)."""
+    from profilers.flops import FlopCount
+
+    shape = roofline.BlockShape.from_facts(gpt_facts(1024, 4, 16, seq))
+    assert shape is not None
+    by_op = {"aten.mm": 6.0 * shape.matmul_params, "aten.bmm": 12.0 * seq * 1024 * 4}
+    return shape, FlopCount(
+        seq_len=seq,
+        micro_batch_size=1,
+        tokens=seq,
+        flops_per_token={"none": sum(by_op.values())},
+        flops_by_op={"none": by_op},
+        formula_flops_per_token=None,
+        method="fake",
+        score_traffic=traffic,
+    )
+
+
+# Per token at sequence 512 for gpt_facts(1024, 4, 16, 512): 4 layers × 16 heads × 512 score
+# elements per token, ~40 B each forward and backward in bf16; Q·Kᵀ and P·V at head dim 64.
+EAGER_512 = {
+    "forward_bytes": 4 * 16 * 512 * 37.0,
+    "backward_bytes": 4 * 16 * 512 * 42.0,
+    "forward_gemm_flops": 4 * 2 * 2 * 16 * 512 * 64.0,
+    "backward_gemm_flops": 4 * 4 * 2 * 16 * 512 * 64.0,
+}
+
+
+def test_an_eager_attention_is_priced_at_its_counted_score_traffic() -> None:
+    """With the profile's count of the score traffic, eager attention is its matmuls as GEMMs
+    plus its element-wise ops' bytes at the memory bandwidth, not a flash kernel: the
+    memory-bound part grows by exactly those bytes, and the source says so."""
+    shape, counted = _eager_count(512, {"fp32": EAGER_512, "bf16": EAGER_512})
+    _, uncounted = _eager_count(512, None)
+    eager = RooflineTime(target=A100, shape=shape, seq_len=512, flops=counted)
+    flash = RooflineTime(target=A100, shape=shape, seq_len=512, flops=uncounted)
+    c = cand(8)
+    priced, optimistic = eager.compute(c), flash.compute(c)
+    assert "eager attention (no SDPA kernel)" in priced.source
+    assert "optimistic" not in priced.source and "optimistic" in optimistic.source
+    sustained, _ = roofline.sustained_fraction(A100)
+    bandwidth = A100.memory_bandwidth_gbs * 1e9 * roofline.MEMORY_BANDWIDTH_EFFICIENCY  # type: ignore[operator]
+    traffic = (EAGER_512["forward_bytes"] + EAGER_512["backward_bytes"]) * 8 * 512
+    grew = dict(priced.parts)["memory_bound"] - dict(optimistic.parts)["memory_bound"]
+    assert grew == pytest.approx(traffic / bandwidth / sustained)
+    assert priced.forward_backward_s > optimistic.forward_backward_s
+    # fp16 moves what bf16 moves; a longer sequence moves proportionally more per token
+    assert eager.eager_traffic("fp16") == eager.eager_traffic("bf16")
+    longer = RooflineTime(target=A100, shape=shape, seq_len=1024, flops=counted)
+    assert longer.eager_traffic("bf16").forward_bytes == 2 * EAGER_512["forward_bytes"]  # type: ignore[union-attr]
+
+
+def test_eager_attention_recompute_follows_the_trainer_policies() -> None:
+    """full recomputes the attention's matmuls and element-wise ops; ops and ops-half save the
+    matmuls' outputs (bmm is in their save lists) and recompute the element-wise ops only."""
+    from profilers.eager_attention import ScoreTraffic
+
+    shape, _ = _eager_count(512, None)
+    traffic = ScoreTraffic.from_dict(EAGER_512)
+    tokens = 4 * 512
+
+    def totals(checkpointing: str) -> tuple[float, float]:
+        ops = roofline.step_ops(
+            shape,
+            tokens=tokens,
+            seq_len=512,
+            precision="bf16",
+            checkpointing=checkpointing,
+            casts_weights=False,
+            matmul_fraction=0.5 if checkpointing == "ops-half" else None,
+            eager=traffic,
+        )
+        assert not any(op.kind == "attention" for op in ops)  # no flash kernel
+        flops = sum(op.flops * op.count for op in ops if op.kind == "attention_gemm")
+        score_bytes = sum(
+            op.bytes * op.count for op in ops if op.name.startswith("attention.score_ops")
+        )
+        return flops, score_bytes
+
+    fwd_f, bwd_f = traffic.forward_gemm_flops * tokens, traffic.backward_gemm_flops * tokens
+    fwd_b, bwd_b = traffic.forward_bytes * tokens, traffic.backward_bytes * tokens
+    assert totals("none") == pytest.approx((fwd_f + bwd_f, fwd_b + bwd_b))
+    assert totals("full") == pytest.approx((2 * fwd_f + bwd_f, 2 * fwd_b + bwd_b))
+    assert totals("ops") == pytest.approx((fwd_f + bwd_f, 2 * fwd_b + bwd_b))
+    assert totals("ops-half") == pytest.approx((fwd_f + bwd_f, 2 * fwd_b + bwd_b))
+    assert totals("blocks:2") == pytest.approx((1.5 * fwd_f + bwd_f, 1.5 * fwd_b + bwd_b))
+    # the GEMM rescale of a model that is not the standard block leaves them alone
+    ops = roofline.step_ops(
+        shape,
+        tokens=tokens,
+        seq_len=512,
+        precision="bf16",
+        checkpointing="none",
+        casts_weights=False,
+        eager=traffic,
+    )
+    one = roofline.time_ops(ops, A100, "bf16", seq_len=512, head_dim=64)
+    two = roofline.time_ops(ops, A100, "bf16", seq_len=512, head_dim=64, gemm_scale=2.0)
+    assert two.attention_s == one.attention_s and two.gemm_s > one.gemm_s
+
+
 def test_a_mixture_of_experts_count_scales_the_gemms_up_by_its_routed_experts() -> None:
     """The experts' grouped GEMMs count with the dense ones: a block whose FFN runs in two of
     its experts per token does twice the FFN's FLOPs, not only its attention's."""
