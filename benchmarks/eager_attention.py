@@ -11,12 +11,17 @@ H100-80GB with the what-if roofline (``strategies.whatif.RooflineTime``, the com
 ``advisor predict --target h100-80gb``) twice: with the counted traffic (eager, as the trainer
 runs it) and without it (the attention priced as a flash kernel, as before 2026-12-05).
 
+Then the pair ``scripts/gpu_check.sh`` trains (MPT 125M at sequence 2048 with SDPA and with the
+same model's attention written out by hand), predicted as ``benchmarks/whatif_measured.py``
+will predict it once a GPU has run it: the eager/SDPA ratio written down before any GPU ran.
+
 These are predictions, not measurements: no GPU ran them. What they show is how much of a
 long-sequence step the flash pricing left out, and the bytes per score element each model's
 code moves (the column a reader can check against the model's source).
 
 Run ``python benchmarks/eager_attention.py``; writes ``benchmarks/results/eager_attention.md``
-and ``.json``. About a minute on two cores.
+and ``.json``. About three minutes on two cores (the pair's two trace-only profiles, cached
+under ``results/whatif_profiles/`` as ``whatif_published.py`` caches its own).
 """
 
 from __future__ import annotations
@@ -165,6 +170,67 @@ def measure(shape: Shape, seq_len: int) -> dict[str, Any]:
     return row
 
 
+# scripts/gpu_check.sh's pair (its attn stages): MPT 125M at sequence 2048, micro-batch 4, bf16,
+# one GPU, SDPA (the preset) and eager (benchmarks/models/eager_gpt.py, the same model).
+PAIR_ARGS = {
+    "n_layer": 12,
+    "n_head": 12,
+    "n_embd": 768,
+    "vocab_size": 50368,
+    "bias": False,
+    "block_size": 2048,
+}
+PAIR_MODELS = {"sdpa": "gpt-small", "eager": "benchmarks/models/eager_gpt.py:eager_gpt"}
+PAIR_TARGETS = ("h100-80gb", "h200")
+
+
+def pair_prediction() -> list[dict[str, Any]]:
+    """The step time ``benchmarks/whatif_measured.py`` will predict for the GPU check's pair,
+    the same way (a trace-only CPU profile, ``advisor predict --target``), before any GPU ran
+    it: per target, each step and the eager/SDPA ratio."""
+    from benchmarks import whatif_published as wp
+    from benchmarks.whatif_measured import Measured, as_row
+
+    config = {
+        "model_args": PAIR_ARGS,
+        "seq_len": 2048,
+        "micro_batch_size": 4,
+        "grad_accum_steps": 1,
+        "global_batch_size": 4,
+        "precision": "bf16",
+        "activation_checkpointing": "none",
+        "parallelism": "single",
+        "world_size": 1,
+    }
+    out = []
+    for target in PAIR_TARGETS:
+        measured = [
+            Measured(source=label, config={**config, "model": model}, target=target, step_time_s=1)
+            for label, model in PAIR_MODELS.items()
+        ]
+        rows = [as_row(m) for m in measured]
+        steps = {}
+        for m, row in zip(measured, rows, strict=True):
+            predicted = wp.predict_row(row, wp.profile_for(row, rows))["predicted"]
+            steps[m.source] = predicted["step_time_s"]
+        out.append({"target": target, **{f"{k}_step_s": v for k, v in steps.items()}})
+        out[-1]["eager_over_sdpa"] = steps["eager"] / steps["sdpa"]
+    return out
+
+
+def pair_table(pairs: list[dict[str, Any]]) -> str:
+    lines = [
+        "| target | SDPA step s | eager step s | eager / SDPA |",
+        "| --- | ---: | ---: | ---: |",
+        *(
+            f"| {p['target']} | {p['sdpa_step_s']:.4f} | {p['eager_step_s']:.4f} | "
+            f"{p['eager_over_sdpa']:.2f}× |"
+            for p in pairs
+        ),
+    ]
+    return "\n".join(lines) + "\n"
+
+
 def table(rows: list[dict[str, Any]]) -> str:
     head = (
         "| model | params | seq | B/score element bf16 (fp32) | GB/token bf16 | "
@@ -202,10 +268,22 @@ def main() -> None:
         "it (the attention priced as a flash kernel). Predictions: no GPU ran them.\n\n"
         "Shapes: " + "; ".join(f"{s.name} ({s.source})" for s in SHAPES) + ".\n\n"
     )
+    pairs = pair_prediction()
+    pair_intro = (
+        "\n## The GPU check's pair, predicted before it ran\n\n"
+        "`scripts/gpu_check.sh` trains MPT 125M (sequence 2048, micro-batch 4, bf16, one GPU) "
+        "with SDPA (`gpt-small`) and with the same model's attention written out by hand "
+        "(`benchmarks/models/eager_gpt.py`); `benchmarks/whatif_measured.py` will predict each "
+        "run as below (trace-only CPU profiles, `advisor predict --target`) and hold them "
+        "against the measured steps.\n\n"
+    )
     RESULTS.mkdir(parents=True, exist_ok=True)
-    (RESULTS / "eager_attention.md").write_text(intro + table(rows))
-    (RESULTS / "eager_attention.json").write_text(json.dumps(rows, indent=1) + "\n")
-    print(table(rows))
+    text = intro + table(rows) + pair_intro + pair_table(pairs)
+    (RESULTS / "eager_attention.md").write_text(text)
+    (RESULTS / "eager_attention.json").write_text(
+        json.dumps({"shapes": rows, "gpu_check_pair": pairs}, indent=1) + "\n"
+    )
+    print(table(rows) + pair_table(pairs))
 
 
 if __name__ == "__main__":

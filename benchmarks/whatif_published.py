@@ -169,7 +169,7 @@ class Row:
     @property
     def shape_key(self) -> str:
         args = "-".join(f"{k}{v}" for k, v in sorted(self.model_args.items()))
-        return f"{self.model}-{args}".replace("=", "").replace("/", "_")
+        return f"{self.model}-{args}".replace("=", "").replace("/", "_").replace(":", "_")
 
 
 def read_rows(path: Path = DATA) -> list[Row]:

@@ -21,8 +21,11 @@ whether the autograd engine is running. Views move nothing and are left out; a b
 operand (the mask) counts its storage once, not its expanded size. Per training token, no
 recompute: checkpointing replays the forward's part.
 
-Limits: the count sees what the CPU step runs. A GPU step of the same code runs the same ATen
-ops (the HF eager path has no device branch), but a fused kernel a GPU would pick is not seen.
+The count is for a GPU: the step is traced on fake CPU tensors, under CUDA's autocast policy
+for the ops where CPU's differs and scores pass through them (a softmax without ``dtype`` runs
+in fp32 on CUDA, in bf16 under CPU autocast: :func:`profilers.memory_tracing.
+cuda_autocast_fp32_ops`). Limits: the HF eager paths have no device branch, so a GPU runs the
+same ATen ops; a fused kernel a GPU would pick (none in eager mode) is not seen.
 A ``[B, T, h]`` activation whose hidden size equals T is not taken for scores (fewer than two
 heads' worth of elements).
 """
@@ -99,8 +102,11 @@ def _count(workload: Workload, spec: StepSpec) -> dict[str, int]:
     import torch
     from torch._subclasses.fake_tensor import FakeTensorMode
 
+    from profilers.memory_tracing import cuda_autocast_fp32_ops
+
     mode = FakeTensorMode(allow_non_fake_inputs=True)
-    with fake_tracing_extras():
+    # the what-if prices a GPU: a 16-bit step under CUDA's autocast lists (its softmax in fp32)
+    with fake_tracing_extras(), cuda_autocast_fp32_ops():
         with mode:
             step = workload.build_step(spec, "cpu", from_meta=True)
         with mode:

@@ -80,7 +80,8 @@ def trace_step_memory(
       temporaries differ by up to one copy of the parameters;
     * autocast follows ``step.device`` (CPU here), so a mixed-precision trace for a CUDA target
       uses CPU autocast's op lists, except that a CUDA target's trace runs ``layer_norm`` and
-      ``group_norm`` in fp32 as CUDA's autocast does (:func:`memory_tracing.cuda_autocast_norms`);
+      ``group_norm`` and a softmax without ``dtype`` in fp32 as CUDA's autocast does
+      (:func:`memory_tracing.cuda_autocast_fp32_ops`);
       calibrate the rest with :func:`measure_cuda_step_memory`.
 
     A deep model of a :class:`BlockScalableWorkload` is traced from two shallow copies

@@ -321,27 +321,32 @@ def assemble_trace(
 def cuda_target() -> Iterator[None]:
     """What a CPU-traced step needs to read as a CUDA target's: the allocator's 512-byte
     rounding (every tracker inherits MemTracker's bookkeeping: one patch rounds them all) and
-    CUDA autocast's fp32 norms (:func:`cuda_autocast_norms`)."""
+    CUDA autocast's fp32 norms and softmax (:func:`cuda_autocast_fp32_ops`)."""
     with (
         _patched(mem_tracker_module, "_WeakRefInfo", _CudaRoundedWeakRefInfo),
-        cuda_autocast_norms(),
+        cuda_autocast_fp32_ops(),
     ):
         yield
 
 
 @contextlib.contextmanager
-def cuda_autocast_norms() -> Iterator[None]:
-    """CUDA's autocast policy for the norms, on a CPU-traced step.
+def cuda_autocast_fp32_ops() -> Iterator[None]:
+    """CUDA's autocast policy for the norms and the softmax, on a CPU-traced step.
 
     The trace runs on (fake) CPU tensors under CPU autocast, whose op lists differ from CUDA's:
-    CUDA runs ``layer_norm`` and ``group_norm`` in fp32 (PyTorch's autocast op reference,
-    "CUDA ops that can autocast to float32"), casting a 16-bit input up and keeping that fp32
-    copy for backward; CPU autocast leaves them in the input's dtype. On a step whose residual
-    stream is 16-bit (an FSDP rank with bf16 parameters) a CUDA target's trace missed 2 bytes
-    per element per norm. Here, while CPU autocast is on, ``torch.nn.functional.layer_norm``
-    and ``group_norm`` (what ``nn.LayerNorm``/``nn.GroupNorm`` call) get fp32 inputs, as they
-    would on CUDA. Norms that call the kernels below them directly (the built-in GPT's and
-    Llama's) are not touched, as CUDA's autocast does not touch them either.
+    CUDA runs ``layer_norm``, ``group_norm``, ``softmax`` and ``log_softmax`` in fp32 (PyTorch's
+    autocast op reference, "CUDA ops that can autocast to float32"), casting a 16-bit input up
+    and keeping the fp32 tensors for backward; CPU autocast leaves them in the input's dtype. On
+    a step whose residual stream is 16-bit (an FSDP rank with bf16 parameters) a CUDA target's
+    trace missed 2 bytes per element per norm; a hand-written attention's ``softmax(scores)``
+    keeps fp32 probabilities on CUDA (4 bytes per score element, not 2) and moves the upcast.
+    Here, while CPU autocast is on, ``torch.nn.functional.layer_norm`` and ``group_norm`` (what
+    ``nn.LayerNorm``/``nn.GroupNorm`` call) and every softmax entry point
+    (``F.softmax``/``F.log_softmax``, ``torch.softmax``/``torch.log_softmax``, the
+    ``Tensor`` methods) get fp32 inputs, as they would on CUDA; a softmax given an explicit
+    ``dtype`` is left alone (CUDA's autocast leaves it alone too: Hugging Face's eager
+    attention passes one). Norms that call the kernels below them directly (the built-in GPT's
+    and Llama's) are not touched, as CUDA's autocast does not touch them either.
     """
     functional = torch.nn.functional
     with contextlib.ExitStack() as stack:
@@ -349,6 +354,18 @@ def cuda_autocast_norms() -> Iterator[None]:
             stack.enter_context(
                 _patched(functional, name, _in_fp32_under_autocast(getattr(functional, name)))
             )
+        # where each entry point takes ``dtype`` positionally (input first)
+        softmaxes = (
+            (functional, "softmax", 3),
+            (functional, "log_softmax", 3),
+            (torch, "softmax", 2),
+            (torch, "log_softmax", 2),
+            (torch.Tensor, "softmax", 2),
+            (torch.Tensor, "log_softmax", 2),
+        )
+        for owner, name, position in softmaxes:
+            original = getattr(owner, name)
+            stack.enter_context(_patched(owner, name, _softmax_in_fp32(original, position)))
         yield
 
 
@@ -357,6 +374,26 @@ def _in_fp32_under_autocast(fn: Any) -> Any:
         if torch.is_autocast_enabled("cpu"):
             args, kwargs = torch.utils._pytree.tree_map_only(torch.Tensor, _to_fp32, (args, kwargs))
         return fn(*args, **kwargs)
+
+    return wrapper
+
+
+def _softmax_in_fp32(fn: Any, dtype_position: int) -> Any:
+    """``fn`` (a softmax taking its input first and ``dtype`` at ``dtype_position``) on an
+    fp32 upcast of a 16-bit input while CPU autocast is on and no dtype was given."""
+
+    def wrapper(x: Any, *args: Any, **kwargs: Any) -> Any:
+        no_dtype = kwargs.get("dtype") is None and (
+            len(args) < dtype_position or args[dtype_position - 1] is None
+        )
+        if (
+            no_dtype
+            and torch.is_autocast_enabled("cpu")
+            and isinstance(x, torch.Tensor)
+            and x.dtype in (torch.bfloat16, torch.float16)
+        ):
+            x = x.float()
+        return fn(x, *args, **kwargs)
 
     return wrapper
 

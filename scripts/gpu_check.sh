@@ -108,9 +108,24 @@ mpt() {  # mpt NAME N_LAYER N_HEAD N_EMBD MICRO_BATCH CHECKPOINTING
     --eval-every 0 --eval-batches 1 --checkpoint-every 1000 --device "$DEVICE" --quiet --out "$WORK/real_$1"
   rm -rf "$WORK/real_$1/checkpoints"  # the final checkpoint: up to 17 GB of a 64 GB disk
 }
+# Eager attention beside SDPA at one shape (MPT 125M, sequence 2048, bf16, micro-batch 4): the
+# same model but for how its attention runs (benchmarks/models/eager_gpt.py writes it out by
+# hand), so whatif_measured.py holds the what-if's pricing of eager attention (its counted
+# traffic over the T×T scores, profilers/eager_attention.py) and the predicted eager/SDPA ratio
+# against measured ones. ~30 s each: a 125M model builds and saves quickly.
+attn() {  # attn NAME MODEL
+  stage "real_$1" 60 "$PY" -m advisor train --model "$2" --model-arg n_layer=12 \
+    --model-arg n_head=12 --model-arg n_embd=768 --model-arg vocab_size=50368 \
+    --model-arg bias=false --model-arg block_size=2048 --seq-len 2048 --data synthetic --precision bf16 \
+    --micro-batch-size 4 --grad-accum-steps 1 --activation-checkpointing none --steps 10 \
+    --eval-every 0 --eval-batches 1 --checkpoint-every 1000 --device "$DEVICE" --quiet --out "$WORK/real_$1"
+  rm -rf "$WORK/real_$1/checkpoints"
+}
 if [ "$REAL_SCALE" = 1 ]; then
   mpt mpt1b_mb8_none 24 16 2048 8 none
   mpt mpt1b_mb16_full 24 16 2048 16 full
+  attn mpt125m_mb4_sdpa gpt-small
+  attn mpt125m_mb4_eager benchmarks/models/eager_gpt.py:eager_gpt
 fi
 
 # --- correctness, together -----------------------------------------------------------------
