@@ -180,6 +180,13 @@ PAIR_ARGS = {
     "bias": False,
     "block_size": 2048,
 }
+PAIR_RUN = {
+    "seq_len": 2048,
+    "micro_batch_size": 4,
+    "grad_accum_steps": 1,
+    "precision": "bf16",
+    "activation_checkpointing": "none",
+}
 PAIR_MODELS = {"sdpa": "gpt-small", "eager": "benchmarks/models/eager_gpt.py:eager_gpt"}
 PAIR_TARGETS = ("h100-80gb", "h200")
 
@@ -193,12 +200,8 @@ def pair_prediction() -> list[dict[str, Any]]:
 
     config = {
         "model_args": PAIR_ARGS,
-        "seq_len": 2048,
-        "micro_batch_size": 4,
-        "grad_accum_steps": 1,
-        "global_batch_size": 4,
-        "precision": "bf16",
-        "activation_checkpointing": "none",
+        **PAIR_RUN,
+        "global_batch_size": PAIR_RUN["micro_batch_size"] * PAIR_RUN["grad_accum_steps"],
         "parallelism": "single",
         "world_size": 1,
     }

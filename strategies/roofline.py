@@ -12,6 +12,8 @@ takes the longest of:
   bandwidth (a skinny GEMM is memory-bound);
 * **attention** (flash/SDPA): the causal FLOPs actually computed over the peak × the published
   FlashAttention-2 efficiency for the architecture, lower at short sequences and small heads;
+  an *eager* attention (plain matmuls and element-wise ops over the T×T scores, as the profile
+  counted them: :func:`eager_attention_ops`) as its batched GEMMs and its memory-bound bytes;
 * **memory-bound** ops (norms, activations, residual adds, copies, the loss over the logits,
   autocast's weight casts, the embedding's gradient, FSDP's gather and reduce copies): bytes
   over HBM bandwidth ×

@@ -37,3 +37,22 @@ def test_its_flop_count_shows_attention_as_matmuls_with_its_score_traffic() -> N
     assert (
         count.score_traffic["bf16"]["forward_bytes"] > count.score_traffic["fp32"]["forward_bytes"]
     )
+
+
+def test_the_predicted_pair_is_the_pair_the_gpu_check_trains() -> None:
+    """benchmarks/eager_attention.py writes down the eager/SDPA ratio before a GPU runs the pair
+    in scripts/gpu_check.sh: the two must describe the same runs."""
+    import re
+    from pathlib import Path
+
+    from benchmarks import eager_attention as ea
+
+    script = (Path(__file__).resolve().parents[2] / "scripts" / "gpu_check.sh").read_text()
+    body = script[script.index("attn() {") : script.index("\n}\n", script.index("attn() {"))]
+    model_args = dict(re.findall(r"--model-arg (\w+)=(\S+)", body))
+    assert model_args == {k: str(v).lower() for k, v in ea.PAIR_ARGS.items()}
+    names = "seq-len|micro-batch-size|grad-accum-steps|precision|activation-checkpointing"
+    flags = dict(re.findall(rf"--({names}) (\S+)", body))
+    assert flags == {k.replace("_", "-"): str(v) for k, v in ea.PAIR_RUN.items()}
+    for model in ea.PAIR_MODELS.values():
+        assert re.search(rf"^\s*attn \S+ {re.escape(model)}$", script, re.MULTILINE)
