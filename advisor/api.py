@@ -231,6 +231,7 @@ def profile(
     precisions: Sequence[str] | None = None,
     checkpointing: Sequence[str] | None = None,
     comm: bool = True,
+    trace_for: str | None = None,
     out: str | os.PathLike[str] | None = None,
     progress: Callable[[str, float], None] | None = None,
 ) -> Profile:
@@ -242,7 +243,9 @@ def profile(
     fill it). ``precisions``: profile only these (default: all the device runs).
     ``checkpointing``: the activation-checkpointing settings to measure (default: none, full,
     ops and the middle blocks:K; add ``ops-half`` for torchtitan's 'op' policy). ``comm``:
-    run the communication probe. ``out``: where profile.json and probes.csv are written
+    run the communication probe. ``trace_for``: ``"cuda"`` traces memory as a CUDA GPU holds
+    it whatever device probes (a CPU profile for a what-if, ``--target``); default: the probed
+    device's kind. ``out``: where profile.json and probes.csv are written
     (default ``runs/profile-TIMESTAMP``). ``progress(message, fraction_of_budget)``.
 
     Returns the :class:`profilers.profile_record.Profile` also saved in ``out``.
@@ -253,6 +256,10 @@ def profile(
 
     spec, args = _model_and_args(model, model_args)
     _check_choice("device", device, DEVICES)
+    if trace_for is not None:
+        from profilers.defaults import TRACE_TARGETS
+
+        _check_choice("trace_for", trace_for, TRACE_TARGETS)
     _check_int("seq_len", seq_len, 1)
     if isinstance(precisions, str):
         precisions = (precisions,)
@@ -269,6 +276,7 @@ def profile(
         precisions=tuple(precisions) if precisions else None,
         checkpointing=tuple(checkpointing) if checkpointing else None,
         comm=comm,
+        trace_for=trace_for,
     )
     return run_profile(request, _path(out) or default_out("profile"), progress)
 

@@ -117,8 +117,7 @@ SHAPES = (
 
 def measure(shape: Shape, seq_len: int) -> dict[str, Any]:
     from advisor.workload import AdvisorWorkload
-    from profilers.eager_attention import ScoreTraffic
-    from profilers.flops import count_step_flops
+    from profilers.flops import ScoreTraffic, count_step_flops
     from profilers.hardware import lookup_target
     from profilers.workload import StepSpec
     from strategies.space import Candidate

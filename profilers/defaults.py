@@ -16,3 +16,6 @@ DEFAULT_MEMORY_BUDGET = 0.9
 # Seconds for every probe of ``advisor profile``: the default profile of gpt-tiny on two CPU
 # cores fits in it (README, "advisor profile").
 DEFAULT_PROFILE_BUDGET_S = 120.0
+# The devices a profile's memory traces can be for (``advisor profile --trace-for``): a CPU, or
+# a CUDA GPU (512-byte blocks, CUDA autocast's fp32 norms and softmax) whatever device probes.
+TRACE_TARGETS: tuple[str, ...] = ("cpu", "cuda")

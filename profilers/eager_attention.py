@@ -33,49 +33,23 @@ heads' worth of elements).
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping
-from dataclasses import dataclass
 from typing import Any
 
 from profilers.fake_kernels import fake_tracing_extras
 from profilers.memory_blocks import SCALE_FROM_BLOCKS, scalable_layers
 from profilers.workload import BlockScalableWorkload, StepSpec, Workload
 
-# What the count keeps, per token of one micro-batch (forward+backward, no recompute).
+# What the count keeps, per token of one micro-batch (forward+backward, no recompute):
+# profilers.flops.ScoreTraffic's fields.
 FIELDS: tuple[str, ...] = (
     "forward_bytes",
     "backward_bytes",
     "forward_gemm_flops",
     "backward_gemm_flops",
 )
-# The precisions counted: fp16 autocast runs the same ops as bf16, at the same element sizes.
-COUNTED_PRECISIONS: tuple[str, ...] = ("fp32", "bf16")
 
 
-@dataclass(frozen=True, kw_only=True, slots=True)
-class ScoreTraffic:
-    """Per training token: bytes the element-wise ops over the scores move and FLOPs of the
-    matmuls into and out of them, forward and backward (one micro-batch, no recompute)."""
-
-    forward_bytes: float
-    backward_bytes: float
-    forward_gemm_flops: float
-    backward_gemm_flops: float
-
-    def to_dict(self) -> dict[str, float]:
-        return dataclasses.asdict(self)
-
-    @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> ScoreTraffic:
-        return cls(**{k: float(data[k]) for k in FIELDS})
-
-
-def traffic_precision(precision: str) -> str:
-    """The counted precision whose traffic ``precision`` moves (fp16 runs bf16's ops)."""
-    return "fp32" if precision == "fp32" else "bf16"
-
-
-def count_score_traffic(workload: Workload, spec: StepSpec) -> ScoreTraffic:
+def count_score_traffic(workload: Workload, spec: StepSpec) -> dict[str, float]:
     """The score traffic of ``workload``'s step at ``spec`` (its precision and sequence; one
     device, no checkpointing), per token; from shallow copies when the blocks allow it (each
     count is affine in the blocks), else the whole model. Raises what the fake trace raises."""
@@ -95,7 +69,7 @@ def count_score_traffic(workload: Workload, spec: StepSpec) -> ScoreTraffic:
     if counts is None:
         counts = _count(workload, base)
     tokens = base.micro_batch_size * base.seq_len
-    return ScoreTraffic(**{k: max(counts[k], 0) / tokens for k in FIELDS})
+    return {k: max(counts[k], 0) / tokens for k in FIELDS}
 
 
 def _count(workload: Workload, spec: StepSpec) -> dict[str, int]:

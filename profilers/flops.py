@@ -27,6 +27,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from profilers.checkpointing import OPS, block_fraction
+from profilers.eager_attention import FIELDS as SCORE_TRAFFIC_FIELDS
+from profilers.eager_attention import count_score_traffic
 from profilers.fake_kernels import fake_tracing_extras, register_grouped_mm_formula
 from profilers.memory_blocks import SCALE_FROM_BLOCKS, scalable_layers
 from profilers.workload import (
@@ -54,6 +56,35 @@ def attention_as_matmuls(ops: Mapping[str, float]) -> bool:
     return any(op in ATTENTION_MATMUL_OPS for op in ops) and not any(
         SDPA_OP_MARK in op for op in ops
     )
+
+
+# The precisions eager attention's score traffic is counted in (profilers.eager_attention): fp16
+# autocast runs the same ops as bf16, at the same element sizes.
+SCORE_TRAFFIC_PRECISIONS: tuple[str, ...] = ("fp32", "bf16")
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class ScoreTraffic:
+    """Per training token: bytes the element-wise ops over an eager attention's T×T scores
+    move and FLOPs of the matmuls into and out of them, forward and backward (one micro-batch,
+    no recompute; :mod:`profilers.eager_attention`)."""
+
+    forward_bytes: float
+    backward_bytes: float
+    forward_gemm_flops: float
+    backward_gemm_flops: float
+
+    def to_dict(self) -> dict[str, float]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> ScoreTraffic:
+        return cls(**{k: float(data[k]) for k in SCORE_TRAFFIC_FIELDS})
+
+
+def traffic_precision(precision: str) -> str:
+    """The counted precision whose score traffic ``precision`` moves (fp16 runs bf16's ops)."""
+    return "fp32" if precision == "fp32" else "bf16"
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -259,13 +290,11 @@ def count_step_flops(
 def _score_traffic(workload: Workload, base: StepSpec) -> dict[str, dict[str, float]] | None:
     """The eager attention's score traffic per counted precision (a few shallow fake steps);
     None when a count fails (the what-if then prices the attention as flash, and says so)."""
-    from profilers.eager_attention import COUNTED_PRECISIONS, count_score_traffic
-
     out = {}
-    for precision in COUNTED_PRECISIONS:
+    for precision in SCORE_TRAFFIC_PRECISIONS:
         spec = dataclasses.replace(base, precision=precision)
         try:
-            out[precision] = count_score_traffic(workload, spec).to_dict()
+            out[precision] = count_score_traffic(workload, spec)
         except Exception:  # any failure of the trace: priced as before, never the whole count
             return None
     return out

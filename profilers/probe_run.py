@@ -45,6 +45,10 @@ class ProfileOptions:
     comm_world_sizes: tuple[int, ...] | None = None  # None: what is available locally
     input_workers: tuple[int, ...] = (0, 1, 2)
     memory_budget: float = DEFAULT_MEMORY_BUDGET  # the fraction a probed config may use
+    # The device the memory traces are for: "cpu" or "cuda" (512-byte blocks, CUDA autocast's
+    # fp32 norms and softmax); None: the probed device's kind. "cuda" on a CPU: a profile for
+    # a what-if (--target).
+    trace_for: str | None = None
     tool: dict[str, Any] = field(default_factory=dict)
     # When the budget started (a time.perf_counter() reading, e.g. when the request arrived,
     # before torch was imported and the model's facts read); None: when the probes start.

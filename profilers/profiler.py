@@ -81,13 +81,15 @@ def run_profile(
     device = device_phase(run)
     precisions = usable_precisions(run, device)
     model = model_phase(run)
-    target = "cuda" if options.device.startswith("cuda") else "cpu"
+    kind = "cuda" if options.device.startswith("cuda") else "cpu"
+    # The traces' target: this device's kind, or a CUDA GPU from a CPU (a what-if profile).
+    target = options.trace_for or kind
     # Probes are sized against the memory free NOW on a GPU (a probe must fit beside whatever
     # else holds the GPU), and against total RAM (or the cgroup limit) on a CPU: each probe runs
     # in an isolated child, so one that outgrows the RAM actually free is recorded as oom and
     # profiling goes on. The plan's budget makes the reverse choice (RAM available when
     # profiled, total GPU memory): strategies/cost.py machine_from_profile owns that one.
-    capacity = device.free_memory_bytes if target == "cuda" else device.total_memory_bytes
+    capacity = device.free_memory_bytes if kind == "cuda" else device.total_memory_bytes
     # The search's core, group by group (memory at two sizes, then step times), then the
     # refinements while the budget lasts.
     core = core_phase(run, precisions, target, capacity, device, model.flops)
@@ -118,7 +120,7 @@ def run_profile(
     models = _fit_groups(fit_memory_models, traces, [], "memory")
     comm = communication_phase(run)
     checks = memory_check_phase(run, models, precisions, capacity, core.lead)
-    world_sizes, layouts = _traced_layouts(options, target)
+    world_sizes, layouts = _traced_layouts(options, kind)
     order = None
     if core.unfit and not core.groups:
         # Nothing fits this device even at micro-batch 1 (a 70B model on a small host): the
@@ -177,9 +179,7 @@ def _describe(workload: Workload) -> dict[str, Any]:
     return dict(describe()) if callable(describe) else {}
 
 
-def _traced_layouts(
-    options: ProfileOptions, target: str
-) -> tuple[tuple[int, ...], tuple[str, ...]]:
+def _traced_layouts(options: ProfileOptions, kind: str) -> tuple[tuple[int, ...], tuple[str, ...]]:
     """(world sizes, parallelisms) whose per-rank memory the profile traces.
 
     The world sizes available here, DDP and FSDP. With one device only, FSDP ranks at world
@@ -193,7 +193,7 @@ def _traced_layouts(
         return options.comm_world_sizes, layouts
     from profilers.comm import available_world_sizes
 
-    local = available_world_sizes(target)
+    local = available_world_sizes(kind)
     return (local, layouts) if local else ((2,), ("fsdp",))
 
 

@@ -38,7 +38,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from profilers.checkpointing import block_fraction, parse_checkpointing
-from profilers.eager_attention import ScoreTraffic
+from profilers.flops import ScoreTraffic
 from profilers.hardware import HardwareSpec
 from profilers.workload import ModelFacts
 

@@ -26,8 +26,13 @@ from dataclasses import dataclass
 
 from profilers.checkpointing import OPS_HALF, block_fraction
 from profilers.comm_records import bus_bandwidth_factor
-from profilers.eager_attention import ScoreTraffic, traffic_precision
-from profilers.flops import ATTENTION_MATMUL_OPS, FlopCount, formula_flops_per_token
+from profilers.flops import (
+    ATTENTION_MATMUL_OPS,
+    FlopCount,
+    ScoreTraffic,
+    formula_flops_per_token,
+    traffic_precision,
+)
 from profilers.hardware import HardwareSpec, NetworkPreset, lookup_network, lookup_target
 from profilers.profile_record import Profile
 from profilers.workload import ModelFacts
@@ -414,11 +419,18 @@ def whatif_cost_model(profile: Profile, request: SearchRequest) -> tuple[CostMod
     ]
     if cuda_models:
         allowance = 0
-        assumptions.append("memory fits traced for a CUDA target (512-B rounding included)")
+        assumptions.append(
+            "memory fits traced for a CUDA target (512-B rounding and CUDA autocast's fp32 "
+            "norms and softmax included)"
+        )
     else:
         allowance = rounding_allowance(profile.model)
         assumptions.append(
-            f"CUDA 512-B rounding: an upper bound of {allowance} B over the CPU-traced fits"
+            f"CUDA 512-B rounding: an upper bound of {allowance} B over the CPU-traced fits; "
+            "they follow CPU autocast, which keeps layer_norm, group_norm and a softmax "
+            "without dtype in 16 bits where CUDA's runs them in fp32 (a hand-written "
+            "attention's probabilities: 4 B per score element, not 2): 'advisor profile "
+            "--trace-for cuda' traces for a GPU"
         )
     fixed = overhead.fixed_bytes if measured_on_cuda else CUDA_FIXED_OVERHEAD_BYTES
     fragmentation = overhead.fragmentation_fraction if measured_on_cuda else DEFAULT_FRAGMENTATION

@@ -19,6 +19,7 @@ from advisor.cli.options import (
 )
 from advisor.cli.progress import budget_progress
 from advisor.cli.train import default_out
+from profilers.defaults import TRACE_TARGETS
 from profilers.rundir import RunDir
 
 
@@ -27,6 +28,14 @@ from profilers.rundir import RunDir
 @default_seq_len_option()
 @device_option("Device to probe.")
 @probe_options
+@click.option(
+    "--trace-for",
+    type=click.Choice(TRACE_TARGETS),
+    default=None,
+    help="The device the memory traces are for. Default: the probed device. 'cuda' on a CPU "
+    "traces as a CUDA GPU holds memory (512-byte blocks, CUDA autocast's fp32 norms and "
+    "softmax): a profile for a what-if (recommend/predict --target).",
+)
 @out_option("Directory for profile.json and probes.csv. Default runs/profile-TIMESTAMP.")
 @quiet_option()
 def profile(**params: Any) -> None:
@@ -35,7 +44,7 @@ def profile(**params: Any) -> None:
     from advisor.profiling import ProfileRequest
     from advisor.profiling import profile as run
 
-    request = ProfileRequest(**workload(params), **probing(params))
+    request = ProfileRequest(**workload(params), **probing(params), trace_for=params["trace_for"])
     out = params["out"] or default_out("profile")
     with budget_progress("profile", enabled=not params["quiet"]) as progress:
         result = run(request, out, progress)

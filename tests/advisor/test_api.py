@@ -211,6 +211,7 @@ def test_profile_raises_the_cli_message(
         ({"precisions": "fp64"}, "precision='fp64' is unknown: use one of fp32, bf16, fp16"),
         ({"precisions": ["fp32", "int8"]}, "precision='int8' is unknown: use one of fp32, "),
         ({"device": "mps"}, "device='mps' is unknown: use one of auto, cpu, cuda"),
+        ({"trace_for": "gpu"}, "trace_for='gpu' is unknown: use one of cpu, cuda"),
         ({"seq_len": 0}, "seq_len must be a positive integer, got 0"),
         ({"model_args": ["n_layer=2"]}, "model_args must be a mapping of config fields, e.g. "),
     ],

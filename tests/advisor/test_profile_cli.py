@@ -141,6 +141,40 @@ def test_every_kind_of_model_spec_gets_a_complete_profile(tmp_path: Path, case: 
     assert all(s.tokens_per_s > 0 for s in profile.input if s.status == "ok")
 
 
+@pytest.mark.slow
+def test_a_cpu_profile_can_trace_for_a_cuda_gpu(tmp_path: Path) -> None:
+    """--trace-for cuda on a CPU: every memory fit is a CUDA target's (512-byte blocks, CUDA
+    autocast's fp32 softmax), the what-if says so, and the CPU still gets a plan from it.
+    A hand-written attention's softmax(scores) keeps fp32 probabilities on a GPU: the bf16
+    trace for CUDA holds more than the CPU's (CPU autocast keeps them in bf16)."""
+    from strategies.cost import cost_model_from_profile
+    from strategies.space import SearchRequest
+    from strategies.whatif import whatif_cost_model
+
+    model = ("--model", "benchmarks/models/eager_gpt.py:eager_gpt")
+    model += ("--model-arg", "n_layer=2", "--model-arg", "n_embd=64", "--model-arg", "n_head=4")
+    model += ("--model-arg", "vocab_size=256", "--model-arg", "block_size=128")
+    common = (*model, "--precision", "bf16", "--seq-len", "128", "--budget-s", "45", "--no-comm")
+    advisor_profile(tmp_path / "cuda", *common, "--trace-for", "cuda")
+    cuda = load_profile(tmp_path / "cuda")
+    assert cuda.fits.memory and {m.target_device_type for m in cuda.fits.memory} == {"cuda"}
+    for_gpu, _ = whatif_cost_model(cuda, SearchRequest(global_batch_size=8, target="h100-80gb"))
+    assert any("traced for a CUDA target" in a for a in for_gpu.assumptions)
+    assert for_gpu.rounding_allowance_bytes == 0
+    assert cost_model_from_profile(cuda, 0.9).memory_models  # a CPU plan reads them too
+
+    from advisor.workload import AdvisorWorkload
+    from profilers.memory import trace_step_memory
+    from profilers.workload import StepSpec
+
+    args = {"n_layer": 2, "n_embd": 64, "n_head": 4, "vocab_size": 256, "block_size": 128}
+    workload = AdvisorWorkload(model[1], args)
+    spec = StepSpec(seq_len=128, micro_batch_size=4, precision="bf16")
+    on_cpu = trace_step_memory(workload, spec).peak_bytes
+    on_gpu = trace_step_memory(workload, spec, target_device_type="cuda").peak_bytes
+    assert on_gpu > on_cpu * 1.05
+
+
 # -- bad input: one line, exit 2, nothing written ------------------------------------------------
 
 
@@ -177,8 +211,20 @@ def run(out: Path, *args: str) -> Result:
             "error: --model-arg n_layerz is not a field of GPT2Config: check the config's "
             "attribute names\n",
         ),
+        (
+            ("--trace-for", "gpu"),
+            "error: Invalid value for '--trace-for': 'gpu' is not one of 'cpu', 'cuda'. "
+            "(see 'main profile --help')\n",
+        ),
     ],
-    ids=["unknown-model", "missing-data", "seq-len-above-max", "zero-budget", "bad-model-arg"],
+    ids=[
+        "unknown-model",
+        "missing-data",
+        "seq-len-above-max",
+        "zero-budget",
+        "bad-model-arg",
+        "bad-trace-for",
+    ],
 )
 def test_bad_input_is_one_line_and_exit_2(
     tmp_path: Path, args: tuple[str, ...], message: str

@@ -7,12 +7,8 @@ import pytest
 import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 
-from profilers.eager_attention import (
-    ScoreTraffic,
-    count_score_traffic,
-    score_counter,
-    traffic_precision,
-)
+from profilers.eager_attention import count_score_traffic, score_counter
+from profilers.flops import ScoreTraffic, traffic_precision
 from profilers.workload import StepSpec
 
 B, H, T, D = 2, 4, 32, 8
@@ -92,18 +88,22 @@ def _gemma2(layers: int) -> object:
     return AdvisorWorkload("hf:gemma2", args)
 
 
+def _traffic(workload: object, spec: StepSpec) -> ScoreTraffic:
+    return ScoreTraffic.from_dict(count_score_traffic(workload, spec))  # type: ignore[arg-type]
+
+
 def test_gemma2_traffic_grows_with_the_layers_and_the_sequence_per_token() -> None:
     """Gemma 2 runs eager attention (soft-capping): per token, its score traffic is one share
     per layer, proportional to T; its matmuls' FLOPs are 2·2·H·T·d per token per layer."""
     spec = StepSpec(seq_len=32, micro_batch_size=1, precision="bf16")
-    two = count_score_traffic(_gemma2(2), spec)  # type: ignore[arg-type]
-    four = count_score_traffic(_gemma2(4), spec)  # type: ignore[arg-type]
+    two = _traffic(_gemma2(2), spec)
+    four = _traffic(_gemma2(4), spec)
     assert four.forward_bytes == pytest.approx(2 * two.forward_bytes)
     assert four.backward_bytes == pytest.approx(2 * two.backward_bytes)
     assert two.forward_gemm_flops == 2 * (2 * 2 * 2 * 32 * 16)
     assert two.backward_gemm_flops == 2 * two.forward_gemm_flops
-    longer = count_score_traffic(_gemma2(2), StepSpec(seq_len=64, micro_batch_size=1))  # type: ignore[arg-type]
-    fp32 = count_score_traffic(_gemma2(2), StepSpec(seq_len=32, micro_batch_size=1))  # type: ignore[arg-type]
+    longer = _traffic(_gemma2(2), StepSpec(seq_len=64, micro_batch_size=1))
+    fp32 = _traffic(_gemma2(2), StepSpec(seq_len=32, micro_batch_size=1))
     assert longer.forward_bytes == pytest.approx(2 * fp32.forward_bytes)
     # bf16 autocast moves 2-byte scores where it can, fp32 4-byte ones everywhere
     assert two.forward_bytes < fp32.forward_bytes

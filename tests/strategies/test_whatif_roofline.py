@@ -287,7 +287,7 @@ def test_an_eager_attention_is_priced_at_its_counted_score_traffic() -> None:
 def test_eager_attention_recompute_follows_the_trainer_policies() -> None:
     """full recomputes the attention's matmuls and element-wise ops; ops and ops-half save the
     matmuls' outputs (bmm is in their save lists) and recompute the element-wise ops only."""
-    from profilers.eager_attention import ScoreTraffic
+    from profilers.flops import ScoreTraffic
 
     shape, _ = _eager_count(512, None)
     traffic = ScoreTraffic.from_dict(EAGER_512)
