@@ -15,6 +15,11 @@ attention model traced on CPU silently loses its attention FLOPs. Every count fi
 (the full T×T score matrix, no causal discount, the backward recomputing the scores once),
 and :func:`profilers.fake_kernels.register_grouped_mm_formula`, which counts the grouped GEMMs
 of mixture-of-experts layers (each routed token times one expert's weights).
+
+A step whose attention ran as plain matmuls (no SDPA kernel in the count: Gemma 2, gpt-oss, a
+hand-written attention) also gets its score traffic counted (:class:`ScoreTraffic`, by
+:mod:`profilers.eager_attention`: what its element-wise ops over the T×T scores move, in fp32
+and bf16), which FLOPs cannot show and a what-if prices at the memory bandwidth.
 """
 
 from __future__ import annotations
@@ -103,7 +108,8 @@ class FlopCount:
     # model: profilers.memory_blocks); None when the whole model was counted.
     scaled_from_blocks: tuple[int, int] | None = None
     # Attention run as plain matmuls (attention_as_matmuls): the traffic over its T×T scores
-    # per counted precision ("fp32", "bf16"; profilers.eager_attention.ScoreTraffic fields);
+    # per counted precision ("fp32", "bf16"; ScoreTraffic's fields, from
+    # profilers.eager_attention);
     # None for an SDPA model, or when the count could not be taken.
     score_traffic: dict[str, dict[str, float]] | None = None
 
