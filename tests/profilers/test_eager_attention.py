@@ -74,18 +74,10 @@ def test_fp16_moves_what_bf16_moves() -> None:
 def _gemma2(layers: int) -> object:
     pytest.importorskip("transformers")
     from advisor.workload import AdvisorWorkload
+    from tests.advisor.test_models import TINY_DECODER
 
-    args = {
-        "hidden_size": 32,
-        "intermediate_size": 64,
-        "num_hidden_layers": layers,
-        "num_attention_heads": 2,
-        "num_key_value_heads": 1,
-        "head_dim": 16,
-        "vocab_size": 64,
-        "max_position_embeddings": 128,
-    }
-    return AdvisorWorkload("hf:gemma2", args)
+    args = {**TINY_DECODER, "num_hidden_layers": layers, "head_dim": 16}
+    return AdvisorWorkload("hf:gemma2", {**args, "max_position_embeddings": 128})
 
 
 def _traffic(workload: object, spec: StepSpec) -> ScoreTraffic:
@@ -123,18 +115,9 @@ def test_the_flop_count_keeps_the_traffic_of_an_eager_model_only() -> None:
     assert FlopCount.from_dict(count.to_dict()) == count
 
     from advisor.workload import AdvisorWorkload
+    from tests.advisor.test_models import TINY_DECODER
 
-    llama = AdvisorWorkload(
-        "hf:llama",
-        {
-            "hidden_size": 32,
-            "intermediate_size": 64,
-            "num_hidden_layers": 1,
-            "num_attention_heads": 2,
-            "num_key_value_heads": 1,
-            "vocab_size": 64,
-        },
-    )
+    llama = AdvisorWorkload("hf:llama", TINY_DECODER)
     sdpa = count_step_flops(llama, StepSpec(seq_len=32, micro_batch_size=1))
     assert not sdpa.attention_as_matmuls()
     assert sdpa.score_traffic is None
