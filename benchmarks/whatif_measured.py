@@ -133,6 +133,35 @@ def as_row(m: Measured) -> Any:
     )
 
 
+# scripts/gpu_check.sh's attention pair: real_<shape>_sdpa and real_<shape>_eager, the same model
+# but for how its attention runs (benchmarks/models/eager_gpt.py).
+PAIR_SUFFIXES = ("_sdpa", "_eager")
+
+
+def attention_pairs(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Per eager/SDPA pair in ``results`` (same result directory, same run name but for the
+    suffix): the measured and the predicted eager/SDPA step ratio."""
+    by_source = {r["source"]: r for r in results}
+    pairs = []
+    for source, sdpa in sorted(by_source.items()):
+        if not source.endswith(PAIR_SUFFIXES[0]):
+            continue
+        eager = by_source.get(source[: -len(PAIR_SUFFIXES[0])] + PAIR_SUFFIXES[1])
+        if eager is None:
+            continue
+        measured = eager["measured_step_time_s"] / sdpa["measured_step_time_s"]
+        predicted = eager["predicted_step_time_s"] / sdpa["predicted_step_time_s"]
+        pairs.append(
+            {
+                "pair": source[: -len(PAIR_SUFFIXES[0])],
+                "measured_ratio": measured,
+                "predicted_ratio": predicted,
+                "error": predicted / measured - 1,
+            }
+        )
+    return pairs
+
+
 def rms_log_errors(results: list[dict[str, Any]]) -> dict[str, tuple[int, float]]:
     """Per precision: (rows, root mean square of log(predicted / measured)), the spread the
     what-if's interval is sized by where no published run exists (fp32)."""
@@ -209,6 +238,21 @@ def main(argv: list[str] | None = None) -> int:
             for precision, (n, rms) in rms_log_errors(results).items()
         ),
     ]
+    pairs = attention_pairs(results)
+    if pairs:
+        lines += [
+            "",
+            "Eager attention against SDPA, the same model (`benchmarks/models/eager_gpt.py`): "
+            "the eager/SDPA step ratio, measured and predicted (predicted / measured - 1).",
+            "",
+            "| pair | measured eager/SDPA | predicted | error |",
+            "|---|---|---|---|",
+            *(
+                f"| {p['pair']} | {p['measured_ratio']:.2f}× | {p['predicted_ratio']:.2f}× | "
+                f"{p['error']:+.1%} |"
+                for p in pairs
+            ),
+        ]
     text = "\n".join(lines) + "\n"
     (RESULTS / "whatif_measured.md").write_text(text)
     (RESULTS / "whatif_measured.json").write_text(json.dumps(results, indent=1) + "\n")

@@ -64,3 +64,24 @@ def test_a_real_scale_run_is_read_with_the_shape_it_was_built_with(tmp_path: Pat
     row = wm.as_row(rows[0])
     assert row.model_args == args and row.seq_len == 2048 and row.precision == "bf16"
     assert row.tokens_per_s_per_gpu == 2048 * 8 / rows[0].step_time_s
+
+
+def test_the_eager_and_sdpa_runs_of_one_shape_are_compared_as_a_pair() -> None:
+    def result(source: str, measured: float, predicted: float) -> dict[str, object]:
+        return {
+            "source": source,
+            "measured_step_time_s": measured,
+            "predicted_step_time_s": predicted,
+        }
+
+    results = [
+        result("gpu_x: real_mpt125m_mb4_sdpa", 0.04, 0.035),
+        result("gpu_x: real_mpt125m_mb4_eager", 0.10, 0.1106),
+        result("gpu_x: real_mpt1b_mb8_none", 0.5, 0.5),
+        result("gpu_y: real_mpt125m_mb4_sdpa", 0.04, 0.03),  # its eager run did not run
+    ]
+    (pair,) = wm.attention_pairs(results)
+    assert pair["pair"] == "gpu_x: real_mpt125m_mb4"
+    assert pair["measured_ratio"] == 0.10 / 0.04
+    assert pair["predicted_ratio"] == 0.1106 / 0.035
+    assert pair["error"] == pair["predicted_ratio"] / pair["measured_ratio"] - 1
