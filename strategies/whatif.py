@@ -187,8 +187,7 @@ class RooflineTime:
         if counted is None:
             return None
         ratio = self.seq_len / self.flops.seq_len if self.flops.seq_len else 1.0
-        traffic = ScoreTraffic.from_dict(counted)
-        return ScoreTraffic(**{k: v * ratio for k, v in traffic.to_dict().items()})
+        return ScoreTraffic.from_dict({k: v * ratio for k, v in counted.items()})
 
     def gemm_scale(self) -> float:
         """Counted over analytic GEMM FLOPs per token (no recompute), 1 within tolerance.
