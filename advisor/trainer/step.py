@@ -21,6 +21,7 @@ from torch import nn
 
 from advisor.models.adapter import ModelAdapter, extract_logits
 from advisor.models.objectives import chunked_lm_loss, lm_loss
+from advisor.trainer.autocast_ops import enable_grouped_mm_autocast
 from profilers.checkpointing import checkpointed_blocks, parse_checkpointing
 from profilers.workload import Batch, StepSpec, StepStats
 
@@ -234,6 +235,9 @@ class AdvisorStep:
         self.optimizer: torch.optim.Optimizer = build_optimizer(self.model, spec, device)
         self.scaler = make_grad_scaler(spec, device)
         self.autocast_dtype = AUTOCAST_DTYPES.get(spec.precision)
+        if self.autocast_dtype is not None:
+            # MoE experts' grouped GEMMs in the autocast dtype too (they ran in fp32).
+            enable_grouped_mm_autocast()
 
     def autocast(self) -> contextlib.AbstractContextManager[Any]:
         if self.autocast_dtype is None:
