@@ -241,6 +241,15 @@ def extend_flops(one: Any, two: Any, layers: int) -> Any:
             if one.score_traffic and two.score_traffic
             else None
         ),
+        # a mixture of experts' grouped GEMMs: the same shapes, one call more per layer
+        expert_gemms=(
+            [
+                {**g, "calls": round(_lerp(g["calls"], h["calls"], layers))}
+                for g, h in zip(one.expert_gemms, two.expert_gemms, strict=True)
+            ]
+            if one.expert_gemms and two.expert_gemms
+            else None
+        ),
     )
 
 

@@ -35,9 +35,9 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from profilers.fake_kernels import fake_tracing_extras
-from profilers.memory_blocks import SCALE_FROM_BLOCKS, scalable_layers
-from profilers.workload import BlockScalableWorkload, StepSpec, Workload
+from profilers.fake_kernels import run_fake_step
+from profilers.memory_blocks import counted_in_depth
+from profilers.workload import StepSpec, Workload
 
 # What the count keeps, per token of one micro-batch (forward+backward, no recompute):
 # profilers.flops.ScoreTraffic's fields.
@@ -55,39 +55,17 @@ def count_score_traffic(workload: Workload, spec: StepSpec) -> dict[str, float]:
     count is affine in the blocks), else the whole model. Raises what the fake trace raises."""
     base = dataclasses.replace(spec, grad_accum_steps=1, parallelism="single", world_size=1)
     base = dataclasses.replace(base, activation_checkpointing="none")
-    layers = scalable_layers(workload)
-    counts: dict[str, int] | None = None
-    if layers is not None:
-        assert isinstance(workload, BlockScalableWorkload)
-        try:
-            k1, k2 = SCALE_FROM_BLOCKS
-            low = _count(workload.with_blocks(k1), base)
-            high = _count(workload.with_blocks(k2), base)
-            counts = {k: low[k] + (layers - k1) * (high[k] - low[k]) // (k2 - k1) for k in FIELDS}
-        except Exception:  # a model whose forward needs all its blocks: count it whole
-            counts = None
-    if counts is None:
-        counts = _count(workload, base)
+    counts = counted_in_depth(workload, lambda w: _count(w, base))
     tokens = base.micro_batch_size * base.seq_len
-    return {k: max(counts[k], 0) / tokens for k in FIELDS}
+    return {k: max(counts.get(k, 0), 0) / tokens for k in FIELDS}
 
 
 def _count(workload: Workload, spec: StepSpec) -> dict[str, int]:
-    import torch
-    from torch._subclasses.fake_tensor import FakeTensorMode
-
     from profilers.memory_tracing import cuda_autocast_fp32_ops
 
-    mode = FakeTensorMode(allow_non_fake_inputs=True)
+    counter = score_counter(spec.micro_batch_size, spec.seq_len)
     # the what-if prices a GPU: a 16-bit step under CUDA's autocast lists (its softmax in fp32)
-    with fake_tracing_extras(), cuda_autocast_fp32_ops():
-        with mode:
-            step = workload.build_step(spec, "cpu", from_meta=True)
-        with mode:
-            batches = step.synthetic_batches(torch.Generator().manual_seed(0))
-            counter = score_counter(spec.micro_batch_size, spec.seq_len)
-            with counter:
-                step.forward_backward(batches)
+    run_fake_step(workload, spec, counter, cuda_autocast_fp32_ops())
     return dict(counter.counts)
 
 

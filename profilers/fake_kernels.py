@@ -32,6 +32,8 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     import torch
 
+    from profilers.workload import StepSpec, Workload
+
 # torch is imported where it is used: profilers.flops imports this module, and importing the
 # advisor package must not load torch.
 FAKE_TENSOR_LOGGER = "torch._subclasses.fake_tensor"
@@ -143,3 +145,30 @@ def fake_tracing_extras() -> Iterator[None]:
     registers :func:`register_grouped_mm_formula`; a memory trace counts nothing)."""
     with grouped_mm_any_float(), fake_errors_unlogged():
         yield
+
+
+def run_fake_step(
+    workload: Workload,
+    spec: StepSpec,
+    counter: Any,
+    *contexts: contextlib.AbstractContextManager[Any],
+) -> None:
+    """One forward+backward of ``workload``'s step at ``spec`` on fake CPU tensors (built from
+    the meta device: nothing is allocated), with the dispatch mode ``counter`` entered around
+    the step only (not its build), inside :func:`fake_tracing_extras` and ``contexts``. What a
+    counter of the step's ops needs (:mod:`profilers.eager_attention`, :mod:`profilers.
+    expert_gemms`)."""
+    import torch
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    mode = FakeTensorMode(allow_non_fake_inputs=True)
+    with contextlib.ExitStack() as stack:
+        stack.enter_context(fake_tracing_extras())
+        for context in contexts:
+            stack.enter_context(context)
+        with mode:
+            step = workload.build_step(spec, "cpu", from_meta=True)
+        with mode:
+            batches = step.synthetic_batches(torch.Generator().manual_seed(0))
+            with counter:
+                step.forward_backward(batches)

@@ -19,7 +19,9 @@ of mixture-of-experts layers (each routed token times one expert's weights).
 A step whose attention ran as plain matmuls (no SDPA kernel in the count: Gemma 2, gpt-oss, a
 hand-written attention) also gets its score traffic counted (:class:`ScoreTraffic`, by
 :mod:`profilers.eager_attention`: what its element-wise ops over the T×T scores move, in fp32
-and bf16), which FLOPs cannot show and a what-if prices at the memory bandwidth.
+and bf16), which FLOPs cannot show and a what-if prices at the memory bandwidth. A step with
+mixture-of-experts grouped GEMMs also gets their shapes recorded (experts, K, N, routed rows per
+token, calls: :mod:`profilers.expert_gemms`), which a what-if prices expert by expert.
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ from typing import TYPE_CHECKING, Any
 from profilers.checkpointing import OPS, block_fraction
 from profilers.eager_attention import FIELDS as SCORE_TRAFFIC_FIELDS
 from profilers.eager_attention import count_score_traffic
+from profilers.expert_gemms import count_expert_gemms
 from profilers.fake_kernels import fake_tracing_extras, register_grouped_mm_formula
 from profilers.memory_blocks import SCALE_FROM_BLOCKS, scalable_layers
 from profilers.workload import (
@@ -66,6 +69,8 @@ def attention_as_matmuls(ops: Mapping[str, float]) -> bool:
 # The precisions eager attention's score traffic is counted in (profilers.eager_attention): fp16
 # autocast runs the same ops as bf16, at the same element sizes.
 SCORE_TRAFFIC_PRECISIONS: tuple[str, ...] = ("fp32", "bf16")
+# Mixture-of-experts layers' experts (profilers.fake_kernels counts its FLOPs).
+GROUPED_GEMM_OP = "aten._grouped_mm"
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -112,6 +117,10 @@ class FlopCount:
     # profilers.eager_attention);
     # None for an SDPA model, or when the count could not be taken.
     score_traffic: dict[str, dict[str, float]] | None = None
+    # Mixture-of-experts layers' grouped GEMMs (GROUPED_GEMM_OP in the count): one dict per
+    # distinct forward shape, profilers.expert_gemms.FIELDS (experts, k, n, rows_per_token,
+    # calls per step); None for a model without them, or when the record could not be taken.
+    expert_gemms: list[dict[str, float]] | None = None
 
     def attention_as_matmuls(self) -> bool:
         """Whether the step ran attention as plain matmuls (no SDPA kernel in the count)."""
@@ -157,7 +166,7 @@ class FlopCount:
         data["relative_difference"] = self.relative_difference
         # Written only when present, as before the fields existed (a profile's digest names
         # its study, which a re-run resumes).
-        for optional in ("scaled_from_blocks", "score_traffic"):
+        for optional in ("scaled_from_blocks", "score_traffic", "expert_gemms"):
             if data[optional] is None:
                 del data[optional]
         return data
@@ -273,6 +282,12 @@ def count_step_flops(
     traffic = None
     if method == "fake" and attention_as_matmuls(counts.get("none", {})):
         traffic = _score_traffic(workload, base)
+    experts = None
+    if method == "fake" and counts.get("none", {}).get(GROUPED_GEMM_OP, 0) > 0:
+        try:
+            experts = count_expert_gemms(workload, base) or None
+        except Exception:  # any failure of the trace: the what-if prices them as before
+            experts = None
     try:
         formula: float | None = formula_flops_per_token(workload.facts(), base.seq_len)
     except Exception:  # facts are optional for counting; no formula then
@@ -290,6 +305,7 @@ def count_step_flops(
         fallback_reason=fallback_reason,
         scaled_from_blocks=scaled,
         score_traffic=traffic,
+        expert_gemms=experts,
     )
 
 

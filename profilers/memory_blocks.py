@@ -35,7 +35,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Hashable, Mapping
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from profilers.checkpointing import parse_checkpointing
@@ -48,6 +48,7 @@ SCALE_FROM_BLOCKS: tuple[int, int] = (2, 3)
 MIN_LAYERS_TO_SCALE = 6
 
 _T = TypeVar("_T")
+_K = TypeVar("_K", bound=Hashable)
 
 if TYPE_CHECKING:
     from profilers.memory_tracing import RawTrace
@@ -60,6 +61,31 @@ def scalable_layers(workload: Workload, min_layers: int = MIN_LAYERS_TO_SCALE) -
         return None
     layers = workload.facts().num_layers
     return layers if layers >= min_layers else None
+
+
+def counted_in_depth(
+    workload: Workload, count: Callable[[Workload], Mapping[_K, int]]
+) -> dict[_K, int]:
+    """``count`` of ``workload`` (integers per key, each affine in the number of blocks: FLOPs,
+    bytes, calls of an op), from shallow copies with :data:`SCALE_FROM_BLOCKS` blocks extended
+    to the model's depth when it is deep enough (:func:`scalable_layers`), else, or when a
+    shallow copy cannot run (a forward that needs all its blocks), of the whole model."""
+    layers = scalable_layers(workload)
+    if layers is not None:
+        assert isinstance(workload, BlockScalableWorkload)
+        k1, k2 = SCALE_FROM_BLOCKS
+        try:
+            low = count(workload.with_blocks(k1))
+            high = count(workload.with_blocks(k2))
+        except Exception:  # count it whole
+            pass
+        else:
+            return {
+                key: low.get(key, 0)
+                + (layers - k1) * (high.get(key, 0) - low.get(key, 0)) // (k2 - k1)
+                for key in sorted(set(low) | set(high), key=repr)
+            }
+    return dict(count(workload))
 
 
 def trace_scaled(

@@ -43,6 +43,8 @@ from profilers.hardware import HardwareSpec
 from profilers.workload import ModelFacts
 
 PARTS: tuple[str, ...] = ("gemm", "attention", "memory_bound", "launch")
+# Op kinds priced as GEMMs (FLOPs at the matmul peak x wave quantisation, or their bytes).
+GEMM_KINDS: tuple[str, ...] = ("gemm", "attention_gemm", "expert_gemm")
 
 # Maximum achievable matmul FLOP/s over the datasheet's dense bf16 peak: a brute-force search of
 # GEMM shapes with torch.matmul, mean of 100 iterations (Stas Bekman, "Machine Learning
@@ -135,9 +137,52 @@ ELEMENT_BYTES: Mapping[str, int] = {"bf16": 2, "fp16": 2, "fp32": 4}
 LOSS_BYTES_PER_VOCAB: Mapping[str, int] = {"bf16": 34, "fp16": 34, "fp32": 24}
 
 
+# A mixture-of-experts layer's token routing around its expert GEMMs, per routed row of hidden
+# size h (transformers' grouped_mm_experts_forward, integrations/moe.py): gather the rows in
+# expert order (read + write), multiply by the routing weights (read + write), gather them
+# back (read + write), and the sum over the top-k (read): 7 elements per routed row, plus the
+# sum's output, one per token. The router's sort, histogram and top-k are over S indices, not
+# S x h elements: left out.
+ROUTING_ELEMENTS_PER_ROW = 7
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class ExpertGemm:
+    """One forward grouped GEMM of a mixture-of-experts layer (:mod:`profilers.expert_gemms`):
+    ``rows_per_token`` routed rows per training token (the router's top-k) times the stacked
+    weights of ``experts`` experts, K -> N, ``calls`` times per step (once per MoE layer)."""
+
+    experts: int
+    k: int
+    n: int
+    rows_per_token: float
+    calls: int
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, float]) -> ExpertGemm:
+        return cls(
+            experts=int(data["experts"]),
+            k=int(data["k"]),
+            n=int(data["n"]),
+            rows_per_token=float(data["rows_per_token"]),
+            calls=int(data["calls"]),
+        )
+
+    @property
+    def weight_params(self) -> int:
+        """All experts' weights of this projection, over the step's calls."""
+        return self.experts * self.k * self.n * self.calls
+
+
 @dataclass(frozen=True, kw_only=True, slots=True)
 class BlockShape:
-    """What the op list needs of a model, derived from :class:`ModelFacts`."""
+    """What the op list needs of a model, derived from :class:`ModelFacts`.
+
+    ``experts``: a mixture of experts' grouped GEMMs as the profile recorded them
+    (:meth:`with_experts`); empty for a dense model. With them the op list has no dense FFN:
+    the experts are priced at their own shapes, and ``matmul_params`` holds the dense weights
+    only (attention and the head; a shared expert's or a dense layer's matmuls are scaled in
+    with them by the counted FLOPs)."""
 
     num_layers: int
     hidden: int
@@ -149,10 +194,33 @@ class BlockShape:
     causal: bool
     matmul_params: int  # weights that multiply activations (blocks + head)
     num_params: int
+    experts: tuple[ExpertGemm, ...] = ()
 
     @property
     def head_dim(self) -> int:
         return self.hidden // self.num_heads
+
+    @property
+    def expert_forward_flops_per_token(self) -> float:
+        """Forward FLOPs per training token of the expert GEMMs (2 per multiply-add)."""
+        return sum(2.0 * g.rows_per_token * g.k * g.n * g.calls for g in self.experts)
+
+    @property
+    def cast_params(self) -> int:
+        """Weights autocast casts to the compute dtype at each forward: the dense matmuls'
+        and every expert's (a grouped GEMM casts its whole stack of experts)."""
+        return self.matmul_params + sum(g.weight_params for g in self.experts)
+
+    def with_experts(self, records: Sequence[Mapping[str, float]]) -> BlockShape:
+        """This shape with the profile's expert GEMMs in place of its dense FFN (unchanged
+        when there are none, or when the dense weights would not stay positive)."""
+        experts = tuple(ExpertGemm.from_dict(r) for r in records)
+        dense = self.matmul_params - self.num_layers * self.ffn_matrices * self.hidden * (
+            self.ffn_hidden
+        )
+        if not experts or dense <= 0:
+            return self
+        return dataclasses.replace(self, experts=experts, matmul_params=dense)
 
     @classmethod
     def from_facts(cls, facts: ModelFacts) -> BlockShape | None:
@@ -195,7 +263,9 @@ class Op:
 
     name: str
     # "gemm" | "attention" | "memory_bound"; "attention_gemm": a batched matmul of eager
-    # attention (priced as a GEMM, counted FLOPs: never rescaled; in the attention part)
+    # attention (priced as a GEMM, counted FLOPs: never rescaled; in the attention part);
+    # "expert_gemm": a mixture of experts' grouped GEMM (priced as a GEMM batched over the
+    # experts at its recorded shape: never rescaled; in the gemm part)
     kind: str
     flops: float = 0.0
     bytes: float = 0.0
@@ -289,6 +359,57 @@ def eager_attention_ops(
     ]
 
 
+def _grouped(name: str, experts: int, rows: int, k: int, n: int, e: int, count: int) -> Op:
+    """``rows`` routed rows times ``experts`` stacked K x N matrices, as one batched GEMM of
+    ``experts`` (M = rows / experts, N, K) problems (balanced routing); its bytes read every
+    expert's matrix: an expert GEMM with few rows per expert is bound by its weights."""
+    return Op(
+        name=name,
+        kind="expert_gemm",
+        flops=2.0 * rows * k * n,
+        bytes=float(e * (rows * k + experts * k * n + rows * n)),
+        mnk=(max(1, math.ceil(rows / experts)), n, k),
+        batch=experts,
+        count=count,
+    )
+
+
+def expert_forward_ops(shape: BlockShape, tokens: int, precision: str) -> list[Op]:
+    """A mixture of experts' forward, per recorded grouped GEMM (:class:`ExpertGemm`): the GEMM
+    at its own shape, the element-wise ops between the projections (the activation reads an
+    input projection's output, N wide, and writes an output projection's input, K wide: an
+    output projection is one whose N is the hidden size) and, once per MoE layer with the
+    first output projection, the routing (:data:`ROUTING_ELEMENTS_PER_ROW`)."""
+    e, h = ELEMENT_BYTES[precision], shape.hidden
+    ops: list[Op] = []
+    routed = False
+    for i, g in enumerate(shape.experts):
+        rows = max(1, round(g.rows_per_token * tokens))
+        ops.append(_grouped(f"experts.{i}", g.experts, rows, g.k, g.n, e, g.calls))
+        output = g.n == h
+        ops.append(_memory(f"experts.{i}.activation", rows * (g.k if output else g.n), e, g.calls))
+        if output and not routed:
+            routing = ROUTING_ELEMENTS_PER_ROW * rows * h + tokens * h
+            ops.append(_memory(f"experts.{i}.routing", routing, e, g.calls))
+            routed = True
+    return ops
+
+
+def expert_backward_ops(op: Op, e: int) -> list[Op]:
+    """A forward expert GEMM's two gradients: the routed rows' (dX = dY · Wᵀ per expert:
+    M = rows / experts, N = K, K = N) and the experts' weights' (dW = Xᵀ · dY per expert:
+    K x N outputs, each reduced over its rows), at ``e`` bytes per element."""
+    _, n, k = op.mnk  # type: ignore[misc]
+    rows = max(1, round(op.flops / (2.0 * k * n)))
+    dgrad = _grouped(op.name + ".dgrad", op.batch, rows, n, k, e, op.count)
+    wgrad = dataclasses.replace(
+        dgrad,
+        name=op.name + ".wgrad",
+        mnk=(k, n, max(1, math.ceil(rows / op.batch))),
+    )
+    return [dgrad, wgrad]
+
+
 def block_forward_ops(
     shape: BlockShape,
     tokens: int,
@@ -318,6 +439,14 @@ def block_forward_ops(
                 count=L,
             )
         ]
+    if shape.experts:
+        ffn = expert_forward_ops(shape, tokens, precision)
+    else:
+        ffn = [
+            *[o for o in _linear("up", tokens, h, (2 if gated else 1) * f, e, L) if o.name == "up"],
+            _memory("activation", (3 if gated else 2) * tokens * f, e, L),
+            *[o for o in _linear("down", tokens, f, h, e, L) if o.name == "down"],
+        ]
     ops = [
         _memory("norm1", 2 * tokens * h, e, L),
         *[o for o in _linear("qkv", tokens, h, h + 2 * kv, e, L) if o.name == "qkv"],
@@ -326,9 +455,7 @@ def block_forward_ops(
         *[o for o in _linear("proj", tokens, h, h, e, L) if o.name == "proj"],
         _memory("residual1", 3 * tokens * h, e, L),
         _memory("norm2", 2 * tokens * h, e, L),
-        *[o for o in _linear("up", tokens, h, (2 if gated else 1) * f, e, L) if o.name == "up"],
-        _memory("activation", (3 if gated else 2) * tokens * f, e, L),
-        *[o for o in _linear("down", tokens, f, h, e, L) if o.name == "down"],
+        *ffn,
         _memory("residual2", 3 * tokens * h, e, L),
     ]
     if gated:  # rotary embeddings on q and k: a few element-wise kernels in eager mode
@@ -371,7 +498,9 @@ def recomputed_ops(
             for op in forward
             if op.kind == "gemm" and matmul_fraction > 0
         ]
-        return [*(op for op in forward if op.kind == "memory_bound"), *gemms]
+        # its save list has no grouped GEMM (torchtitan's neither): the experts run again
+        experts = [op for op in forward if op.kind == "expert_gemm"]
+        return [*(op for op in forward if op.kind == "memory_bound"), *gemms, *experts]
     fraction = _recomputed_fraction(checkpointing, num_layers)
     if fraction >= 1.0:
         return list(forward)
@@ -390,11 +519,13 @@ def recomputed_matmul_fraction(
     counted per token with it and without recompute (their difference is the recomputed
     matmuls: the policy saves attention, and no other op is counted), over the analytic
     forward GEMM FLOPs of the blocks (2 per weight that multiplies activations, the head's
-    left out). Clamped to [0, 1]."""
+    left out). Clamped to [0, 1]. A mixture of experts' grouped GEMMs are all recomputed
+    (:func:`recomputed_ops`): their forward FLOPs come off the difference first."""
     blocks = 2.0 * (shape.matmul_params - shape.vocab * shape.hidden)
     if blocks <= 0:
         return 0.0
-    return min(1.0, max(0.0, (counted_per_token - plain_per_token) / blocks))
+    dense = counted_per_token - plain_per_token - shape.expert_forward_flops_per_token
+    return min(1.0, max(0.0, dense / blocks))
 
 
 def step_ops(
@@ -440,6 +571,8 @@ def step_ops(
             backward += [
                 o for o in _linear(base, tokens, n_in, n_out, e, op.count) if o.name != base
             ]
+        elif op.kind == "expert_gemm":
+            backward += expert_backward_ops(op, e)
         elif op.kind == "attention":
             backward.append(
                 Op(
@@ -485,7 +618,7 @@ def step_ops(
             Op(
                 name="autocast.weight_casts",
                 kind="memory_bound",
-                bytes=float(shape.matmul_params * ((4 + e) * passes + e + 12)),
+                bytes=float(shape.cast_params * ((4 + e) * passes + e + 12)),
             )
         )
     if sharded:
@@ -605,7 +738,7 @@ def time_ops(
     kernels = 0
     for op in ops:
         memory_s = op.bytes / bandwidth
-        if op.kind in ("gemm", "attention_gemm"):
+        if op.kind in GEMM_KINDS:
             m, n, _ = op.mnk  # type: ignore[misc]
             work = op.flops * (gemm_scale if op.kind == "gemm" else 1.0)
             compute_s = work / (peak * gemm_fraction * wave_efficiency(m, n, sms, op.batch))
@@ -617,7 +750,7 @@ def time_ops(
         else:
             seconds = memory_s
         extra = max(LAUNCH_S - seconds, 0.0)
-        if op.kind == "gemm":
+        if op.kind in ("gemm", "expert_gemm"):
             gemm += seconds * op.count
         elif op.kind in ("attention", "attention_gemm"):
             attention += seconds * op.count

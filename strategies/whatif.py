@@ -28,6 +28,7 @@ from profilers.checkpointing import OPS_HALF, block_fraction
 from profilers.comm_records import bus_bandwidth_factor
 from profilers.flops import (
     ATTENTION_MATMUL_OPS,
+    GROUPED_GEMM_OP,
     FlopCount,
     ScoreTraffic,
     formula_flops_per_token,
@@ -195,12 +196,15 @@ class RooflineTime:
         When attention ran as matmuls, its batched matmuls (the scores and the weighted sum)
         are left out of the count: the op list prices them as its attention op, and counting
         them as GEMMs too priced them twice (an eager Gemma 2's GEMMs scaled up by its
-        attention's FLOPs)."""
+        attention's FLOPs). So are a mixture of experts' grouped GEMMs when the shape holds
+        their record (the op list prices them itself)."""
         if not self.flops or "none" not in self.flops.flops_by_op:
             return 1.0
         gemms = COUNTED_GEMM_OPS
         if self.attention_as_matmuls():
             gemms = tuple(op for op in gemms if op not in ATTENTION_MATMUL_OPS)
+        if self.shape.experts:  # priced at their own shapes (roofline.expert_forward_ops)
+            gemms = tuple(op for op in gemms if op != GROUPED_GEMM_OP)
         counted = sum(v for op, v in self.flops.flops_by_op["none"].items() if op in gemms)
         analytic = 6.0 * self.shape.matmul_params
         if counted <= 0 or analytic <= 0:
@@ -268,6 +272,19 @@ class RooflineTime:
                 if eager is not None
                 else f"flash attention at FA-2's {t.architecture or 'default'} efficiency"
             ),
+            *(
+                [
+                    "mixture-of-experts GEMMs at their recorded shapes ("
+                    + ", ".join(
+                        f"{g.experts} experts × {g.k}→{g.n}, {g.rows_per_token:g} rows/token"
+                        for g in self.shape.experts
+                    )
+                    + "; balanced routing: each expert ~rows/experts rows, every expert's "
+                    "weights read per call) and their routing's gathers as memory-bound ops"
+                ]
+                if self.shape.experts
+                else []
+            ),
             f"memory-bound ops at {roofline.MEMORY_BANDWIDTH_EFFICIENCY:.0%} of HBM bandwidth",
             f"{times.kernels} kernels with a {roofline.LAUNCH_S * 1e6:.0f} us launch floor",
             f"all over a sustained fraction of {sustained:.2f}"
@@ -295,6 +312,8 @@ def time_source(
     shape = roofline.BlockShape.from_facts(facts)
     if shape is None:
         return FlopsTime(target=target, facts=facts, seq_len=seq_len, flops=flops)
+    if flops is not None and flops.expert_gemms:
+        shape = shape.with_experts(flops.expert_gemms)
     return RooflineTime(target=target, shape=shape, seq_len=seq_len, flops=flops)
 
 
