@@ -21,7 +21,10 @@ reproduced (none of the stored tables uses transformers' MoE layers). What they 
 of a step the dense pricing left out, and where (fine-grained experts at small micro-batches).
 
 Run ``python benchmarks/moe_experts.py``; writes ``benchmarks/results/moe_experts.md`` and
-``.json``. About a minute on two cores.
+``.json``, with the step ``benchmarks/whatif_measured.py`` will predict for the GPU check's MoE
+run (``scripts/gpu_check.sh``, ``benchmarks/models/moe_gpt.py``), written down before a GPU ran
+it. A minute or two on two cores (the run's trace-only profile is cached under
+``results/whatif_profiles/`` as ``whatif_published.py`` caches its own).
 """
 
 from __future__ import annotations
@@ -159,6 +162,82 @@ def measure(shape: Shape) -> dict[str, Any]:
     return row
 
 
+# scripts/gpu_check.sh's MoE run (its moe stage): benchmarks/models/moe_gpt.py at MPT 125M's
+# shape with 8 experts, 2 per token, sequence 2048, micro-batch 4, bf16, one GPU.
+GPU_RUN_MODEL = "benchmarks/models/moe_gpt.py:moe_gpt"
+GPU_RUN_ARGS = {
+    "n_layer": 12,
+    "n_head": 12,
+    "n_embd": 768,
+    "vocab_size": 50368,
+    "bias": False,
+    "block_size": 2048,
+    "n_experts": 8,
+    "top_k": 2,
+}
+GPU_RUN = {
+    "seq_len": 2048,
+    "micro_batch_size": 4,
+    "grad_accum_steps": 1,
+    "precision": "bf16",
+    "activation_checkpointing": "none",
+}
+GPU_TARGETS = ("h100-80gb", "h200")
+
+
+def gpu_run_prediction() -> list[dict[str, Any]]:
+    """The step time ``benchmarks/whatif_measured.py`` will predict for the GPU check's MoE run,
+    the same way (a trace-only CPU profile, ``advisor predict --target``), before any GPU ran
+    it; and the same profile without its expert record (the dense pricing of before)."""
+    from benchmarks import whatif_published as wp
+    from benchmarks.whatif_measured import Measured, as_row
+
+    config = {
+        "model": GPU_RUN_MODEL,
+        "model_args": GPU_RUN_ARGS,
+        **GPU_RUN,
+        "global_batch_size": GPU_RUN["micro_batch_size"] * GPU_RUN["grad_accum_steps"],
+        "parallelism": "single",
+        "world_size": 1,
+    }
+    out = []
+    for target in GPU_TARGETS:
+        measured = Measured(source="moe", config=config, target=target, step_time_s=1)
+        row = as_row(measured)
+        profile = wp.profile_for(row, [row])
+        if not (profile.flops and profile.flops.expert_gemms):
+            raise SystemExit("the GPU run's profile has no expert record")
+        dense = dataclasses.replace(
+            profile, flops=dataclasses.replace(profile.flops, expert_gemms=None)
+        )
+        steps = {
+            label: wp.predict_row(row, p)["predicted"]["step_time_s"]
+            for label, p in (("experts", profile), ("dense", dense))
+        }
+        out.append(
+            {
+                "target": target,
+                "experts_step_s": steps["experts"],
+                "dense_step_s": steps["dense"],
+                "expert_gemms": profile.flops.expert_gemms,
+            }
+        )
+    return out
+
+
+def gpu_table(runs: list[dict[str, Any]]) -> str:
+    lines = [
+        "| target | predicted step s (expert shapes) | dense-priced step s | ratio |",
+        "| --- | ---: | ---: | ---: |",
+        *(
+            f"| {r['target']} | {r['experts_step_s']:.4f} | {r['dense_step_s']:.4f} | "
+            f"{r['experts_step_s'] / r['dense_step_s']:.2f}× |"
+            for r in runs
+        ),
+    ]
+    return "\n".join(lines) + "\n"
+
+
 def table(rows: list[dict[str, Any]]) -> str:
     head = (
         "| model | params | expert GEMMs (experts × K→N, rows/token) | micro-batch | "
@@ -204,10 +283,22 @@ def main() -> None:
         "was reproduced.\n\n"
         "Shapes: " + "; ".join(f"{s.name} ({s.source})" for s in SHAPES) + ".\n\n"
     )
+    gpu = gpu_run_prediction()
+    gpu_intro = (
+        "\n## The GPU check's MoE run, predicted before it ran\n\n"
+        "`scripts/gpu_check.sh` trains `benchmarks/models/moe_gpt.py` (MPT 125M's shape, every "
+        "MLP 8 experts with 2 per token, run as transformers runs MoE layers; sequence 2048, "
+        "micro-batch 4, bf16, one GPU); `benchmarks/whatif_measured.py` will predict it as the "
+        "first column (a trace-only CPU profile, `advisor predict --target`) and hold it against "
+        "the measured step. The second column is the same profile priced without its expert "
+        "record, as before 2026-12-05.\n\n"
+    )
     RESULTS.mkdir(parents=True, exist_ok=True)
-    (RESULTS / "moe_experts.md").write_text(intro + table(rows))
-    (RESULTS / "moe_experts.json").write_text(json.dumps({"shapes": rows}, indent=1) + "\n")
-    print(table(rows))
+    (RESULTS / "moe_experts.md").write_text(intro + table(rows) + gpu_intro + gpu_table(gpu))
+    (RESULTS / "moe_experts.json").write_text(
+        json.dumps({"shapes": rows, "gpu_check_run": gpu}, indent=1) + "\n"
+    )
+    print(table(rows) + gpu_table(gpu))
 
 
 if __name__ == "__main__":

@@ -121,11 +121,26 @@ attn() {  # attn NAME MODEL
     --eval-every 0 --eval-batches 1 --checkpoint-every 1000 --device "$DEVICE" --quiet --out "$WORK/real_$1"
   rm -rf "$WORK/real_$1/checkpoints"
 }
+# A mixture of experts at the same shape (every MLP 8 experts, 2 per token: 0.5B parameters),
+# run as transformers runs MoE layers (benchmarks/models/moe_gpt.py: torch._grouped_mm over the
+# stacked experts, the rows cast to the fp32 weights' dtype first): whatif_measured.py holds the
+# what-if's expert pricing (profilers/expert_gemms.py) against it, and its bf16 run is the
+# check that autocast reaches the grouped GEMMs on CUDA (advisor/trainer/autocast_ops.py).
+moe() {  # moe NAME
+  stage "real_$1" 60 "$PY" -m advisor train --model benchmarks/models/moe_gpt.py:moe_gpt \
+    --model-arg n_layer=12 --model-arg n_head=12 --model-arg n_embd=768 --model-arg vocab_size=50368 \
+    --model-arg bias=false --model-arg block_size=2048 --model-arg n_experts=8 --model-arg top_k=2 \
+    --seq-len 2048 --data synthetic --precision bf16 \
+    --micro-batch-size 4 --grad-accum-steps 1 --activation-checkpointing none --steps 10 \
+    --eval-every 0 --eval-batches 1 --checkpoint-every 1000 --device "$DEVICE" --quiet --out "$WORK/real_$1"
+  rm -rf "$WORK/real_$1/checkpoints"
+}
 if [ "$REAL_SCALE" = 1 ]; then
   mpt mpt1b_mb8_none 24 16 2048 8 none
   mpt mpt1b_mb16_full 24 16 2048 16 full
   attn mpt125m_mb4_sdpa gpt-small
   attn mpt125m_mb4_eager benchmarks/models/eager_gpt.py:eager_gpt
+  moe moe8x125m_mb4
 fi
 
 # --- correctness, together -----------------------------------------------------------------

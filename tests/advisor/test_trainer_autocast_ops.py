@@ -110,3 +110,22 @@ def test_the_training_step_runs_a_mixtrals_experts_in_its_precision(
     assert torch.isfinite(loss)
     experts = [p for n, p in step.model.named_parameters() if "experts" in n]
     assert experts and all(p.dtype == torch.float32 for p in experts)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_on_cuda_bf16_autocast_runs_the_grouped_gemm_in_bf16() -> None:
+    """CUDA's fast grouped GEMM is bf16-only: fp32 operands went through torch's per-expert
+    fallback loop off the tensor cores."""
+    enable_grouped_mm_autocast()
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    a = torch.randn(256, 128, device="cuda", generator=gen)
+    b = torch.randn(4, 128, 64, device="cuda", generator=gen, requires_grad=True)
+    offs = torch.tensor([64, 128, 192, 256], dtype=torch.int32, device="cuda")
+    with torch.autocast("cuda", dtype=torch.bfloat16):
+        out = torch._grouped_mm(a, b, offs=offs)
+    assert out.dtype == torch.bfloat16
+    out.float().sum().backward()
+    assert b.grad is not None and b.grad.dtype == torch.float32
+    ref = torch._grouped_mm(a.bfloat16(), b.detach().bfloat16(), offs=offs)
+    torch.testing.assert_close(out, ref)
