@@ -14,6 +14,9 @@ takes the longest of:
   FlashAttention-2 efficiency for the architecture, lower at short sequences and small heads;
   an *eager* attention (plain matmuls and element-wise ops over the T×T scores, as the profile
   counted them: :func:`eager_attention_ops`) as its batched GEMMs and its memory-bound bytes;
+* a **mixture of experts'** grouped GEMMs (:func:`expert_forward_ops`, from the profile's record
+  of their shapes) as GEMMs batched over the experts, ~rows/E rows each, whose bytes read every
+  expert's weights; the routed activation and the routing's gathers as memory-bound ops;
 * **memory-bound** ops (norms, activations, residual adds, copies, the loss over the logits,
   autocast's weight casts, the embedding's gradient, FSDP's gather and reduce copies): bytes
   over HBM bandwidth ×
