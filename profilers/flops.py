@@ -38,7 +38,7 @@ from profilers.eager_attention import FIELDS as SCORE_TRAFFIC_FIELDS
 from profilers.eager_attention import count_score_traffic
 from profilers.expert_gemms import count_expert_gemms
 from profilers.fake_kernels import fake_tracing_extras, register_grouped_mm_formula
-from profilers.memory_blocks import SCALE_FROM_BLOCKS, scalable_layers
+from profilers.memory_blocks import depth_scaling
 from profilers.workload import (
     CHECKPOINTING,
     BlockScalableWorkload,
@@ -258,11 +258,12 @@ def count_step_flops(
     # is its own: nothing else predicts which of them).
     modes = (*CHECKPOINTING, *(m for m in also if m not in CHECKPOINTING))
     scaled: tuple[int, int] | None = None
-    layers = scalable_layers(workload) if prefer_fake else None
-    if layers is not None:
+    scaling = depth_scaling(workload) if prefer_fake else None
+    if scaling is not None:
+        layers, k1, k2 = scaling
         try:
-            counts = {mode: _count_scaled(workload, base, mode, layers) for mode in modes}
-            scaled = SCALE_FROM_BLOCKS
+            counts = {mode: _count_scaled(workload, base, mode, layers, (k1, k2)) for mode in modes}
+            scaled = (k1, k2)
         except Exception:  # a model whose forward needs all its blocks: count it whole
             counts = None
     if prefer_fake and counts is None:
@@ -323,13 +324,18 @@ def _score_traffic(workload: Workload, base: StepSpec) -> dict[str, dict[str, fl
 
 
 def _count_scaled(
-    workload: Workload, base: StepSpec, checkpointing: str, layers: int
+    workload: Workload,
+    base: StepSpec,
+    checkpointing: str,
+    layers: int,
+    depths: tuple[int, int],
 ) -> dict[str, int]:
-    """A deep model's count from copies with :data:`SCALE_FROM_BLOCKS` blocks: the blocks are
-    identical, so each op's count is affine in the number of blocks (a fake count of a 70B
-    model's 80 blocks took 37-57 s of a 120 s profile; two shallow copies take seconds)."""
+    """A deep model's count from copies with ``depths`` blocks (:func:`profilers.memory_blocks.
+    depth_scaling`): past any blocks built unlike the rest the blocks are identical, so each
+    op's count is affine in the number of blocks (a fake count of a 70B model's 80 blocks took
+    37-57 s of a 120 s profile; two shallow copies take seconds)."""
     assert isinstance(workload, BlockScalableWorkload)
-    k1, k2 = SCALE_FROM_BLOCKS
+    k1, k2 = depths
     low = _count(workload.with_blocks(k1), base, checkpointing, fake=True)
     high = _count(workload.with_blocks(k2), base, checkpointing, fake=True)
     return {

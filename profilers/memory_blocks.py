@@ -55,25 +55,50 @@ if TYPE_CHECKING:
 
 
 def scalable_layers(workload: Workload, min_layers: int = MIN_LAYERS_TO_SCALE) -> int | None:
-    """The number of repeated blocks when ``workload`` can be traced scaled (a
-    :class:`BlockScalableWorkload` at least ``min_layers`` deep), else None."""
+    """The number of repeated blocks when ``workload``'s memory can be traced scaled (a
+    :class:`BlockScalableWorkload` at least ``min_layers`` deep whose blocks are all alike:
+    a peak is a maximum, and the argument above holds for identical blocks only), else None."""
+    scaling = depth_scaling(workload, SCALE_FROM_BLOCKS, min_layers, allow_prefix=False)
+    return scaling[0] if scaling is not None else None
+
+
+def depth_scaling(
+    workload: Workload,
+    base: tuple[int, int] = SCALE_FROM_BLOCKS,
+    min_layers: int = MIN_LAYERS_TO_SCALE,
+    *,
+    allow_prefix: bool = True,
+) -> tuple[int, int, int] | None:
+    """(the model's blocks, and the two shallow copies' depths) when ``workload`` can be
+    extended in depth, else None. The copies keep the first ``base`` blocks, after the blocks
+    built unlike the rest (``ModelFacts.uniform_blocks_from``: DeepSeek-V3's dense layers
+    before its MoE ones) when ``allow_prefix`` — right for sums (FLOPs, bytes, calls: each
+    block adds its own), whose line then runs through copies that hold the prefix whole. Until
+    2026-12-05 the copies were always the first 2 and 3 blocks: a DeepSeek-V3 shape was counted
+    as 61 dense layers (no expert GEMM at all)."""
     if not isinstance(workload, BlockScalableWorkload):
         return None
-    layers = workload.facts().num_layers
-    return layers if layers >= min_layers else None
+    facts = workload.facts()
+    prefix = facts.uniform_blocks_from
+    if prefix and not allow_prefix:
+        return None
+    if facts.num_layers < prefix + min_layers:
+        return None
+    return facts.num_layers, prefix + base[0], prefix + base[1]
 
 
 def counted_in_depth(
     workload: Workload, count: Callable[[Workload], Mapping[_K, int]]
 ) -> dict[_K, int]:
     """``count`` of ``workload`` (integers per key, each affine in the number of blocks: FLOPs,
-    bytes, calls of an op), from shallow copies with :data:`SCALE_FROM_BLOCKS` blocks extended
-    to the model's depth when it is deep enough (:func:`scalable_layers`), else, or when a
-    shallow copy cannot run (a forward that needs all its blocks), of the whole model."""
-    layers = scalable_layers(workload)
-    if layers is not None:
+    bytes, calls of an op), from shallow copies extended
+    to the model's depth when it is deep enough (:func:`depth_scaling`: after any blocks
+    built unlike the rest), else, or when a shallow copy cannot run (a forward that needs all
+    its blocks), of the whole model."""
+    scaling = depth_scaling(workload)
+    if scaling is not None:
         assert isinstance(workload, BlockScalableWorkload)
-        k1, k2 = SCALE_FROM_BLOCKS
+        layers, k1, k2 = scaling
         try:
             low = count(workload.with_blocks(k1))
             high = count(workload.with_blocks(k2))

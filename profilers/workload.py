@@ -163,6 +163,12 @@ class ModelFacts:
     # Off for records written before chunking existed; ``output_head_reason`` says why not.
     output_head: bool = False
     output_head_reason: str = ""
+    # The index of the first repeated block from which every block is built alike (class,
+    # parameter names and shapes): 0 when all are, P when the first P differ (DeepSeek-V3's 3
+    # dense layers before its MoE layers), the last index when no run of blocks is alike
+    # (layers interleaving dense and MoE). Shallow copies for sums (FLOPs, counts) keep the P
+    # first blocks; memory traces are scaled only from blocks all alike (P = 0).
+    uniform_blocks_from: int = 0
 
     def checkpointing_modes(self) -> tuple[tuple[str, ...], tuple[str, ...]]:
         """(the activation-checkpointing modes this model can run, why the others cannot)."""
@@ -194,7 +200,10 @@ class ModelFacts:
         return f"chunked loss: {why}"
 
     def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+        data = dataclasses.asdict(self)
+        if not data["uniform_blocks_from"]:  # written only when some blocks differ
+            del data["uniform_blocks_from"]
+        return data
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> ModelFacts:

@@ -8,7 +8,7 @@ from.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -137,7 +137,26 @@ class ModelAdapter:
             repeated_blocks=self.blocks_path is not None,
             output_head=not self.loss_chunking_unavailable(),
             output_head_reason=self.loss_chunking_unavailable(),
+            uniform_blocks_from=uniform_blocks_from(blocks),
         )
+
+
+def uniform_blocks_from(blocks: Iterable[nn.Module]) -> int:
+    """The index from which every block is built like the last one (class, parameter names and
+    shapes): 0 when all blocks are alike. DeepSeek-V3 and Kimi K2 put dense layers before their
+    MoE layers (``first_k_dense_replace``): a shallow copy of the first blocks is not the model."""
+
+    def signature(block: nn.Module) -> tuple[Any, ...]:
+        return (
+            type(block).__name__,
+            tuple((name, tuple(p.shape)) for name, p in block.named_parameters()),
+        )
+
+    signatures = [signature(b) for b in blocks]
+    start = len(signatures) - 1
+    while start > 0 and signatures[start - 1] == signatures[-1]:
+        start -= 1
+    return max(start, 0)
 
 
 def _identity(x: torch.Tensor) -> torch.Tensor:
