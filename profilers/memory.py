@@ -99,15 +99,22 @@ def trace_step_memory(
             f"{spec.parallelism!r}: trace with parallelism='single' and add the strategy's own "
             "buffers (DDP buckets, FSDP shards) on top"
         )
-    from profilers.memory_blocks import scalable_layers, trace_scaled
+    from profilers.memory_blocks import depth_scaling, trace_scaled
     from profilers.memory_tracing import trace
 
     cuda_rounding = target_device_type == "cuda"
-    layers = scalable_layers(workload)
-    if layers is not None:
+    scaling = depth_scaling(workload)
+    if scaling is not None:
         assert isinstance(workload, BlockScalableWorkload)
+        layers, k1, k2 = scaling
         try:
-            return trace_scaled(workload, spec, cuda_rounding=cuda_rounding, num_layers=layers)
+            return trace_scaled(
+                workload,
+                spec,
+                cuda_rounding=cuda_rounding,
+                num_layers=layers,
+                depths=(k1, k2),
+            )
         except Exception:  # a model whose forward needs all its blocks: trace it whole
             pass
     return trace(workload, spec, cuda_rounding=cuda_rounding)

@@ -29,6 +29,14 @@ Every checkpointing setting that treats all blocks alike scales: ``none``, ``ful
 no shallow copy reproduces): it is traced whole, and only once per profile, at K = L // 2
 (profilers.checkpointing_fits prices the other K).
 The tests trace presets with and without scaling and require the same bytes.
+
+A model whose first P blocks are built unlike the rest (DeepSeek-V3's 3 dense layers before its
+MoE layers: ``ModelFacts.uniform_blocks_from``) is traced from copies that keep those P blocks
+and 2 and 3 of the others: the prefix is the same in both copies and in the model, every later
+block adds the same bytes, and the winning moments stay put (the last block, the head, the
+ends of backward's range). The tests trace DeepSeek-V3 shapes both ways too (single device and
+FSDP/DDP ranks) and require the same bytes. Blocks that interleave kinds (dense and MoE in turn)
+have no run of alike blocks and are traced whole.
 """
 
 from __future__ import annotations
@@ -55,10 +63,10 @@ if TYPE_CHECKING:
 
 
 def scalable_layers(workload: Workload, min_layers: int = MIN_LAYERS_TO_SCALE) -> int | None:
-    """The number of repeated blocks when ``workload``'s memory can be traced scaled (a
-    :class:`BlockScalableWorkload` at least ``min_layers`` deep whose blocks are all alike:
-    a peak is a maximum, and the argument above holds for identical blocks only), else None."""
-    scaling = depth_scaling(workload, SCALE_FROM_BLOCKS, min_layers, allow_prefix=False)
+    """The number of repeated blocks when ``workload`` can be traced scaled (a
+    :class:`BlockScalableWorkload` at least ``min_layers`` deep past any blocks built unlike
+    the rest: :func:`depth_scaling`), else None."""
+    scaling = depth_scaling(workload, SCALE_FROM_BLOCKS, min_layers)
     return scaling[0] if scaling is not None else None
 
 
@@ -66,22 +74,16 @@ def depth_scaling(
     workload: Workload,
     base: tuple[int, int] = SCALE_FROM_BLOCKS,
     min_layers: int = MIN_LAYERS_TO_SCALE,
-    *,
-    allow_prefix: bool = True,
 ) -> tuple[int, int, int] | None:
     """(the model's blocks, and the two shallow copies' depths) when ``workload`` can be
-    extended in depth, else None. The copies keep the first ``base`` blocks, after the blocks
-    built unlike the rest (``ModelFacts.uniform_blocks_from``: DeepSeek-V3's dense layers
-    before its MoE ones) when ``allow_prefix`` — right for sums (FLOPs, bytes, calls: each
-    block adds its own), whose line then runs through copies that hold the prefix whole. Until
-    2026-12-05 the copies were always the first 2 and 3 blocks: a DeepSeek-V3 shape was counted
-    as 61 dense layers (no expert GEMM at all)."""
+    extended in depth, else None. The copies keep the blocks built unlike the rest
+    (``ModelFacts.uniform_blocks_from``: DeepSeek-V3's dense layers before its MoE ones) and
+    ``base`` blocks of the others. Until 2026-12-05 they were always the first 2 and 3 blocks:
+    a DeepSeek-V3 shape was counted and traced as 61 dense layers (no expert GEMM at all)."""
     if not isinstance(workload, BlockScalableWorkload):
         return None
     facts = workload.facts()
     prefix = facts.uniform_blocks_from
-    if prefix and not allow_prefix:
-        return None
     if facts.num_layers < prefix + min_layers:
         return None
     return facts.num_layers, prefix + base[0], prefix + base[1]
@@ -114,14 +116,20 @@ def counted_in_depth(
 
 
 def trace_scaled(
-    workload: BlockScalableWorkload, spec: StepSpec, *, cuda_rounding: bool, num_layers: int
+    workload: BlockScalableWorkload,
+    spec: StepSpec,
+    *,
+    cuda_rounding: bool,
+    num_layers: int,
+    depths: tuple[int, int] = SCALE_FROM_BLOCKS,
 ) -> MemoryTrace:
-    """The trace of ``spec`` on the full model, from traces of two shallow copies."""
+    """The trace of ``spec`` on the full model, from traces of two shallow copies with
+    ``depths`` blocks."""
     from profilers.memory_tracing import last_block, trace_raw
 
     require_identical_blocks(spec)
     started = time.perf_counter()
-    k1, k2 = SCALE_FROM_BLOCKS
+    k1, k2 = depths
     raws = [
         trace_raw(
             workload.with_blocks(k),

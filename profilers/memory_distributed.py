@@ -206,11 +206,18 @@ def _trace(
     """The rank's trace: from two shallow copies for a deep model whose blocks are identical
     (:func:`trace_scaled`), whole otherwise or if that fails."""
     started = time.perf_counter()
-    layers = None if whole else scalable_layers(workload)
-    if layers is not None:
+    scaling = None if whole else _depth_scaling(workload)
+    if scaling is not None:
         assert isinstance(workload, BlockScalableWorkload)
+        layers, k1, _ = scaling
         try:
-            return trace_scaled(workload, spec, cuda_rounding=cuda_rounding, num_layers=layers)
+            return trace_scaled(
+                workload,
+                spec,
+                cuda_rounding=cuda_rounding,
+                num_layers=layers,
+                prefix=k1 - SCALE_FROM_BLOCKS[0],
+            )
         except Exception:  # a model whose forward needs all its blocks: trace it whole
             pass
     # An FSDP rank of repeated blocks is cut per block even when traced whole: its windows'
@@ -225,7 +232,12 @@ def _trace(
 
 
 def trace_scaled(
-    workload: BlockScalableWorkload, spec: StepSpec, *, cuda_rounding: bool, num_layers: int
+    workload: BlockScalableWorkload,
+    spec: StepSpec,
+    *,
+    cuda_rounding: bool,
+    num_layers: int,
+    prefix: int = 0,
 ) -> MemoryTrace:
     """A rank of the ``num_layers``-block model from copies with :data:`SCALE_FROM_BLOCKS`
     blocks, window by window (:mod:`profilers.memory_blocks` says why a line holds per window).
@@ -236,10 +248,14 @@ def trace_scaled(
     is at block 1 or at block L-2. Each of those, block 0 and "E" (after block 0) is one moment
     whose place does not move with L, extended along its own line: block L-2 from block
     k1-2 and k2-2 of the copies, block 1 and block 0 from the same block of both. The largest
-    window at L is the forward+backward peak."""
+    window at L is the forward+backward peak.
+
+    ``prefix``: the first blocks are built unlike the rest (``ModelFacts.uniform_blocks_from``):
+    the copies keep them and 3 and 4 of the others, and every block up to the first two alike
+    is a window of its own (block 1's part above, for each)."""
     require_identical_blocks(spec)
     started = time.perf_counter()
-    k1, k2 = SCALE_FROM_BLOCKS
+    k1, k2 = prefix + SCALE_FROM_BLOCKS[0], prefix + SCALE_FROM_BLOCKS[1]
     low, high = (
         trace_raw(
             workload.with_blocks(k),
@@ -252,12 +268,12 @@ def trace_scaled(
     pairs = {
         **{w: (w, w) for w in ("F", "A", "E")},
         "last block": (f"bw{k1 - 2}", f"bw{k2 - 2}"),
-        "block 1": ("bw1", "bw1"),
-        "block 0": ("bw0", "bw0"),
+        **{f"block {i}": (f"bw{i}", f"bw{i}") for i in range(prefix + 2)},
     }
     windows = {k: ab for k, ab in pairs.items() if ab[0] in low.windows and ab[1] in high.windows}
     seen = {w for pair in windows.values() for w in pair}
-    left_out = (set(low.windows) | set(high.windows)) - seen - {f"bw{i}" for i in range(2, k2)}
+    interior = {f"bw{i}" for i in range(prefix + 2, k2)}
+    left_out = (set(low.windows) | set(high.windows)) - seen - interior
     if left_out or not {"F", "A"} & set(windows) or "E" not in windows:
         raise ValueError(
             f"the {k1}- and {k2}-block traces have unexpected windows ({sorted(low.windows)} "
@@ -270,8 +286,16 @@ def trace_scaled(
 
 def scalable_layers(workload: Workload) -> int | None:
     """The number of repeated blocks when a rank of ``workload`` is traced from shallow copies:
-    a :class:`BlockScalableWorkload` deeper than the two copies together."""
-    return memory_blocks.scalable_layers(workload, min_layers=sum(SCALE_FROM_BLOCKS) + 1)
+    a :class:`BlockScalableWorkload` deeper than the two copies together (past any blocks built
+    unlike the rest: :func:`profilers.memory_blocks.depth_scaling`)."""
+    scaling = _depth_scaling(workload)
+    return scaling[0] if scaling is not None else None
+
+
+def _depth_scaling(workload: Workload) -> tuple[int, int, int] | None:
+    return memory_blocks.depth_scaling(
+        workload, SCALE_FROM_BLOCKS, min_layers=sum(SCALE_FROM_BLOCKS) + 1
+    )
 
 
 def trace_raw(

@@ -166,8 +166,8 @@ class ModelFacts:
     # The index of the first repeated block from which every block is built alike (class,
     # parameter names and shapes): 0 when all are, P when the first P differ (DeepSeek-V3's 3
     # dense layers before its MoE layers), the last index when no run of blocks is alike
-    # (layers interleaving dense and MoE). Shallow copies for sums (FLOPs, counts) keep the P
-    # first blocks; memory traces are scaled only from blocks all alike (P = 0).
+    # (layers interleaving dense and MoE). The shallow copies a deep model is counted and
+    # traced from keep the P first blocks (profilers.memory_blocks.depth_scaling).
     uniform_blocks_from: int = 0
 
     def checkpointing_modes(self) -> tuple[tuple[str, ...], tuple[str, ...]]:
