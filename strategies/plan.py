@@ -145,6 +145,14 @@ def nothing_fits(evaluations: Sequence[Evaluation], model: CostModel) -> Strateg
         hints.append("a shorter sequence (--seq-len, then re-profile): activations dominate")
     elif machine.shared_host:
         hints.append("a smaller model or more RAM: CPU ranks share one host's memory")
+    elif (fixed := _unsharded_bytes(smallest.candidate, p.budgeted_bytes, state)) > (
+        p.budget_bytes
+    ):
+        hints.append(
+            f"tensor or expert parallelism (the advisor does not plan them): {fixed / GiB:.1f} "
+            "GiB of each rank do not shrink with more FSDP ranks (a gathered block, its "
+            "gradients before their reduce-scatter, activations), so no --world-size fits"
+        )
     else:
         hints.append(
             "fsdp over more devices (--world-size): parameters, gradients and optimizer state "
@@ -160,6 +168,14 @@ def nothing_fits(evaluations: Sequence[Evaluation], model: CostModel) -> Strateg
         smallest_bytes=p.budgeted_bytes,
         budget_bytes=p.budget_bytes,
     )
+
+
+def _unsharded_bytes(candidate: Candidate, budgeted: int, state: int) -> int:
+    """What an FSDP rank needs beyond its 1/N of the model's state: no more ranks shrink it.
+    0 for any other layout."""
+    if candidate.parallelism != "fsdp" or candidate.world_size < 1:
+        return 0
+    return max(budgeted - state // candidate.world_size, 0)
 
 
 def top_candidates(

@@ -325,3 +325,43 @@ def test_a_validation_on_a_busy_host_says_so_in_the_reasons(model: CostModel) ->
     assert validated[second.key].measured.host_others_share == 0.55
     again = Measurement.from_dict(validated[second.key].measured.to_dict())
     assert again.host_others_share == 0.55
+
+
+def test_when_more_fsdp_ranks_cannot_help_the_error_says_so() -> None:
+    """A 671B DeepSeek-V3 over 1,024 H100s: 10 TB of state is 10 GiB a rank, but one gathered
+    MoE block, its fp32 gradients and the activations need 161 GiB whatever the world size:
+    "fsdp over more devices" was the wrong advice."""
+    from types import SimpleNamespace
+
+    from strategies.plan import nothing_fits
+    from strategies.space import Candidate
+
+    def evaluation(world: int, budgeted: float) -> SimpleNamespace:
+        candidate = Candidate(
+            precision="bf16",
+            activation_checkpointing="full",
+            parallelism="fsdp",
+            world_size=world,
+            micro_batch_size=1,
+            grad_accum_steps=2,
+        )
+        state = 10_000 * 2**30
+        memory = SimpleNamespace(state_bytes=state, traced_bytes=int(budgeted * 2**30))
+        prediction = SimpleNamespace(
+            budgeted_bytes=int(budgeted * 2**30),
+            budget_bytes=72 * 2**30,
+            breakdown=SimpleNamespace(memory=memory),
+        )
+        return SimpleNamespace(candidate=candidate, prediction=prediction)
+
+    machine = SimpleNamespace(
+        memory_bytes=80 * 2**30, shared_host=False, estimate=True, name="H100"
+    )
+    model = SimpleNamespace(machine=machine, memory_budget=0.9)
+    stuck = nothing_fits([evaluation(1024, 171.2)], model)  # type: ignore[arg-type, list-item]
+    assert "tensor or expert parallelism" in str(stuck)
+    assert "161.4 GiB of each rank do not shrink with more FSDP ranks" in str(stuck)
+    assert "fsdp over more devices" not in str(stuck)
+    # 64 ranks: 156 GiB of state a rank, 15 GiB beyond it: more ranks do help
+    shardable = nothing_fits([evaluation(64, 171.2)], model)  # type: ignore[arg-type, list-item]
+    assert "fsdp over more devices" in str(shardable)
