@@ -195,26 +195,20 @@ def pair_prediction() -> list[dict[str, Any]]:
     the same way (a trace-only CPU profile, ``advisor predict --target``), before any GPU ran
     it: per target, each step and the eager/SDPA ratio."""
     from benchmarks import whatif_published as wp
-    from benchmarks.whatif_measured import Measured, as_row
+    from benchmarks.whatif_measured import gpu_check_row
 
-    config = {
-        "model_args": PAIR_ARGS,
-        **PAIR_RUN,
-        "global_batch_size": PAIR_RUN["micro_batch_size"] * PAIR_RUN["grad_accum_steps"],
-        "parallelism": "single",
-        "world_size": 1,
-    }
     out = []
     for target in PAIR_TARGETS:
-        measured = [
-            Measured(source=label, config={**config, "model": model}, target=target, step_time_s=1)
+        rows = {
+            label: gpu_check_row(model, PAIR_ARGS, PAIR_RUN, target, label)
             for label, model in PAIR_MODELS.items()
-        ]
-        rows = [as_row(m) for m in measured]
-        steps = {}
-        for m, row in zip(measured, rows, strict=True):
-            predicted = wp.predict_row(row, wp.profile_for(row, rows))["predicted"]
-            steps[m.source] = predicted["step_time_s"]
+        }
+        steps = {
+            label: wp.predict_row(row, wp.profile_for(row, rows.values()))["predicted"][
+                "step_time_s"
+            ]
+            for label, row in rows.items()
+        }
         out.append({"target": target, **{f"{k}_step_s": v for k, v in steps.items()}})
         out[-1]["eager_over_sdpa"] = steps["eager"] / steps["sdpa"]
     return out

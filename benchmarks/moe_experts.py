@@ -190,20 +190,11 @@ def gpu_run_prediction() -> list[dict[str, Any]]:
     the same way (a trace-only CPU profile, ``advisor predict --target``), before any GPU ran
     it; and the same profile without its expert record (the dense pricing of before)."""
     from benchmarks import whatif_published as wp
-    from benchmarks.whatif_measured import Measured, as_row
+    from benchmarks.whatif_measured import gpu_check_row
 
-    config = {
-        "model": GPU_RUN_MODEL,
-        "model_args": GPU_RUN_ARGS,
-        **GPU_RUN,
-        "global_batch_size": GPU_RUN["micro_batch_size"] * GPU_RUN["grad_accum_steps"],
-        "parallelism": "single",
-        "world_size": 1,
-    }
     out = []
     for target in GPU_TARGETS:
-        measured = Measured(source="moe", config=config, target=target, step_time_s=1)
-        row = as_row(measured)
+        row = gpu_check_row(GPU_RUN_MODEL, GPU_RUN_ARGS, GPU_RUN, target, "moe")
         profile = wp.profile_for(row, [row])
         if not (profile.flops and profile.flops.expert_gemms):
             raise SystemExit("the GPU run's profile has no expert record")

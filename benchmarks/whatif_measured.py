@@ -25,6 +25,7 @@ import argparse
 import json
 import statistics
 import sys
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -101,6 +102,22 @@ def measured_rows(run_dir: Path) -> list[Measured]:
             )
         )
     return rows
+
+
+def gpu_check_row(
+    model: str, model_args: Mapping[str, Any], run: Mapping[str, Any], target: str, label: str
+) -> Any:
+    """A one-GPU run ``scripts/gpu_check.sh`` trains, as this script will predict it once it
+    ran (the step is not known yet: 1 s): for a prediction written down before any GPU ran it."""
+    config = {
+        "model": model,
+        "model_args": dict(model_args),
+        **run,
+        "global_batch_size": run["micro_batch_size"] * run["grad_accum_steps"],
+        "parallelism": "single",
+        "world_size": 1,
+    }
+    return as_row(Measured(source=label, config=config, target=target, step_time_s=1))
 
 
 def as_row(m: Measured) -> Any:

@@ -284,6 +284,18 @@ TINY_DECODER = {
     "num_key_value_heads": 1,
     "vocab_size": 64,
 }
+# A two-layer Mixtral: 2 of 4 experts per token, gated experts 64 -> 2 x 96 -> 64.
+TINY_MIXTRAL = {
+    "hidden_size": 64,
+    "intermediate_size": 96,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "vocab_size": 256,
+    "num_local_experts": 4,
+    "num_experts_per_tok": 2,
+    "max_position_embeddings": 64,
+}
 
 
 @pytest.mark.usefixtures("transformers_installed")

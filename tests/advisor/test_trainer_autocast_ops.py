@@ -73,19 +73,6 @@ def test_outside_autocast_and_in_fp32_nothing_changes() -> None:
     assert out.dtype == torch.bfloat16
 
 
-TINY_MIXTRAL = {
-    "hidden_size": 64,
-    "intermediate_size": 96,
-    "num_hidden_layers": 2,
-    "num_attention_heads": 4,
-    "num_key_value_heads": 2,
-    "vocab_size": 256,
-    "num_local_experts": 4,
-    "num_experts_per_tok": 2,
-    "max_position_embeddings": 64,
-}
-
-
 @pytest.mark.parametrize(
     ("precision", "dtype"), [("bf16", torch.bfloat16), ("fp32", torch.float32)]
 )
@@ -97,6 +84,7 @@ def test_the_training_step_runs_a_mixtrals_experts_in_its_precision(
     pytest.importorskip("transformers")
     from advisor.workload import AdvisorWorkload
     from profilers.workload import StepSpec
+    from tests.advisor.test_models import TINY_MIXTRAL
 
     workload = AdvisorWorkload("hf:mixtral", dict(TINY_MIXTRAL))
     spec = StepSpec(seq_len=16, micro_batch_size=2, precision=precision)

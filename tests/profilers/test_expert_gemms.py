@@ -19,21 +19,9 @@ SPEC = StepSpec(seq_len=32, micro_batch_size=2)
 def mixtral(layers: int) -> object:
     pytest.importorskip("transformers")
     from advisor.workload import AdvisorWorkload
+    from tests.advisor.test_models import TINY_MIXTRAL
 
-    return AdvisorWorkload(
-        "hf:mixtral",
-        {
-            "hidden_size": 64,
-            "intermediate_size": 96,
-            "num_hidden_layers": layers,
-            "num_attention_heads": 4,
-            "num_key_value_heads": 2,
-            "vocab_size": 256,
-            "num_local_experts": 4,
-            "num_experts_per_tok": 2,
-            "max_position_embeddings": 64,
-        },
-    )
+    return AdvisorWorkload("hf:mixtral", {**TINY_MIXTRAL, "num_hidden_layers": layers})
 
 
 def test_each_forward_projection_is_recorded_with_its_experts_rows_and_calls() -> None:

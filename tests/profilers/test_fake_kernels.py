@@ -131,19 +131,9 @@ def test_a_hugging_face_mixtral_is_traced_and_counted() -> None:
     pytest.importorskip("transformers")
     from advisor.workload import AdvisorWorkload
     from profilers.flops import count_step_flops
+    from tests.advisor.test_models import TINY_MIXTRAL
 
-    args = {
-        "hidden_size": 64,
-        "intermediate_size": 96,
-        "num_hidden_layers": 2,
-        "num_attention_heads": 4,
-        "num_key_value_heads": 2,
-        "vocab_size": 256,
-        "num_local_experts": 4,
-        "num_experts_per_tok": 2,
-        "max_position_embeddings": 64,
-    }
-    workload = AdvisorWorkload("hf:mixtral", args)
+    workload = AdvisorWorkload("hf:mixtral", TINY_MIXTRAL)
     for precision in ("fp32", "bf16"):
         spec = StepSpec(seq_len=32, micro_batch_size=2, precision=precision)
         trace = trace_step_memory(workload, spec)
