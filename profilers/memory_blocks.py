@@ -34,9 +34,11 @@ A model whose first P blocks are built unlike the rest (DeepSeek-V3's 3 dense la
 MoE layers: ``ModelFacts.uniform_blocks_from``) is traced from copies that keep those P blocks
 and 2 and 3 of the others: the prefix is the same in both copies and in the model, every later
 block adds the same bytes, and the winning moments stay put (the last block, the head, the
-ends of backward's range). The tests trace DeepSeek-V3 shapes both ways too (single device and
-FSDP/DDP ranks) and require the same bytes. Blocks that interleave kinds (dense and MoE in turn)
-have no run of alike blocks and are traced whole.
+ends of backward's range). Blocks that repeat with a period p (``ModelFacts.block_period``:
+Llama 4 Maverick, period 4) are copied 2 and 3 periods at a time: within each phase of the
+period the bytes are affine in the index, so the same argument holds phase by phase. The tests
+trace DeepSeek-V3 and Llama 4 shapes both ways too (single device; FSDP/DDP ranks of DeepSeek-V3
+shapes) and require the same bytes. A model with no such pattern is traced whole.
 """
 
 from __future__ import annotations
@@ -78,15 +80,17 @@ def depth_scaling(
     """(the model's blocks, and the two shallow copies' depths) when ``workload`` can be
     extended in depth, else None. The copies keep the blocks built unlike the rest
     (``ModelFacts.uniform_blocks_from``: DeepSeek-V3's dense layers before its MoE ones) and
-    ``base`` blocks of the others. Until 2026-12-05 they were always the first 2 and 3 blocks:
-    a DeepSeek-V3 shape was counted and traced as 61 dense layers (no expert GEMM at all)."""
+    ``base`` periods of the others (``ModelFacts.block_period``: 2 when dense and MoE layers
+    alternate); the line runs through them, one period apart. Until 2026-12-05 the copies were
+    always the first 2 and 3 blocks: a DeepSeek-V3 shape was counted and traced as 61 dense
+    layers (no expert GEMM at all)."""
     if not isinstance(workload, BlockScalableWorkload):
         return None
     facts = workload.facts()
-    prefix = facts.uniform_blocks_from
-    if facts.num_layers < prefix + min_layers:
+    prefix, period = facts.uniform_blocks_from, max(facts.block_period, 1)
+    if facts.num_layers < prefix + min_layers * period or (facts.num_layers - prefix) % period:
         return None
-    return facts.num_layers, prefix + base[0], prefix + base[1]
+    return facts.num_layers, prefix + base[0] * period, prefix + base[1] * period
 
 
 def counted_in_depth(

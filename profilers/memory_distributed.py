@@ -209,14 +209,16 @@ def _trace(
     scaling = None if whole else _depth_scaling(workload)
     if scaling is not None:
         assert isinstance(workload, BlockScalableWorkload)
-        layers, k1, _ = scaling
+        layers, k1, k2 = scaling
+        period = (k2 - k1) // (SCALE_FROM_BLOCKS[1] - SCALE_FROM_BLOCKS[0])
         try:
             return trace_scaled(
                 workload,
                 spec,
                 cuda_rounding=cuda_rounding,
                 num_layers=layers,
-                prefix=k1 - SCALE_FROM_BLOCKS[0],
+                prefix=k1 - SCALE_FROM_BLOCKS[0] * period,
+                period=period,
             )
         except Exception:  # a model whose forward needs all its blocks: trace it whole
             pass
@@ -238,6 +240,7 @@ def trace_scaled(
     cuda_rounding: bool,
     num_layers: int,
     prefix: int = 0,
+    period: int = 1,
 ) -> MemoryTrace:
     """A rank of the ``num_layers``-block model from copies with :data:`SCALE_FROM_BLOCKS`
     blocks, window by window (:mod:`profilers.memory_blocks` says why a line holds per window).
@@ -250,12 +253,14 @@ def trace_scaled(
     k1-2 and k2-2 of the copies, block 1 and block 0 from the same block of both. The largest
     window at L is the forward+backward peak.
 
-    ``prefix``: the first blocks are built unlike the rest (``ModelFacts.uniform_blocks_from``):
-    the copies keep them and 3 and 4 of the others, and every block up to the first two alike
-    is a window of its own (block 1's part above, for each)."""
+    ``prefix``, ``period``: the first blocks are built unlike the rest and the others repeat
+    with this period (``ModelFacts.uniform_blocks_from``, ``block_period``): the copies keep the
+    prefix and 3 and 4 periods, and the bytes are affine in the index within each phase of the
+    period, so every block up to the second period's end is a window of its own (block 1's part
+    above) and so is each of the last period's (block L-2's part)."""
     require_identical_blocks(spec)
     started = time.perf_counter()
-    k1, k2 = prefix + SCALE_FROM_BLOCKS[0], prefix + SCALE_FROM_BLOCKS[1]
+    k1, k2 = prefix + SCALE_FROM_BLOCKS[0] * period, prefix + SCALE_FROM_BLOCKS[1] * period
     low, high = (
         trace_raw(
             workload.with_blocks(k),
@@ -267,12 +272,12 @@ def trace_scaled(
     )
     pairs = {
         **{w: (w, w) for w in ("F", "A", "E")},
-        "last block": (f"bw{k1 - 2}", f"bw{k2 - 2}"),
-        **{f"block {i}": (f"bw{i}", f"bw{i}") for i in range(prefix + 2)},
+        **{f"last block - {j}": (f"bw{k1 - 2 - j}", f"bw{k2 - 2 - j}") for j in range(period)},
+        **{f"block {i}": (f"bw{i}", f"bw{i}") for i in range(prefix + 2 * period)},
     }
     windows = {k: ab for k, ab in pairs.items() if ab[0] in low.windows and ab[1] in high.windows}
     seen = {w for pair in windows.values() for w in pair}
-    interior = {f"bw{i}" for i in range(prefix + 2, k2)}
+    interior = {f"bw{i}" for i in range(prefix + 2 * period, k2)}
     left_out = (set(low.windows) | set(high.windows)) - seen - interior
     if left_out or not {"F", "A"} & set(windows) or "E" not in windows:
         raise ValueError(

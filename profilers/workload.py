@@ -163,12 +163,14 @@ class ModelFacts:
     # Off for records written before chunking existed; ``output_head_reason`` says why not.
     output_head: bool = False
     output_head_reason: str = ""
-    # The index of the first repeated block from which every block is built alike (class,
-    # parameter names and shapes): 0 when all are, P when the first P differ (DeepSeek-V3's 3
-    # dense layers before its MoE layers), the last index when no run of blocks is alike
-    # (layers interleaving dense and MoE). The shallow copies a deep model is counted and
-    # traced from keep the P first blocks (profilers.memory_blocks.depth_scaling).
+    # The index of the first repeated block from which the blocks repeat (class, parameter
+    # names and shapes) with ``block_period``: 0 and 1 when all are alike, P when the first P
+    # differ (DeepSeek-V3's 3 dense layers before its MoE layers), period 2 when dense and MoE
+    # layers alternate (Llama 4 Maverick), the last index when no pattern holds. The shallow
+    # copies a deep model is counted and traced from keep the P first blocks and whole periods
+    # (profilers.memory_blocks.depth_scaling). Both written only when not 0 and 1.
     uniform_blocks_from: int = 0
+    block_period: int = 1
 
     def checkpointing_modes(self) -> tuple[tuple[str, ...], tuple[str, ...]]:
         """(the activation-checkpointing modes this model can run, why the others cannot)."""
@@ -203,6 +205,8 @@ class ModelFacts:
         data = dataclasses.asdict(self)
         if not data["uniform_blocks_from"]:  # written only when some blocks differ
             del data["uniform_blocks_from"]
+        if data["block_period"] == 1:
+            del data["block_period"]
         return data
 
     @classmethod

@@ -137,26 +137,49 @@ class ModelAdapter:
             repeated_blocks=self.blocks_path is not None,
             output_head=not self.loss_chunking_unavailable(),
             output_head_reason=self.loss_chunking_unavailable(),
-            uniform_blocks_from=uniform_blocks_from(blocks),
+            uniform_blocks_from=(pattern := block_pattern(blocks))[0],
+            block_period=pattern[1],
         )
 
 
-def uniform_blocks_from(blocks: Iterable[nn.Module]) -> int:
-    """The index from which every block is built like the last one (class, parameter names and
-    shapes): 0 when all blocks are alike. DeepSeek-V3 and Kimi K2 put dense layers before their
-    MoE layers (``first_k_dense_replace``): a shallow copy of the first blocks is not the model."""
+def block_pattern(blocks: Iterable[nn.Module]) -> tuple[int, int]:
+    """(prefix, period): from block ``prefix`` on, every block is built like the one
+    ``period`` before it (:func:`_block_signature`), over at least three periods that fill the
+    rest exactly. (0, 1) when all blocks are alike; DeepSeek-V3 and Kimi K2 put dense layers
+    before their MoE layers (``first_k_dense_replace``: a prefix); Llama 4 Maverick alternates
+    dense and MoE layers and leaves RoPE out of every 4th (period 4); Gemma 2 alternates
+    sliding-window and global attention (period 2). With no such pattern, (last index, 1):
+    never extended in depth."""
 
-    def signature(block: nn.Module) -> tuple[Any, ...]:
-        return (
-            type(block).__name__,
-            tuple((name, tuple(p.shape)) for name, p in block.named_parameters()),
-        )
+    signatures = [_block_signature(b) for b in blocks]
+    count = len(signatures)
+    for period in range(1, max(count // 3, 1) + 1):
+        start = count - period  # the first block whose match runs to the end
+        while start > 0 and signatures[start - 1] == signatures[start - 1 + period]:
+            start -= 1
+        # a whole number of periods, at least three, from the prefix to the last block
+        start += (count - start) % period
+        if count - start >= 3 * period:
+            return start, period
+    return max(count - 1, 0), 1
 
-    signatures = [signature(b) for b in blocks]
-    start = len(signatures) - 1
-    while start > 0 and signatures[start - 1] == signatures[-1]:
-        start -= 1
-    return max(start, 0)
+
+def _block_signature(block: nn.Module) -> tuple[Any, ...]:
+    """How a block is built: its class, its parameters' names and shapes, and the flags and
+    names its modules keep (public ``bool``/``str`` attributes: Llama 4's ``use_rope``, Gemma's
+    ``attention_type``, ``is_sliding`` ...), which change what a block does without changing
+    its parameters. Integers are left out: a layer's own index differs in every block."""
+    flags = tuple(
+        (path, key, value)
+        for path, module in block.named_modules()
+        for key, value in sorted(vars(module).items())
+        if not key.startswith("_") and isinstance(value, bool | str)
+    )
+    return (
+        type(block).__name__,
+        tuple((name, tuple(p.shape)) for name, p in block.named_parameters()),
+        flags,
+    )
 
 
 def _identity(x: torch.Tensor) -> torch.Tensor:

@@ -1,6 +1,7 @@
 """Shallow copies of a model whose first blocks differ from the rest (DeepSeek-V3's dense layers
-before its MoE layers) keep those blocks: a count from the first 2 and 3 blocks was a dense
-model's."""
+before its MoE layers) keep those blocks, and a model whose blocks repeat with a period (Llama 4
+Maverick: dense and MoE layers in turn, RoPE left out of every 4th) is copied whole periods at a
+time: a count from the first 2 and 3 blocks was a dense model's, or a mix no model has."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from typing import Any
 import pytest
 from torch import nn
 
-from advisor.models.adapter import uniform_blocks_from
+from advisor.models.adapter import block_pattern
 from advisor.workload import AdvisorWorkload
 from profilers.flops import _count, count_step_flops
 from profilers.isolate import Isolation, run_isolated
@@ -47,22 +48,59 @@ def deepseek(layers: int, dense_first: int = 3) -> AdvisorWorkload:
     return AdvisorWorkload("hf:deepseek_v3", args)
 
 
-def test_the_blocks_alike_from_the_first_after_a_prefix() -> None:
+class Flagged(nn.Linear):
+    """A block whose behaviour differs by a flag, not by its parameters (Llama 4's use_rope)."""
+
+    def __init__(self, flag: bool) -> None:
+        super().__init__(4, 4)
+        self.use_rope = flag
+
+
+def llama4(layers: int) -> AdvisorWorkload:
+    """Llama 4 Maverick's pattern: MoE every 2nd layer, no RoPE in every 4th."""
+    pytest.importorskip("transformers")
+    args: dict[str, Any] = {
+        "hidden_size": 64,
+        "intermediate_size": 64,
+        "intermediate_size_mlp": 128,
+        "num_hidden_layers": layers,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "head_dim": 16,
+        "num_local_experts": 4,
+        "num_experts_per_tok": 1,
+        "interleave_moe_layer_step": 2,
+        "vocab_size": 256,
+        "max_position_embeddings": 64,
+    }
+    return AdvisorWorkload("hf:llama4_text", args)
+
+
+def test_the_pattern_of_the_blocks_prefix_and_period() -> None:
     alike = [nn.Linear(4, 4) for _ in range(5)]
-    assert uniform_blocks_from(alike) == 0
-    assert uniform_blocks_from([nn.Linear(4, 8), nn.Linear(4, 8), *alike]) == 2
+    assert block_pattern(alike) == (0, 1)
+    assert block_pattern([nn.Linear(4, 8), nn.Linear(4, 8), *alike]) == (2, 1)
     interleaved = [nn.Linear(4, 4) if i % 2 else nn.Linear(4, 8) for i in range(6)]
-    assert uniform_blocks_from(interleaved) == 5  # no run of alike blocks: never scaled
-    assert uniform_blocks_from([]) == 0
+    assert block_pattern(interleaved) == (0, 2)
+    assert block_pattern([*interleaved, nn.Linear(4, 8)]) == (1, 2)  # whole periods after it
+    # the same parameters, a flag off in every 4th block: period 4
+    assert block_pattern([Flagged(i % 4 != 3) for i in range(12)]) == (0, 4)
+    different = [nn.Linear(4, n) for n in range(1, 7)]
+    assert block_pattern(different) == (5, 1)  # no pattern: never extended
+    assert block_pattern([]) == (0, 1)
 
 
 def test_the_fact_is_written_only_when_some_blocks_differ() -> None:
     facts = AdvisorWorkload("gpt-tiny").facts()
-    assert facts.uniform_blocks_from == 0
+    assert (facts.uniform_blocks_from, facts.block_period) == (0, 1)
     assert "uniform_blocks_from" not in facts.to_dict()  # profiles of other models unchanged
+    assert "block_period" not in facts.to_dict()
     prefixed = deepseek(10).facts()
-    assert prefixed.uniform_blocks_from == 3
+    assert (prefixed.uniform_blocks_from, prefixed.block_period) == (3, 1)
     assert ModelFacts.from_dict(prefixed.to_dict()) == prefixed
+    maverick = llama4(12).facts()  # three periods at least
+    assert (maverick.uniform_blocks_from, maverick.block_period) == (0, 4)
+    assert ModelFacts.from_dict(maverick.to_dict()) == maverick
 
 
 def test_the_copies_hold_the_prefix_and_enough_blocks_past_it() -> None:
@@ -149,3 +187,21 @@ def test_a_deepseek_shaped_fsdp_rank_is_traced_from_copies_as_whole() -> None:
             return max(rest + sharded * 2 // 64 for rest, sharded in t.reshard_windows)
 
         assert at_64(profiled) == at_64(whole)
+
+
+def test_a_llama4_pattern_is_counted_and_traced_whole_periods_at_a_time() -> None:
+    """Copies of 2 and 3 blocks (before 2026-12-05) read its peak 13.7% low without
+    checkpointing and 6.1% high with it; copies of 2 and 3 periods by parameters alone (dense,
+    MoE) 0.4-0.8% high (every 4th layer has no RoPE); of 2 and 3 whole periods, exactly."""
+    workload = llama4(24)
+    assert depth_scaling(workload) == (24, 8, 12)
+    count = count_step_flops(workload, SPEC)
+    whole_count = _count(workload, SPEC, "none", fake=True)
+    tokens = SPEC.micro_batch_size * SPEC.seq_len
+    assert count.scaled_from_blocks == (8, 12)
+    assert count.flops_by_op["none"] == {op: n / tokens for op, n in sorted(whole_count.items())}
+    spec = StepSpec(seq_len=32, micro_batch_size=2, precision="bf16")
+    whole = trace(workload, spec, cuda_rounding=True)
+    scaled = trace_scaled(workload, spec, cuda_rounding=True, num_layers=24, depths=(8, 12))
+    assert scaled.forward_backward_peak_bytes == whole.forward_backward_peak_bytes
+    assert scaled.forward_backward_breakdown == whole.forward_backward_breakdown
