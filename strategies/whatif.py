@@ -160,7 +160,7 @@ COUNTED_GEMM_OPS: tuple[str, ...] = (
     "aten.addmm",
     "aten.bmm",
     "aten.matmul",
-    "aten._grouped_mm",
+    GROUPED_GEMM_OP,
 )
 
 
