@@ -75,9 +75,8 @@ SHAPES = (
     Shape(
         "qwen3-30b-a3b",
         "hf:qwen3_moe",
-        {"num_hidden_layers": 48},
-        "Qwen/Qwen3-30B-A3B config.json (128 experts, top-8; head_dim left at 64: the config "
-        "class here takes none, the model's is 128)",
+        {"num_hidden_layers": 48, "head_dim": 128},
+        "Qwen/Qwen3-30B-A3B config.json (128 experts, top-8, head_dim 128)",
     ),
     Shape(
         "gpt-oss-20b",

@@ -9,8 +9,11 @@ directory's weights, when it has any (advisor.trainer.checkpoint.initial_weights
 
 from __future__ import annotations
 
+import importlib
+import inspect
 import json
 import os
+import re
 from pathlib import Path
 from typing import Any
 
@@ -55,6 +58,9 @@ def load_hf_config(name_or_path: str, args: dict[str, Any] | None = None) -> Any
         ) from None
     unknown = sorted(k for k in args if not hasattr(base, k))
     if unknown:
+        read = _fields_read_by_model(type(base))
+        unknown = [k for k in unknown if k not in read]
+    if unknown:
         raise UsageProblem(
             f"--model-arg {', '.join(unknown)} is not a field of {type(base).__name__}: "
             "check the config's attribute names"
@@ -68,6 +74,29 @@ def load_hf_config(name_or_path: str, args: dict[str, Any] | None = None) -> Any
             f"hf:{name_or_path}: {type(base).__name__} refuses these --model-arg values "
             f"({one_line(exc)}): check them against the config class"
         ) from None
+
+
+_CONFIG_READ = re.compile(r"getattr\(\s*(?:self\.)?config\s*,\s*[\"'](\w+)[\"']|\bconfig\.(\w+)\b")
+
+
+def _fields_read_by_model(config_class: type) -> set[str]:
+    """Config attributes the family's modeling code reads, with or without a default.
+
+    Some config classes keep an attribute only when given: Qwen3-MoE's modeling code takes
+    ``getattr(config, "head_dim", hidden // heads)`` while ``Qwen3MoeConfig()`` has no
+    ``head_dim`` (the real Qwen3-30B-A3B's config.json sets 128). Such a field is a real
+    knob, not a typo, so ``--model-arg`` takes it; a name nothing reads is still refused.
+    Empty when the modeling module cannot be found or read."""
+    module = config_class.__module__
+    if ".configuration_" not in module:
+        return set()
+    try:
+        source = inspect.getsource(
+            importlib.import_module(module.replace(".configuration_", ".modeling_"))
+        )
+    except Exception:  # no modeling module, no source (a frozen install): the strict check stands
+        return set()
+    return {a or b for a, b in _CONFIG_READ.findall(source)}
 
 
 def _config_source(tf: Any, name_or_path: str) -> tuple[str, dict[str, Any]]:

@@ -275,6 +275,22 @@ def test_hf_overrides_the_config_refuses_are_one_line_usage_problems(
     assert words in line
 
 
+@pytest.mark.usefixtures("transformers_installed")
+def test_hf_override_of_a_field_only_the_modeling_code_reads_is_taken() -> None:
+    """Qwen3MoeConfig() keeps no head_dim, yet its attention reads getattr(config, "head_dim",
+    hidden // heads) and Qwen3-30B-A3B's config.json sets 128: --model-arg head_dim was refused
+    as "not a field". A name the modeling code never reads is still refused."""
+    args = {**TINY_DECODER, "moe_intermediate_size": 16, "num_experts": 4, "head_dim": 24}
+    attention = build_model("hf:qwen3_moe", args, meta=True).module.model.layers[0].self_attn
+    assert attention.head_dim == 24
+    assert attention.q_proj.out_features == 2 * 24
+    with pytest.raises(UsageProblem) as excinfo:
+        build_model("hf:qwen3_moe", {**args, "head_dimz": 24}, meta=True)
+    assert one_line_problem(excinfo) == (
+        "--model-arg head_dimz is not a field of Qwen3MoeConfig: check the config's attribute names"
+    )
+
+
 # A one-layer decoder most hf model types accept as --model-arg overrides.
 TINY_DECODER = {
     "hidden_size": 32,
