@@ -37,6 +37,9 @@ if TYPE_CHECKING:
 # torch is imported where it is used: profilers.flops imports this module, and importing the
 # advisor package must not load torch.
 FAKE_TENSOR_LOGGER = "torch._subclasses.fake_tensor"
+# Mixture-of-experts layers' experts, as FlopCounterMode names the op (the formula is
+# registered by register_grouped_mm_formula).
+GROUPED_GEMM_OP = "aten._grouped_mm"
 
 
 # Whether _fake_grouped_mm answered while the context was entered (a set: no global rebinding).
@@ -124,7 +127,7 @@ def register_grouped_mm_formula() -> list[str]:
     if op is None or op in flop_counter.flop_registry:
         return []
     flop_counter.register_flop_formula(op)(grouped_mm_flops)
-    return ["aten._grouped_mm"]
+    return [GROUPED_GEMM_OP]
 
 
 @contextlib.contextmanager

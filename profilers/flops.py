@@ -26,7 +26,6 @@ token, calls: :mod:`profilers.expert_gemms`), which a what-if prices expert by e
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import math
 from collections.abc import Mapping, Sequence
@@ -37,7 +36,11 @@ from profilers.checkpointing import OPS, block_fraction
 from profilers.eager_attention import FIELDS as SCORE_TRAFFIC_FIELDS
 from profilers.eager_attention import count_score_traffic
 from profilers.expert_gemms import count_expert_gemms
-from profilers.fake_kernels import fake_tracing_extras, register_grouped_mm_formula
+from profilers.fake_kernels import (
+    GROUPED_GEMM_OP,
+    register_grouped_mm_formula,
+    run_fake_step,
+)
 from profilers.memory_blocks import depth_scaling
 from profilers.workload import (
     CHECKPOINTING,
@@ -69,8 +72,6 @@ def attention_as_matmuls(ops: Mapping[str, float]) -> bool:
 # The precisions eager attention's score traffic is counted in (profilers.eager_attention): fp16
 # autocast runs the same ops as bf16, at the same element sizes.
 SCORE_TRAFFIC_PRECISIONS: tuple[str, ...] = ("fp32", "bf16")
-# Mixture-of-experts layers' experts (profilers.fake_kernels counts its FLOPs).
-GROUPED_GEMM_OP = "aten._grouped_mm"
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -260,10 +261,21 @@ def count_step_flops(
     scaled: tuple[int, int] | None = None
     scaling = depth_scaling(workload) if prefer_fake else None
     if scaling is not None:
-        layers, k1, k2 = scaling
+        # Past any blocks built unlike the rest the blocks are identical, so each op's count is
+        # affine in the number of blocks (a fake count of a 70B model's 80 blocks took 37-57 s
+        # of a 120 s profile; two shallow copies take seconds). All modes, or none, scaled.
+        assert isinstance(workload, BlockScalableWorkload)
         try:
-            counts = {mode: _count_scaled(workload, base, mode, layers, (k1, k2)) for mode in modes}
-            scaled = (k1, k2)
+            counts = {
+                mode: scaling.extend(
+                    *(
+                        _count(workload.with_blocks(k), base, mode, fake=True)
+                        for k in scaling.depths
+                    )
+                )
+                for mode in modes
+            }
+            scaled = scaling.depths
         except Exception:  # a model whose forward needs all its blocks: count it whole
             counts = None
     if prefer_fake and counts is None:
@@ -323,48 +335,21 @@ def _score_traffic(workload: Workload, base: StepSpec) -> dict[str, dict[str, fl
     return out
 
 
-def _count_scaled(
-    workload: Workload,
-    base: StepSpec,
-    checkpointing: str,
-    layers: int,
-    depths: tuple[int, int],
-) -> dict[str, int]:
-    """A deep model's count from copies with ``depths`` blocks (:func:`profilers.memory_blocks.
-    depth_scaling`): past any blocks built unlike the rest the blocks are identical, so each
-    op's count is affine in the number of blocks (a fake count of a 70B model's 80 blocks took
-    37-57 s of a 120 s profile; two shallow copies take seconds)."""
-    assert isinstance(workload, BlockScalableWorkload)
-    k1, k2 = depths
-    low = _count(workload.with_blocks(k1), base, checkpointing, fake=True)
-    high = _count(workload.with_blocks(k2), base, checkpointing, fake=True)
-    return {
-        op: low.get(op, 0) + (layers - k1) * (high.get(op, 0) - low.get(op, 0)) // (k2 - k1)
-        for op in sorted(set(low) | set(high))
-    }
-
-
 def _count(workload: Workload, base: StepSpec, checkpointing: str, *, fake: bool) -> dict[str, int]:
     import torch
-    from torch._subclasses.fake_tensor import FakeTensorMode
     from torch.utils.flop_counter import FlopCounterMode
 
     register_cpu_sdpa_formulas()
     register_grouped_mm_formula()
     spec = dataclasses.replace(base, activation_checkpointing=checkpointing)
-    mode = FakeTensorMode(allow_non_fake_inputs=True) if fake else None
-    with fake_tracing_extras() if fake else contextlib.nullcontext():
-        if mode is not None:
-            with mode:
-                step = workload.build_step(spec, "cpu", from_meta=True)
-        else:
-            step = workload.build_step(spec, "cpu")
-        with mode or contextlib.nullcontext():
-            batches = step.synthetic_batches(torch.Generator().manual_seed(0))
-            # FlopCounterMode inside the fake mode: it sees each op first, then the fake mode
-            # runs it.
-            with FlopCounterMode(display=False) as counter:
-                step.forward_backward(batches)
+    counter = FlopCounterMode(display=False)
+    if fake:  # the counter inside the fake mode: it sees each op first, then the fake mode runs it
+        run_fake_step(workload, spec, counter)
+    else:
+        step = workload.build_step(spec, "cpu")
+        batches = step.synthetic_batches(torch.Generator().manual_seed(0))
+        with counter:
+            step.forward_backward(batches)
     return {str(op): int(n) for op, n in counter.get_flop_counts()["Global"].items()}
 
 

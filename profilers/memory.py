@@ -106,14 +106,13 @@ def trace_step_memory(
     scaling = depth_scaling(workload)
     if scaling is not None:
         assert isinstance(workload, BlockScalableWorkload)
-        layers, k1, k2 = scaling
         try:
             return trace_scaled(
                 workload,
                 spec,
                 cuda_rounding=cuda_rounding,
-                num_layers=layers,
-                depths=(k1, k2),
+                num_layers=scaling.layers,
+                depths=scaling.depths,
             )
         except Exception:  # a model whose forward needs all its blocks: trace it whole
             pass

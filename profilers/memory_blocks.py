@@ -64,21 +64,38 @@ if TYPE_CHECKING:
     from profilers.memory_tracing import RawTrace
 
 
-def scalable_layers(workload: Workload, min_layers: int = MIN_LAYERS_TO_SCALE) -> int | None:
-    """The number of repeated blocks when ``workload`` can be traced scaled (a
-    :class:`BlockScalableWorkload` at least ``min_layers`` deep past any blocks built unlike
-    the rest: :func:`depth_scaling`), else None."""
-    scaling = depth_scaling(workload, SCALE_FROM_BLOCKS, min_layers)
-    return scaling[0] if scaling is not None else None
+@dataclasses.dataclass(frozen=True)
+class DepthScaling:
+    """How a deep model is counted or traced from two shallow copies of itself.
+
+    ``layers``: the model's blocks; ``prefix``: the first blocks, built unlike the rest
+    (``ModelFacts.uniform_blocks_from``); ``period``: how often the others repeat
+    (``ModelFacts.block_period``); ``depths``: the copies' blocks, the prefix and a whole number
+    of periods each, one period apart."""
+
+    layers: int
+    prefix: int
+    period: int
+    depths: tuple[int, int]
+
+    def extend(self, low: Mapping[_K, int], high: Mapping[_K, int]) -> dict[_K, int]:
+        """Integers per key counted on the two copies, extended along their line to
+        ``layers`` blocks (a key one copy lacks counts 0 there)."""
+        k1, k2 = self.depths
+        return {
+            key: low.get(key, 0)
+            + (self.layers - k1) * (high.get(key, 0) - low.get(key, 0)) // (k2 - k1)
+            for key in sorted(set(low) | set(high), key=repr)
+        }
 
 
 def depth_scaling(
     workload: Workload,
     base: tuple[int, int] = SCALE_FROM_BLOCKS,
     min_layers: int = MIN_LAYERS_TO_SCALE,
-) -> tuple[int, int, int] | None:
-    """(the model's blocks, and the two shallow copies' depths) when ``workload`` can be
-    extended in depth, else None. The copies keep the blocks built unlike the rest
+) -> DepthScaling | None:
+    """How ``workload`` is extended in depth, else None (not a :class:`BlockScalableWorkload`,
+    or too shallow). The copies keep the blocks built unlike the rest
     (``ModelFacts.uniform_blocks_from``: DeepSeek-V3's dense layers before its MoE ones) and
     ``base`` periods of the others (``ModelFacts.block_period``: 2 when dense and MoE layers
     alternate); the line runs through them, one period apart. Until 2026-12-05 the copies were
@@ -90,7 +107,8 @@ def depth_scaling(
     prefix, period = facts.uniform_blocks_from, max(facts.block_period, 1)
     if facts.num_layers < prefix + min_layers * period or (facts.num_layers - prefix) % period:
         return None
-    return facts.num_layers, prefix + base[0] * period, prefix + base[1] * period
+    depths = (prefix + base[0] * period, prefix + base[1] * period)
+    return DepthScaling(layers=facts.num_layers, prefix=prefix, period=period, depths=depths)
 
 
 def counted_in_depth(
@@ -104,18 +122,12 @@ def counted_in_depth(
     scaling = depth_scaling(workload)
     if scaling is not None:
         assert isinstance(workload, BlockScalableWorkload)
-        layers, k1, k2 = scaling
         try:
-            low = count(workload.with_blocks(k1))
-            high = count(workload.with_blocks(k2))
+            low, high = (count(workload.with_blocks(k)) for k in scaling.depths)
         except Exception:  # count it whole
             pass
         else:
-            return {
-                key: low.get(key, 0)
-                + (layers - k1) * (high.get(key, 0) - low.get(key, 0)) // (k2 - k1)
-                for key in sorted(set(low) | set(high), key=repr)
-            }
+            return scaling.extend(low, high)
     return dict(count(workload))
 
 

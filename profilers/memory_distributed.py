@@ -206,19 +206,17 @@ def _trace(
     """The rank's trace: from two shallow copies for a deep model whose blocks are identical
     (:func:`trace_scaled`), whole otherwise or if that fails."""
     started = time.perf_counter()
-    scaling = None if whole else _depth_scaling(workload)
+    scaling = None if whole else rank_depth_scaling(workload)
     if scaling is not None:
         assert isinstance(workload, BlockScalableWorkload)
-        layers, k1, k2 = scaling
-        period = (k2 - k1) // (SCALE_FROM_BLOCKS[1] - SCALE_FROM_BLOCKS[0])
         try:
             return trace_scaled(
                 workload,
                 spec,
                 cuda_rounding=cuda_rounding,
-                num_layers=layers,
-                prefix=k1 - SCALE_FROM_BLOCKS[0] * period,
-                period=period,
+                num_layers=scaling.layers,
+                prefix=scaling.prefix,
+                period=scaling.period,
             )
         except Exception:  # a model whose forward needs all its blocks: trace it whole
             pass
@@ -289,15 +287,11 @@ def trace_scaled(
     return dataclasses.replace(trace, scaled_from_blocks=(k1, k2))
 
 
-def scalable_layers(workload: Workload) -> int | None:
-    """The number of repeated blocks when a rank of ``workload`` is traced from shallow copies:
-    a :class:`BlockScalableWorkload` deeper than the two copies together (past any blocks built
-    unlike the rest: :func:`profilers.memory_blocks.depth_scaling`)."""
-    scaling = _depth_scaling(workload)
-    return scaling[0] if scaling is not None else None
-
-
-def _depth_scaling(workload: Workload) -> tuple[int, int, int] | None:
+def rank_depth_scaling(workload: Workload) -> memory_blocks.DepthScaling | None:
+    """How a rank of ``workload`` is traced from shallow copies (:data:`SCALE_FROM_BLOCKS`
+    periods each), when it is a :class:`BlockScalableWorkload` deeper than the two copies
+    together past any blocks built unlike the rest (:func:`profilers.memory_blocks.
+    depth_scaling`); else None: traced whole."""
     return memory_blocks.depth_scaling(
         workload, SCALE_FROM_BLOCKS, min_layers=sum(SCALE_FROM_BLOCKS) + 1
     )

@@ -28,6 +28,7 @@ from profilers.budget import covering_budget_s
 from profilers.checkpointing import OPS, is_per_op, is_selective, parse_checkpointing
 from profilers.device import DeviceInfo
 from profilers.flops import FlopCount
+from profilers.memory_blocks import DepthScaling
 from profilers.memory_model import MemoryModel, fit_memory
 from profilers.memory_records import MemoryTrace
 from profilers.probe_run import CHILD_START_S, MIN_CHILD_SHARE_S, ProbeRun
@@ -41,19 +42,18 @@ from profilers.workload import StepSpec
 CHECKPOINTED_TRACE_FACTOR = 1.6
 
 
-def whole_trace_factor(num_layers: int | None) -> float:
+def whole_trace_factor(scaling: DepthScaling | None) -> float:
     """How much longer a whole-model trace of a model traced from shallow copies takes than a
     scaled trace (``blocks:K`` cannot be scaled: profilers.memory_blocks): ``(L / (k1 + k2))²``
-    with k1, k2 the copies' depths, 1 when the model is not scaled. A fake-tensor trace's
+    with k1, k2 the copies' depths (a prefix and periods included: DeepSeek-V3's 5 and 6 blocks,
+    Llama 4 Maverick's 8 and 12), 1 when the model is not scaled. A fake-tensor trace's
     time grows faster than its op count (the memory tracker revisits every live tensor at each
     op): measured on llama-tiny here, a whole blocks:L/2 trace took 2.0x, 5.9x and 21.2x a
     scaled one at 8, 16 and 32 blocks, under the square in each (2.6x, 10.2x, 41x); an 80-block
     70B model's ran past 2.5 minutes unbounded, against 3.5 s for a scaled trace."""
-    from profilers.memory_blocks import SCALE_FROM_BLOCKS
-
-    if num_layers is None:
+    if scaling is None:
         return 1.0
-    return max(1.0, (num_layers / sum(SCALE_FROM_BLOCKS)) ** 2)
+    return max(1.0, (scaling.layers / sum(scaling.depths)) ** 2)
 
 
 # Trace every group before timing any when their traces take at most this part of the core's
@@ -176,7 +176,7 @@ def core_phase(
     model: one trace can take longer than a timing) each group is traced just before it is
     timed, so no trace is spent on a group that will not also be timed.
     """
-    from profilers.memory_blocks import scalable_layers
+    from profilers.memory_blocks import depth_scaling
     from profilers.phases_time import _slowdown, _time_group, timed_sizes
 
     share = run.clock.share("memory") + run.clock.share("throughput")
@@ -184,7 +184,7 @@ def core_phase(
     lead = lead_precision(device, precisions, run.on_gpu)
     groups = ordered_groups(precisions, run.options.checkpointing, lead)
     sizes = tuple(run.options.trace_micro_batch_sizes[-2:])
-    costs = _Costs(whole_factor=whole_trace_factor(scalable_layers(run.workload)))
+    costs = _Costs(whole_factor=whole_trace_factor(depth_scaling(run.workload)))
     out = CoreResult(costs=costs, lead=lead)
     traced: dict[tuple[str, str], list[MemoryTrace]] = {}
 

@@ -14,7 +14,7 @@ from advisor.models.adapter import block_pattern
 from advisor.workload import AdvisorWorkload
 from profilers.flops import _count, count_step_flops
 from profilers.isolate import Isolation, run_isolated
-from profilers.memory_blocks import depth_scaling, scalable_layers, trace_scaled
+from profilers.memory_blocks import DepthScaling, depth_scaling, trace_scaled
 from profilers.memory_records import BYTE_COUNT_FIELDS, MemoryTrace
 from profilers.memory_tracing import trace
 from profilers.workload import ModelFacts, StepSpec
@@ -105,10 +105,11 @@ def test_the_fact_is_written_only_when_some_blocks_differ() -> None:
 
 def test_the_copies_hold_the_prefix_and_enough_blocks_past_it() -> None:
     workload = deepseek(10)
-    assert depth_scaling(workload) == (10, 5, 6)  # 3 dense blocks + 2 and + 3 MoE blocks
-    assert scalable_layers(workload) == 10
+    assert depth_scaling(workload) == DepthScaling(layers=10, prefix=3, period=1, depths=(5, 6))
     assert depth_scaling(deepseek(8)) is None  # fewer than 6 blocks past the prefix
-    assert depth_scaling(AdvisorWorkload("gpt-tiny", {"n_layer": 8})) == (8, 2, 3)
+    assert depth_scaling(AdvisorWorkload("gpt-tiny", {"n_layer": 8})) == DepthScaling(
+        layers=8, prefix=0, period=1, depths=(2, 3)
+    )
 
 
 def test_a_deepseek_shape_is_counted_as_the_whole_model_counts() -> None:
@@ -194,7 +195,7 @@ def test_a_llama4_pattern_is_counted_and_traced_whole_periods_at_a_time() -> Non
     checkpointing and 6.1% high with it; copies of 2 and 3 periods by parameters alone (dense,
     MoE) 0.4-0.8% high (every 4th layer has no RoPE); of 2 and 3 whole periods, exactly."""
     workload = llama4(24)
-    assert depth_scaling(workload) == (24, 8, 12)
+    assert depth_scaling(workload) == DepthScaling(layers=24, prefix=0, period=4, depths=(8, 12))
     count = count_step_flops(workload, SPEC)
     whole_count = _count(workload, SPEC, "none", fake=True)
     tokens = SPEC.micro_batch_size * SPEC.seq_len

@@ -14,7 +14,7 @@ import pytest
 
 from advisor.workload import AdvisorWorkload
 from profilers.isolate import Isolation, run_isolated
-from profilers.memory_distributed import SCALE_FROM_BLOCKS, scalable_layers
+from profilers.memory_distributed import SCALE_FROM_BLOCKS, rank_depth_scaling
 from profilers.memory_records import BYTE_COUNT_FIELDS, MemoryTrace
 from profilers.workload import StepSpec
 
@@ -104,5 +104,7 @@ def test_blocks_k_checkpointing_is_traced_whole(
 def test_only_models_deeper_than_both_copies_are_scaled() -> None:
     deep = AdvisorWorkload(model="gpt-tiny", model_args={"n_layer": sum(SCALE_FROM_BLOCKS) + 1})
     shallow = AdvisorWorkload(model="gpt-tiny", model_args={"n_layer": sum(SCALE_FROM_BLOCKS)})
-    assert scalable_layers(deep) == sum(SCALE_FROM_BLOCKS) + 1
-    assert scalable_layers(shallow) is None
+    scaling = rank_depth_scaling(deep)
+    assert scaling is not None
+    assert (scaling.layers, scaling.depths) == (sum(SCALE_FROM_BLOCKS) + 1, SCALE_FROM_BLOCKS)
+    assert rank_depth_scaling(shallow) is None

@@ -20,6 +20,7 @@ import profilers.phases_time as time_module
 from profilers.budget import SHARES
 from profilers.device import DeviceInfo
 from profilers.flops import FlopCount
+from profilers.memory_blocks import DepthScaling
 from profilers.memory_records import MemoryBreakdown, MemoryTrace
 from profilers.phases_core import (
     CoreResult,
@@ -448,10 +449,15 @@ def test_a_whole_model_trace_of_a_deep_model_is_not_started_without_room_for_it(
     checked its deadline had not passed and a 70B model's blocks:40 trace ran for minutes."""
     import profilers.memory_blocks as memory_blocks
 
-    monkeypatch.setattr(memory_blocks, "scalable_layers", lambda workload: 80)
-    assert core_module.whole_trace_factor(80) == pytest.approx(256.0)
+    deep = DepthScaling(layers=80, prefix=0, period=1, depths=(2, 3))
+    monkeypatch.setattr(memory_blocks, "depth_scaling", lambda workload: deep)
+    assert core_module.whole_trace_factor(deep) == pytest.approx(256.0)
     assert core_module.whole_trace_factor(None) == 1.0
-    assert core_module.whole_trace_factor(4) == 1.0  # never below a scaled trace
+    shallow = DepthScaling(layers=4, prefix=0, period=1, depths=(2, 3))
+    assert core_module.whole_trace_factor(shallow) == 1.0  # never below a scaled trace
+    # Copies of a prefix and periods are deeper: Llama 4 Maverick's 48 blocks from 8 and 12.
+    maverick = DepthScaling(layers=48, prefix=0, period=4, depths=(8, 12))
+    assert core_module.whole_trace_factor(maverick) == pytest.approx((48 / 20) ** 2)
     script = Script(trace_s={"none": 3.0, "full": 4.0, "blocks:40": 600.0})
     monkeypatch.setattr(core_module, "_trace", fake_trace(clock, script))
     monkeypatch.setattr(time_module, "_time_group", fake_time_group(clock, script))
