@@ -56,10 +56,11 @@ class Flagged(nn.Linear):
         self.use_rope = flag
 
 
-def llama4(layers: int) -> AdvisorWorkload:
+def llama4(layers: int, **extra: Any) -> AdvisorWorkload:
     """Llama 4 Maverick's pattern: MoE every 2nd layer, no RoPE in every 4th."""
     pytest.importorskip("transformers")
     args: dict[str, Any] = {
+        **extra,
         "hidden_size": 64,
         "intermediate_size": 64,
         "intermediate_size_mlp": 128,
@@ -206,3 +207,20 @@ def test_a_llama4_pattern_is_counted_and_traced_whole_periods_at_a_time() -> Non
     scaled = trace_scaled(workload, spec, cuda_rounding=True, num_layers=24, depths=(8, 12))
     assert scaled.forward_backward_peak_bytes == whole.forward_backward_peak_bytes
     assert scaled.forward_backward_breakdown == whole.forward_backward_breakdown
+
+
+def test_a_periodic_fsdp_rank_is_traced_from_whole_periods_as_whole() -> None:
+    """A rank's windows up to the second period's end and each of the last period's are their
+    own (memory_distributed.trace_scaled); checked before by a script only. Llama 4 with RoPE
+    left out of every 2nd layer, the MoE ones: period 2, copies of 3 and 4 periods."""
+    workload = llama4(16, no_rope_layer_interval=2)
+    assert depth_scaling(workload, (3, 4), min_layers=8) == DepthScaling(
+        layers=16, prefix=0, period=2, depths=(6, 8)
+    )
+    outcome = run_isolated(Isolation(timeout_s=600, num_threads=1), _ranks_both_ways, workload)
+    assert outcome.ok, f"{outcome.reason}\n{outcome.traceback}"
+    for profiled_dict, whole_dict in outcome.value:
+        profiled, whole = MemoryTrace.from_dict(profiled_dict), MemoryTrace.from_dict(whole_dict)
+        assert profiled.scaled_from_blocks == (6, 8) and whole.scaled_from_blocks is None
+        for field in BYTE_COUNT_FIELDS:
+            assert getattr(profiled, field) == getattr(whole, field), field
