@@ -147,7 +147,41 @@ class PeakWindows:
         self._peak_mem = {dev: snap[_TOTAL_KEY] for dev, snap in current.items()}
 
 
-class _StepMemTracker(GradSumsInPlace, PeakWindows, MemTracker):
+class FrozenParamsUnhooked:
+    """Mixed into a MemTracker: gradient hooks only on parameters that train.
+
+    MemTracker hooks every parameter of a module it meets (``param.register_hook``), and torch
+    refuses a hook on a tensor that does not require a gradient: a model with one frozen
+    parameter (ERNIE-4.5-MoE's expert-score correction bias, a fixed positional table, a
+    frozen embedding) failed every memory trace ("cannot register a hook on a tensor that
+    doesn't require gradient"). A frozen parameter never has a gradient to count."""
+
+    _param_to_grad_hook_handles: Any
+
+    def _track_module_params_and_buffers(
+        self, module: torch.nn.Module, install_grad_hooks: bool = True
+    ) -> tuple[int, int]:
+        sizes: tuple[int, int] = super()._track_module_params_and_buffers(  # type: ignore[misc]
+            module, install_grad_hooks=False
+        )
+        if install_grad_hooks:
+            for param in module.parameters():
+                if param.requires_grad and self._param_to_grad_hook_handles.get(param) is None:
+                    self._param_to_grad_hook_handles[param] = (
+                        param.register_hook(self._count_grad),
+                        param.register_post_accumulate_grad_hook(
+                            lambda p: self._count_grad(p.grad)
+                        ),
+                    )
+        return sizes
+
+    def _count_grad(self, grad: torch.Tensor) -> None:
+        self._update_and_maybe_create_winfos(  # type: ignore[attr-defined]
+            grad, mem_tracker_module._MemRefType.GRAD
+        )
+
+
+class _StepMemTracker(GradSumsInPlace, PeakWindows, FrozenParamsUnhooked, MemTracker):
     """MemTracker that accepts gradient accumulation and sums gradients as the engine does.
 
     MemTracker refuses a second forward of the root module in one tracked region ("multiple
