@@ -214,8 +214,9 @@ def find_repeated_blocks(module: nn.Module) -> str | None:
     That is the stack of Transformer layers in every model we know (``blocks``,
     ``transformer.h``, ``bert.encoder.layer``, ``model.layers`` ...). A module can name its own
     with an ``advisor_blocks`` attribute holding the dotted path (an empty string: none).
-    None when there is no such list (a single layer, an ``nn.Sequential``, nested containers):
-    the model still trains, without the knobs that need repeated blocks.
+    None when there is no such list (a single layer, an ``nn.Sequential``, nested containers,
+    a stack that mixes classes of layers): the model still trains, without the knobs that need
+    repeated blocks.
     """
     named = getattr(module, "advisor_blocks", None)
     if isinstance(named, str):
@@ -229,16 +230,22 @@ def find_repeated_blocks(module: nn.Module) -> str | None:
                 'to "" (no repeated blocks)'
             )
         return named
-    best: tuple[int, str] | None = None
+    alike: list[tuple[int, str]] = []
+    mixed: list[tuple[int, str]] = []
     for path, sub in module.named_modules():
         if not isinstance(sub, nn.ModuleList) or len(sub) == 0:
             continue
-        if len({type(child) for child in sub}) != 1:
-            continue
         size = sum(p.numel() for p in sub.parameters())
-        if best is None or size > best[0]:
-            best = (size, path)
-    return best[1] if best is not None else None
+        (alike if len({type(child) for child in sub}) == 1 else mixed).append((size, path))
+    # A list inside one layer of a larger stack that mixes kinds of layers (Zamba2's Mamba and
+    # hybrid layers, Jamba's attention and Mamba ones) is a part of a layer, not the model's
+    # blocks: Zamba2 was checkpointed and FSDP-wrapped at an adapter list inside one layer.
+    alike = [
+        (size, path)
+        for size, path in alike
+        if not any(big > size and path.startswith(f"{inner}.") for big, inner in mixed)
+    ]
+    return max(alike, key=lambda item: item[0])[1] if alike else None  # the first largest
 
 
 def _has_submodule(module: nn.Module, path: str) -> bool:

@@ -33,9 +33,15 @@ from tests.strategies.profiles import hand_profile
 DATA = Path(__file__).resolve().parents[1] / "data"
 SEQUENTIAL = f"{DATA / 'sequential_model.py'}:factory"
 NESTED = f"{DATA / 'sequential_model.py'}:nested"
+HYBRID = f"{DATA / 'sequential_model.py'}:hybrid"
 SINGLE_LAYER = f"{DATA / 'single_layer_model.py'}:factory"
 NO_BLOCKS = f"{DATA / 'user_model.py'}:no_blocks"
-SHAPES = {"sequential": SEQUENTIAL, "nested": NESTED, "single-layer": SINGLE_LAYER}
+SHAPES = {
+    "sequential": SEQUENTIAL,
+    "nested": NESTED,
+    "single-layer": SINGLE_LAYER,
+    "hybrid": HYBRID,  # was "blocks" = a one-item list inside one layer (Zamba2's adapters)
+}
 TRAIN = ["--seq-len", "32", "--global-batch-size", "4", "--micro-batch-size", "2", "--quiet"]
 
 

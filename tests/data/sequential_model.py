@@ -2,7 +2,9 @@
 
 ``factory``: the whole language model as one ``nn.Sequential`` (embedding, causal Transformer
 layers, norm, head); ``nested``: the layers in an ``nn.Sequential`` inside an
-``nn.ModuleDict``. Both train; neither has repeated blocks the advisor can recompute or wrap.
+``nn.ModuleDict``; ``hybrid``: an ``nn.ModuleList`` of two kinds of layer in turn (as Jamba's
+and Zamba2's attention and Mamba layers), one kind holding a small list of its own. All train;
+none has a stack of like blocks the advisor can recompute or wrap.
 """
 
 from __future__ import annotations
@@ -60,3 +62,39 @@ class NestedLM(nn.Module):
 
 def nested(vocab_size: int = 256, dim: int = 32, n_head: int = 2, n_layer: int = 2) -> nn.Module:
     return NestedLM(vocab_size, dim, n_head, n_layer)
+
+
+class GatedMixer(nn.Module):
+    """A second kind of layer (a stand-in for a Mamba layer): a gated MLP whose gates are a
+    one-item ModuleList, as Zamba2's shared layers keep their adapters."""
+
+    def __init__(self, dim: int) -> None:
+        super().__init__()
+        self.norm = nn.LayerNorm(dim)
+        self.mix = nn.Linear(dim, dim)
+        self.gates = nn.ModuleList([nn.Linear(dim, dim)])
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.norm(x)
+        return x + self.mix(h) * torch.sigmoid(self.gates[0](h))
+
+
+class HybridLM(nn.Module):
+    def __init__(self, vocab_size: int, dim: int, n_head: int, n_layer: int) -> None:
+        super().__init__()
+        self.vocab_size = vocab_size
+        self.embed = nn.Embedding(vocab_size, dim)
+        self.layers = nn.ModuleList(
+            CausalLayer(dim, n_head) if i % 2 else GatedMixer(dim) for i in range(n_layer)
+        )
+        self.head = nn.Linear(dim, vocab_size)
+
+    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+        x = self.embed(input_ids)
+        for layer in self.layers:
+            x = layer(x)
+        return self.head(x)
+
+
+def hybrid(vocab_size: int = 256, dim: int = 32, n_head: int = 2, n_layer: int = 4) -> nn.Module:
+    return HybridLM(vocab_size, dim, n_head, n_layer)
