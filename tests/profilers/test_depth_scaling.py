@@ -175,13 +175,12 @@ def _ranks_both_ways(workload: AdvisorWorkload) -> list[tuple[dict[str, Any], di
     return out
 
 
-def test_a_deepseek_shaped_fsdp_rank_is_traced_from_copies_as_whole() -> None:
-    workload = deepseek(11, dense_first=3)  # a rank's copies: 3 dense + 3 and + 4 MoE blocks
+def _assert_ranks_traced_as_whole(workload: AdvisorWorkload, depths: tuple[int, int]) -> None:
     outcome = run_isolated(Isolation(timeout_s=600, num_threads=1), _ranks_both_ways, workload)
     assert outcome.ok, f"{outcome.reason}\n{outcome.traceback}"
     for profiled_dict, whole_dict in outcome.value:
         profiled, whole = MemoryTrace.from_dict(profiled_dict), MemoryTrace.from_dict(whole_dict)
-        assert profiled.scaled_from_blocks == (6, 7) and whole.scaled_from_blocks is None
+        assert profiled.scaled_from_blocks == depths and whole.scaled_from_blocks is None
         for field in BYTE_COUNT_FIELDS:
             assert getattr(profiled, field) == getattr(whole, field), field
 
@@ -189,6 +188,11 @@ def test_a_deepseek_shaped_fsdp_rank_is_traced_from_copies_as_whole() -> None:
             return max(rest + sharded * 2 // 64 for rest, sharded in t.reshard_windows)
 
         assert at_64(profiled) == at_64(whole)
+
+
+def test_a_deepseek_shaped_fsdp_rank_is_traced_from_copies_as_whole() -> None:
+    # a rank's copies: 3 dense + 3 and + 4 MoE blocks
+    _assert_ranks_traced_as_whole(deepseek(11, dense_first=3), (6, 7))
 
 
 def test_a_llama4_pattern_is_counted_and_traced_whole_periods_at_a_time() -> None:
@@ -217,10 +221,4 @@ def test_a_periodic_fsdp_rank_is_traced_from_whole_periods_as_whole() -> None:
     assert depth_scaling(workload, (3, 4), min_layers=8) == DepthScaling(
         layers=16, prefix=0, period=2, depths=(6, 8)
     )
-    outcome = run_isolated(Isolation(timeout_s=600, num_threads=1), _ranks_both_ways, workload)
-    assert outcome.ok, f"{outcome.reason}\n{outcome.traceback}"
-    for profiled_dict, whole_dict in outcome.value:
-        profiled, whole = MemoryTrace.from_dict(profiled_dict), MemoryTrace.from_dict(whole_dict)
-        assert profiled.scaled_from_blocks == (6, 8) and whole.scaled_from_blocks is None
-        for field in BYTE_COUNT_FIELDS:
-            assert getattr(profiled, field) == getattr(whole, field), field
+    _assert_ranks_traced_as_whole(workload, (6, 8))
