@@ -460,7 +460,7 @@ def enter_step_tracing(stack: contextlib.ExitStack, *, cuda_rounding: bool) -> N
     if cuda_rounding:
         stack.enter_context(cuda_target())
     stack.enter_context(_grad_scaler_never_skips())
-    stack.enter_context(module_reentry_quiet())
+    stack.enter_context(module_tracking_quiet())
 
 
 @contextlib.contextmanager
@@ -486,25 +486,32 @@ def _grad_scaler_never_skips() -> Iterator[None]:
 
 
 # torch's ModTracker (under MemTracker) warns this when a module is entered again before its
-# forward ended.
+# forward ended, and MemTracker this when a module's backward hook fires after the module is
+# gone.
 _MODULE_REENTRY = "The module hierarchy tracking maybe be messed up"
+_MODULE_GONE = "Module is None. Skipping"
 
 
 @contextlib.contextmanager
-def module_reentry_quiet() -> Iterator[None]:
-    """Silence ModTracker's warning about a module entered again before its forward ended.
+def module_tracking_quiet() -> Iterator[None]:
+    """Silence ModTracker's and MemTracker's warnings about module attribution.
 
     Hugging Face transformers wraps functions such as ``apply_rotary_pos_emb`` in small hub
-    kernel modules (the ``kernels`` package's ``Func``) that do this in every attention layer:
-    a profile of an ``hf:`` Llama or Qwen2 printed the warning once per layer per traced step
-    (tens of lines on stderr). ModTracker counts re-entries, and nothing here reads its
-    per-module attribution (peaks are the whole step's; windows close on a block's own
-    backward hook), so the warning says nothing about these traces. ModTracker also replaces
-    ``warnings.formatwarning`` before it warns; that is restored too."""
+    kernel modules (the ``kernels`` package's ``Func``) that are entered again before their
+    forward ends, in every attention layer: a profile of an ``hf:`` Llama or Qwen2 printed
+    "module hierarchy tracking maybe be messed up" once per layer per traced step (tens of lines
+    on stderr). Its Mamba layers build a module in every forward (``ACT2FN["silu"]`` makes a new
+    ``SiLUActivation`` each time), gone before backward: a profile of a Bamba, Falcon-H1 or
+    Granite-4 hybrid printed "Module is None. Skipping PRE_BW/POST_BW hook" twice per trace.
+    ModTracker counts re-entries, and nothing here reads its per-module attribution (peaks are
+    the whole step's; windows close on a block's own backward hook; the traces of those hybrids
+    equal the CPU allocator's peak), so the warnings say nothing about these traces.
+    ModTracker also replaces ``warnings.formatwarning`` before it warns; that is restored."""
     formatwarning = warnings.formatwarning
     try:
         with warnings.catch_warnings():
             warnings.filterwarnings("ignore", message=_MODULE_REENTRY)
+            warnings.filterwarnings("ignore", message=_MODULE_GONE)
             yield
     finally:
         warnings.formatwarning = formatwarning
