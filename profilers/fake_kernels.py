@@ -19,6 +19,13 @@ at ERROR before re-raising (``torch._subclasses.fake_tensor``): one probe of a m
 cannot be traced printed ~20 lines to stderr, once per op call, hundreds per profile, even with
 ``--quiet``. The probe records the error itself (a one-line reason in probes.csv);
 :func:`fake_errors_unlogged` keeps that logger quiet while a trace runs.
+
+**Deadlines.** A trace or count of a model that cannot be extended from shallow copies (no
+repeated blocks: Jamba's and Zamba2's stacks mix kinds of layers) runs its whole step, and one
+step of a large model can take minutes of fake ops: the FLOP count of Jamba (52B, sequence 4096,
+its Mamba scan a loop over positions on a host without its kernels) ran past 10 minutes of a
+120 s profile. Inside :func:`fake_deadline`, each module's forward in a trace or count first
+checks the deadline and raises :class:`TraceOverBudget` past it.
 """
 
 from __future__ import annotations
@@ -26,6 +33,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import math
+import time
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
@@ -40,6 +48,57 @@ FAKE_TENSOR_LOGGER = "torch._subclasses.fake_tensor"
 # Mixture-of-experts layers' experts, as FlopCounterMode names the op (the formula is
 # registered by register_grouped_mm_formula).
 GROUPED_GEMM_OP = "aten._grouped_mm"
+
+
+class TraceOverBudget(TimeoutError):
+    """A fake-tensor trace or count ran past the deadline it was given (:func:`fake_deadline`)."""
+
+
+# Deadlines (time.perf_counter() values) of the fake traces and counts of this process, the
+# innermost last (a list: no global rebinding), and the module hook that checks them.
+_DEADLINES: list[tuple[float, str]] = []
+_HOOK: list[Any] = []
+
+
+@contextlib.contextmanager
+def fake_deadline(at: float | None, what: str = "the time given to it") -> Iterator[None]:
+    """Fake traces and counts inside raise :class:`TraceOverBudget` once ``time.perf_counter()``
+    passes ``at`` (None: no deadline of its own); ``what`` names the deadline in the error.
+
+    Checked as each module's forward starts (a global forward pre-hook, while a deadline is
+    set), not per op: an exception raised from a dispatch mode inside some ops' C++ (a tensor
+    indexed in a loop, as Jamba's Mamba scan does) ended the process ("terminate called after
+    throwing an instance of 'python_error'"). A module's own forward is the granularity; a
+    backward is bounded by its forward and never interrupted."""
+    if at is None:
+        yield
+        return
+    import torch
+
+    if not _DEADLINES:
+        _HOOK.append(torch.nn.modules.module.register_module_forward_pre_hook(_check_deadline))
+    _DEADLINES.append((at, what))
+    try:
+        yield
+    finally:
+        _DEADLINES.pop()
+        if not _DEADLINES:
+            _HOOK.pop().remove()
+
+
+def _check_deadline(module: Any, args: Any) -> None:
+    """Raise :class:`TraceOverBudget` in a fake trace's forward past the earliest deadline."""
+    at, what = min(_DEADLINES)
+    if time.perf_counter() <= at:
+        return
+    import torch
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.utils._python_dispatch import _get_current_dispatch_mode_stack
+
+    if torch._C._current_graph_task_id() != -1:  # a recompute inside backward: let it end
+        return
+    if any(isinstance(mode, FakeTensorMode) for mode in _get_current_dispatch_mode_stack()):
+        raise TraceOverBudget(f"the fake-tensor trace ran past {what}")
 
 
 # Whether _fake_grouped_mm answered while the context was entered (a set: no global rebinding).

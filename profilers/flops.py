@@ -38,6 +38,7 @@ from profilers.eager_attention import count_score_traffic
 from profilers.expert_gemms import count_expert_gemms
 from profilers.fake_kernels import (
     GROUPED_GEMM_OP,
+    TraceOverBudget,
     register_grouped_mm_formula,
     run_fake_step,
 )
@@ -276,11 +277,15 @@ def count_step_flops(
                 for mode in modes
             }
             scaled = scaling.depths
+        except TraceOverBudget:  # the profile's time is spent: no fallback
+            raise
         except Exception:  # a model whose forward needs all its blocks: count it whole
             counts = None
     if prefer_fake and counts is None:
         try:
             counts = {mode: _count(workload, base, mode, fake=True) for mode in modes}
+        except TraceOverBudget:  # the profile's time is spent: no fallback
+            raise
         except Exception as exc:  # any failure of the trace: the real step still counts
             fallback_reason = f"FakeTensorMode trace failed: {type(exc).__name__}: {exc}"
             if exc.__cause__ is not None:
@@ -299,6 +304,8 @@ def count_step_flops(
     if method == "fake" and counts.get("none", {}).get(GROUPED_GEMM_OP, 0) > 0:
         try:
             experts = count_expert_gemms(workload, base) or None
+        except TraceOverBudget:  # the profile's time is spent: no fallback
+            raise
         except Exception:  # any failure of the trace: the what-if prices them as before
             experts = None
     try:
@@ -330,6 +337,8 @@ def _score_traffic(workload: Workload, base: StepSpec) -> dict[str, dict[str, fl
         spec = dataclasses.replace(base, precision=precision)
         try:
             out[precision] = count_score_traffic(workload, spec)
+        except TraceOverBudget:  # the profile's time is spent: no fallback
+            raise
         except Exception:  # any failure of the trace: priced as before, never the whole count
             return None
     return out

@@ -99,6 +99,7 @@ def trace_step_memory(
             f"{spec.parallelism!r}: trace with parallelism='single' and add the strategy's own "
             "buffers (DDP buckets, FSDP shards) on top"
         )
+    from profilers.fake_kernels import TraceOverBudget
     from profilers.memory_blocks import depth_scaling, trace_scaled
     from profilers.memory_tracing import trace
 
@@ -114,6 +115,8 @@ def trace_step_memory(
                 num_layers=scaling.layers,
                 depths=scaling.depths,
             )
+        except TraceOverBudget:  # the profile's time is spent: not whole either
+            raise
         except Exception:  # a model whose forward needs all its blocks: trace it whole
             pass
     return trace(workload, spec, cuda_rounding=cuda_rounding)

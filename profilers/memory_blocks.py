@@ -49,6 +49,7 @@ from collections.abc import Callable, Hashable, Mapping
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from profilers.checkpointing import parse_checkpointing
+from profilers.fake_kernels import TraceOverBudget
 from profilers.memory_records import MemoryBreakdown, MemoryTrace
 from profilers.workload import BlockScalableWorkload, StepSpec, Workload
 
@@ -124,6 +125,8 @@ def counted_in_depth(
         assert isinstance(workload, BlockScalableWorkload)
         try:
             low, high = (count(workload.with_blocks(k)) for k in scaling.depths)
+        except TraceOverBudget:  # the profile's time is spent: not whole either
+            raise
         except Exception:  # count it whole
             pass
         else:

@@ -63,6 +63,7 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
 from profilers import memory_blocks
+from profilers.fake_kernels import TraceOverBudget
 from profilers.isolate import Isolation, run_isolated
 from profilers.memory_blocks import extend_raw, require_identical_blocks
 from profilers.memory_records import TARGET_DEVICE_TYPES, MemoryBreakdown, MemoryTrace
@@ -218,6 +219,8 @@ def _trace(
                 prefix=scaling.prefix,
                 period=scaling.period,
             )
+        except TraceOverBudget:  # the profile's time is spent: not whole either
+            raise
         except Exception:  # a model whose forward needs all its blocks: trace it whole
             pass
     # An FSDP rank of repeated blocks is cut per block even when traced whole: its windows'

@@ -490,6 +490,8 @@ def _grad_scaler_never_skips() -> Iterator[None]:
 # gone.
 _MODULE_REENTRY = "The module hierarchy tracking maybe be messed up"
 _MODULE_GONE = "Module is None. Skipping"
+# and this when a step's forward raised (the probe records that error, on one line).
+_HOOK_SILENCED = "global module forward hook with ``always_call=True`` raised an exception"
 
 
 @contextlib.contextmanager
@@ -506,12 +508,15 @@ def module_tracking_quiet() -> Iterator[None]:
     ModTracker counts re-entries, and nothing here reads its per-module attribution (peaks are
     the whole step's; windows close on a block's own backward hook; the traces of those hybrids
     equal the CPU allocator's peak), so the warnings say nothing about these traces.
-    ModTracker also replaces ``warnings.formatwarning`` before it warns; that is restored."""
+    When a step's forward raises, torch warns that the trackers' hooks were silenced: the
+    probe records the error itself. ModTracker also replaces ``warnings.formatwarning`` before
+    it warns; that is restored."""
     formatwarning = warnings.formatwarning
     try:
         with warnings.catch_warnings():
             warnings.filterwarnings("ignore", message=_MODULE_REENTRY)
             warnings.filterwarnings("ignore", message=_MODULE_GONE)
+            warnings.filterwarnings("ignore", message=_HOOK_SILENCED)
             yield
     finally:
         warnings.formatwarning = formatwarning

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from profilers import probe_rows
 from profilers.checkpointing import OPS_HALF
 from profilers.device import DeviceInfo
+from profilers.fake_kernels import fake_deadline
 from profilers.flops import FlopCount
 from profilers.probe_run import ProbeRun
 from profilers.workload import PRECISIONS, ModelFacts
@@ -20,6 +21,8 @@ from profilers.workload import PRECISIONS, ModelFacts
 # budget: probe_device refuses a budget <= 0, and a second keeps each of its benchmark parts
 # above the 0.01 s under which it skips the benchmark.
 MIN_DEVICE_BUDGET_S = 1.0
+# The FLOP count may take at most this part of the budget left when it starts.
+FLOPS_MAX_PART = 0.5
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -88,10 +91,14 @@ def model_phase(run: ProbeRun) -> ModelPhase:
     run.measured("model", None, since=t0, name=facts.name, value=facts.num_params, unit="params")
     t0 = time.perf_counter()
     flops: FlopCount | None
+    # At most half of what is left: the count comes first, and without the traces after it
+    # the profile has nothing to plan from (a Jamba's whole-model count ran for minutes).
+    at = t0 + FLOPS_MAX_PART * run.clock.remaining()
     try:
         # ops-half recomputes some matmuls: its count is its own (FlopCount.per_token)
         also = [c for c in run.options.checkpointing if c == OPS_HALF]
-        flops = count_step_flops(run.workload, run.spec("fp32", "none", 1), also=also)
+        with fake_deadline(at, f"half of what was left of --budget-s {run.options.budget_s:g}"):
+            flops = count_step_flops(run.workload, run.spec("fp32", "none", 1), also=also)
         per_token = flops.model_flops_per_token
         run.measured("flops", None, since=t0, value=per_token, unit="flops/token")
     except Exception as exc:

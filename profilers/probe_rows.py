@@ -90,7 +90,14 @@ def failed(
 
 
 def raised(probe: str, spec: StepSpec | None, exc: BaseException, *, wall_s: float) -> ProbeRow:
-    """An in-process probe that raised: an error row with the exception on one line."""
+    """An in-process probe that raised: an error row with the exception on one line; a fake
+    trace or count stopped at its deadline (``fake_kernels.TraceOverBudget``) is a skipped row
+    that says so."""
+    from profilers.fake_kernels import TraceOverBudget
+
+    if isinstance(exc, TraceOverBudget):
+        reason = f"time budget spent: {exc} ({wall_s:.0f} s); a larger --budget-s gives it more"
+        return row(probe, spec, "skipped", reason=reason, wall_s=wall_s)
     return row(probe, spec, "error", reason=one_line(exc), wall_s=wall_s)
 
 

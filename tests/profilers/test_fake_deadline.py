@@ -1,0 +1,69 @@
+"""Nothing traced in the profile's process runs unbounded: a fake trace or count past its
+deadline stops (profilers.fake_kernels.fake_deadline) and its probe row says why. Before, a
+model traced whole (no repeated blocks: Jamba, 52B, sequence 4096) spent over 10 minutes of a
+120 s profile in its FLOP count alone."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+import torch
+
+import profilers.fake_kernels as fake_kernels
+from advisor.workload import AdvisorWorkload
+from profilers.fake_kernels import TraceOverBudget, fake_deadline
+from profilers.flops import count_step_flops
+from profilers.memory import trace_step_memory
+from profilers.probe_run import ProfileOptions
+from profilers.profiler import run_profile
+from profilers.workload import StepSpec
+
+SPEC = StepSpec(seq_len=16, micro_batch_size=2)
+SLOW = "tests/data/fake_slow_model.py:factory"
+
+
+def test_a_count_and_a_trace_past_their_deadline_stop_and_a_real_step_does_not() -> None:
+    workload = AdvisorWorkload("gpt-tiny", {"n_layer": 2})
+    passed = time.perf_counter() - 1
+    with fake_deadline(passed, "the test's deadline"):
+        with pytest.raises(TraceOverBudget, match="ran past the test's deadline"):
+            count_step_flops(workload, SPEC)  # no fallback to a real count either
+        with pytest.raises(TraceOverBudget):
+            trace_step_memory(workload, SPEC)
+        model = torch.nn.Linear(4, 4)
+        model(torch.ones(2, 4)).sum().backward()  # real tensors: never stopped
+    assert fake_kernels._HOOK == [] and fake_kernels._DEADLINES == []  # the hook is removed
+    assert count_step_flops(workload, SPEC).method == "fake"  # and nothing stops afterwards
+
+
+def test_a_deadline_in_the_future_changes_nothing() -> None:
+    workload = AdvisorWorkload("gpt-tiny", {"n_layer": 2})
+    free = count_step_flops(workload, SPEC)
+    with fake_deadline(time.perf_counter() + 600):
+        bounded = count_step_flops(workload, SPEC)
+    assert bounded.flops_by_op == free.flops_by_op
+
+
+def test_a_profile_of_a_model_too_slow_to_trace_stops_its_traces_with_a_reason() -> None:
+    """8 layers x 0.5 s per fake forward: a count of two modes takes 8 s and more, each trace
+    4 s and more, against a 4 s budget (and its 10 s of overrun)."""
+    workload = AdvisorWorkload(SLOW)
+    options = ProfileOptions(
+        seq_len=16,
+        budget_s=4,
+        precisions=("fp32",),
+        checkpointing=("none",),
+        comm=False,
+        input_workers=(),
+    )
+    profile = run_profile(workload, options)
+    flops = [r for r in profile.probes if r.probe == "flops"]
+    assert [r.status for r in flops] == ["skipped"]
+    assert flops[0].reason.startswith(
+        "time budget spent: the fake-tensor trace ran past half of what was left of --budget-s 4"
+    )
+    assert profile.flops is None
+    cut = [r for r in profile.probes if r.probe == "memory" and "ran past --budget-s 4" in r.reason]
+    assert cut and all(r.status == "skipped" for r in cut)
+    assert not [r for r in profile.probes if r.status == "error"]
