@@ -167,6 +167,8 @@ def core_phase(
     capacity: int,
     device: DeviceInfo,
     flops: FlopCount | None = None,
+    *,
+    num_params: int | None = None,
 ) -> CoreResult:
     """Trace and time each group in turn within the memory and throughput shares together.
 
@@ -254,6 +256,21 @@ def core_phase(
                     "larger device with 'advisor recommend --target'",
                     name=f"{p}/{c}",
                 )
+            )
+            continue
+        if model is None and num_params is not None and 4 * num_params > usable:
+            # No fit to say more (its traces failed or were cut), but its fp32 master weights
+            # alone exceed the device: a timing child could only be killed (a 51.6B Jamba's
+            # took its whole 22.5 s share on a 24 GiB host).
+            out.unfit.append((p, c))
+            state_unfit = (
+                f"predicted not to fit the device: its fp32 parameters alone need "
+                f"{4 * num_params / 2**30:.1f} GiB against {usable / 2**30:.1f} GiB usable, "
+                "whatever the precision or checkpointing; plan it for a larger device with "
+                "'advisor recommend --target'"
+            )
+            run.rows.append(
+                probe_rows.skipped("throughput", run.spec(p, c, 1), state_unfit, name=f"{p}/{c}")
             )
             continue
         left = deadline - time.perf_counter()

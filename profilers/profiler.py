@@ -111,7 +111,9 @@ def _probe(run: ProbeRun, workload: Workload, options: ProfileOptions) -> Profil
     capacity = device.free_memory_bytes if kind == "cuda" else device.total_memory_bytes
     # The search's core, group by group (memory at two sizes, then step times), then the
     # refinements while the budget lasts.
-    core = core_phase(run, precisions, target, capacity, device, model.flops)
+    core = core_phase(
+        run, precisions, target, capacity, device, model.flops, num_params=model.facts.num_params
+    )
     timings = core.timings
     if core.unfit and not core.groups:
         # Nothing fits this device even at micro-batch 1 (a 70B model on a small host): the

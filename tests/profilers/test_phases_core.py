@@ -597,3 +597,32 @@ def test_an_untraced_group_is_refined_with_both_core_sizes_or_neither(
     tail = f"; --budget-s {suggested} would cover the {len(skipped)} refinement traces left out"
     assert skipped and all(r.reason.endswith(tail) for r in skipped)
     assert all(r.reason.startswith("time budget spent") for r in skipped)
+
+
+def test_no_timing_child_for_a_model_whose_fp32_weights_alone_exceed_the_device(
+    clock: FakeClock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Its traces failed or were cut (no memory fit), so only the parameter count speaks: a
+    51.6B Jamba's timing child took its whole share on a 24 GiB host, and could only fail."""
+    script = Script(trace_s={"none": 3.0, "full": 4.0})
+
+    def no_trace(run: ProbeRun, spec: StepSpec, target: str) -> None:
+        clock.t += 1.0
+
+    monkeypatch.setattr(core_module, "_trace", no_trace)
+    monkeypatch.setattr(time_module, "_time_group", fake_time_group(clock, script))
+    options = ProfileOptions(seq_len=16, budget_s=120, checkpointing=("none", "full"))
+    device = cast(DeviceInfo, SimpleNamespace(precisions={}))
+    run = ProbeRun(ToyWorkload(), options, None)
+    core = core_phase(run, ("fp32",), "cpu", 16 * GiB, device, num_params=8 * 2**30)
+    assert not script.events and not core.groups  # nothing timed
+    assert core.unfit == [("fp32", "none"), ("fp32", "full")]
+    row = next(r for r in run.rows if r.probe == "throughput")
+    assert row.status == "skipped"
+    assert row.reason.startswith(
+        "predicted not to fit the device: its fp32 parameters alone need 32.0 GiB"
+    )
+    # a model that may fit is still timed without a fit
+    run = ProbeRun(ToyWorkload(), options, None)
+    core = core_phase(run, ("fp32",), "cpu", 16 * GiB, device, num_params=2**20)
+    assert script.events and core.groups
