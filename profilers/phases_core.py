@@ -241,11 +241,8 @@ def core_phase(
             out.unfit.append((p, c))
             state = model.parameter_bytes + model.gradient_bytes + model.optimizer_state_bytes
             if state > usable:
-                state_unfit = (
-                    f"predicted not to fit the device: its parameters, gradients and optimizer "
-                    f"state alone need {state / 2**30:.1f} GiB against {usable / 2**30:.1f} GiB "
-                    "usable, whatever the precision or checkpointing; plan it for a larger "
-                    "device with 'advisor recommend --target'"
+                state_unfit = _unfit_whatever(
+                    "parameters, gradients and optimizer state", state, usable
                 )
             run.rows.append(
                 probe_rows.skipped(
@@ -263,12 +260,7 @@ def core_phase(
             # alone exceed the device: a timing child could only be killed (a 51.6B Jamba's
             # took its whole 22.5 s share on a 24 GiB host).
             out.unfit.append((p, c))
-            state_unfit = (
-                f"predicted not to fit the device: its fp32 parameters alone need "
-                f"{4 * num_params / 2**30:.1f} GiB against {usable / 2**30:.1f} GiB usable, "
-                "whatever the precision or checkpointing; plan it for a larger device with "
-                "'advisor recommend --target'"
-            )
+            state_unfit = _unfit_whatever("fp32 parameters", 4 * num_params, usable)
             run.rows.append(
                 probe_rows.skipped("throughput", run.spec(p, c, 1), state_unfit, name=f"{p}/{c}")
             )
@@ -298,6 +290,16 @@ def core_phase(
     if out.skipped:
         _record_skipped(run, out, sizes, costs, timing_cost)
     return out
+
+
+def _unfit_whatever(what: str, need: float, usable: float) -> str:
+    """Why no group can fit this device: ``what`` alone needs ``need`` bytes, and neither the
+    precision nor the checkpointing changes it."""
+    return (
+        f"predicted not to fit the device: its {what} alone need {need / 2**30:.1f} GiB against "
+        f"{usable / 2**30:.1f} GiB usable, whatever the precision or checkpointing; plan it for "
+        "a larger device with 'advisor recommend --target'"
+    )
 
 
 def refine_phase(run: ProbeRun, core: CoreResult, target: str) -> list[MemoryTrace]:
