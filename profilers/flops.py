@@ -294,6 +294,7 @@ def count_step_flops(
         fallback_reason = "prefer_fake=False"
     method = "fake"
     if counts is None:
+        _refuse_a_real_count_too_large(workload, fallback_reason)
         counts = {mode: _count(workload, base, mode, fake=False) for mode in modes}
         method = "real"
     tokens = base.micro_batch_size * base.seq_len
@@ -342,6 +343,30 @@ def _score_traffic(workload: Workload, base: StepSpec) -> dict[str, dict[str, fl
         except Exception:  # any failure of the trace: priced as before, never the whole count
             return None
     return out
+
+
+# A real count builds the model on the host and runs its forward and backward: its fp32
+# weights and their gradients at least.
+REAL_COUNT_BYTES_PER_PARAM = 8
+
+
+def _refuse_a_real_count_too_large(workload: Workload, why: str | None) -> None:
+    """Raise, rather than build on the host a model whose weights and gradients exceed the
+    memory available there (a real count of a 50B model would swap or be killed)."""
+    from profilers.device import read_host_memory
+
+    try:
+        params = workload.facts().num_params
+    except Exception:  # facts are optional for counting
+        return
+    _, available = read_host_memory()
+    need = REAL_COUNT_BYTES_PER_PARAM * params
+    if available and need > available:
+        raise RuntimeError(
+            f"no FLOP count: the fake count failed ({why}) and a real step's fp32 weights and "
+            f"gradients alone need {need / 2**30:.1f} GiB against {available / 2**30:.1f} GiB "
+            "available on this host"
+        )
 
 
 def _count(workload: Workload, base: StepSpec, checkpointing: str, *, fake: bool) -> dict[str, int]:

@@ -103,6 +103,11 @@ class MemoryTrace:
     # blocks:K from the traced settings (checkpointing_fits). Empty: a model without repeated
     # blocks, a distributed rank, or traced before windows were kept.
     window_peaks: tuple[tuple[str, int], ...] = ()
+    # How the bytes were obtained: "trace" (fake tensors under MemTracker), or "real step" for
+    # a model no fake trace can run (one that reads tensor values on the host): the allocator's
+    # per-phase peaks of real steps on the profiled device (profilers.memory_measured), split
+    # only into the training state and the rest (``other``).
+    method: str = "trace"
 
     @property
     def peak_phase(self) -> str:
@@ -141,6 +146,7 @@ class MemoryTrace:
                 else {}
             ),
             **({"window_peaks": dict(self.window_peaks)} if self.window_peaks else {}),
+            **({"method": self.method} if self.method != "trace" else {}),
         }
 
     @classmethod
@@ -167,6 +173,7 @@ class MemoryTrace:
             window_peaks=tuple(
                 (str(name), int(peak)) for name, peak in (data.get("window_peaks") or {}).items()
             ),
+            method=str(data.get("method", "trace")),
         )
 
 

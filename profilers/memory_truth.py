@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 
 import torch
 from torch._C._profiler import _EventType, _ProfilerEvent
@@ -31,7 +31,13 @@ _FORWARD_BACKWARD = "memory_probe::forward_backward"
 _OPTIMIZER_STEP = "memory_probe::optimizer_step"
 
 
-def measure_cpu(workload: Workload, spec: StepSpec, *, min_warmup: int = 1) -> CpuStepMemory:
+def measure_cpu(
+    workload: Workload,
+    spec: StepSpec,
+    *,
+    min_warmup: int = 1,
+    inspect: Callable[[TrainStep], None] | None = None,
+) -> CpuStepMemory:
     """Peak of the CPU allocator's ``total_allocated`` over each phase of the measured step.
 
     The profiler's CPU memory reporter counts only blocks allocated while it runs (frees of older
@@ -40,7 +46,8 @@ def measure_cpu(workload: Workload, spec: StepSpec, *, min_warmup: int = 1) -> C
     before the measured one (more until the optimizer has state): the allocator's count is the
     same after one, but a process's resident peak still grows over the first steps. Steps of
     more than :data:`CPU_TRUTH_MICRO_BATCHES` micro-batches run that many (the same peak);
-    the record keeps ``spec``.
+    the record keeps ``spec``. ``inspect(step)``, if given, sees the step after the measured one
+    (e.g. to read its parameters' and optimizer state's sizes).
     """
     generator = torch.Generator().manual_seed(0)
     run = dataclasses.replace(
@@ -56,6 +63,8 @@ def measure_cpu(workload: Workload, spec: StepSpec, *, min_warmup: int = 1) -> C
         with record_function(_OPTIMIZER_STEP):
             step.optimizer_step()
         step_seconds = time.perf_counter() - started
+        if inspect is not None:
+            inspect(step)
         # The micro-batches not run are held as inputs all step long, as in the real step.
         unrun = (spec.grad_accum_steps - run.grad_accum_steps) * _batch_bytes(batches[-1])
         del batches, loss, step
@@ -137,14 +146,19 @@ def _window_peak(events: list[_ProfilerEvent], label: str) -> int:
 
 
 def measure_cuda(
-    workload: Workload, spec: StepSpec, device: str | torch.device = "cuda"
+    workload: Workload,
+    spec: StepSpec,
+    device: str | torch.device = "cuda",
+    *,
+    inspect: Callable[[TrainStep], None] | None = None,
 ) -> CudaStepMemory:
     """The caching allocator's peaks over each phase of the second step, plus what it misses.
 
     ``torch.cuda.mem_get_info`` reports the whole device (this process's context, workspaces
     outside the allocator, other processes); ``memory_reserved`` is what the caching allocator
     holds. Their difference before the build is the context (plus other tenants); its growth over
-    the steps is the step's memory outside the allocator.
+    the steps is the step's memory outside the allocator. ``inspect(step)`` as in
+    :func:`measure_cpu`.
     """
     dev = torch.device(device)
     if dev.type != "cuda":
@@ -175,6 +189,8 @@ def measure_cuda(
         reserved = max(reserved, torch.cuda.max_memory_reserved())
         free_after, _ = torch.cuda.mem_get_info()
         outside_after = total - free_after - torch.cuda.memory_reserved()
+        if inspect is not None:
+            inspect(step)
         del batches, loss, step
     return CudaStepMemory(
         spec=spec,

@@ -456,15 +456,70 @@ def _trace_group(
 
 
 def _trace(run: ProbeRun, spec: StepSpec, target: str) -> MemoryTrace | None:
+    """One step's memory: a fake trace, or a real step's once no fake trace can run the model
+    (it reads tensor values on the host: :mod:`profilers.memory_measured`)."""
     from profilers.memory import trace_step_memory
+    from profilers.memory_measured import needs_real_values
 
     t0 = time.perf_counter()
-    try:
-        trace = trace_step_memory(run.workload, spec, target_device_type=target)
-    except Exception as exc:
-        run.rows.append(probe_rows.raised("memory", spec, exc, wall_s=time.perf_counter() - t0))
+    if run.untraceable is None:
+        try:
+            trace = trace_step_memory(run.workload, spec, target_device_type=target)
+        except Exception as exc:
+            if not needs_real_values(exc):
+                wall_s = time.perf_counter() - t0
+                run.rows.append(probe_rows.raised("memory", spec, exc, wall_s=wall_s))
+                return None
+            # A property of the model, not of this config: every later step is measured.
+            run.untraceable = probe_rows.one_line(exc)
+        else:
+            run.measured("memory", spec, since=t0, value=trace.peak_bytes, unit="bytes")
+            return trace
+    return _real_step_trace(run, spec, target, t0)
+
+
+def _real_step_trace(run: ProbeRun, spec: StepSpec, target: str, t0: float) -> MemoryTrace | None:
+    """A step's memory measured on a real step in a child (the model is not fake-traceable)."""
+    from profilers.memory_measured import STATE_BYTES_PER_PARAM, measure_step_trace
+
+    why = f"real step: no fake trace can run this model ({run.untraceable})"
+    if run.options.device == "cpu" and target == "cuda":
+        why += "; measured on the CPU for a CUDA target, without CUDA's 512-byte rounding"
+    usable, params = run.usable_bytes, run.num_params
+    if usable is not None and params is not None and STATE_BYTES_PER_PARAM * params > usable:
+        need = STATE_BYTES_PER_PARAM * params
+        run.rows.append(
+            probe_rows.skipped(
+                "memory",
+                spec,
+                f"{why}, and a real step cannot fit: its parameters, gradients and AdamW state "
+                f"alone need ~{need / 2**30:.1f} GiB against {usable / 2**30:.1f} GiB usable",
+            )
+        )
         return None
-    run.measured("memory", spec, since=t0, value=trace.peak_bytes, unit="bytes")
+    run.clock.say(f"memory: real step {probe_rows.label(spec)} (the model is not fake-traceable)")
+    outcome = run.isolated(
+        measure_step_trace,
+        run.workload,
+        spec,
+        run.options.device,
+        target,
+        timeout_s=run.clock.remaining(),
+    )
+    wall_s = time.perf_counter() - t0
+    if not outcome.ok:
+        run.rows.append(
+            probe_rows.row(
+                "memory", spec, outcome.status, reason=f"{why}: {outcome.reason}", wall_s=wall_s
+            )
+        )
+        return None
+    trace = MemoryTrace.from_dict(outcome.value)
+    run.rows.append(
+        probe_rows.measured(
+            "memory", spec, value=trace.peak_bytes, unit="bytes", wall_s=wall_s, reason=why
+        )
+    )
     return trace
 
 

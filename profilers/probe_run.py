@@ -63,6 +63,13 @@ class ProbeRun:
         self.clock = Clock(options.budget_s, progress, start=options.started_at)
         self.rows: list[ProbeRow] = []
         self.base = StepSpec(seq_len=options.seq_len)
+        # Set by the profiler once the device and the model are known: the bytes a probed
+        # config may use, and the model's parameter count.
+        self.usable_bytes: float | None = None
+        self.num_params: int | None = None
+        # Why no fake trace can run this model's step (set at the first trace that failed so):
+        # its memory is then measured on real steps (profilers.memory_measured).
+        self.untraceable: str | None = None
 
     @property
     def on_gpu(self) -> bool:

@@ -109,6 +109,8 @@ def _probe(run: ProbeRun, workload: Workload, options: ProfileOptions) -> Profil
     # profiling goes on. The plan's budget makes the reverse choice (RAM available when
     # profiled, total GPU memory): strategies/cost.py machine_from_profile owns that one.
     capacity = device.free_memory_bytes if kind == "cuda" else device.total_memory_bytes
+    run.usable_bytes = options.memory_budget * capacity
+    run.num_params = model.facts.num_params
     # The search's core, group by group (memory at two sizes, then step times), then the
     # refinements while the budget lasts.
     core = core_phase(
