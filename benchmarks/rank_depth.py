@@ -55,6 +55,8 @@ def run() -> list[dict[str, object]]:
     rows = []
     for model, args, layers, seq, micro, accum, precision, ckpt, par, world, reshard in CASES:
         workload = AdvisorWorkload(model=model, model_args={**args, "n_layer": layers})
+        scaling = md.rank_depth_scaling(workload)
+        assert scaling is not None and scaling.layers == layers, (model, layers)
         spec = StepSpec(
             seq_len=seq,
             micro_batch_size=micro,
@@ -71,7 +73,7 @@ def run() -> list[dict[str, object]]:
             whole = raw.assemble(spec, cuda_rounding=True, started=started)
             whole_s = time.perf_counter() - started
             started = time.perf_counter()
-            scaled = md.trace_scaled(workload, spec, cuda_rounding=True, num_layers=layers)
+            scaled = md.trace_scaled(workload, spec, cuda_rounding=True, scaling=scaling)
             scaled_s = time.perf_counter() - started
         differ = [f for f in BYTE_COUNT_FIELDS if getattr(whole, f) != getattr(scaled, f)]
         if whole.breakdown != scaled.breakdown:

@@ -228,7 +228,7 @@ def extend_flops(one: Any, two: Any, layers: int) -> Any:
         flops_by_op={
             m: {
                 op: _lerp(one.flops_by_op[m].get(op, 0.0), two.flops_by_op[m].get(op, 0.0), layers)
-                for op in set(one.flops_by_op[m]) | set(two.flops_by_op[m])
+                for op in sorted(set(one.flops_by_op[m]) | set(two.flops_by_op[m]))
             }
             for m in modes
         },

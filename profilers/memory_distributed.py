@@ -211,14 +211,7 @@ def _trace(
     if scaling is not None:
         assert isinstance(workload, BlockScalableWorkload)
         try:
-            return trace_scaled(
-                workload,
-                spec,
-                cuda_rounding=cuda_rounding,
-                num_layers=scaling.layers,
-                prefix=scaling.prefix,
-                period=scaling.period,
-            )
+            return trace_scaled(workload, spec, cuda_rounding=cuda_rounding, scaling=scaling)
         except TraceOverBudget:  # the profile's time is spent: not whole either
             raise
         except Exception:  # a model whose forward needs all its blocks: trace it whole
@@ -239,12 +232,10 @@ def trace_scaled(
     spec: StepSpec,
     *,
     cuda_rounding: bool,
-    num_layers: int,
-    prefix: int = 0,
-    period: int = 1,
+    scaling: memory_blocks.DepthScaling,
 ) -> MemoryTrace:
-    """A rank of the ``num_layers``-block model from copies with :data:`SCALE_FROM_BLOCKS`
-    blocks, window by window (:mod:`profilers.memory_blocks` says why a line holds per window).
+    """A rank of the ``scaling.layers``-block model from copies with ``scaling.depths`` blocks
+    (:func:`rank_depth_scaling`: :data:`SCALE_FROM_BLOCKS` periods), window by window (:mod:`profilers.memory_blocks` says why a line holds per window).
 
     Backward after the last block is cut per block. The blocks' windows of the deep model
     differ only by position: block 0 has no block below it to prefetch, the others all do,
@@ -254,14 +245,14 @@ def trace_scaled(
     k1-2 and k2-2 of the copies, block 1 and block 0 from the same block of both. The largest
     window at L is the forward+backward peak.
 
-    ``prefix``, ``period``: the first blocks are built unlike the rest and the others repeat
-    with this period (``ModelFacts.uniform_blocks_from``, ``block_period``): the copies keep the
+    ``scaling.prefix``, ``scaling.period``: the first blocks are built unlike the rest and the
+    others repeat with this period (``ModelFacts.uniform_blocks_from``, ``block_period``): the copies keep the
     prefix and 3 and 4 periods, and the bytes are affine in the index within each phase of the
     period, so every block up to the second period's end is a window of its own (block 1's part
     above) and so is each of the last period's (block L-2's part)."""
     require_identical_blocks(spec)
     started = time.perf_counter()
-    k1, k2 = prefix + SCALE_FROM_BLOCKS[0] * period, prefix + SCALE_FROM_BLOCKS[1] * period
+    (k1, k2), prefix, period = scaling.depths, scaling.prefix, scaling.period
     low, high = (
         trace_raw(
             workload.with_blocks(k),
@@ -285,7 +276,7 @@ def trace_scaled(
             f"the {k1}- and {k2}-block traces have unexpected windows ({sorted(low.windows)} "
             f"vs {sorted(high.windows)})"
         )
-    scaled = extend_raw(low, high, windows=windows, blocks=(k1, k2), num_layers=num_layers)
+    scaled = extend_raw(low, high, windows=windows, blocks=(k1, k2), num_layers=scaling.layers)
     trace = scaled.assemble(spec, cuda_rounding=cuda_rounding, started=started)
     return dataclasses.replace(trace, scaled_from_blocks=(k1, k2))
 
