@@ -24,8 +24,8 @@ cannot be traced printed ~20 lines to stderr, once per op call, hundreds per pro
 repeated blocks: Jamba's and Zamba2's stacks mix kinds of layers) runs its whole step, and one
 step of a large model can take minutes of fake ops: the FLOP count of Jamba (52B, sequence 4096,
 its Mamba scan a loop over positions on a host without its kernels) ran past 10 minutes of a
-120 s profile. Inside :func:`fake_deadline`, each module's forward in a trace or count first
-checks the deadline and raises :class:`TraceOverBudget` past it.
+120 s profile. Inside :func:`fake_deadline`, a trace or count raises :class:`TraceOverBudget`
+past the deadline, as a module's forward starts or between two torch calls of the model's code.
 """
 
 from __future__ import annotations
@@ -55,9 +55,8 @@ class TraceOverBudget(TimeoutError):
 
 
 # Deadlines (time.perf_counter() values) of the fake traces and counts of this process, the
-# innermost last (a list: no global rebinding), and the module hook that checks them.
+# innermost last (a list: no global rebinding).
 _DEADLINES: list[tuple[float, str]] = []
-_HOOK: list[Any] = []
 
 
 @contextlib.contextmanager
@@ -65,40 +64,99 @@ def fake_deadline(at: float | None, what: str = "the time given to it") -> Itera
     """Fake traces and counts inside raise :class:`TraceOverBudget` once ``time.perf_counter()``
     passes ``at`` (None: no deadline of its own); ``what`` names the deadline in the error.
 
-    Checked as each module's forward starts (a global forward pre-hook, while a deadline is
-    set), not per op: an exception raised from a dispatch mode inside some ops' C++ (a tensor
-    indexed in a loop, as Jamba's Mamba scan does) ended the process ("terminate called after
-    throwing an instance of 'python_error'"). A module's own forward is the granularity; a
-    backward is bounded by its forward and never interrupted."""
+    Checked as each module's forward starts (a global forward pre-hook) and between two torch
+    calls of the model's own Python code (a torch function mode: a call made directly from a
+    file outside torch, at the dispatch depth of a module's forward), never inside an op: an
+    exception raised from a dispatch mode inside an op's C++ (``torch.matmul`` in Jamba's
+    Mamba scan, a loop over positions) ended the process ("terminate called after throwing an
+    instance of 'python_error'"), and torch's own Python may be running under C++ (a saved-
+    tensor hook, a mode's handler). A backward is bounded by its forward and never
+    interrupted. Until 2026-12-05 a module's forward was the granularity: one Mamba layer's
+    scan at sequence 4096 (~20 s of fake ops) overran a 120 s Jamba profile by 26%."""
     if at is None:
         yield
         return
     import torch
 
-    if not _DEADLINES:
-        _HOOK.append(torch.nn.modules.module.register_module_forward_pre_hook(_check_deadline))
-    _DEADLINES.append((at, what))
-    try:
-        yield
-    finally:
-        _DEADLINES.pop()
+    with contextlib.ExitStack() as stack:
         if not _DEADLINES:
-            _HOOK.pop().remove()
+            hook = torch.nn.modules.module.register_module_forward_pre_hook(_check_deadline)
+            stack.callback(hook.remove)
+            stack.enter_context(_deadline_function_mode())
+            stack.callback(_TOP_DEPTH.clear)
+        _DEADLINES.append((at, what))
+        stack.callback(_DEADLINES.pop)
+        yield
+
+
+# The dispatch-mode depth at which the last module forward of a fake trace started (a list: no
+# global rebinding): a torch call at a smaller depth runs inside some mode's handler.
+_TOP_DEPTH: list[int] = []
 
 
 def _check_deadline(module: Any, args: Any) -> None:
     """Raise :class:`TraceOverBudget` in a fake trace's forward past the earliest deadline."""
-    at, what = min(_DEADLINES)
-    if time.perf_counter() <= at:
-        return
+    import torch
+
+    if _fake_forward_running():
+        _TOP_DEPTH[:] = [torch._C._len_torch_dispatch_stack()]
+        _raise_if_past()
+
+
+def _fake_forward_running() -> bool:
+    """In a fake trace, outside backward (a recompute inside backward is let end)."""
     import torch
     from torch._subclasses.fake_tensor import FakeTensorMode
     from torch.utils._python_dispatch import _get_current_dispatch_mode_stack
 
-    if torch._C._current_graph_task_id() != -1:  # a recompute inside backward: let it end
-        return
-    if any(isinstance(mode, FakeTensorMode) for mode in _get_current_dispatch_mode_stack()):
+    if torch._C._current_graph_task_id() != -1:
+        return False
+    return any(isinstance(mode, FakeTensorMode) for mode in _get_current_dispatch_mode_stack())
+
+
+def _raise_if_past() -> None:
+    at, what = min(_DEADLINES)
+    if time.perf_counter() > at:
         raise TraceOverBudget(f"the fake-tensor trace ran past {what}")
+
+
+def _check_between_ops(caller: Any) -> None:
+    """Past the deadline, raise at a torch call made by the model's own code (``caller``: the
+    calling frame) outside any mode's handler, in a fake trace's forward."""
+    import torch
+
+    if time.perf_counter() <= min(_DEADLINES)[0] or not _TOP_DEPTH:
+        return
+    if caller is None or caller.f_code.co_filename.startswith(_torch_dir()):
+        return
+    if torch._C._len_torch_dispatch_stack() < _TOP_DEPTH[0] or not _fake_forward_running():
+        return
+    _raise_if_past()
+
+
+def _torch_dir() -> str:
+    import os
+
+    import torch
+
+    return os.path.dirname(torch.__file__) + os.sep
+
+
+def _deadline_function_mode() -> Any:
+    """A torch function mode that checks the deadline before each torch call."""
+    import sys
+
+    from torch.overrides import TorchFunctionMode
+
+    class _DeadlineMode(TorchFunctionMode):
+        def __torch_function__(
+            self, func: Any, types: Any, args: Any = (), kwargs: Any = None
+        ) -> Any:
+            if _DEADLINES:
+                _check_between_ops(sys._getframe(1))
+            return func(*args, **(kwargs or {}))
+
+    return _DeadlineMode()
 
 
 # Whether _fake_grouped_mm answered while the context was entered (a set: no global rebinding).

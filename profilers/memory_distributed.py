@@ -235,7 +235,8 @@ def trace_scaled(
     scaling: memory_blocks.DepthScaling,
 ) -> MemoryTrace:
     """A rank of the ``scaling.layers``-block model from copies with ``scaling.depths`` blocks
-    (:func:`rank_depth_scaling`: :data:`SCALE_FROM_BLOCKS` periods), window by window (:mod:`profilers.memory_blocks` says why a line holds per window).
+    (:func:`rank_depth_scaling`: :data:`SCALE_FROM_BLOCKS` periods), window by window
+    (:mod:`profilers.memory_blocks` says why a line holds per window).
 
     Backward after the last block is cut per block. The blocks' windows of the deep model
     differ only by position: block 0 has no block below it to prefetch, the others all do,
@@ -246,10 +247,10 @@ def trace_scaled(
     window at L is the forward+backward peak.
 
     ``scaling.prefix``, ``scaling.period``: the first blocks are built unlike the rest and the
-    others repeat with this period (``ModelFacts.uniform_blocks_from``, ``block_period``): the copies keep the
-    prefix and 3 and 4 periods, and the bytes are affine in the index within each phase of the
-    period, so every block up to the second period's end is a window of its own (block 1's part
-    above) and so is each of the last period's (block L-2's part)."""
+    others repeat with this period (``ModelFacts.uniform_blocks_from``, ``block_period``): the
+    copies keep the prefix and 3 and 4 periods, and the bytes are affine in the index within
+    each phase of the period, so every block up to the second period's end is a window of its
+    own (block 1's part above) and so is each of the last period's (block L-2's part)."""
     require_identical_blocks(spec)
     started = time.perf_counter()
     (k1, k2), prefix, period = scaling.depths, scaling.prefix, scaling.period

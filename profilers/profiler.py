@@ -67,9 +67,11 @@ def _phases_turned_off(workload: Workload, options: ProfileOptions) -> list[str]
     return off
 
 
-# A fake trace or count in the profile's process stops this far past the budget: 10% of it
-# (issue 13: the budget holds within +10%), at least 10 s (a tiny test budget on a loaded host).
-TRACE_OVERRUN_PART = 0.1
+# A fake trace or count in the profile's process stops this far past the budget: 8% of it
+# (issue 13: the budget holds within +10%; what follows the stop, the fits and the files, took
+# 1-3 s of a 120 s Jamba profile that stopped at +10% and ended at +10.8%), at least 10 s (a
+# tiny test budget on a loaded host).
+TRACE_OVERRUN_PART = 0.08
 TRACE_OVERRUN_MIN_S = 10.0
 
 

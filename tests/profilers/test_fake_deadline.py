@@ -5,6 +5,7 @@ model traced whole (no repeated blocks: Jamba, 52B, sequence 4096) spent over 10
 
 from __future__ import annotations
 
+import sys
 import time
 
 import pytest
@@ -33,7 +34,10 @@ def test_a_count_and_a_trace_past_their_deadline_stop_and_a_real_step_does_not()
             trace_step_memory(workload, SPEC)
         model = torch.nn.Linear(4, 4)
         model(torch.ones(2, 4)).sum().backward()  # real tensors: never stopped
-    assert fake_kernels._HOOK == [] and fake_kernels._DEADLINES == []  # the hook is removed
+    # the hook and the function mode are gone
+    assert fake_kernels._DEADLINES == [] and fake_kernels._TOP_DEPTH == []
+    assert not torch.nn.modules.module._global_forward_pre_hooks
+    assert not torch.overrides._get_current_function_mode_stack()
     assert count_step_flops(workload, SPEC).method == "fake"  # and nothing stops afterwards
 
 
@@ -67,3 +71,26 @@ def test_a_profile_of_a_model_too_slow_to_trace_stops_its_traces_with_a_reason()
     cut = [r for r in profile.probes if r.probe == "memory" and "ran past --budget-s 4" in r.reason]
     assert cut and all(r.status == "skipped" for r in cut)
     assert not [r for r in profile.probes if r.status == "error"]
+
+
+def test_a_long_loop_inside_one_module_stops_between_its_torch_calls() -> None:
+    """Until 2026-12-05 the deadline was checked only as a module's forward started: one
+    module looping over ops (Jamba's Mamba scan at sequence 4096, ~20 s of fake ops) ran to
+    its end past it. Here 40 steps of 0.1 s in one forward, a deadline 0.5 s in."""
+    from advisor.models.registry import load_factory
+
+    workload = AdvisorWorkload(SLOW, {"loop_steps": 40, "delay_s": 0.1})
+    progress = sys.modules[load_factory(SLOW).__module__].PROGRESS
+    quick = AdvisorWorkload(SLOW, {"loop_steps": 1, "delay_s": 0.0})
+    for count in (count_step_flops, trace_step_memory):
+        count(quick, SPEC)  # what is imported or built once per process, before the deadline
+        progress.clear()
+        with (
+            fake_deadline(time.perf_counter() + 0.5, "the test's deadline"),
+            pytest.raises(TraceOverBudget, match="ran past the test's deadline"),
+        ):
+            count(workload, SPEC)
+        assert len(progress) == 1 and progress[0] < 40, (count.__name__, progress)
+    progress.clear()
+    trace_step_memory(workload, SPEC)  # no deadline: every loop runs to its end
+    assert progress == [40, 40]  # two steps traced, the second measured
