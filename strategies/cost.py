@@ -291,6 +291,14 @@ class CostModel:
                 "--budget-s"
             )
         failed = self.failed_traces.get((precision, checkpointing))
+        if failed is not None and parallelism == "single" and failed.startswith(REAL_STEP_ROW):
+            raise Unpredictable(
+                f"the profile has no memory fit {missing_fit_group(precision, checkpointing)}: "
+                f"{failed} (each in probes.csv); a model no fake trace can run is measured on "
+                "real steps, which must run on the profiled device: profile it where it fits "
+                "(or with fewer layers), or route its tokens without reading tensor values on "
+                "the host (.tolist(), .item(), nonzero)"
+            )
         if failed is not None and parallelism == "single":
             raise Unpredictable(
                 f"the profile has no memory fit {missing_fit_group(precision, checkpointing)}: "
@@ -300,9 +308,9 @@ class CostModel:
             )
         raise Unpredictable(
             f"the profile has no memory fit {missing_fit_group(precision, checkpointing)}: "
-            "re-run 'advisor profile' with a larger --budget-s (its probes.csv names the one "
-            f"that covers its traces), or with {precision_flag(precision)} to give that "
-            "precision the whole budget"
+            "re-run 'advisor profile' with a larger --budget-s (its probes.csv says why each "
+            "trace was skipped, and names the budget that covers them where it can), or with "
+            f"{precision_flag(precision)} to give that precision the whole budget"
         )
 
     def _find_memory_model(
@@ -841,9 +849,15 @@ def machine_from_profile(profile: Profile) -> Machine:
     )
 
 
+# How a memory row measured on a real step begins (profilers.phases_core: the model is not
+# fake-traceable), whatever its status.
+REAL_STEP_ROW = "real step: "
+
+
 def failed_memory_traces(profile: Profile) -> dict[tuple[str, str], str]:
     """(precision, checkpointing) -> the first error of the single-device memory traces of
-    each group that has an error row and no successful trace."""
+    each group that has an error row (or a real step that did not run) and no successful
+    trace."""
     failed: dict[tuple[str, str], str] = {}
     traced: set[tuple[str, str]] = set()
     for row in profile.probes:
@@ -852,7 +866,9 @@ def failed_memory_traces(profile: Profile) -> dict[tuple[str, str], str]:
         group = (row.precision, row.activation_checkpointing)
         if row.status == "ok":
             traced.add(group)
-        elif row.status == "error":
+        elif row.status == "error" or row.reason.startswith(REAL_STEP_ROW):
+            # A real step that could not run (oom, a step too large for the device, an error)
+            # is not given a fit by a larger budget either.
             first = row.reason.splitlines()[0].rstrip(". ") if row.reason else ""
             failed.setdefault(group, first or "an error")
     return {g: why for g, why in failed.items() if g not in traced}

@@ -561,3 +561,35 @@ def test_a_group_whose_memory_traces_failed_says_so_instead_of_asking_for_budget
     for other in (cand(precision="bf16", ckpt="full"), cand(precision="fp16")):
         with pytest.raises(Unpredictable, match="with a larger --budget-s"):
             model.predict(other)
+
+
+def test_a_group_whose_real_steps_could_not_run_says_why_not_the_budget() -> None:
+    """A model no fake trace can run has its memory measured on real steps: one that could
+    not run (too large for the device, killed) is no matter of budget either."""
+    why = "real step: no fake trace can run this model (DynamicOutputShapeException: x)"
+    rows = tuple(
+        ProbeRow(
+            probe="memory",
+            name=f"fp32/{ckpt}/b={b}",
+            status=status,
+            reason=reason,
+            precision="fp32",
+            activation_checkpointing=ckpt,
+            micro_batch_size=b,
+        )
+        for ckpt, b, status, reason in (
+            ("full", 4, "skipped", f"{why}, and a real step cannot fit: its parameters …"),
+            ("full", 8, "oom", f"{why}: the child ran out of memory"),
+            ("none", 4, "ok", why),
+            ("none", 8, "skipped", "time budget spent"),
+        )
+    )
+    profile = dataclasses.replace(
+        hand_profile(precisions=("fp32",), checkpointing=("none",)), probes=rows
+    )
+    model = cost_model_from_profile(profile, 0.9)
+    assert set(model.failed_traces) == {("fp32", "full")}
+    with pytest.raises(Unpredictable) as failed:
+        model.predict(cand(precision="fp32", ckpt="full"))
+    assert f"{why}, and a real step cannot fit" in str(failed.value)
+    assert "measured on real steps" in str(failed.value) and "--budget-s" not in str(failed.value)
