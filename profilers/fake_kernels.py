@@ -70,9 +70,11 @@ def fake_deadline(at: float | None, what: str = "the time given to it") -> Itera
     exception raised from a dispatch mode inside an op's C++ (``torch.matmul`` in Jamba's
     Mamba scan, a loop over positions) ended the process ("terminate called after throwing an
     instance of 'python_error'"), and torch's own Python may be running under C++ (a saved-
-    tensor hook, a mode's handler). A backward is bounded by its forward and never
-    interrupted. Until 2026-12-05 a module's forward was the granularity: one Mamba layer's
-    scan at sequence 4096 (~20 s of fake ops) overran a 120 s Jamba profile by 26%."""
+    tensor hook, a mode's handler). A backward is never interrupted (the autograd engine runs
+    it in C++): it is not started when it would end past the deadline, at
+    :data:`BACKWARD_OVER_FORWARD` times the forward it follows (``Tensor.backward`` goes
+    through the mode). Until 2026-12-05 a module's forward was the only check: one Mamba
+    layer's scan at sequence 4096 (~20 s of fake ops) overran a 120 s Jamba profile by 26%."""
     if at is None:
         yield
         return
@@ -84,6 +86,7 @@ def fake_deadline(at: float | None, what: str = "the time given to it") -> Itera
             stack.callback(hook.remove)
             stack.enter_context(_deadline_function_mode())
             stack.callback(_TOP_DEPTH.clear)
+            stack.callback(_FORWARD_STARTED.clear)
         _DEADLINES.append((at, what))
         stack.callback(_DEADLINES.pop)
         yield
@@ -92,26 +95,65 @@ def fake_deadline(at: float | None, what: str = "the time given to it") -> Itera
 # The dispatch-mode depth at which the last module forward of a fake trace started (a list: no
 # global rebinding): a torch call at a smaller depth runs inside some mode's handler.
 _TOP_DEPTH: list[int] = []
+# (a weak reference to the fake mode, when) the first module forward since the last backward
+# started under that fake mode: the forward a backward follows.
+_FORWARD_STARTED: list[tuple[Any, float]] = []
+# A fake step's backward against its forward: about twice the FLOPs and twice the ops, each
+# dispatched alike.
+BACKWARD_OVER_FORWARD = 2.0
 
 
 def _check_deadline(module: Any, args: Any) -> None:
     """Raise :class:`TraceOverBudget` in a fake trace's forward past the earliest deadline."""
+    import weakref
+
     import torch
 
-    if _fake_forward_running():
+    fake = _fake_forward_mode()
+    if fake is not None:
         _TOP_DEPTH[:] = [torch._C._len_torch_dispatch_stack()]
+        if not _FORWARD_STARTED or _FORWARD_STARTED[0][0]() is not fake:
+            _FORWARD_STARTED[:] = [(weakref.ref(fake), time.perf_counter())]
         _raise_if_past()
 
 
-def _fake_forward_running() -> bool:
-    """In a fake trace, outside backward (a recompute inside backward is let end)."""
+def _fake_forward_mode() -> Any:
+    """The fake mode of the fake trace running, outside backward (a recompute inside backward
+    is let end); None if none."""
     import torch
     from torch._subclasses.fake_tensor import FakeTensorMode
     from torch.utils._python_dispatch import _get_current_dispatch_mode_stack
 
     if torch._C._current_graph_task_id() != -1:
-        return False
-    return any(isinstance(mode, FakeTensorMode) for mode in _get_current_dispatch_mode_stack())
+        return None
+    modes = _get_current_dispatch_mode_stack()
+    return next((mode for mode in modes if isinstance(mode, FakeTensorMode)), None)
+
+
+def _fake_forward_running() -> bool:
+    return _fake_forward_mode() is not None
+
+
+def _check_backward_start() -> None:
+    """Raise :class:`TraceOverBudget` rather than start a fake backward that would end past
+    the deadline, at :data:`BACKWARD_OVER_FORWARD` times the forward it follows."""
+    import torch
+
+    started = _FORWARD_STARTED[:1]
+    _FORWARD_STARTED.clear()  # the next forward is timed afresh
+    fake = _fake_forward_mode()
+    if not started or fake is None or started[0][0]() is not fake:
+        return
+    if not _TOP_DEPTH or torch._C._len_torch_dispatch_stack() < _TOP_DEPTH[0]:
+        return
+    now = time.perf_counter()
+    at, what = min(_DEADLINES)
+    backward = BACKWARD_OVER_FORWARD * (now - started[0][1])
+    if now + backward > at:
+        raise TraceOverBudget(
+            f"the fake-tensor trace's backward would run past {what} (~{backward:.0f} s, "
+            f"{BACKWARD_OVER_FORWARD:g}x its forward)"
+        )
 
 
 def _raise_if_past() -> None:
@@ -146,14 +188,20 @@ def _deadline_function_mode() -> Any:
     """A torch function mode that checks the deadline before each torch call."""
     import sys
 
+    import torch
     from torch.overrides import TorchFunctionMode
+
+    backward = torch.Tensor.backward
 
     class _DeadlineMode(TorchFunctionMode):
         def __torch_function__(
             self, func: Any, types: Any, args: Any = (), kwargs: Any = None
         ) -> Any:
             if _DEADLINES:
-                _check_between_ops(sys._getframe(1))
+                if func is backward:
+                    _check_backward_start()
+                else:
+                    _check_between_ops(sys._getframe(1))
             return func(*args, **(kwargs or {}))
 
     return _DeadlineMode()

@@ -64,11 +64,11 @@ def test_a_profile_of_a_model_too_slow_to_trace_stops_its_traces_with_a_reason()
     profile = run_profile(workload, options)
     flops = [r for r in profile.probes if r.probe == "flops"]
     assert [r.status for r in flops] == ["skipped"]
-    assert flops[0].reason.startswith(
-        "time budget spent: the fake-tensor trace ran past half of what was left of --budget-s 4"
-    )
+    # stopped in its forward, or before a backward that would end past the deadline
+    assert flops[0].reason.startswith("time budget spent: the fake-tensor trace")
+    assert "past half of what was left of --budget-s 4" in flops[0].reason
     assert profile.flops is None
-    cut = [r for r in profile.probes if r.probe == "memory" and "ran past --budget-s 4" in r.reason]
+    cut = [r for r in profile.probes if r.probe == "memory" and "past --budget-s 4" in r.reason]
     assert cut and all(r.status == "skipped" for r in cut)
     assert not [r for r in profile.probes if r.status == "error"]
 
@@ -94,3 +94,20 @@ def test_a_long_loop_inside_one_module_stops_between_its_torch_calls() -> None:
     progress.clear()
     trace_step_memory(workload, SPEC)  # no deadline: every loop runs to its end
     assert progress == [40, 40]  # two steps traced, the second measured
+
+
+def test_a_backward_that_would_end_past_the_deadline_is_not_started() -> None:
+    """A backward runs in the autograd engine's C++ and is never interrupted, so it is not
+    started when twice its forward would end past the deadline: here a 4 s forward (40
+    steps of 0.1 s) with 2 s left when it ends."""
+    workload = AdvisorWorkload(SLOW, {"loop_steps": 40, "delay_s": 0.1})
+    count_step_flops(AdvisorWorkload(SLOW, {"loop_steps": 1, "delay_s": 0.0}), SPEC)
+    t0 = time.perf_counter()
+    with (
+        fake_deadline(t0 + 6, "the test's deadline"),
+        pytest.raises(TraceOverBudget, match=r"backward would run past the test's deadline"),
+    ):
+        count_step_flops(workload, SPEC)
+    # with room for it, the same backward runs (its own time is short: the sleeps are forward's)
+    with fake_deadline(time.perf_counter() + 30, "the test's deadline"):
+        assert count_step_flops(workload, SPEC).method == "fake"
