@@ -6,6 +6,7 @@ no plan."""
 from __future__ import annotations
 
 import pytest
+import torch
 
 from advisor.workload import AdvisorWorkload
 from profilers.flops import count_step_flops
@@ -105,3 +106,19 @@ def test_its_flops_are_counted_on_a_real_step_unless_that_cannot_fit_the_host(
     monkeypatch.setattr(profilers.device, "read_host_memory", lambda: (2**30, 2**18))
     with pytest.raises(RuntimeError, match=r"no FLOP count: the fake count failed \(Fake"):
         count_step_flops(workload, spec)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_on_a_gpu_a_real_step_trace_is_the_caching_allocators_step_peak(
+    workload: AdvisorWorkload,
+) -> None:
+    from profilers.memory import measure_cuda_step_memory
+
+    spec = StepSpec(seq_len=32, micro_batch_size=4, precision="bf16")
+    trace = MemoryTrace.from_dict(measure_step_trace(workload, spec, "cuda", "cuda"))
+    truth = measure_cuda_step_memory(workload, spec)
+    assert trace.target_device_type == "cuda" and trace.method == REAL_STEP
+    # the step's own peak: the libraries' per-process workspaces are the checks' overhead
+    assert trace.peak_bytes == pytest.approx(truth.step_peak_allocated_bytes, rel=0.02)
+    assert trace.parameter_bytes == 4 * workload.facts().num_params
