@@ -78,9 +78,7 @@ def measure_step_trace(
         with quiet_native_output():
             cpu = measure_cpu(workload, spec, inspect=inspect)
         fb, opt = cpu.forward_backward_peak_bytes, cpu.optimizer_step_peak_bytes
-    return measured_trace(
-        spec, target_device_type, fb, opt, state, seconds=time.perf_counter() - started
-    ).to_dict()
+    return measured_trace(spec, target_device_type, fb, opt, state, started=started).to_dict()
 
 
 def step_state_bytes(step: TrainStep) -> dict[str, int]:
@@ -104,9 +102,12 @@ def measured_trace(
     optimizer_step_peak: int,
     state: dict[str, int],
     *,
-    seconds: float,
+    started: float,
 ) -> MemoryTrace:
-    """A :class:`MemoryTrace` from a real step's per-phase peaks and its state's sizes."""
+    """A :class:`MemoryTrace` from a real step's per-phase peaks and its state's sizes
+    (``started``: when the measurement began, a ``time.perf_counter()`` reading)."""
+    from profilers.memory_tracing import assemble_trace
+
     params, buffers = state["parameters"], state["buffers"]
     gradients, optimizer = state["gradients"], state["optimizer_state"]
 
@@ -128,21 +129,18 @@ def measured_trace(
             parameters=params, buffers=buffers, gradients=gradients, optimizer_state=optimizer
         ),
     )
-    return MemoryTrace(
-        spec=spec,
-        target_device_type=target_device_type,
-        peak_bytes=max(forward_backward_peak, optimizer_step_peak),
-        forward_backward_peak_bytes=forward_backward_peak,
-        optimizer_step_peak_bytes=optimizer_step_peak,
-        forward_backward_breakdown=fb,
-        optimizer_step_breakdown=opt,
+    trace = assemble_trace(
+        spec,
+        cuda_rounding=target_device_type == "cuda",
+        forward_backward=fb,
+        optimizer_step=opt,
         parameter_bytes=params,
         gradient_bytes=gradients,
         optimizer_state_bytes=optimizer,
         resident_bytes=params + buffers + optimizer,
-        trace_seconds=seconds,
-        method=REAL_STEP,
+        started=started,
     )
+    return dataclasses.replace(trace, method=REAL_STEP)
 
 
 def _storage_bytes(tensors: Any) -> int:
