@@ -240,12 +240,48 @@ def _use_wal(rdb: optuna.storages.RDBStorage) -> None:
 
     def on_connect(connection: Any, _record: Any) -> None:
         cursor = connection.cursor()
-        cursor.execute("PRAGMA journal_mode=WAL")
-        cursor.execute("PRAGMA synchronous=NORMAL")
-        cursor.close()
+        try:
+            mode = cursor.execute("PRAGMA journal_mode").fetchone()
+            if not mode or str(mode[0]).lower() != "wal":
+                _switch_to_wal(cursor)
+            cursor.execute("PRAGMA synchronous=NORMAL")
+        finally:
+            cursor.close()
 
     event.listen(rdb.engine, "connect", on_connect)
     rdb.engine.dispose()  # reconnect through the listener
+
+
+# Tries at switching a database to WAL while other connections hold it, each waiting at most
+# WAL_WAIT_MS for them, 0.1 s more apart each time (about 10 s in all).
+WAL_ATTEMPTS = 10
+WAL_WAIT_MS = 500
+
+
+def _switch_to_wal(cursor: Any) -> None:
+    """``PRAGMA journal_mode=WAL`` on a fresh connection, retried a few times while other
+    connections hold the file, then left: WAL is a speed-up, not needed for correctness.
+
+    Switching needs the file to itself. A second ``advisor tune`` worker starting on a fresh
+    shared study failed at once in CI with 'database is locked' from this switch; a
+    connection that waits on another's open read transaction waits out the whole busy timeout
+    (60 s) before failing so. WAL stays set in the file, so one worker's switch serves all;
+    one that never gets it goes on in rollback-journal mode (slower commits, same results)."""
+    import sqlite3
+
+    (previous,) = cursor.execute("PRAGMA busy_timeout").fetchone()
+    cursor.execute(f"PRAGMA busy_timeout = {WAL_WAIT_MS}")
+    try:
+        for attempt in range(WAL_ATTEMPTS):
+            try:
+                cursor.execute("PRAGMA journal_mode=WAL")
+                return
+            except sqlite3.OperationalError as exc:
+                if "locked" not in str(exc) and "busy" not in str(exc):
+                    raise
+                time.sleep(0.1 * (attempt + 1))
+    finally:
+        cursor.execute(f"PRAGMA busy_timeout = {int(previous)}")
 
 
 @contextlib.contextmanager
