@@ -127,7 +127,8 @@ def memory_check_phase(
                 wall_s=outcome.wall_s,
                 value=truth,
                 unit="bytes",
-                reason=f"traced fit {predicted} B",
+                # a model no fake trace can run was fitted from real steps (memory_measured)
+                reason=f"{'real-step' if run.untraceable else 'traced'} fit {predicted} B",
             )
         )
     _name_covering_budget(run, skipped, walls)

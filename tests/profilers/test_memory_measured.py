@@ -77,6 +77,8 @@ def test_a_profile_measures_what_it_cannot_trace_and_fits_it(workload: AdvisorWo
     assert all(r.status != "error" for r in rows)  # the failed fake trace is not a row
     assert all(r.reason.startswith("real step: no fake trace can run this model") for r in done)
     assert all(t.method == REAL_STEP for t in profile.memory)
+    checks = [r for r in profile.probes if r.probe == "memory_check" and r.status == "ok"]
+    assert checks and all(r.reason.startswith("real-step fit ") for r in checks)
     (model,) = [m for m in profile.fits.memory if m.activation_checkpointing == "none"]
     b = done[0].micro_batch_size
     assert model.predict(b) == pytest.approx(done[0].value, rel=0.01)
