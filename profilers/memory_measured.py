@@ -22,12 +22,13 @@ import dataclasses
 import time
 from typing import Any
 
-import torch
-
 from profilers.memory_records import MemoryBreakdown, MemoryTrace
 from profilers.workload import StepSpec, TrainStep, Workload
 
 REAL_STEP = "real step"
+# How a memory probe row measured so begins (its reason), whatever its status: what recommend
+# reads to tell a real step that could not run from a trace left out for time.
+REAL_STEP_ROW = f"{REAL_STEP}: "
 # Bytes per parameter a real fp32-master AdamW step holds at least (parameters, gradients,
 # two moments): a model over the usable memory at this rate cannot run a real step.
 STATE_BYTES_PER_PARAM = 16
@@ -144,6 +145,8 @@ def measured_trace(
 
 
 def _storage_bytes(tensors: Any) -> int:
+    import torch
+
     seen: dict[int, int] = {}
     for t in tensors:
         if isinstance(t, torch.Tensor) and t.numel():

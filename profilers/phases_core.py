@@ -167,8 +167,6 @@ def core_phase(
     capacity: int,
     device: DeviceInfo,
     flops: FlopCount | None = None,
-    *,
-    num_params: int | None = None,
 ) -> CoreResult:
     """Trace and time each group in turn within the memory and throughput shares together.
 
@@ -255,6 +253,7 @@ def core_phase(
                 )
             )
             continue
+        num_params = run.num_params
         if model is None and num_params is not None and 4 * num_params > usable:
             # No fit to say more (its traces failed or were cut), but its fp32 master weights
             # alone exceed the device: a timing child could only be killed (a 51.6B Jamba's
@@ -480,9 +479,9 @@ def _trace(run: ProbeRun, spec: StepSpec, target: str) -> MemoryTrace | None:
 
 def _real_step_trace(run: ProbeRun, spec: StepSpec, target: str, t0: float) -> MemoryTrace | None:
     """A step's memory measured on a real step in a child (the model is not fake-traceable)."""
-    from profilers.memory_measured import STATE_BYTES_PER_PARAM, measure_step_trace
+    from profilers.memory_measured import REAL_STEP_ROW, STATE_BYTES_PER_PARAM, measure_step_trace
 
-    why = f"real step: no fake trace can run this model ({run.untraceable})"
+    why = f"{REAL_STEP_ROW}no fake trace can run this model ({run.untraceable})"
     if run.options.device == "cpu" and target == "cuda":
         why += "; measured on the CPU for a CUDA target, without CUDA's 512-byte rounding"
     usable, params = run.usable_bytes, run.num_params

@@ -115,9 +115,7 @@ def _probe(run: ProbeRun, workload: Workload, options: ProfileOptions) -> Profil
     run.num_params = model.facts.num_params
     # The search's core, group by group (memory at two sizes, then step times), then the
     # refinements while the budget lasts.
-    core = core_phase(
-        run, precisions, target, capacity, device, model.flops, num_params=model.facts.num_params
-    )
+    core = core_phase(run, precisions, target, capacity, device, model.flops)
     timings = core.timings
     if core.unfit and not core.groups:
         # Nothing fits this device even at micro-batch 1 (a 70B model on a small host): the

@@ -614,7 +614,8 @@ def test_no_timing_child_for_a_model_whose_fp32_weights_alone_exceed_the_device(
     options = ProfileOptions(seq_len=16, budget_s=120, checkpointing=("none", "full"))
     device = cast(DeviceInfo, SimpleNamespace(precisions={}))
     run = ProbeRun(ToyWorkload(), options, None)
-    core = core_phase(run, ("fp32",), "cpu", 16 * GiB, device, num_params=8 * 2**30)
+    run.num_params = 8 * 2**30
+    core = core_phase(run, ("fp32",), "cpu", 16 * GiB, device)
     assert not script.events and not core.groups  # nothing timed
     assert core.unfit == [("fp32", "none"), ("fp32", "full")]
     row = next(r for r in run.rows if r.probe == "throughput")
@@ -624,5 +625,6 @@ def test_no_timing_child_for_a_model_whose_fp32_weights_alone_exceed_the_device(
     )
     # a model that may fit is still timed without a fit
     run = ProbeRun(ToyWorkload(), options, None)
-    core = core_phase(run, ("fp32",), "cpu", 16 * GiB, device, num_params=2**20)
+    run.num_params = 2**20
+    core = core_phase(run, ("fp32",), "cpu", 16 * GiB, device)
     assert script.events and core.groups
