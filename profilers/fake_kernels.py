@@ -51,7 +51,13 @@ GROUPED_GEMM_OP = "aten._grouped_mm"
 
 
 class TraceOverBudget(TimeoutError):
-    """A fake-tensor trace or count ran past the deadline it was given (:func:`fake_deadline`)."""
+    """A fake-tensor trace or count ran past the deadline it was given (:func:`fake_deadline`).
+    ``more_s``: at least how many more seconds the stopped work needed (the backward it did not
+    start, estimated; 0 when stopped in its forward, where what is left is unknown)."""
+
+    def __init__(self, message: str, *, more_s: float = 0.0) -> None:
+        super().__init__(message)
+        self.more_s = more_s
 
 
 # Deadlines (time.perf_counter() values) of the fake traces and counts of this process, the
@@ -130,10 +136,6 @@ def _fake_forward_mode() -> Any:
     return next((mode for mode in modes if isinstance(mode, FakeTensorMode)), None)
 
 
-def _fake_forward_running() -> bool:
-    return _fake_forward_mode() is not None
-
-
 def _check_backward_start() -> None:
     """Raise :class:`TraceOverBudget` rather than start a fake backward that would end past
     the deadline, at :data:`BACKWARD_OVER_FORWARD` times the forward it follows."""
@@ -152,8 +154,18 @@ def _check_backward_start() -> None:
     if now + backward > at:
         raise TraceOverBudget(
             f"the fake-tensor trace's backward would run past {what} (~{backward:.0f} s, "
-            f"{BACKWARD_OVER_FORWARD:g}x its forward)"
+            f"{BACKWARD_OVER_FORWARD:g}x its forward)",
+            more_s=backward,
         )
+
+
+def deadline_left() -> tuple[float, str] | None:
+    """(seconds until the earliest deadline of this process's fake traces, what it is named),
+    negative once passed; None outside :func:`fake_deadline`."""
+    if not _DEADLINES:
+        return None
+    at, what = min(_DEADLINES)
+    return at - time.perf_counter(), what
 
 
 def _raise_if_past() -> None:
@@ -171,7 +183,7 @@ def _check_between_ops(caller: Any) -> None:
         return
     if caller is None or caller.f_code.co_filename.startswith(_torch_dir()):
         return
-    if torch._C._len_torch_dispatch_stack() < _TOP_DEPTH[0] or not _fake_forward_running():
+    if torch._C._len_torch_dispatch_stack() < _TOP_DEPTH[0] or _fake_forward_mode() is None:
         return
     _raise_if_past()
 

@@ -22,13 +22,9 @@ import dataclasses
 import time
 from typing import Any
 
-from profilers.memory_records import MemoryBreakdown, MemoryTrace
+from profilers.memory_records import REAL_STEP, MemoryBreakdown, MemoryTrace
 from profilers.workload import StepSpec, TrainStep, Workload
 
-REAL_STEP = "real step"
-# How a memory probe row measured so begins (its reason), whatever its status: what recommend
-# reads to tell a real step that could not run from a trace left out for time.
-REAL_STEP_ROW = f"{REAL_STEP}: "
 # Bytes per parameter a real fp32-master AdamW step holds at least (parameters, gradients,
 # two moments): a model over the usable memory at this rate cannot run a real step.
 STATE_BYTES_PER_PARAM = 16

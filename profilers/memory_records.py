@@ -9,6 +9,12 @@ from typing import Any
 
 from profilers.workload import StepSpec
 
+# MemoryTrace.method of a step measured on a real step (profilers.memory_measured).
+REAL_STEP = "real step"
+# How a memory probe row measured so begins (its reason), whatever its status: what recommend
+# reads to tell a real step that could not run from a trace left out for time.
+REAL_STEP_ROW = f"{REAL_STEP}: "
+
 TARGET_DEVICE_TYPES: tuple[str, ...] = ("cpu", "cuda")
 
 

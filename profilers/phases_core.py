@@ -30,7 +30,7 @@ from profilers.device import DeviceInfo
 from profilers.flops import FlopCount
 from profilers.memory_blocks import DepthScaling
 from profilers.memory_model import MemoryModel, fit_memory
-from profilers.memory_records import MemoryTrace
+from profilers.memory_records import REAL_STEP_ROW, MemoryTrace
 from profilers.probe_run import CHILD_START_S, MIN_CHILD_SHARE_S, ProbeRun
 from profilers.throughput import StepTiming
 from profilers.workload import StepSpec
@@ -364,9 +364,7 @@ def refine_phase(run: ProbeRun, core: CoreResult, target: str) -> list[MemoryTra
             )
             continue
         run.clock.say(f"memory: tracing {probe_rows.label(spec)} (refinement {i + 1}/{len(plan)})")
-        t0 = time.perf_counter()
-        trace = _trace(run, spec, target)
-        costs.add(spec.activation_checkpointing, time.perf_counter() - t0)
+        trace = _trace(run, spec, target, costs)
         if trace is not None:
             traces.append(trace)
     if skipped:
@@ -446,40 +444,71 @@ def _trace_group(
     for b in sizes:
         spec = run.spec(precision, checkpointing, b)
         run.clock.say(f"memory: tracing {probe_rows.label(spec)} (group {index + 1}/{num_groups})")
-        t0 = time.perf_counter()
-        trace = _trace(run, spec, target)
-        costs.add(checkpointing, time.perf_counter() - t0)
+        trace = _trace(run, spec, target, costs)
         if trace is not None:
             traces.append(trace)
     return traces
 
 
-def _trace(run: ProbeRun, spec: StepSpec, target: str) -> MemoryTrace | None:
+def _trace(
+    run: ProbeRun, spec: StepSpec, target: str, costs: _Costs | None = None
+) -> MemoryTrace | None:
     """One step's memory: a fake trace, or a real step's once no fake trace can run the model
-    (it reads tensor values on the host: :mod:`profilers.memory_measured`)."""
+    (it reads tensor values on the host: :mod:`profilers.memory_measured`).
+
+    With ``costs``, the time it took is added to them (for a trace stopped at the deadline, that
+    and at least what it still needed: the backward it did not start), and a fake trace is not
+    started when such a trace took longer than is left before the deadline of the profile's
+    fake traces (:func:`profilers.fake_kernels.fake_deadline`): it could only be stopped there.
+    Until 2026-12-05 it was: a Zamba2 (2.48B, traced whole, seq 4096) had its first trace's
+    backward refused at that deadline, then spent 52 s on the group's second size's forward,
+    refused too."""
+    from profilers.fake_kernels import TraceOverBudget, deadline_left
     from profilers.memory import trace_step_memory
     from profilers.memory_measured import needs_real_values
 
+    checkpointing = spec.activation_checkpointing
     t0 = time.perf_counter()
     if run.untraceable is None:
+        expected = costs.trace(checkpointing) if costs is not None else 0.0
+        left = deadline_left()
+        if left is not None and expected > 0 and expected > left[0]:
+            run.rows.append(
+                probe_rows.skipped(
+                    "memory",
+                    spec,
+                    f"time budget spent: a trace took ~{expected:.0f} s here and "
+                    f"{max(left[0], 0.0):.0f} s are left before {left[1]}; not started, as it "
+                    "could only be stopped there; a larger --budget-s gives it more",
+                )
+            )
+            return None
         try:
             trace = trace_step_memory(run.workload, spec, target_device_type=target)
         except Exception as exc:
             if not needs_real_values(exc):
                 wall_s = time.perf_counter() - t0
                 run.rows.append(probe_rows.raised("memory", spec, exc, wall_s=wall_s))
+                if costs is not None:
+                    more = exc.more_s if isinstance(exc, TraceOverBudget) else 0.0
+                    costs.add(checkpointing, wall_s + more)
                 return None
             # A property of the model, not of this config: every later step is measured.
             run.untraceable = probe_rows.one_line(exc)
         else:
             run.measured("memory", spec, since=t0, value=trace.peak_bytes, unit="bytes")
+            if costs is not None:
+                costs.add(checkpointing, time.perf_counter() - t0)
             return trace
-    return _real_step_trace(run, spec, target, t0)
+    measured = _real_step_trace(run, spec, target, t0)
+    if costs is not None:
+        costs.add(checkpointing, time.perf_counter() - t0)
+    return measured
 
 
 def _real_step_trace(run: ProbeRun, spec: StepSpec, target: str, t0: float) -> MemoryTrace | None:
     """A step's memory measured on a real step in a child (the model is not fake-traceable)."""
-    from profilers.memory_measured import REAL_STEP_ROW, STATE_BYTES_PER_PARAM, measure_step_trace
+    from profilers.memory_measured import STATE_BYTES_PER_PARAM, measure_step_trace
 
     why = f"{REAL_STEP_ROW}no fake trace can run this model ({run.untraceable})"
     if run.options.device == "cpu" and target == "cuda":

@@ -27,6 +27,7 @@ from profilers.checkpointing_fits import blocks_memory_model
 from profilers.compile_records import CompileMeasurement, find_compile
 from profilers.flops import FlopCount
 from profilers.memory_model import MemoryModel
+from profilers.memory_records import REAL_STEP_ROW
 from profilers.profile_record import Profile
 from profilers.throughput import largest_host_share
 from profilers.workload import ModelFacts
@@ -847,12 +848,6 @@ def machine_from_profile(profile: Profile) -> Machine:
         fragmentation_fraction=profile.memory_overhead.fragmentation_fraction,
         shared_host=cpu,
     )
-
-
-# How a memory row measured on a real step begins, whatever its status: the spelling of
-# profilers.memory_measured.REAL_STEP_ROW, which is probe code (strategies imports records only;
-# its home would be profilers.memory_records, whose edit re-traces the benchmark caches).
-REAL_STEP_ROW = "real step: "
 
 
 def failed_memory_traces(profile: Profile) -> dict[tuple[str, str], str]:

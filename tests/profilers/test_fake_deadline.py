@@ -5,6 +5,7 @@ model traced whole (no repeated blocks: Jamba, 52B, sequence 4096) spent over 10
 
 from __future__ import annotations
 
+import re
 import sys
 import time
 
@@ -111,3 +112,34 @@ def test_a_backward_that_would_end_past_the_deadline_is_not_started() -> None:
     # with room for it, the same backward runs (its own time is short: the sleeps are forward's)
     with fake_deadline(time.perf_counter() + 30, "the test's deadline"):
         assert count_step_flops(workload, SPEC).method == "fake"
+
+
+def test_a_trace_that_could_only_be_stopped_at_the_deadline_is_not_started() -> None:
+    """A trace whose backward was refused at the profile's deadline counts what it still
+    needed (that backward) in its cost, and a trace expected to take longer than is left
+    before that deadline is not started. Until 2026-12-05 the group's second size was: a
+    Zamba2 (2.48B, traced whole, seq 4096) spent 52 s on a forward whose backward was refused
+    again. Here each fake forward takes 5 s (50 steps of 0.1 s) against a 4 s budget and its
+    10 s of overrun."""
+    from advisor.models.registry import load_factory
+
+    workload = AdvisorWorkload(SLOW, {"loop_steps": 50, "delay_s": 0.1})
+    progress = sys.modules[load_factory(SLOW).__module__].PROGRESS
+    progress.clear()
+    options = ProfileOptions(
+        seq_len=16,
+        budget_s=4,
+        precisions=("fp32",),
+        checkpointing=("none",),
+        comm=False,
+        input_workers=(),
+    )
+    profile = run_profile(workload, options)
+    core = [r for r in profile.probes if r.probe == "memory" and r.name.startswith("fp32/none/b=")]
+    first, second = core[0], core[1]
+    assert "backward would run past --budget-s 4" in first.reason, first.reason
+    assert second.status == "skipped" and "not started" in second.reason, second.reason
+    expected = float(re.search(r"a trace took ~(\d+) s here", second.reason).group(1))  # type: ignore[union-attr]
+    assert expected >= 2.5 * first.wall_s  # its forward and at least the backward it refused
+    # the FLOP count's forward and the first trace's: no third forward was begun
+    assert len(progress) == 2, progress

@@ -194,7 +194,7 @@ def test_a_setting_the_share_cannot_cover_gets_a_row_not_a_trace(
 
     _, model_facts, run, chunks = _phase_run()
     traced: list[StepSpec] = []
-    monkeypatch.setattr(core, "_trace", lambda run, spec, target: traced.append(spec))
+    monkeypatch.setattr(core, "_trace", lambda run, spec, target, costs=None: traced.append(spec))
     # No plain timings: the delta is skipped with its row, no child is started.
     result = phase.chunked_loss_phase(
         run, model_facts, "cpu", [], [], FULL_TRACED, lambda setting: 1e6

@@ -57,9 +57,13 @@ class Script:
 
 
 def fake_trace(clock: FakeClock, script: Script) -> Callable[..., MemoryTrace]:
-    def trace(run: ProbeRun, spec: StepSpec, target: str) -> MemoryTrace:
+    def trace(
+        run: ProbeRun, spec: StepSpec, target: str, costs: core_module._Costs | None = None
+    ) -> MemoryTrace:
         t0 = clock.t
         clock.t += script.trace_s[spec.activation_checkpointing]
+        if costs is not None:
+            costs.add(spec.activation_checkpointing, clock.t - t0)
         script.events.append(f"trace {spec.precision}/{spec.activation_checkpointing}")
         b = spec.micro_batch_size
         peak = GiB + b * 10_000_000 + (spec.grad_accum_steps - 1) * 1_000_000
@@ -606,8 +610,12 @@ def test_no_timing_child_for_a_model_whose_fp32_weights_alone_exceed_the_device(
     51.6B Jamba's timing child took its whole share on a 24 GiB host, and could only fail."""
     script = Script(trace_s={"none": 3.0, "full": 4.0})
 
-    def no_trace(run: ProbeRun, spec: StepSpec, target: str) -> None:
+    def no_trace(
+        run: ProbeRun, spec: StepSpec, target: str, costs: core_module._Costs | None = None
+    ) -> None:
         clock.t += 1.0
+        if costs is not None:
+            costs.add(spec.activation_checkpointing, 1.0)
 
     monkeypatch.setattr(core_module, "_trace", no_trace)
     monkeypatch.setattr(time_module, "_time_group", fake_time_group(clock, script))

@@ -593,10 +593,3 @@ def test_a_group_whose_real_steps_could_not_run_says_why_not_the_budget() -> Non
         model.predict(cand(precision="fp32", ckpt="full"))
     assert f"{why}, and a real step cannot fit" in str(failed.value)
     assert "measured on real steps" in str(failed.value) and "--budget-s" not in str(failed.value)
-
-
-def test_recommend_reads_real_step_rows_as_the_profiler_writes_them() -> None:
-    from profilers.memory_measured import REAL_STEP_ROW as written
-    from strategies.cost import REAL_STEP_ROW as read
-
-    assert read == written
