@@ -148,7 +148,7 @@ def chunked_loss_phase(
     that setting) says it ends in time.
     Whatever is left out gets a row that says so.
     """
-    from profilers.phases_core import _trace
+    from profilers.phases_core import _trace, too_late_to_trace
 
     out = ChunkedResult()
     sizes = run.options.trace_micro_batch_sizes[-2:]
@@ -181,6 +181,9 @@ def chunked_loss_phase(
             why = f"time budget spent; --budget-s {suggested} would cover it"
             run.rows.append(probe_rows.skipped("memory", spec, why))
             continue
+        plain_s = trace_seconds("none") if trace_seconds is not None else 0.0
+        if too_late_to_trace(run, spec, max(last_s, plain_s)):
+            continue
         run.clock.say(f"memory: tracing {probe_rows.label(spec)} ({chunks} loss chunks)")
         t0 = time.perf_counter()
         trace = _trace(run, spec, target)
@@ -204,6 +207,8 @@ def chunked_loss_phase(
             run.rows += [probe_rows.skipped("memory", spec, why) for spec in specs]
             continue
         for spec in specs:
+            if too_late_to_trace(run, spec, pair_s / 2):
+                continue
             run.clock.say(f"memory: tracing {probe_rows.label(spec)} ({chunks} loss chunks)")
             trace = _trace(run, spec, target)
             if trace is not None:

@@ -463,25 +463,14 @@ def _trace(
     Until 2026-12-05 it was: a Zamba2 (2.48B, traced whole, seq 4096) had its first trace's
     backward refused at that deadline, then spent 52 s on the group's second size's forward,
     refused too."""
-    from profilers.fake_kernels import TraceOverBudget, deadline_left
+    from profilers.fake_kernels import TraceOverBudget
     from profilers.memory import trace_step_memory
     from profilers.memory_measured import needs_real_values
 
     checkpointing = spec.activation_checkpointing
     t0 = time.perf_counter()
     if run.untraceable is None:
-        expected = costs.trace(checkpointing) if costs is not None else 0.0
-        left = deadline_left()
-        if left is not None and expected > 0 and expected > left[0]:
-            run.rows.append(
-                probe_rows.skipped(
-                    "memory",
-                    spec,
-                    f"time budget spent: a trace took ~{expected:.0f} s here and "
-                    f"{max(left[0], 0.0):.0f} s are left before {left[1]}; not started, as it "
-                    "could only be stopped there; a larger --budget-s gives it more",
-                )
-            )
+        if costs is not None and too_late_to_trace(run, spec, costs.trace(checkpointing)):
             return None
         try:
             trace = trace_step_memory(run.workload, spec, target_device_type=target)
@@ -504,6 +493,28 @@ def _trace(
     if costs is not None:
         costs.add(checkpointing, time.perf_counter() - t0)
     return measured
+
+
+def too_late_to_trace(run: ProbeRun, spec: StepSpec, expected_s: float) -> bool:
+    """Whether a fake trace of ``spec`` expected to take ``expected_s`` (0: unknown) would end
+    past the deadline of the profile's fake traces, where it could only be stopped; if so, its
+    row says so. A model measured on real steps (``run.untraceable``) has no such deadline."""
+    from profilers.fake_kernels import deadline_left
+
+    left = deadline_left()
+    if run.untraceable is not None or left is None or expected_s <= 0 or expected_s <= left[0]:
+        return False
+    seconds, what = left
+    run.rows.append(
+        probe_rows.skipped(
+            "memory",
+            spec,
+            f"time budget spent: a trace took ~{expected_s:.0f} s here and {max(seconds, 0):.0f} "
+            f"s are left before {what}; not started, as it could only be stopped there; a "
+            "larger --budget-s gives it more",
+        )
+    )
+    return True
 
 
 def _real_step_trace(run: ProbeRun, spec: StepSpec, target: str, t0: float) -> MemoryTrace | None:

@@ -11,7 +11,7 @@ import dataclasses
 import itertools
 import statistics
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from profilers import probe_rows
@@ -38,17 +38,27 @@ def distributed_trace_phase(
     world_sizes: Sequence[int],
     parallelisms: Sequence[str] = ("fsdp", "ddp"),
     group_order: Sequence[tuple[str, str]] | None = None,
+    trace_seconds: Callable[[str], float] | None = None,
 ) -> list[MemoryTrace]:
     """Per-rank memory of ``parallelisms`` steps at each world size, traced under a fake
     process group in one child (the group is process-global). fp32 first (or the
     (precision, checkpointing) groups in ``group_order``, the others after them); the rest
-    while the budget lasts."""
+    while the budget lasts.
+
+    ``trace_seconds``: what a one-device trace took per checkpointing (the core's costs), the
+    expected time of the first rank's trace; no child starts when the share cannot cover it
+    (until 2026-12-05 the first always started: a Zamba2, traced whole at ~140 s a trace, had
+    its child killed after the phase's 46 s)."""
     share = run.clock.share("memory_distributed")
     if not world_sizes or share < MIN_CHILD_SHARE_S:
         reason = "no world size > 1" if not world_sizes else "time budget spent"
         run.rows.append(probe_rows.skipped("memory_distributed", None, reason, name=GROUP_NAME))
         return []
     specs = _distributed_specs(run, precisions, world_sizes, parallelisms, group_order)
+    first_s = trace_seconds(specs[0].activation_checkpointing) if trace_seconds and specs else 0.0
+    if first_s > share - CHILD_START_S:
+        skipped = [{"status": "skipped", "reason": "time budget spent"} for _ in specs]
+        return _record_results(run, specs, skipped, unmeasured_s=first_s)
     run.clock.say(
         f"memory: per-rank {'/'.join(parallelisms)} traces at world size "
         f"{', '.join(map(str, world_sizes))}"
@@ -59,12 +69,13 @@ def distributed_trace_phase(
         specs,
         target,
         share - CHILD_START_S,
+        first_s,
         timeout_s=share + DISTRIBUTED_TRACE_TIMEOUT_MARGIN_S,
     )
     if not outcome.ok:
         run.rows.append(probe_rows.failed("memory_distributed", None, outcome, name=GROUP_NAME))
         return []
-    return _record_results(run, specs, outcome.value)
+    return _record_results(run, specs, outcome.value, unmeasured_s=first_s or DEFAULT_TRACE_S)
 
 
 # The what-if's precisions, in the order a model too large for this device has its ranks
@@ -152,9 +163,14 @@ def _in_first_group(spec: StepSpec, first: StepSpec) -> bool:
 
 
 def _record_results(
-    run: ProbeRun, specs: Sequence[StepSpec], results: Sequence[dict[str, Any]]
+    run: ProbeRun,
+    specs: Sequence[StepSpec],
+    results: Sequence[dict[str, Any]],
+    *,
+    unmeasured_s: float = DEFAULT_TRACE_S,
 ) -> list[MemoryTrace]:
-    """A row per trace made or failed, one for all the traces the budget left out."""
+    """A row per trace made or failed, one for all the traces the budget left out (each
+    taken at the mean of those made, or at ``unmeasured_s`` when none was)."""
     traces = []
     for spec, result in zip(specs, results, strict=True):
         name = f"{spec.parallelism}x{spec.world_size} {probe_rows.label(spec)}"
@@ -192,7 +208,7 @@ def _record_results(
                 "memory_distributed",
                 None,
                 f"{skipped} traces left out: time budget spent; --budget-s "
-                f"{_covering_budget_s(run, results, skipped)} would cover them",
+                f"{_covering_budget_s(run, results, skipped, unmeasured_s)} would cover them",
                 name=GROUP_NAME,
             )
         )
@@ -208,7 +224,7 @@ def _record_results(
                 None,
                 f"{len(kept)} FSDP traces with the blocks kept gathered "
                 "(fsdp_reshard_after_forward false) left out: time budget spent; "
-                + _kept_budget_advice(run, specs, results, kept),
+                + _kept_budget_advice(run, specs, results, kept, unmeasured_s),
                 name=KEPT_GATHERED_NAME,
             )
         )
@@ -220,29 +236,35 @@ def _kept_budget_advice(
     specs: Sequence[StepSpec],
     results: Sequence[dict[str, Any]],
     kept: Sequence[int],
+    unmeasured_s: float = DEFAULT_TRACE_S,
 ) -> str:
     """Which --budget-s traces the kept-gathered ranks the search needs. The knob is searched
     once any FSDP rank was traced kept gathered (strategies.space.reshard_settings): the first
     group's sizes, which come right after that group's own traces, are enough for it. Covering
     every kept trace (they come last) can ask for hours on a large model."""
     skipped_upto = list(itertools.accumulate(r["status"] == "skipped" for r in results))
-    every = _covering_budget_s(run, results, skipped_upto[-1])
+    every = _covering_budget_s(run, results, skipped_upto[-1], unmeasured_s)
     first = specs[0]
     group = [i for i in kept if _in_first_group(specs[i], first)]
     if not group:
         return f"--budget-s {every} would cover them"
-    enough = _covering_budget_s(run, results, skipped_upto[group[-1]])
+    enough = _covering_budget_s(run, results, skipped_upto[group[-1]], unmeasured_s)
     return (
         f"--budget-s {enough} would trace {first.precision}/{first.activation_checkpointing}'s "
         f"(enough to search the knob), {every} all of them"
     )
 
 
-def _covering_budget_s(run: ProbeRun, results: Sequence[dict[str, Any]], skipped: int) -> int:
+def _covering_budget_s(
+    run: ProbeRun,
+    results: Sequence[dict[str, Any]],
+    skipped: int,
+    unmeasured_s: float = DEFAULT_TRACE_S,
+) -> int:
     """The --budget-s whose share for this phase also covers ``skipped`` more traces, at the
-    mean wall time of the traces made (profilers.budget.covering_budget_s)."""
+    mean wall time of the traces made, or ``unmeasured_s`` (profilers.budget.covering_budget_s)."""
     walls = [float(r["wall_s"]) for r in results if r["status"] == "ok"]
-    per_trace = statistics.fmean(walls) if walls else DEFAULT_TRACE_S
+    per_trace = statistics.fmean(walls) if walls else unmeasured_s
     return covering_budget_s(
         run.options.budget_s, ("memory_distributed",), skipped * per_trace, run.clock.dropped
     )
@@ -252,12 +274,13 @@ def _covering_budget_s(run: ProbeRun, results: Sequence[dict[str, Any]], skipped
 
 
 def _distributed_trace_child(
-    workload: Workload, specs: list[StepSpec], target: str, budget_s: float
+    workload: Workload, specs: list[StepSpec], target: str, budget_s: float, first_s: float = 0.0
 ) -> list[dict[str, Any]]:
     """Per-rank traces under a fake process group, in priority order, until the budget ends.
 
     A trace starts only when it would end before the deadline at the mean wall time of the
-    traces made so far (the first always starts): a 70B rank's trace takes 10-15 s, and
+    traces made so far (the first at ``first_s``, what a one-device trace took: 0 when
+    unknown, and it always starts): a 70B rank's trace takes 10-15 s, and
     checking only that the deadline had not passed let the last one overrun the whole
     profile's budget by that much. Returns one dict per spec: the trace, or why there is none
     (error, or budget spent).
@@ -268,7 +291,7 @@ def _distributed_trace_child(
     out: list[dict[str, Any]] = []
     walls: list[float] = []
     for spec in specs:
-        expected = statistics.fmean(walls) if walls else 0.0
+        expected = statistics.fmean(walls) if walls else first_s
         if time.perf_counter() + expected > deadline:
             out.append({"status": "skipped", "reason": "time budget spent"})
             continue

@@ -229,6 +229,36 @@ def test_the_rank_trace_child_starts_no_trace_it_expects_to_end_past_its_deadlin
     out = phases_distributed._distributed_trace_child(WORKLOAD, specs, "cpu", 10.0)
     assert [r["status"] for r in out] == ["ok"] * 3 + ["skipped"] * 3
     assert clock.now == 9.0  # within the 10 s
+    # The first trace too, when a one-device trace of the model took longer than the budget
+    # (until 2026-12-05 the first always started).
+    out = phases_distributed._distributed_trace_child(WORKLOAD, specs, "cpu", 10.0, 11.0)
+    assert [r["status"] for r in out] == ["skipped"] * 6 and clock.now == 9.0
+
+
+def test_no_rank_trace_child_starts_when_a_one_device_trace_took_longer_than_the_share(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A Zamba2 (2.48B, traced whole, ~140 s a one-device trace) had its rank-trace child
+    killed after the phase's 46 s share. The core's trace costs say beforehand: no child, and
+    the row names the budget that covers the traces at that cost."""
+    import profilers.phases_distributed as phases_distributed
+
+    run = ProbeRun(WORKLOAD, ProfileOptions(seq_len=SEQ_LEN, budget_s=120), None)
+
+    def no_child(*args: object, **kwargs: object) -> None:
+        raise AssertionError("a child started")
+
+    monkeypatch.setattr(run, "isolated", no_child)
+    traces = phases_distributed.distributed_trace_phase(
+        run, ("fp32",), "cpu", (2,), ("fsdp",), None, lambda checkpointing: 1e4
+    )
+    assert traces == []
+    (row,) = [r for r in run.rows if r.name == GROUP_NAME]
+    n = len(_distributed_specs(run, ("fp32",), (2,), ("fsdp",)))
+    assert row.status == "skipped" and row.reason.startswith(f"{n} traces left out")
+    suggested = int(row.reason.split("--budget-s ")[1].split()[0])
+    share = SHARES["memory_distributed"] / sum(SHARES.values())
+    assert suggested >= n * 1e4 / share  # at the one-device trace's 1e4 s each
 
 
 def test_a_what_if_traces_the_16_bit_ranks_first_least_memory_first_within_each() -> None:

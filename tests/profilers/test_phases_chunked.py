@@ -229,3 +229,31 @@ def _plain_model() -> TimeModel:
         forward_backward=AffineFit(intercept=0.0, slope=0.2, xs=(1.0, 2.0), ys=(0.2, 0.4)),
         optimizer_s=0.001,
     )
+
+
+def test_no_trace_starts_that_could_only_be_stopped_at_the_profiles_deadline(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Inside the profile's fake-trace deadline (60 s away here), a chunked trace expected to
+    take as long as the core's plain one (1e6 s) is not started: its row says why. A Zamba2
+    (2.48B, traced whole) spent 49 s on a chunked trace's forward whose backward was refused."""
+    import time
+
+    import profilers.phases_chunked as phase
+    import profilers.phases_core as core
+    from profilers.fake_kernels import fake_deadline
+
+    _, model_facts, run, chunks = _phase_run()
+    traced: list[StepSpec] = []
+    monkeypatch.setattr(core, "_trace", lambda run, spec, target, costs=None: traced.append(spec))
+    with fake_deadline(time.perf_counter() + 60, "the test's deadline"):
+        phase.chunked_loss_phase(run, model_facts, "cpu", [], [], FULL_TRACED, lambda _: 1e6)
+    assert traced == []
+    late = [r for r in run.rows if "not started" in (r.reason or "")]
+    assert [r.name for r in late] == [f"fp32/none/b=2/lc{chunks}", f"fp32/none/b=4/lc{chunks}"]
+    assert "a trace took ~1000000 s here" in late[0].reason
+    assert "before the test's deadline" in late[0].reason
+    # with the time to run them, they run
+    with fake_deadline(time.perf_counter() + 60, "the test's deadline"):
+        phase.chunked_loss_phase(run, model_facts, "cpu", [], [], FULL_TRACED, lambda _: 1.0)
+    assert [s.micro_batch_size for s in traced][:2] == [2, 4]
