@@ -25,9 +25,19 @@ from typing import Any
 from profilers.memory_records import REAL_STEP, MemoryBreakdown, MemoryTrace
 from profilers.workload import StepSpec, TrainStep, Workload
 
-# Bytes per parameter a real fp32-master AdamW step holds at least (parameters, gradients,
-# two moments): a model over the usable memory at this rate cannot run a real step.
-STATE_BYTES_PER_PARAM = 16
+# Bytes a real step holds at least, whatever its precision or checkpointing: every parameter's
+# fp32 master copy, and for each one that trains its fp32 gradient and AdamW's two fp32 moments
+# (advisor/trainer/step.py: fp32 master weights, AdamW). A model whose state exceeds the usable
+# memory cannot run a real step.
+WEIGHT_BYTES_PER_PARAM = 4
+TRAINING_BYTES_PER_TRAINABLE_PARAM = 12
+
+
+def training_state_bytes(num_params: int, num_trainable_params: int | None = None) -> int:
+    """The bytes of a training step's state (see :data:`WEIGHT_BYTES_PER_PARAM`); every
+    parameter trains when ``num_trainable_params`` is None."""
+    trainable = num_params if num_trainable_params is None else num_trainable_params
+    return WEIGHT_BYTES_PER_PARAM * num_params + TRAINING_BYTES_PER_TRAINABLE_PARAM * trainable
 
 
 def needs_real_values(exc: BaseException) -> bool:

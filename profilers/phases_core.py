@@ -253,13 +253,17 @@ def core_phase(
                 )
             )
             continue
-        num_params = run.num_params
-        if model is None and num_params is not None and 4 * num_params > usable:
-            # No fit to say more (its traces failed or were cut), but its fp32 master weights
-            # alone exceed the device: a timing child could only be killed (a 51.6B Jamba's
-            # took its whole 22.5 s share on a 24 GiB host).
+        counted = _state_bytes(run)
+        if model is None and counted is not None and counted > usable:
+            # No fit to say more (its traces failed or were cut), but its training state alone
+            # exceeds the device: a timing child could only be killed (a 51.6B Jamba's took
+            # its whole 22.5 s share on a 24 GiB host). Until 2026-12-05 only the fp32 weights
+            # were counted: a Zamba2 (2.48B: 9.2 GiB of them, 37 GiB of state) was asked for
+            # --budget-s 17010 to time a step that cannot run here.
             out.unfit.append((p, c))
-            state_unfit = _unfit_whatever("fp32 parameters", 4 * num_params, usable)
+            state_unfit = _unfit_whatever(
+                "fp32 parameters, gradients and AdamW state", counted, usable
+            )
             run.rows.append(
                 probe_rows.skipped("throughput", run.spec(p, c, 1), state_unfit, name=f"{p}/{c}")
             )
@@ -289,6 +293,15 @@ def core_phase(
     if out.skipped:
         _record_skipped(run, out, sizes, costs, timing_cost)
     return out
+
+
+def _state_bytes(run: ProbeRun) -> int | None:
+    """What any real step of the run's model holds (None: its parameters are not counted)."""
+    from profilers.memory_measured import training_state_bytes
+
+    if run.num_params is None:
+        return None
+    return training_state_bytes(run.num_params, run.num_trainable_params)
 
 
 def _unfit_whatever(what: str, need: float, usable: float) -> str:
@@ -441,12 +454,27 @@ def _trace_group(
     costs: _Costs,
 ) -> list[MemoryTrace]:
     traces = []
+    cut: list[int] = []  # rows of the traces stopped or not started for the deadline
     for b in sizes:
         spec = run.spec(precision, checkpointing, b)
         run.clock.say(f"memory: tracing {probe_rows.label(spec)} (group {index + 1}/{num_groups})")
+        rows = len(run.rows)
         trace = _trace(run, spec, target, costs)
         if trace is not None:
             traces.append(trace)
+        elif len(run.rows) > rows and run.rows[-1].reason.startswith(probe_rows.TIME_SPENT):
+            cut.append(len(run.rows) - 1)
+    if cut:
+        # At what such a trace takes (for one stopped, at least what it still needed): the
+        # budget whose core share runs them.
+        suggested = covering_budget_s(
+            run.options.budget_s,
+            ("memory", "throughput"),
+            costs.trace(checkpointing) * len(cut),
+            run.clock.dropped,
+        )
+        what = f"{len(cut)} traces of {precision}/{checkpointing}"
+        probe_rows.name_covering_budget(run.rows, cut, suggested, what)
     return traces
 
 
@@ -509,9 +537,9 @@ def too_late_to_trace(run: ProbeRun, spec: StepSpec, expected_s: float) -> bool:
         probe_rows.skipped(
             "memory",
             spec,
-            f"time budget spent: a trace took ~{expected_s:.0f} s here and {max(seconds, 0):.0f} "
-            f"s are left before {what}; not started, as it could only be stopped there; a "
-            "larger --budget-s gives it more",
+            f"{probe_rows.TIME_SPENT}: a trace took ~{expected_s:.0f} s here and "
+            f"{max(seconds, 0):.0f} s are left before {what}; not started, as it could only be "
+            f"stopped there; {probe_rows.LARGER_BUDGET}",
         )
     )
     return True
@@ -519,14 +547,13 @@ def too_late_to_trace(run: ProbeRun, spec: StepSpec, expected_s: float) -> bool:
 
 def _real_step_trace(run: ProbeRun, spec: StepSpec, target: str, t0: float) -> MemoryTrace | None:
     """A step's memory measured on a real step in a child (the model is not fake-traceable)."""
-    from profilers.memory_measured import STATE_BYTES_PER_PARAM, measure_step_trace
+    from profilers.memory_measured import measure_step_trace
 
     why = f"{REAL_STEP_ROW}no fake trace can run this model ({run.untraceable})"
     if run.options.device == "cpu" and target == "cuda":
         why += "; measured on the CPU for a CUDA target, without CUDA's 512-byte rounding"
-    usable, params = run.usable_bytes, run.num_params
-    if usable is not None and params is not None and STATE_BYTES_PER_PARAM * params > usable:
-        need = STATE_BYTES_PER_PARAM * params
+    usable, need = run.usable_bytes, _state_bytes(run)
+    if usable is not None and need is not None and need > usable:
         run.rows.append(
             probe_rows.skipped(
                 "memory",

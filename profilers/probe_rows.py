@@ -65,15 +65,21 @@ def row(
     )
 
 
+# How a row skipped for time ends when no budget that covers it is known (yet).
+LARGER_BUDGET = "a larger --budget-s gives it more"
+# How the reason of a row skipped for time begins.
+TIME_SPENT = "time budget spent"
+
+
 def name_covering_budget(
     rows: list[ProbeRow], indices: Iterable[int], budget_s: int, what: str
 ) -> None:
     """Append to each of ``rows[indices]`` (rows skipped for time) the ``--budget-s`` that
     covers every one of them: "; --budget-s N would cover the {what} left out"."""
     for index in indices:
+        reason = rows[index].reason.removesuffix(f"; {LARGER_BUDGET}")
         rows[index] = dataclasses.replace(
-            rows[index],
-            reason=f"{rows[index].reason}; --budget-s {budget_s} would cover the {what} left out",
+            rows[index], reason=f"{reason}; --budget-s {budget_s} would cover the {what} left out"
         )
 
 
@@ -96,7 +102,7 @@ def raised(probe: str, spec: StepSpec | None, exc: BaseException, *, wall_s: flo
     from profilers.fake_kernels import TraceOverBudget
 
     if isinstance(exc, TraceOverBudget):
-        reason = f"time budget spent: {exc} ({wall_s:.0f} s); a larger --budget-s gives it more"
+        reason = f"{TIME_SPENT}: {exc} ({wall_s:.0f} s); {LARGER_BUDGET}"
         return row(probe, spec, "skipped", reason=reason, wall_s=wall_s)
     return row(probe, spec, "error", reason=one_line(exc), wall_s=wall_s)
 

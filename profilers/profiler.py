@@ -113,6 +113,7 @@ def _probe(run: ProbeRun, workload: Workload, options: ProfileOptions) -> Profil
     capacity = device.free_memory_bytes if kind == "cuda" else device.total_memory_bytes
     run.usable_bytes = options.memory_budget * capacity
     run.num_params = model.facts.num_params
+    run.num_trainable_params = model.facts.num_trainable_params
     # The search's core, group by group (memory at two sizes, then step times), then the
     # refinements while the budget lasts.
     core = core_phase(run, precisions, target, capacity, device, model.flops)

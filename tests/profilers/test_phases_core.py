@@ -629,9 +629,23 @@ def test_no_timing_child_for_a_model_whose_fp32_weights_alone_exceed_the_device(
     row = next(r for r in run.rows if r.probe == "throughput")
     assert row.status == "skipped"
     assert row.reason.startswith(
-        "predicted not to fit the device: its fp32 parameters alone need 32.0 GiB"
+        "predicted not to fit the device: its fp32 parameters, gradients and AdamW state alone "
+        "need 128.0 GiB"  # 16 B per parameter
     )
+    # Its fp32 weights fit (4 GiB), its training state does not (16 GiB, over 90% of 16 GiB):
+    # until 2026-12-05 only the weights were counted, and a Zamba2 (2.48B) on a 24 GiB host
+    # was asked for a budget to time a step that cannot run there.
+    run = ProbeRun(ToyWorkload(), options, None)
+    run.num_params = 2**30
+    core = core_phase(run, ("fp32",), "cpu", 16 * GiB, device)
+    assert not script.events and core.unfit == [("fp32", "none"), ("fp32", "full")]
+    # ... unless most of it is frozen: its weights and 2**28 trainable ones' state, 7 GiB
+    run = ProbeRun(ToyWorkload(), options, None)
+    run.num_params, run.num_trainable_params = 2**30, 2**28
+    core = core_phase(run, ("fp32",), "cpu", 16 * GiB, device)
+    assert script.events and core.groups
     # a model that may fit is still timed without a fit
+    script.events.clear()
     run = ProbeRun(ToyWorkload(), options, None)
     run.num_params = 2**20
     core = core_phase(run, ("fp32",), "cpu", 16 * GiB, device)
