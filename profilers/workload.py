@@ -154,7 +154,7 @@ class ModelFacts:
     num_heads: int
     vocab_size: int
     max_seq_len: int
-    block_class: str
+    block_class: str  # the blocks' class names, "+"-joined when they mix classes (Jamba)
     ffn_hidden_size: int | None = None
     num_kv_heads: int | None = None
     tied_embeddings: bool = False
@@ -171,6 +171,9 @@ class ModelFacts:
     # (profilers.memory_blocks.depth_scaling). Both written only when not 0 and 1.
     uniform_blocks_from: int = 0
     block_period: int = 1
+    # The parameters of the largest block when the blocks differ in size (Jamba's MoE layers
+    # against its dense ones); 0 when they are all the same size. Written only when not 0.
+    largest_block_params: int = 0
 
     def checkpointing_modes(self) -> tuple[tuple[str, ...], tuple[str, ...]]:
         """(the activation-checkpointing modes this model can run, why the others cannot)."""
@@ -207,6 +210,8 @@ class ModelFacts:
             del data["uniform_blocks_from"]
         if data["block_period"] == 1:
             del data["block_period"]
+        if not data["largest_block_params"]:
+            del data["largest_block_params"]
         return data
 
     @classmethod

@@ -206,7 +206,9 @@ def fsdp_units(facts: ModelFacts) -> tuple[int, int]:
     """(root parameters, parameters per block) as the trainer wraps FSDP2.
 
     Each repeated block is one unit; the root unit holds the rest: the embeddings, the final
-    norm and an untied output head. Blocks are taken as equal (transformer blocks are).
+    norm and an untied output head. The parameters per block are their mean (every
+    transformer block's own count; where blocks differ, ``ModelFacts.largest_block_params``
+    is the gathered unit the memory prices).
     """
     head = 0 if facts.tied_embeddings else facts.vocab_size * facts.hidden_size
     body = facts.num_params - facts.num_embedding_params - head
@@ -638,9 +640,10 @@ class CostModel:
 
         forward/backward peak = (params + grads + optimizer state) / N
             + gathered units: the root (never resharded) + two blocks (the running one and the
-              prefetched next one), in the compute dtype; every block when they are kept
-              gathered (``fsdp_reshard_after_forward`` False: none is freed after forward)
-            + one block's unsharded fp32 gradients awaiting their reduce-scatter
+              prefetched next one; the largest, where blocks differ in size: Jamba's MoE
+              layers), in the compute dtype; every block when they are kept gathered
+              (``fsdp_reshard_after_forward`` False: none is freed after forward)
+            + one (the largest) block's unsharded fp32 gradients awaiting their reduce-scatter
             + activations as on one device: the single-device peak minus its persistent state.
         optimizer-step peak = the single-device optimizer-phase peak / N: everything live then
             (parameters, gradients, state, foreach temporaries) is per-parameter, so sharded.
@@ -649,9 +652,12 @@ class CostModel:
         state = model.parameter_bytes + model.gradient_bytes + model.optimizer_state_bytes
         root, block = fsdp_units(self.facts)
         compute_bytes = COMPUTE_BYTES_PER_PARAM[c.precision]
-        blocks = 2 if c.fsdp_reshard_after_forward else max(self.facts.num_layers, 2)
-        gathered = (root + blocks * block) * compute_bytes
-        grad_buffer = block * REDUCE_BYTES_PER_PARAM
+        largest = max(self.facts.largest_block_params, block)
+        if c.fsdp_reshard_after_forward:
+            gathered = (root + 2 * largest) * compute_bytes
+        else:
+            gathered = (root + max(self.facts.num_layers, 2) * block) * compute_bytes
+        grad_buffer = largest * REDUCE_BYTES_PER_PARAM
         single = model.forward_backward.predict(c.micro_batch_size)
         activations = max(single - model.parameter_bytes - model.optimizer_state_bytes, 0.0)
         fb = state / world + gathered + grad_buffer + activations

@@ -86,7 +86,7 @@ def build(source: Source) -> Export:
         }
         block = block_class(c)
         if isinstance(block, tuple):
-            fsdp["fsdp_transformer_layer_cls_to_wrap"] = block[1]
+            fsdp["fsdp_transformer_layer_cls_to_wrap"] = ",".join(name for _, name in block)
         else:
             unmapped.append(f"parallelism fsdp: the repeated block to wrap is unknown ({block})")
         settings["fsdp_config"] = fsdp

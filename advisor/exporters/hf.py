@@ -94,7 +94,7 @@ def build(source: Source) -> Export:
         }
         block = block_class(c)
         if isinstance(block, tuple):
-            fsdp_config["transformer_layer_cls_to_wrap"] = [block[1]]
+            fsdp_config["transformer_layer_cls_to_wrap"] = [name for _, name in block]
         else:
             unmapped.append(
                 f"parallelism fsdp: the repeated block to wrap is unknown ({block}); the Trainer "

@@ -56,10 +56,10 @@ def _strategy(source: Source, unmapped: list[str]) -> Any:
         }
         block = block_class(c)
         if isinstance(block, tuple):
-            path = ".".join(block)
-            init["auto_wrap_policy"] = [path]
+            paths = [".".join(cls) for cls in block]
+            init["auto_wrap_policy"] = paths
             if c.activation_checkpointing == "full":
-                init["activation_checkpointing_policy"] = [path]
+                init["activation_checkpointing_policy"] = list(paths)
         else:
             unmapped.append(
                 f"parallelism fsdp: the repeated block is unknown ({block}): pass your block "

@@ -175,7 +175,7 @@ def adam_hyperparameters() -> tuple[float, float, float]:
 
 
 @functools.lru_cache(maxsize=32)
-def _block_class(model: str, model_args: str) -> tuple[str, str] | str:
+def _block_class(model: str, model_args: str) -> tuple[tuple[str, str], ...] | str:
     from advisor.models.registry import build_model
 
     try:
@@ -185,13 +185,14 @@ def _block_class(model: str, model_args: str) -> tuple[str, str] | str:
         return " ".join(str(exc).split()) or type(exc).__name__
     if not len(blocks):
         return "the model has no repeated blocks"
-    cls = type(blocks[0])
-    return cls.__module__, cls.__qualname__
+    classes = dict.fromkeys(type(block) for block in blocks)  # in order, each once
+    return tuple((cls.__module__, cls.__qualname__) for cls in classes)
 
 
-def block_class(config: TrainConfig) -> tuple[str, str] | str:
-    """(module, class name) of the model's repeated block, which FSDP wraps and checkpointing
-    recomputes, or why it could not be found (the model is built on ``meta``: no memory)."""
+def block_class(config: TrainConfig) -> tuple[tuple[str, str], ...] | str:
+    """(module, class name) of each class of the model's repeated blocks, which FSDP wraps and
+    checkpointing recomputes (one for a Transformer; Jamba's attention and Mamba layers are
+    two), or why they could not be found (the model is built on ``meta``: no memory)."""
     return _block_class(config.model, json.dumps(dict(config.model_args), sort_keys=True))
 
 

@@ -118,6 +118,7 @@ class ModelAdapter:
             if isinstance(m, nn.Embedding)
         }
         blocks = self.blocks()
+        sizes = {sum(p.numel() for p in block.parameters()) for block in blocks}
         return ModelFacts(
             name=self.name,
             family=self.family,
@@ -130,7 +131,7 @@ class ModelAdapter:
             num_heads=self.num_heads,
             vocab_size=self.vocab_size,
             max_seq_len=self.max_seq_len,
-            block_class=type(blocks[0]).__name__ if len(blocks) else "",
+            block_class="+".join(dict.fromkeys(type(b).__name__ for b in blocks)),
             ffn_hidden_size=self.ffn_hidden_size,
             num_kv_heads=self.num_kv_heads,
             tied_embeddings=_has_tied_output(self.module),
@@ -139,6 +140,7 @@ class ModelAdapter:
             output_head_reason=self.loss_chunking_unavailable(),
             uniform_blocks_from=(pattern := block_pattern(blocks))[0],
             block_period=pattern[1],
+            largest_block_params=max(sizes) if len(sizes) > 1 else 0,
         )
 
 
@@ -209,14 +211,17 @@ def extract_logits(out: Any) -> torch.Tensor:
 
 
 def find_repeated_blocks(module: nn.Module) -> str | None:
-    """Dotted path of the ModuleList of same-class blocks holding the most parameters.
+    """Dotted path of the ModuleList of blocks holding the most parameters.
 
     That is the stack of Transformer layers in every model we know (``blocks``,
-    ``transformer.h``, ``bert.encoder.layer``, ``model.layers`` ...). A module can name its own
-    with an ``advisor_blocks`` attribute holding the dotted path (an empty string: none).
-    None when there is no such list (a single layer, an ``nn.Sequential``, nested containers,
-    a stack that mixes classes of layers): the model still trains, without the knobs that need
-    repeated blocks.
+    ``transformer.h``, ``bert.encoder.layer``, ``model.layers`` ...), also one that mixes
+    classes of layers (Jamba's attention and Mamba layers, dense and MoE ones): each layer is
+    still checkpointed and FSDP-wrapped on its own. Not a mixed list whose layers share
+    parameters (Zamba2's hybrid layers all call one shared attention block, which no two FSDP
+    units may hold), nor any list inside it. A module can name its own with an
+    ``advisor_blocks`` attribute holding the dotted path (an empty string: none). None when
+    there is no such list (a single layer, an ``nn.Sequential``, nested containers): the
+    model still trains, without the knobs that need repeated blocks.
     """
     named = getattr(module, "advisor_blocks", None)
     if isinstance(named, str):
@@ -230,22 +235,35 @@ def find_repeated_blocks(module: nn.Module) -> str | None:
                 'to "" (no repeated blocks)'
             )
         return named
-    alike: list[tuple[int, str]] = []
-    mixed: list[tuple[int, str]] = []
+    lists: list[tuple[int, str]] = []
+    shared: list[str] = []  # mixed lists whose layers share parameters
     for path, sub in module.named_modules():
         if not isinstance(sub, nn.ModuleList) or len(sub) == 0:
             continue
-        size = sum(p.numel() for p in sub.parameters())
-        (alike if len({type(child) for child in sub}) == 1 else mixed).append((size, path))
-    # A list inside one layer of a larger stack that mixes kinds of layers (Zamba2's Mamba and
-    # hybrid layers, Jamba's attention and Mamba ones) is a part of a layer, not the model's
-    # blocks: Zamba2 was checkpointed and FSDP-wrapped at an adapter list inside one layer.
-    alike = [
+        if len({type(child) for child in sub}) > 1 and _layers_share_parameters(sub):
+            shared.append(path)
+            continue
+        lists.append((sum(p.numel() for p in sub.parameters()), path))
+    # Nor a list inside a layer of such a stack: Zamba2 was checkpointed and FSDP-wrapped at
+    # an adapter list inside one layer until 2026-12-05.
+    lists = [
         (size, path)
-        for size, path in alike
-        if not any(big > size and path.startswith(f"{inner}.") for big, inner in mixed)
+        for size, path in lists
+        if not any(path.startswith(f"{inner}.") for inner in shared)
     ]
-    return max(alike, key=lambda item: item[0])[1] if alike else None  # the first largest
+    return max(lists, key=lambda item: item[0])[1] if lists else None  # the first largest
+
+
+def _layers_share_parameters(layers: nn.ModuleList) -> bool:
+    """Whether two of ``layers`` hold the same parameter (a shared block called from several)."""
+    seen: set[int] = set()
+    for layer in layers:
+        # remove_duplicate: a parameter tied within one layer counts once for it
+        own = {id(p) for p in layer.parameters()}
+        if own & seen:
+            return True
+        seen |= own
+    return False
 
 
 def _has_submodule(module: nn.Module, path: str) -> bool:

@@ -201,6 +201,24 @@ def test_fsdp_maps_to_zero_3_and_shard_degree_and_the_block_class() -> None:
     ]
 
 
+def test_a_stack_of_two_kinds_of_layer_is_wrapped_by_both_classes() -> None:
+    """Jamba's attention and Mamba layers are its blocks (since 2026-12-05): every class is
+    named where a stack's wrap policy takes class names."""
+    plan = PLANS["fsdp-fp16-2nodes"]
+    hybrid = str(Path(__file__).resolve().parents[1] / "data" / "sequential_model.py") + ":hybrid"
+    config = dataclasses.replace(
+        plan.config, model=hybrid, model_args={}, activation_checkpointing="full"
+    )
+    plan = dataclasses.replace(plan, config=config)
+    accelerate = export_plan(plan, "accelerate").settings["fsdp_config"]
+    assert accelerate["fsdp_transformer_layer_cls_to_wrap"] == "GatedMixer,CausalLayer"
+    hf = export_plan(plan, "hf").settings["fsdp_config"]
+    assert hf["transformer_layer_cls_to_wrap"] == ["GatedMixer", "CausalLayer"]
+    init = export_plan(plan, "lightning").settings["trainer"]["strategy"]["init_args"]
+    assert [p.rsplit(".", 1)[1] for p in init["auto_wrap_policy"]] == ["GatedMixer", "CausalLayer"]
+    assert init["activation_checkpointing_policy"] == init["auto_wrap_policy"]
+
+
 def test_schedule_floor_and_disabled_clipping_carry_over() -> None:
     plan = PLANS["single-fp32"]  # grad_clip 0: no clipping
     c = plan.config

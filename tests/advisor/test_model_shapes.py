@@ -34,13 +34,15 @@ DATA = Path(__file__).resolve().parents[1] / "data"
 SEQUENTIAL = f"{DATA / 'sequential_model.py'}:factory"
 NESTED = f"{DATA / 'sequential_model.py'}:nested"
 HYBRID = f"{DATA / 'sequential_model.py'}:hybrid"
+SHARED_HYBRID = f"{DATA / 'sequential_model.py'}:shared_hybrid"
 SINGLE_LAYER = f"{DATA / 'single_layer_model.py'}:factory"
 NO_BLOCKS = f"{DATA / 'user_model.py'}:no_blocks"
 SHAPES = {
     "sequential": SEQUENTIAL,
     "nested": NESTED,
     "single-layer": SINGLE_LAYER,
-    "hybrid": HYBRID,  # was "blocks" = a one-item list inside one layer (Zamba2's adapters)
+    # was "blocks" = a one-item list inside one layer (Zamba2's adapters)
+    "shared-hybrid": SHARED_HYBRID,
 }
 TRAIN = ["--seq-len", "32", "--global-batch-size", "4", "--micro-batch-size", "2", "--quiet"]
 
@@ -63,6 +65,44 @@ def test_models_with_repeated_blocks_keep_every_mode() -> None:
     facts = build_model("gpt-tiny", {"n_layer": 2}, meta=True).facts()
     assert facts.repeated_blocks and facts.num_layers == 2
     assert facts.checkpointing_modes() == (("none", "full", "ops", "ops-half", "blocks:1"), ())
+    assert facts.largest_block_params == 0 and "largest_block_params" not in facts.to_dict()
+
+
+def test_a_stack_of_two_kinds_of_layer_is_the_models_blocks() -> None:
+    """Jamba's attention and Mamba layers (dense and MoE) in one list, nothing shared: each
+    layer is checkpointed and FSDP-wrapped on its own. Until 2026-12-05 a list that mixed
+    classes was never the blocks, and FSDP gathered such a model (Jamba, 52B) whole."""
+    adapter = build_model(HYBRID, {"n_layer": 6})
+    facts = adapter.facts()
+    assert adapter.blocks_path == "layers" and facts.repeated_blocks and facts.num_layers == 6
+    assert facts.block_class == "GatedMixer+CausalLayer"
+    assert (facts.uniform_blocks_from, facts.block_period) == (0, 2)
+    attention = sum(p.numel() for p in adapter.blocks()[1].parameters())
+    assert facts.largest_block_params == attention  # the larger of the two kinds
+    assert facts.checkpointing_modes()[0][:4] == ("none", "full", "ops", "ops-half")
+    # a stack whose layers share one (Zamba2) is not, nor the small lists inside its layers
+    shared = build_model(SHARED_HYBRID)
+    assert shared.blocks_path is None and not shared.facts().repeated_blocks
+
+
+@pytest.mark.parametrize("parallelism", ["single", "fsdp"])
+def test_a_mixed_stack_trains_checkpointed_and_wrapped_layer_by_layer(
+    parallelism: str, gloo_world_of_one: None
+) -> None:
+    from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import CheckpointWrapper
+    from torch.distributed.fsdp import FSDPModule
+
+    adapter = build_model(HYBRID, {"n_layer": 4})
+    spec = StepSpec(
+        seq_len=16, parallelism=parallelism, world_size=1, activation_checkpointing="full"
+    )
+    model = prepare_module(adapter, spec, torch.device("cpu"), ParallelOptions())
+    assert sum(isinstance(m, CheckpointWrapper) for m in model.modules()) == 4
+    wrapped = [m for m in model.modules() if isinstance(m, FSDPModule)]
+    assert len(wrapped) == (5 if parallelism == "fsdp" else 0)  # 4 layers and the root
+    batch = torch.randint(adapter.vocab_size, (2, 17))
+    adapter.loss({"input_ids": batch[:, :-1], "labels": batch[:, 1:]}).backward()
+    assert all(p.grad is not None for p in model.parameters())
 
 
 def test_facts_of_an_older_profile_read_as_repeated_blocks() -> None:

@@ -2,9 +2,11 @@
 
 ``factory``: the whole language model as one ``nn.Sequential`` (embedding, causal Transformer
 layers, norm, head); ``nested``: the layers in an ``nn.Sequential`` inside an
-``nn.ModuleDict``; ``hybrid``: an ``nn.ModuleList`` of two kinds of layer in turn (as Jamba's
-and Zamba2's attention and Mamba layers), one kind holding a small list of its own. All train;
-none has a stack of like blocks the advisor can recompute or wrap.
+``nn.ModuleDict``; ``shared_hybrid``: an ``nn.ModuleList`` of two kinds of layer in turn whose
+attention layers all call one shared layer (as Zamba2's hybrid layers do), one kind holding a
+small list of its own. All train; none has a stack of blocks the advisor can recompute or wrap
+one by one. ``hybrid`` (two kinds of layer in turn, nothing shared: Jamba's attention and Mamba
+layers) has one since 2026-12-05.
 """
 
 from __future__ import annotations
@@ -98,3 +100,31 @@ class HybridLM(nn.Module):
 
 def hybrid(vocab_size: int = 256, dim: int = 32, n_head: int = 2, n_layer: int = 4) -> nn.Module:
     return HybridLM(vocab_size, dim, n_head, n_layer)
+
+
+class SharedCall(nn.Module):
+    """A layer that runs a layer shared with others through an adapter of its own (Zamba2's
+    hybrid layers and their shared transformer block)."""
+
+    def __init__(self, shared: nn.Module, dim: int) -> None:
+        super().__init__()
+        self.shared = shared
+        self.adapter = nn.Linear(dim, dim)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.shared(x + self.adapter(x))
+
+
+class SharedHybridLM(HybridLM):
+    def __init__(self, vocab_size: int, dim: int, n_head: int, n_layer: int) -> None:
+        super().__init__(vocab_size, dim, n_head, 0)
+        shared = CausalLayer(dim, n_head)
+        self.layers = nn.ModuleList(
+            SharedCall(shared, dim) if i % 2 else GatedMixer(dim) for i in range(n_layer)
+        )
+
+
+def shared_hybrid(
+    vocab_size: int = 256, dim: int = 32, n_head: int = 2, n_layer: int = 4
+) -> nn.Module:
+    return SharedHybridLM(vocab_size, dim, n_head, n_layer)

@@ -127,6 +127,33 @@ def test_fsdp_memory_per_rank_follows_the_sharding_formula(model: CostModel) -> 
     )
 
 
+def test_fsdp_gathers_the_largest_block_where_blocks_differ(model: CostModel) -> None:
+    """Jamba's MoE layers hold several times its dense ones: the running and the prefetched
+    unit are priced at the largest block, not at the mean (which the kept-gathered whole body
+    and the collectives still use)."""
+    b, world = 4, 4
+    _, block = fsdp_units(facts())
+    largest = 3 * block
+    uneven = dataclasses.replace(
+        model, facts=dataclasses.replace(facts(), largest_block_params=largest)
+    )
+    even_p = model.predict(cand(micro=b, parallelism="fsdp", world=world))
+    uneven_p = uneven.predict(cand(micro=b, parallelism="fsdp", world=world))
+    even_m, uneven_m = (p.breakdown.to_dict()["memory"] for p in (even_p, uneven_p))
+    assert (
+        uneven_m["fsdp"]["gathered_units_bytes"] - even_m["fsdp"]["gathered_units_bytes"]
+        == 2 * (largest - block) * 4
+    )
+    assert uneven_m["traced_bytes"] - even_m["traced_bytes"] == 3 * (largest - block) * 4
+    kept = dataclasses.replace(
+        cand(micro=b, parallelism="fsdp", world=world), fsdp_reshard_after_forward=False
+    )
+    assert (
+        uneven.predict(kept).breakdown.to_dict()["memory"]["fsdp"]["gathered_units_bytes"]
+        == model.predict(kept).breakdown.to_dict()["memory"]["fsdp"]["gathered_units_bytes"]
+    )
+
+
 def test_fsdp_units_split_embeddings_into_the_root() -> None:
     f = facts(num_layers=4)
     root, block = fsdp_units(f)
