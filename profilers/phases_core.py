@@ -399,6 +399,8 @@ class _Costs:
 
     seconds: dict[str, list[float]] = field(default_factory=dict)
     whole_factor: float = 1.0
+    # The settings whose time is only a lower bound: a trace of theirs stopped before its end.
+    partial: set[str] = field(default_factory=set)
 
     def _factor(self, checkpointing: str) -> float:
         blocks = parse_checkpointing(checkpointing).kind == "blocks"
@@ -474,7 +476,8 @@ def _trace_group(
             run.clock.dropped,
         )
         what = f"{len(cut)} traces of {precision}/{checkpointing}"
-        probe_rows.name_covering_budget(run.rows, cut, suggested, what)
+        at_least = checkpointing in costs.partial
+        probe_rows.name_covering_budget(run.rows, cut, suggested, what, at_least=at_least)
     return traces
 
 
@@ -491,7 +494,7 @@ def _trace(
     Until 2026-12-05 it was: a Zamba2 (2.48B, traced whole, seq 4096) had its first trace's
     backward refused at that deadline, then spent 52 s on the group's second size's forward,
     refused too."""
-    from profilers.fake_kernels import TraceOverBudget
+    from profilers.fake_kernels import BACKWARD_OVER_FORWARD, TraceOverBudget
     from profilers.memory import trace_step_memory
     from profilers.memory_measured import needs_real_values
 
@@ -506,9 +509,14 @@ def _trace(
             if not needs_real_values(exc):
                 wall_s = time.perf_counter() - t0
                 run.rows.append(probe_rows.raised("memory", spec, exc, wall_s=wall_s))
-                if costs is not None:
-                    more = exc.more_s if isinstance(exc, TraceOverBudget) else 0.0
+                if costs is not None and isinstance(exc, TraceOverBudget):
+                    # At least the backward it did not start or, stopped in its forward, the
+                    # backward of the part it ran: a lower bound of a whole trace.
+                    more = exc.more_s or BACKWARD_OVER_FORWARD * wall_s
                     costs.add(checkpointing, wall_s + more)
+                    costs.partial.add(checkpointing)
+                elif costs is not None:
+                    costs.add(checkpointing, wall_s)
                 return None
             # A property of the model, not of this config: every later step is measured.
             run.untraceable = probe_rows.one_line(exc)

@@ -72,15 +72,26 @@ TIME_SPENT = "time budget spent"
 
 
 def name_covering_budget(
-    rows: list[ProbeRow], indices: Iterable[int], budget_s: int, what: str
+    rows: list[ProbeRow],
+    indices: Iterable[int],
+    budget_s: int,
+    what: str,
+    *,
+    at_least: bool = False,
 ) -> None:
     """Append to each of ``rows[indices]`` (rows skipped for time) the ``--budget-s`` that
-    covers every one of them: "; --budget-s N would cover the {what} left out"."""
+    covers every one of them: "; --budget-s N would cover the {what} left out"; with
+    ``at_least``, a budget from a lower bound of their time (a trace stopped before its end),
+    said so."""
+    named = (
+        f"--budget-s {budget_s} at least would cover the {what} left out (a trace stopped "
+        "before its end gives only a lower bound of its time)"
+        if at_least
+        else f"--budget-s {budget_s} would cover the {what} left out"
+    )
     for index in indices:
         reason = rows[index].reason.removesuffix(f"; {LARGER_BUDGET}")
-        rows[index] = dataclasses.replace(
-            rows[index], reason=f"{reason}; --budget-s {budget_s} would cover the {what} left out"
-        )
+        rows[index] = dataclasses.replace(rows[index], reason=f"{reason}; {named}")
 
 
 def skipped(probe: str, spec: StepSpec | None, reason: str, *, name: str | None = None) -> ProbeRow:

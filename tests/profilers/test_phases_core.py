@@ -650,3 +650,24 @@ def test_no_timing_child_for_a_model_whose_fp32_weights_alone_exceed_the_device(
     run.num_params = 2**20
     core = core_phase(run, ("fp32",), "cpu", 16 * GiB, device)
     assert script.events and core.groups
+
+
+@pytest.mark.parametrize(("more_s", "expected"), [(15.0, 25.0), (0.0, 30.0)])
+def test_a_trace_stopped_at_the_deadline_costs_at_least_what_it_still_needed(
+    clock: FakeClock, monkeypatch: pytest.MonkeyPatch, more_s: float, expected: float
+) -> None:
+    """Stopped after 10 s: before its backward (estimated 15 s more), or in its forward, where
+    at least the backward of what it ran (2x) is left. Both are lower bounds, marked so."""
+    import profilers.memory as memory_module
+    from profilers.fake_kernels import TraceOverBudget
+
+    def stopped(*args: object, **kwargs: object) -> None:
+        clock.t += 10.0
+        raise TraceOverBudget("the fake-tensor trace ran past the test's deadline", more_s=more_s)
+
+    monkeypatch.setattr(memory_module, "trace_step_memory", stopped)
+    run = ProbeRun(ToyWorkload(), ProfileOptions(seq_len=16, budget_s=120), None)
+    costs = core_module._Costs()
+    assert core_module._trace(run, run.spec("fp32", "none", 4), "cpu", costs) is None
+    assert costs.trace("none") == expected and costs.partial == {"none"}
+    assert run.rows[-1].status == "skipped"
