@@ -487,8 +487,9 @@ def _trace(
     """One step's memory: a fake trace, or a real step's once no fake trace can run the model
     (it reads tensor values on the host: :mod:`profilers.memory_measured`).
 
-    With ``costs``, the time it took is added to them (for a trace stopped at the deadline, that
-    and at least what it still needed: the backward it did not start), and a fake trace is not
+    With ``costs``, the time it took is added to them (for a trace stopped at the deadline, a
+    lower bound, marked so: its time and the backward it did not start or, stopped in its
+    forward, that part's backward), and a fake trace is not
     started when such a trace took longer than is left before the deadline of the profile's
     fake traces (:func:`profilers.fake_kernels.fake_deadline`): it could only be stopped there.
     Until 2026-12-05 it was: a Zamba2 (2.48B, traced whole, seq 4096) had its first trace's
