@@ -23,6 +23,15 @@ from profilers.workload import StepSpec
 
 SPEC = StepSpec(seq_len=16, micro_batch_size=2)
 SLOW = "tests/data/fake_slow_model.py:factory"
+# A profile of fp32 without checkpointing in 4 s (and its 10 s of trace overrun), nothing else.
+FOUR_SECONDS = ProfileOptions(
+    seq_len=16,
+    budget_s=4,
+    precisions=("fp32",),
+    checkpointing=("none",),
+    comm=False,
+    input_workers=(),
+)
 
 
 def test_a_count_and_a_trace_past_their_deadline_stop_and_a_real_step_does_not() -> None:
@@ -54,14 +63,7 @@ def test_a_profile_of_a_model_too_slow_to_trace_stops_its_traces_with_a_reason()
     """8 layers x 0.5 s per fake forward: a count of two modes takes 8 s and more, each trace
     4 s and more, against a 4 s budget (and its 10 s of overrun)."""
     workload = AdvisorWorkload(SLOW)
-    options = ProfileOptions(
-        seq_len=16,
-        budget_s=4,
-        precisions=("fp32",),
-        checkpointing=("none",),
-        comm=False,
-        input_workers=(),
-    )
+    options = FOUR_SECONDS
     profile = run_profile(workload, options)
     flops = [r for r in profile.probes if r.probe == "flops"]
     assert [r.status for r in flops] == ["skipped"]
@@ -126,14 +128,7 @@ def test_a_trace_that_could_only_be_stopped_at_the_deadline_is_not_started() -> 
     workload = AdvisorWorkload(SLOW, {"loop_steps": 50, "delay_s": 0.1})
     progress = sys.modules[load_factory(SLOW).__module__].PROGRESS
     progress.clear()
-    options = ProfileOptions(
-        seq_len=16,
-        budget_s=4,
-        precisions=("fp32",),
-        checkpointing=("none",),
-        comm=False,
-        input_workers=(),
-    )
+    options = FOUR_SECONDS
     profile = run_profile(workload, options)
     core = [r for r in profile.probes if r.probe == "memory" and r.name.startswith("fp32/none/b=")]
     first, second = core[0], core[1]
