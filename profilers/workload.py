@@ -121,8 +121,8 @@ def _check_choice(name: str, value: str, choices: Sequence[str]) -> None:
 
 # Why the knobs that need a model's repeated blocks are unavailable without them.
 NO_REPEATED_BLOCKS = (
-    "the model has no repeated blocks (no nn.ModuleList of same-class layers), so there is "
-    "no block to recompute"
+    "the model has no repeated blocks (an nn.ModuleList of layers, none sharing parameters "
+    "with another), so there is no block to recompute"
 )
 
 
