@@ -502,7 +502,9 @@ def _trace(
     checkpointing = spec.activation_checkpointing
     t0 = time.perf_counter()
     if run.untraceable is None:
-        if costs is not None and too_late_to_trace(run, spec, costs.trace(checkpointing)):
+        if costs is not None and too_late_to_trace(
+            run, spec, costs.trace(checkpointing), at_least=checkpointing in costs.partial
+        ):
             return None
         try:
             trace = trace_step_memory(run.workload, spec, target_device_type=target)
@@ -532,10 +534,13 @@ def _trace(
     return measured
 
 
-def too_late_to_trace(run: ProbeRun, spec: StepSpec, expected_s: float) -> bool:
-    """Whether a fake trace of ``spec`` expected to take ``expected_s`` (0: unknown) would end
-    past the deadline of the profile's fake traces, where it could only be stopped; if so, its
-    row says so. A model measured on real steps (``run.untraceable``) has no such deadline."""
+def too_late_to_trace(
+    run: ProbeRun, spec: StepSpec, expected_s: float, *, at_least: bool = False
+) -> bool:
+    """Whether a fake trace of ``spec`` expected to take ``expected_s`` (0: unknown; ``at_least``:
+    a lower bound) would end past the deadline of the profile's fake traces, where it could
+    only be stopped; if so, its row says so. A model measured on real steps
+    (``run.untraceable``) has no such deadline."""
     from profilers.fake_kernels import deadline_left
 
     left = deadline_left()
@@ -546,7 +551,8 @@ def too_late_to_trace(run: ProbeRun, spec: StepSpec, expected_s: float) -> bool:
         probe_rows.skipped(
             "memory",
             spec,
-            f"{probe_rows.TIME_SPENT}: a trace took ~{expected_s:.0f} s here and "
+            f"{probe_rows.TIME_SPENT}: a trace takes {'at least ' if at_least else ''}"
+            f"~{expected_s:.0f} s here and "
             f"{max(seconds, 0):.0f} s are left before {what}; not started, as it could only be "
             f"stopped there; {probe_rows.LARGER_BUDGET}",
         )
