@@ -11,7 +11,8 @@ takes the longest of:
   Background User's Guide", §"Dimension quantization effects"); or its bytes over the memory
   bandwidth (a skinny GEMM is memory-bound);
 * **attention** (flash/SDPA): the causal FLOPs actually computed over the peak × the published
-  FlashAttention-2 efficiency for the architecture, lower at short sequences and small heads;
+  FlashAttention-2 efficiency for the architecture, lower at short sequences and small heads
+  (in fp32, which has neither a flash kernel nor tensor cores, at the GEMM fraction);
   an *eager* attention (plain matmuls and element-wise ops over the T×T scores, as the profile
   counted them: :func:`eager_attention_ops`) as its batched GEMMs and its memory-bound bytes;
 * a **mixture of experts'** grouped GEMMs (:func:`expert_forward_ops`, from the profile's record
@@ -93,6 +94,16 @@ DEFAULT_ATTENTION_FRACTION = (0.34, 0.34)
 # re-measured here; ATTENTION_SCALE below absorbs the level, not this shape).
 ATTENTION_HALF_SATURATION_TOKENS = 640
 ATTENTION_HEAD_DIM_64_FACTOR = 0.87
+# fp32 attention has no flash kernel (FlashAttention takes 16-bit inputs only; SDPA runs the
+# memory-efficient kernel) and no tensor cores: its matmuls and its softmax run on the same
+# fp32 units. FA-2's fractions above are low *because* of tensor cores: "each non-matmul FLOP is
+# 16× more expensive than a matmul FLOP" on A100 (FA-2 §3.1: 312 TFLOP/s of FP16/BF16 matmul,
+# 19.5 of non-matmul FP32), so the softmax bounds the kernel. In fp32 that ratio is 1 and the
+# softmax's few FLOPs per score (max, subtract, exp, sum, scale: ~5) are ~2% of the matmuls' 4·d
+# (d = 64); so fp32 attention is priced at the GEMM fraction (MAMF) × the sequence's saturation
+# (the tiles filling the SMs and the causal diagonal, as for any tiled kernel), neither FA-2's
+# fractions nor their fitted scale. Found on our H200 run (gpt-small fp32: attention priced at
+# 8 TFLOP/s, 0.26 s of a 0.59 s step): see benchmarks/README.md, whatif_measured.py.
 # FLOPs FlashAttention's backward does per forward FLOP: 5 matmuls (recomputing S = QKᵀ, dV, dP,
 # dQ, dK) against the forward's 2 (FA-2 §3.1-3.2): 2.5×.
 ATTENTION_BACKWARD_FLOPS_RATIO = 2.5
@@ -658,16 +669,19 @@ def wave_efficiency(m: int, n: int, num_sms: int, batch: int = 1) -> float:
 
 
 def attention_efficiency(
-    target: HardwareSpec, seq_len: int, head_dim: int, backward: bool
+    target: HardwareSpec, seq_len: int, head_dim: int, backward: bool, precision: str = "bf16"
 ) -> float:
-    """Fraction of the dtype's peak FlashAttention reaches (see the constants' sources)."""
+    """Fraction of the dtype's peak fused attention reaches (see the constants' sources):
+    FlashAttention-2's in 16 bits, the GEMM fraction in fp32 (no tensor cores, no flash)."""
+    saturation = seq_len / (seq_len + ATTENTION_HALF_SATURATION_TOKENS)
+    if precision == "fp32":
+        return mamf_fraction(target)[0] * saturation
     forward_fraction, backward_fraction = ATTENTION_FRACTION.get(
         target.architecture, DEFAULT_ATTENTION_FRACTION
     )
     fraction = backward_fraction if backward else forward_fraction
     scales = list(ATTENTION_SCALE.values())
     fraction *= ATTENTION_SCALE.get(target.architecture, sum(scales) / len(scales))
-    saturation = seq_len / (seq_len + ATTENTION_HALF_SATURATION_TOKENS)
     if head_dim >= 128:
         head = 1.0
     elif head_dim >= 64:
@@ -748,7 +762,7 @@ def time_ops(
             seconds = max(compute_s, memory_s)
             flops += work * op.count
         elif op.kind == "attention":
-            fraction = attention_efficiency(target, seq_len, head_dim, op.backward)
+            fraction = attention_efficiency(target, seq_len, head_dim, op.backward, precision)
             seconds = max(op.flops / (peak * fraction), memory_s)
         else:
             seconds = memory_s

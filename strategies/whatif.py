@@ -270,7 +270,11 @@ class RooflineTime:
                 f"{(eager.forward_bytes + eager.backward_bytes) / 1e6:.3g} MB per token "
                 f"({traffic_precision(candidate.precision)}) as memory-bound ops"
                 if eager is not None
-                else f"flash attention at FA-2's {t.architecture or 'default'} efficiency"
+                else (
+                    "fp32 attention (no flash kernel, no tensor cores) at the GEMM fraction"
+                    if candidate.precision == "fp32"
+                    else f"flash attention at FA-2's {t.architecture or 'default'} efficiency"
+                )
             ),
             *(
                 [

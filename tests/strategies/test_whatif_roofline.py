@@ -406,3 +406,24 @@ def test_ops_half_recomputes_the_counted_part_of_the_matmuls() -> None:
     )
     with pytest.raises(Unpredictable, match="--checkpointing ops-half"):
         source(None).compute(cand(1, "ops-half"))
+
+
+def test_fp32_attention_runs_near_the_gemm_rate_not_at_flash_attentions_fraction() -> None:
+    # FA-2's fractions are low because its matmuls run on tensor cores and its softmax does
+    # not; fp32 has neither tensor cores nor a flash kernel, so its attention FLOPs are
+    # priced like its GEMMs' (gpt-small at sequence 1024, our H200 run's shape).
+    facts = gpt_facts(768, 12, 12, 1024)
+    source = time_source(H100, facts, 1024, None)
+    fp32 = dict(source.compute(cand(32, precision="fp32")).parts)
+    bf16 = dict(source.compute(cand(32)).parts)
+    # Attention FLOPs per GEMM FLOP are the same in both precisions; only the rates differ.
+    fp32_ratio, bf16_ratio = fp32["attention"] / fp32["gemm"], bf16["attention"] / bf16["gemm"]
+    saturation = 1024 / (1024 + roofline.ATTENTION_HALF_SATURATION_TOKENS)
+    gemm_fraction, _ = roofline.mamf_fraction(H100)
+    assert roofline.attention_efficiency(H100, 1024, 64, True, "fp32") == pytest.approx(
+        gemm_fraction * saturation
+    )
+    assert fp32_ratio < 0.25  # ~1/10 of the GEMMs' time (attention FLOPs ~9% of them)
+    assert bf16_ratio > 2 * fp32_ratio  # bf16 attention: FA-2 at 34% × 0.68 of the peak
+    assert "fp32 attention (no flash kernel" in source.compute(cand(32, precision="fp32")).source
+    assert "FA-2's hopper efficiency" in source.compute(cand(32)).source
