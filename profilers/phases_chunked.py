@@ -38,7 +38,7 @@ from profilers.memory_records import MemoryTrace, fitted_groups
 from profilers.phases_time import plain_steps, time_side_by_side
 from profilers.probe_run import CHILD_START_S, MIN_CHILD_SHARE_S, ProbeRun
 from profilers.throughput import StepTiming, TimeModel, delta_time_model
-from profilers.workload import ModelFacts
+from profilers.workload import ModelFacts, StepSpec
 
 # Bytes per token the loss holds at its peak without chunks: the fp32 log-softmax kept for
 # backward and, in backward, the gradients of the log-probabilities and of the logits
@@ -148,8 +148,6 @@ def chunked_loss_phase(
     that setting) says it ends in time.
     Whatever is left out gets a row that says so.
     """
-    from profilers.phases_core import _trace, too_late_to_trace
-
     out = ChunkedResult()
     sizes = run.options.trace_micro_batch_sizes[-2:]
     largest = sizes[-1]
@@ -173,6 +171,7 @@ def chunked_loss_phase(
     precision = chunked_precision(
         core_models, timed_size, traced=sorted({t.spec.precision for t in traced})
     )
+    cut = _Cut()  # traces not started or stopped at the profile's fake-trace deadline
     last_s = 0.0
     for b in sizes:
         spec = dataclasses.replace(run.spec(precision, "none", b), loss_chunks=chunks)
@@ -182,11 +181,12 @@ def chunked_loss_phase(
             run.rows.append(probe_rows.skipped("memory", spec, why))
             continue
         plain_s = trace_seconds("none") if trace_seconds is not None else 0.0
-        if too_late_to_trace(run, spec, max(last_s, plain_s)):
+        expected_s = max(last_s, plain_s)
+        if cut.too_late(run, spec, expected_s):
             continue
         run.clock.say(f"memory: tracing {probe_rows.label(spec)} ({chunks} loss chunks)")
         t0 = time.perf_counter()
-        trace = _trace(run, spec, target)
+        trace = cut.trace(run, spec, target, expected_s)
         last_s = time.perf_counter() - t0
         if trace is not None:
             out.traces.append(trace)
@@ -207,10 +207,10 @@ def chunked_loss_phase(
             run.rows += [probe_rows.skipped("memory", spec, why) for spec in specs]
             continue
         for spec in specs:
-            if too_late_to_trace(run, spec, pair_s / 2):
+            if cut.too_late(run, spec, pair_s / 2):
                 continue
             run.clock.say(f"memory: tracing {probe_rows.label(spec)} ({chunks} loss chunks)")
-            trace = _trace(run, spec, target)
+            trace = cut.trace(run, spec, target, pair_s / 2)
             if trace is not None:
                 out.traces.append(trace)
     if left_out:
@@ -223,7 +223,60 @@ def chunked_loss_phase(
             suggested,
             f"{len(left_out)} chunked-loss pairs",
         )
+    cut.name_covering_budget(run)
     return out
+
+
+@dataclass
+class _Cut:
+    """The chunked traces the profile's fake-trace deadline cut (not started: it would have
+    stopped them; or stopped), and what each takes, so that their rows name the budget that
+    covers them all (until 2026-12-05 they said only "a larger --budget-s gives it more")."""
+
+    rows: list[int] = field(default_factory=list)
+    seconds: list[float] = field(default_factory=list)
+    stopped: bool = False  # one was stopped: its time is only a lower bound
+
+    def too_late(self, run: ProbeRun, spec: StepSpec, expected_s: float) -> bool:
+        from profilers.phases_core import too_late_to_trace
+
+        index = len(run.rows)
+        if not too_late_to_trace(run, spec, expected_s):
+            return False
+        self.rows.append(index)
+        self.seconds.append(expected_s)
+        return True
+
+    def trace(
+        self, run: ProbeRun, spec: StepSpec, target: str, expected_s: float
+    ) -> MemoryTrace | None:
+        from profilers.fake_kernels import BACKWARD_OVER_FORWARD
+        from profilers.phases_core import _trace
+
+        index, t0 = len(run.rows), time.perf_counter()
+        trace = _trace(run, spec, target)
+        if trace is None and len(run.rows) > index:
+            row = run.rows[-1]
+            if row.status == "skipped" and (row.reason or "").startswith(probe_rows.TIME_SPENT):
+                wall_s = time.perf_counter() - t0
+                self.rows.append(len(run.rows) - 1)
+                # at least what it ran and that part's backward (as the core counts one)
+                self.seconds.append(max(expected_s, (1 + BACKWARD_OVER_FORWARD) * wall_s))
+                self.stopped = True
+        return trace
+
+    def name_covering_budget(self, run: ProbeRun) -> None:
+        if not self.rows:
+            return
+        # The smaller of the phase's two parts of the later phases' share: covers either.
+        part = min(SHARE_OF_REMAINING, EXTRA_SHARE_OF_REMAINING)
+        probe_rows.name_covering_budget(
+            run.rows,
+            self.rows,
+            _covering_budget_s(run, sum(self.seconds), part),
+            f"{len(self.rows)} chunked-loss traces",
+            at_least=self.stopped,
+        )
 
 
 # The chunked loss has no share of its own: it takes a part (SHARE_OF_REMAINING, then

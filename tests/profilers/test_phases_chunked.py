@@ -253,7 +253,49 @@ def test_no_trace_starts_that_could_only_be_stopped_at_the_profiles_deadline(
     assert [r.name for r in late] == [f"fp32/none/b=2/lc{chunks}", f"fp32/none/b=4/lc{chunks}"]
     assert "a trace takes ~1000000 s here" in late[0].reason
     assert "before the test's deadline" in late[0].reason
+    # ... and the budget that covers both (not "a larger --budget-s gives it more")
+    part = min(phase.SHARE_OF_REMAINING, phase.EXTRA_SHARE_OF_REMAINING)
+    suggested = phase._covering_budget_s(run, 2e6, part)
+    assert all(
+        r.reason.endswith(
+            f"; --budget-s {suggested} would cover the 2 chunked-loss traces left out"
+        )
+        for r in late
+    )
     # with the time to run them, they run
     with fake_deadline(time.perf_counter() + 60, "the test's deadline"):
         phase.chunked_loss_phase(run, model_facts, "cpu", [], [], FULL_TRACED, lambda _: 1.0)
     assert [s.micro_batch_size for s in traced][:2] == [2, 4]
+
+
+def test_a_trace_stopped_at_the_deadline_names_a_budget_from_a_lower_bound(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A chunked trace stopped at the profile's fake-trace deadline (its row is the core's
+    skipped one) names the budget that covers at least what it ran and that part's backward."""
+    import profilers.phases_chunked as phase
+    import profilers.phases_core as core
+    from profilers import probe_rows
+    from profilers.fake_kernels import TraceOverBudget
+
+    _, model_facts, run, chunks = _phase_run()
+
+    def stopped(run: ProbeRun, spec: StepSpec, target: str, costs: Any = None) -> None:
+        exc = TraceOverBudget("the fake-tensor trace's backward would run past the deadline")
+        run.rows.append(probe_rows.raised("memory", spec, exc, wall_s=0.0))
+
+    monkeypatch.setattr(core, "_trace", stopped)
+    # the plain pair, each expected at 100 s (the core's plain trace): both start, both stop
+    phase.chunked_loss_phase(run, model_facts, "cpu", [], [], [], lambda _: 100.0)
+    cut = [r for r in run.rows if (r.reason or "").startswith(probe_rows.TIME_SPENT)]
+    assert [r.name for r in cut] == [f"fp32/none/b=2/lc{chunks}", f"fp32/none/b=4/lc{chunks}"]
+    part = min(phase.SHARE_OF_REMAINING, phase.EXTRA_SHARE_OF_REMAINING)
+    suggested = phase._covering_budget_s(run, 200.0, part)
+    assert all(
+        (r.reason or "").endswith(
+            f"; --budget-s {suggested} at least would cover the 2 chunked-loss traces left "
+            "out (a trace stopped before its end gives only a lower bound of its time)"
+        )
+        for r in cut
+    )
+    assert not any(probe_rows.LARGER_BUDGET in (r.reason or "") for r in cut)
