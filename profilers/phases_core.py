@@ -253,7 +253,7 @@ def core_phase(
                 )
             )
             continue
-        counted = _state_bytes(run)
+        counted = run.state_bytes
         if model is None and counted is not None and counted > usable:
             # No fit to say more (its traces failed or were cut), but its training state alone
             # exceeds the device: a timing child could only be killed (a 51.6B Jamba's took
@@ -293,15 +293,6 @@ def core_phase(
     if out.skipped:
         _record_skipped(run, out, sizes, costs, timing_cost)
     return out
-
-
-def _state_bytes(run: ProbeRun) -> int | None:
-    """What any real step of the run's model holds (None: its parameters are not counted)."""
-    from profilers.memory_measured import training_state_bytes
-
-    if run.num_params is None:
-        return None
-    return training_state_bytes(run.num_params, run.num_trainable_params)
 
 
 def _unfit_whatever(what: str, need: float, usable: float) -> str:
@@ -567,7 +558,7 @@ def _real_step_trace(run: ProbeRun, spec: StepSpec, target: str, t0: float) -> M
     why = f"{REAL_STEP_ROW}no fake trace can run this model ({run.untraceable})"
     if run.options.device == "cpu" and target == "cuda":
         why += "; measured on the CPU for a CUDA target, without CUDA's 512-byte rounding"
-    usable, need = run.usable_bytes, _state_bytes(run)
+    usable, need = run.usable_bytes, run.state_bytes
     if usable is not None and need is not None and need > usable:
         run.rows.append(
             probe_rows.skipped(

@@ -64,10 +64,10 @@ class ProbeRun:
         self.rows: list[ProbeRow] = []
         self.base = StepSpec(seq_len=options.seq_len)
         # Set by the profiler once the device and the model are known: the bytes a probed
-        # config may use, and the model's parameter counts (all, and those that train).
+        # config may use, and what any real step of the model holds (its parameters,
+        # gradients and AdamW state: profilers.memory_measured.training_state_bytes).
         self.usable_bytes: float | None = None
-        self.num_params: int | None = None
-        self.num_trainable_params: int | None = None
+        self.state_bytes: int | None = None
         # Why no fake trace can run this model's step (set at the first trace that failed so):
         # its memory is then measured on real steps (profilers.memory_measured).
         self.untraceable: str | None = None

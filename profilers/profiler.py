@@ -29,6 +29,7 @@ from typing import Any, Protocol, TypeVar
 
 from profilers.budget import Progress as Progress
 from profilers.fake_kernels import fake_deadline
+from profilers.memory_measured import training_state_bytes
 from profilers.phases_chunked import chunked_loss_phase
 from profilers.phases_comm import communication_phase
 from profilers.phases_compile import compile_phase
@@ -112,8 +113,7 @@ def _probe(run: ProbeRun, workload: Workload, options: ProfileOptions) -> Profil
     # profiled, total GPU memory): strategies/cost.py machine_from_profile owns that one.
     capacity = device.free_memory_bytes if kind == "cuda" else device.total_memory_bytes
     run.usable_bytes = options.memory_budget * capacity
-    run.num_params = model.facts.num_params
-    run.num_trainable_params = model.facts.num_trainable_params
+    run.state_bytes = training_state_bytes(model.facts.num_params, model.facts.num_trainable_params)
     # The search's core, group by group (memory at two sizes, then step times), then the
     # refinements while the budget lasts.
     core = core_phase(run, precisions, target, capacity, device, model.flops)

@@ -11,7 +11,12 @@ import torch
 from advisor.workload import AdvisorWorkload
 from profilers.flops import count_step_flops
 from profilers.memory import measure_cpu_step_memory, trace_step_memory
-from profilers.memory_measured import REAL_STEP, measure_step_trace, needs_real_values
+from profilers.memory_measured import (
+    REAL_STEP,
+    measure_step_trace,
+    needs_real_values,
+    training_state_bytes,
+)
 from profilers.memory_records import MemoryTrace
 from profilers.phases_core import _trace
 from profilers.probe_run import ProbeRun, ProfileOptions
@@ -89,7 +94,8 @@ def test_a_real_step_that_cannot_fit_is_skipped_with_the_reason(
 ) -> None:
     run = ProbeRun(workload, ProfileOptions(seq_len=32), None)
     run.untraceable = "DynamicOutputShapeException: aten.bincount.default"
-    run.usable_bytes, run.num_params = 2**19, workload.facts().num_params  # 16 B/param: 0.8 MiB
+    run.usable_bytes = 2**19
+    run.state_bytes = training_state_bytes(workload.facts().num_params)  # 16 B/param: 0.8 MiB
     assert _trace(run, SPEC, "cpu") is None
     (row,) = run.rows
     assert row.status == "skipped"

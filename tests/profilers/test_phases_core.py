@@ -21,6 +21,7 @@ from profilers.budget import SHARES
 from profilers.device import DeviceInfo
 from profilers.flops import FlopCount
 from profilers.memory_blocks import DepthScaling
+from profilers.memory_measured import training_state_bytes
 from profilers.memory_records import MemoryBreakdown, MemoryTrace
 from profilers.phases_core import (
     CoreResult,
@@ -622,7 +623,7 @@ def test_no_timing_child_for_a_model_whose_fp32_weights_alone_exceed_the_device(
     options = ProfileOptions(seq_len=16, budget_s=120, checkpointing=("none", "full"))
     device = cast(DeviceInfo, SimpleNamespace(precisions={}))
     run = ProbeRun(ToyWorkload(), options, None)
-    run.num_params = 8 * 2**30
+    run.state_bytes = training_state_bytes(8 * 2**30)
     core = core_phase(run, ("fp32",), "cpu", 16 * GiB, device)
     assert not script.events and not core.groups  # nothing timed
     assert core.unfit == [("fp32", "none"), ("fp32", "full")]
@@ -636,18 +637,18 @@ def test_no_timing_child_for_a_model_whose_fp32_weights_alone_exceed_the_device(
     # until 2026-12-05 only the weights were counted, and a Zamba2 (2.48B) on a 24 GiB host
     # was asked for a budget to time a step that cannot run there.
     run = ProbeRun(ToyWorkload(), options, None)
-    run.num_params = 2**30
+    run.state_bytes = training_state_bytes(2**30)
     core = core_phase(run, ("fp32",), "cpu", 16 * GiB, device)
     assert not script.events and core.unfit == [("fp32", "none"), ("fp32", "full")]
     # ... unless most of it is frozen: its weights and 2**28 trainable ones' state, 7 GiB
     run = ProbeRun(ToyWorkload(), options, None)
-    run.num_params, run.num_trainable_params = 2**30, 2**28
+    run.state_bytes = training_state_bytes(2**30, 2**28)
     core = core_phase(run, ("fp32",), "cpu", 16 * GiB, device)
     assert script.events and core.groups
     # a model that may fit is still timed without a fit
     script.events.clear()
     run = ProbeRun(ToyWorkload(), options, None)
-    run.num_params = 2**20
+    run.state_bytes = training_state_bytes(2**20)
     core = core_phase(run, ("fp32",), "cpu", 16 * GiB, device)
     assert script.events and core.groups
 
