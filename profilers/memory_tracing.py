@@ -36,6 +36,7 @@ from torch.distributed._tools.mem_tracker import MemTracker
 from profilers.fake_kernels import fake_tracing_extras
 from profilers.memory_grad_sums import GradSumsInPlace
 from profilers.memory_records import MemoryBreakdown, MemoryTrace
+from profilers.ssm_kernels import kernels_expected, ssm_cuda_kernels
 from profilers.workload import BlockScalableWorkload, StepSpec, Workload
 
 # MemTracker's categories (``_MemRefType`` values) -> MemoryBreakdown fields.
@@ -354,12 +355,15 @@ def assemble_trace(
 @contextlib.contextmanager
 def cuda_target() -> Iterator[None]:
     """What a CPU-traced step needs to read as a CUDA target's: the allocator's 512-byte
-    rounding (every tracker inherits MemTracker's bookkeeping: one patch rounds them all) and
-    CUDA autocast's fp32 norms and softmax (:func:`cuda_autocast_fp32_ops`)."""
-    with (
-        _patched(mem_tracker_module, "_WeakRefInfo", _CudaRoundedWeakRefInfo),
-        cuda_autocast_fp32_ops(),
-    ):
+    rounding (every tracker inherits MemTracker's bookkeeping: one patch rounds them all),
+    CUDA autocast's fp32 norms and softmax (:func:`cuda_autocast_fp32_ops`) and, where a GPU
+    run would take them, mamba_ssm's kernels for state-space layers
+    (:mod:`profilers.ssm_kernels`)."""
+    with contextlib.ExitStack() as stack:
+        stack.enter_context(_patched(mem_tracker_module, "_WeakRefInfo", _CudaRoundedWeakRefInfo))
+        stack.enter_context(cuda_autocast_fp32_ops())
+        if kernels_expected():
+            stack.enter_context(ssm_cuda_kernels())
         yield
 
 

@@ -174,6 +174,10 @@ class ModelFacts:
     # The parameters of the largest block when the blocks differ in size (Jamba's MoE layers
     # against its dense ones); 0 when they are all the same size. Written only when not 0.
     largest_block_params: int = 0
+    # The CUDA kernels the model's state-space (Mamba) layers call where they are installed
+    # (``mamba_ssm.selective_scan_fn`` ...): a CUDA target's trace holds their memory, not the
+    # PyTorch fallback's (profilers.ssm_kernels). Written only when not empty.
+    state_space_kernels: tuple[str, ...] = ()
 
     def checkpointing_modes(self) -> tuple[tuple[str, ...], tuple[str, ...]]:
         """(the activation-checkpointing modes this model can run, why the others cannot)."""
@@ -212,12 +216,19 @@ class ModelFacts:
             del data["block_period"]
         if not data["largest_block_params"]:
             del data["largest_block_params"]
+        if data["state_space_kernels"]:
+            data["state_space_kernels"] = list(data["state_space_kernels"])
+        else:
+            del data["state_space_kernels"]
         return data
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> ModelFacts:
         names = {f.name for f in dataclasses.fields(cls)}
-        return cls(**{k: v for k, v in data.items() if k in names})
+        known = {k: v for k, v in data.items() if k in names}
+        if "state_space_kernels" in known:
+            known["state_space_kernels"] = tuple(known["state_space_kernels"])
+        return cls(**known)
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

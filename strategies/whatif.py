@@ -454,6 +454,17 @@ def whatif_cost_model(profile: Profile, request: SearchRequest) -> tuple[CostMod
             "attention's probabilities: 4 B per score element, not 2): 'advisor profile "
             "--trace-for cuda' traces for a GPU"
         )
+    kernels = profile.model.state_space_kernels
+    if kernels:
+        assumptions.append(
+            f"state-space layers traced as the CUDA kernels {', '.join(kernels)}: install "
+            "mamba-ssm and causal-conv1d where you train (without them transformers runs its "
+            "PyTorch scan, which holds several times more)"
+            if cuda_models
+            else "state-space layers traced on transformers' PyTorch scan (a CPU trace), which "
+            f"holds several times what its CUDA kernels ({', '.join(kernels)}) do: 'advisor "
+            "profile --trace-for cuda' traces them as the kernels"
+        )
     fixed = overhead.fixed_bytes if measured_on_cuda else CUDA_FIXED_OVERHEAD_BYTES
     fragmentation = overhead.fragmentation_fraction if measured_on_cuda else DEFAULT_FRAGMENTATION
     assumptions.append(

@@ -16,6 +16,7 @@ import torch
 from torch import nn
 
 from advisor.models.objectives import Objective, lm_loss
+from profilers.ssm_kernels import kernels_of
 from profilers.workload import NO_OUTPUT_HEAD, ModelFacts
 
 
@@ -141,6 +142,7 @@ class ModelAdapter:
             uniform_blocks_from=(pattern := block_pattern(blocks))[0],
             block_period=pattern[1],
             largest_block_params=max(sizes) if len(sizes) > 1 else 0,
+            state_space_kernels=kernels_of(self.module),
         )
 
 

@@ -73,6 +73,29 @@ def test_cuda_target_traces_replace_the_rounding_bound() -> None:
     assert all(m.target_device_type == "cuda" for m in model.memory_models)
 
 
+def test_a_state_space_models_what_if_says_how_its_layers_were_traced() -> None:
+    """The kernels a Mamba layer runs on a GPU hold several times less than transformers'
+    PyTorch scan; the assumptions say which one the fits hold and what to install."""
+    kernels = ("causal_conv1d.causal_conv1d_fn", "mamba_ssm.selective_scan_fn")
+    profile = hand_profile()
+    profile = dataclasses.replace(
+        profile, model=dataclasses.replace(profile.model, state_space_kernels=kernels)
+    )
+    request = SearchRequest(global_batch_size=8, target="a100-80gb")
+    cpu_traced, _ = whatif_cost_model(profile, request)
+    (note,) = [a for a in cpu_traced.assumptions if "state-space" in a]
+    assert "PyTorch scan (a CPU trace)" in note and "--trace-for cuda" in note
+    cuda_fits = tuple(memory_model("bf16", c, target="cuda") for c in ("none", "full"))
+    fits = dataclasses.replace(profile.fits, memory=profile.fits.memory + cuda_fits)
+    cuda_traced, _ = whatif_cost_model(dataclasses.replace(profile, fits=fits), request)
+    (note,) = [a for a in cuda_traced.assumptions if "state-space" in a]
+    assert note.startswith(f"state-space layers traced as the CUDA kernels {', '.join(kernels)}")
+    assert "install mamba-ssm and causal-conv1d" in note
+    # a model without such layers says nothing of them
+    plain, _ = whatif_cost_model(hand_profile(), request)
+    assert not any("state-space" in a for a in plain.assumptions)
+
+
 def test_links_nvlink_in_a_node_and_the_network_across_nodes() -> None:
     h100 = lookup_target("h100-80gb")
     network = lookup_network("ib-ndr-400")

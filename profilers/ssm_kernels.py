@@ -1,0 +1,415 @@
+"""State-space (Mamba) layers traced as their CUDA kernels hold memory, for a CUDA target.
+
+Hugging Face transformers (5.x) runs the scan of every Mamba-style layer it ships through a
+function that takes ``mamba_ssm``'s CUDA kernel when that package is installed and the inputs
+are on a GPU, and its own PyTorch implementation otherwise (``use_kernel_func_from_hub_with_
+fallback``). A fake-tensor trace runs on (fake) CPU tensors, so it always took the PyTorch path,
+and for a GPU that path is not what trains:
+
+* **Mamba-1** (Jamba, Zamba, Falcon-Mamba, Mamba): ``mamba_selective_scan`` ->
+  ``mamba_ssm.selective_scan_fn``. The PyTorch path materialises the discretised ``A`` and
+  ``B·u`` over (batch, channels, sequence, state) in fp32 and loops over positions, keeping one
+  state per position for backward: for Jamba (8,192 channels, state 16) ~6 GiB per layer per
+  4,096-token sequence. The kernel (``SelectiveScanFn``, mamba_ssm/ops/selective_scan_interface
+  .py) keeps its inputs (``u``, ``delta``, ``B``, ``C``, ``z``, contiguous copies where they
+  were not), its output before the gate and its chunk states ``x``: (batch, channels,
+  ceil(L/2048), 2·state) fp32; it returns the gated output.
+* **Mamba-2** (Bamba, Falcon-H1, Nemotron-H, Zamba2, Mamba2, Granite 4 hybrids): in training
+  the mixer calls ``mamba2_split_conv1d_scan_combined`` -> ``mamba_ssm.
+  mamba_split_conv1d_scan_combined``, which fuses the convolution, the chunked scan, the gated
+  RMSNorm and the output projection; without the package it returns None and the PyTorch
+  chunked scan runs, which keeps (chunk × chunk × heads) fp32 score blocks per chunk. The kernel
+  (``MambaSplitConv1dScanCombinedFn``, mamba_ssm/ops/triton/ssd_combined.py) keeps for backward
+  its input ``zxbcdt``, the scan's output ``out_x`` (before the norm), the norm's ``rstd`` and,
+  under autocast, the 16-bit copy of the output projection's weight; the convolution, the chunk
+  states and the gate are recomputed in backward.
+
+:func:`ssm_cuda_kernels` gives those two functions, while a CUDA target's trace runs, fake
+kernels (``torch.autograd.Function``) that allocate what the kernels allocate and keep what they
+keep: the saved tensors exactly as the sources above list them; the forward's and the backward's
+internal buffers (the convolution's output, the chunk states, the gradients) at the sizes those
+sources allocate, freed as they free them. Their values are never read (a fake tensor has
+none). Patched per modeling module, at the first forward of one of its modules (transformers
+imports a model's module when it builds it, inside the trace).
+
+Whether a GPU run takes the kernels depends on the machine: with ``mamba-ssm`` (and
+``causal-conv1d``) installed, transformers uses them; without, it warns ("falling back to its
+reference PyTorch implementation ... much slower") and runs the PyTorch path. On a host with a
+GPU the trace follows what is installed there; on one without (a CPU host profiling for a GPU,
+a what-if) the kernels are assumed: it is how these models are trained, and the PyTorch path's
+memory would plan a GPU for a step nobody runs.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.util
+import math
+import sys
+from collections.abc import Callable, Iterator
+from typing import Any
+
+# The transformers functions replaced, by their name in a modeling module, and the mamba_ssm
+# kernel each stands for.
+KERNEL_FUNCTIONS: dict[str, str] = {
+    "mamba_selective_scan": "mamba_ssm.selective_scan_fn",
+    "mamba2_split_conv1d_scan_combined": "mamba_ssm.mamba_split_conv1d_scan_combined",
+    "causal_conv1d_fn": "causal_conv1d.causal_conv1d_fn",
+}
+# selective_scan_fn keeps one state (2·d_state fp32) per 2,048 positions: its chunk length.
+SELECTIVE_SCAN_CHUNK = 2048
+MODELING_PREFIX = "transformers.models."
+
+
+def kernels_of(model: Any) -> tuple[str, ...]:
+    """The mamba_ssm/causal_conv1d kernels ``model``'s layers can call: those the transformers
+    modeling modules of its submodules define a replaceable function for (sorted)."""
+    found: set[str] = set()
+    for name in {type(m).__module__ for m in model.modules()}:
+        owner = sys.modules.get(name)
+        if owner is None or not name.startswith(MODELING_PREFIX):
+            continue
+        found |= {k for a, k in KERNEL_FUNCTIONS.items() if callable(getattr(owner, a, None))}
+    return tuple(sorted(found))
+
+
+def kernels_expected() -> bool:
+    """Whether a CUDA run of a transformers state-space layer takes mamba_ssm's kernels, as far
+    as this host can tell: on a host with a GPU, whether ``mamba_ssm`` is importable; on one
+    without (planning a GPU it does not have), assumed (see the module docstring)."""
+    import torch
+
+    if not torch.cuda.is_available():
+        return True
+    return importlib.util.find_spec("mamba_ssm") is not None
+
+
+@contextlib.contextmanager
+def ssm_cuda_kernels(used: list[str] | None = None) -> Iterator[None]:
+    """Inside, each transformers modeling module whose module runs a forward has its state-space
+    scan functions (:data:`KERNEL_FUNCTIONS`) replaced by fake CUDA kernels; ``used`` (if
+    given) collects the mamba_ssm kernels a trace ran as ``"<kernel> (<model module>)"``."""
+    import torch
+
+    fakes: dict[str, Callable[..., Any]] = {
+        "mamba_selective_scan": _selective_scan_fn(used),
+        "mamba2_split_conv1d_scan_combined": _split_conv1d_scan_combined(used),
+        "causal_conv1d_fn": _causal_conv1d_fn(used),
+    }
+    patched: dict[str, dict[str, Any]] = {}
+
+    def patch_module_of(module: Any, args: Any) -> None:
+        name = type(module).__module__
+        if name in patched or not name.startswith(MODELING_PREFIX):
+            return
+        patched[name] = {}
+        owner = sys.modules.get(name)
+        for attr, fake in fakes.items():
+            original = getattr(owner, attr, None)
+            if callable(original):
+                patched[name][attr] = original
+                setattr(owner, attr, _named(fake, name))
+
+    hook = torch.nn.modules.module.register_module_forward_pre_hook(patch_module_of)
+    try:
+        yield
+    finally:
+        hook.remove()
+        for name, originals in patched.items():
+            owner = sys.modules.get(name)
+            for attr, original in originals.items():
+                setattr(owner, attr, original)
+
+
+def _named(fake: Callable[..., Any], module: str) -> Callable[..., Any]:
+    def call(*args: Any, **kwargs: Any) -> Any:
+        return fake(*args, _module=module, **kwargs)
+
+    return call
+
+
+def _contiguous(t: Any) -> Any:
+    """What the kernels do to an input whose last dimension is not contiguous: copy it."""
+    return t if t is None or t.stride(-1) == 1 else t.contiguous()
+
+
+def _selective_scan_fn(used: list[str] | None) -> Callable[..., Any]:
+    """``mamba_ssm.selective_scan_fn``'s signature and memory (module docstring)."""
+    import torch
+
+    class SelectiveScan(torch.autograd.Function):
+        @staticmethod
+        def forward(
+            ctx: Any,
+            u: Any,
+            delta: Any,
+            A: Any,
+            B: Any,
+            C: Any,
+            D: Any,
+            z: Any,
+            delta_bias: Any,
+            return_last_state: bool,
+        ) -> Any:
+            u, delta, B, C, z = (_contiguous(t) for t in (u, delta, B, C, z))
+            D = D.contiguous() if D is not None else None
+            batch, channels, length = u.shape
+            chunks = math.ceil(length / SELECTIVE_SCAN_CHUNK)
+            x = u.new_zeros((batch, channels, chunks, 2 * A.shape[1]), dtype=torch.float32)
+            out = torch.empty_like(u)
+            ctx.has_z = z is not None
+            if z is None:
+                ctx.save_for_backward(u, delta, A, B, C, D, delta_bias, x)
+                result = out
+            else:
+                ctx.save_for_backward(u, delta, A, B, C, D, z, delta_bias, x, out)
+                result = torch.empty_like(u)  # the gated output, returned
+            if not return_last_state:
+                return result
+            last = x[:, :, -1, 1::2]
+            ctx.mark_non_differentiable(last)
+            return result, last
+
+        @staticmethod
+        def backward(ctx: Any, dout: Any, *unused: Any) -> Any:
+            if ctx.has_z:
+                u, delta, A, B, C, D, z, delta_bias, _x, _out = ctx.saved_tensors
+            else:
+                u, delta, A, B, C, D, delta_bias, _x = ctx.saved_tensors
+                z = None
+            dout = _contiguous(dout)
+            # selective_scan_cuda.bwd: du and ddelta like their inputs, dA and the variable
+            # dB/dC in fp32, dD and ddelta_bias like theirs, dz like z.
+            grads = (
+                torch.empty_like(u),
+                torch.empty_like(delta),
+                torch.zeros_like(A, dtype=torch.float32),
+                torch.zeros_like(B, dtype=torch.float32),
+                torch.zeros_like(C, dtype=torch.float32),
+                torch.zeros_like(D) if D is not None else None,
+                torch.empty_like(z) if z is not None else None,
+                torch.zeros_like(delta_bias) if delta_bias is not None else None,
+            )
+            return (*grads, None)
+
+    def selective_scan_fn(
+        u: Any,
+        delta: Any,
+        A: Any,
+        B: Any,
+        C: Any,
+        D: Any = None,
+        z: Any = None,
+        delta_bias: Any = None,
+        delta_softplus: bool = False,
+        return_last_state: bool = False,
+        *,
+        _module: str = "",
+        **unused: Any,
+    ) -> Any:
+        if used is not None:
+            used.append(f"{KERNEL_FUNCTIONS['mamba_selective_scan']} ({_module})")
+        return SelectiveScan.apply(u, delta, A, B, C, D, z, delta_bias, return_last_state)
+
+    return selective_scan_fn
+
+
+def _split_conv1d_scan_combined(used: list[str] | None) -> Callable[..., Any]:
+    """``mamba_ssm.mamba_split_conv1d_scan_combined``'s signature and memory (module
+    docstring)."""
+    import torch
+    import torch.nn.functional as F
+
+    class SplitConv1dScanCombined(torch.autograd.Function):
+        @staticmethod
+        def forward(
+            ctx: Any,
+            zxbcdt: Any,
+            conv1d_weight: Any,
+            conv1d_bias: Any,
+            dt_bias: Any,
+            A: Any,
+            D: Any,
+            chunk_size: int,
+            initial_states: Any,
+            rmsnorm_weight: Any,
+            outproj_weight: Any,
+            outproj_bias: Any,
+            headdim: int | None,
+            ngroups: int,
+        ) -> Any:
+            heads, head_dim = (D.shape[0], headdim) if D.dim() == 1 else D.shape
+            batch, length, _ = zxbcdt.shape
+            dim = heads * head_dim
+            state = (conv1d_weight.shape[0] - dim) // ngroups // 2
+            nonssm = (zxbcdt.shape[-1] - 2 * dim - 2 * ngroups * state - heads) // 2
+            chunks = math.ceil(length / chunk_size)
+            # The forward's buffers: the convolved x, B, C; the chunked scan's fp32 dt, its
+            # cumulative decay and the chunk states; freed when it returns.
+            conv = zxbcdt.new_empty((batch, length, dim + 2 * ngroups * state))
+            f32 = {"dtype": torch.float32}
+            dt = zxbcdt.new_empty((batch, heads, chunks, chunk_size), **f32)
+            decay = zxbcdt.new_empty((batch, heads, chunks, chunk_size), **f32)
+            states = zxbcdt.new_empty((batch, chunks, heads, head_dim, state), **f32)
+            out_x = zxbcdt.new_empty((batch, length, heads, head_dim))
+            if rmsnorm_weight is None:
+                rstd = None  # the gate is applied inside the scan
+            else:
+                rstd = zxbcdt.new_empty((ngroups * batch * length,), **f32)
+            out = zxbcdt.new_empty((batch, length, nonssm + dim))
+            del conv, dt, decay, states
+            if outproj_weight is not None:
+                if torch.is_autocast_enabled("cpu") or torch.is_autocast_enabled():
+                    dtype = (
+                        torch.get_autocast_dtype("cpu")
+                        if torch.is_autocast_enabled("cpu")
+                        else torch.get_autocast_gpu_dtype()
+                    )
+                    out, outproj_weight = out.to(dtype), outproj_weight.to(dtype)
+                    outproj_bias = outproj_bias.to(dtype) if outproj_bias is not None else None
+                with torch.autocast("cpu", enabled=False):
+                    out = F.linear(out, outproj_weight, outproj_bias)
+            ctx.save_for_backward(
+                zxbcdt,
+                conv1d_weight,
+                conv1d_bias,
+                out_x,
+                A,
+                D,
+                dt_bias,
+                initial_states,
+                rmsnorm_weight,
+                rstd,
+                outproj_weight,
+                outproj_bias,
+            )
+            ctx.shape = (batch, length, heads, head_dim, state, ngroups, chunks, chunk_size, nonssm)
+            return out
+
+        @staticmethod
+        def backward(ctx: Any, dout: Any) -> Any:
+            (zxbcdt, conv_w, conv_b, _out_x, A, D, dt_bias, initial, norm_w, _rstd, proj_w,
+             proj_b) = ctx.saved_tensors  # fmt: skip
+            batch, length, heads, head_dim, state, groups, chunks, chunk_size, nonssm = ctx.shape
+            dim = heads * head_dim
+            f32 = {"dtype": torch.float32}
+            dzxbcdt = torch.empty_like(zxbcdt)
+            # the recomputed convolution and the scan's backward buffers
+            conv = zxbcdt.new_empty((batch, length, dim + 2 * groups * state))
+            states = zxbcdt.new_empty((batch, chunks, heads, head_dim, state), **f32)
+            dstates = zxbcdt.new_empty((batch, chunks, heads, head_dim, state), **f32)
+            ddt = zxbcdt.new_empty((batch, heads, chunks, chunk_size), **f32)
+            dproj_w = dproj_b = None
+            if proj_w is not None:
+                # the gradient through the output projection, and its weight's gradient
+                dnorm = zxbcdt.new_empty((batch, length, nonssm + dim))
+                dproj_w = torch.empty_like(proj_w)
+                dproj_b = torch.empty_like(proj_b) if proj_b is not None else None
+                del dnorm
+            del conv, states, dstates, ddt
+            return (
+                dzxbcdt,
+                torch.empty_like(conv_w),
+                torch.empty_like(conv_b) if conv_b is not None else None,
+                torch.empty_like(dt_bias),
+                torch.empty_like(A),
+                torch.empty_like(D),
+                None,
+                torch.empty_like(initial) if initial is not None else None,
+                torch.empty_like(norm_w) if norm_w is not None else None,
+                dproj_w,
+                dproj_b,
+                None,
+                None,
+            )
+
+    def mamba_split_conv1d_scan_combined(
+        zxbcdt: Any,
+        conv1d_weight: Any,
+        conv1d_bias: Any,
+        dt_bias: Any,
+        A: Any,
+        D: Any,
+        chunk_size: int,
+        initial_states: Any = None,
+        seq_idx: Any = None,
+        dt_limit: Any = (0.0, float("inf")),
+        return_final_states: bool = False,
+        activation: str = "silu",
+        rmsnorm_weight: Any = None,
+        rmsnorm_eps: float = 1e-6,
+        outproj_weight: Any = None,
+        outproj_bias: Any = None,
+        headdim: int | None = None,
+        ngroups: int = 1,
+        norm_before_gate: bool = True,
+        *,
+        _module: str = "",
+        **unused: Any,
+    ) -> Any:
+        if used is not None:
+            used.append(f"{KERNEL_FUNCTIONS['mamba2_split_conv1d_scan_combined']} ({_module})")
+        out = SplitConv1dScanCombined.apply(
+            zxbcdt,
+            conv1d_weight,
+            conv1d_bias,
+            dt_bias,
+            A,
+            D,
+            chunk_size,
+            initial_states,
+            rmsnorm_weight,
+            outproj_weight,
+            outproj_bias,
+            headdim,
+            ngroups,
+        )
+        if not return_final_states:
+            return out
+        heads, head_dim = (D.shape[0], headdim) if D.dim() == 1 else D.shape
+        state = (conv1d_weight.shape[0] - heads * head_dim) // ngroups // 2
+        final = zxbcdt.new_empty((zxbcdt.shape[0], heads, head_dim, state), dtype=torch.float32)
+        return out, final
+
+    return mamba_split_conv1d_scan_combined
+
+
+def _causal_conv1d_fn(used: list[str] | None) -> Callable[..., Any]:
+    """``causal_conv1d.causal_conv1d_fn``'s signature and memory: it keeps its input (copied
+    only when neither its channel nor its position dimension is contiguous), the weight and the
+    bias, and returns the activated output in the input's dtype (``CausalConv1dFn``,
+    Dao-AILab/causal-conv1d causal_conv1d/causal_conv1d_interface.py). The PyTorch fallback
+    casts the input to the weight's dtype (fp32 under autocast) and keeps the convolution's and
+    the activation's inputs besides."""
+    import torch
+
+    class CausalConv1d(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx: Any, x: Any, weight: Any, bias: Any) -> Any:
+            if x.stride(2) != 1 and x.stride(1) != 1:
+                x = x.contiguous()
+            ctx.save_for_backward(x, weight, bias)
+            return torch.empty_like(x, memory_format=torch.contiguous_format)
+
+        @staticmethod
+        def backward(ctx: Any, dout: Any) -> Any:
+            x, weight, bias = ctx.saved_tensors
+            return (
+                torch.empty_like(x),
+                torch.empty_like(weight),
+                torch.empty_like(bias) if bias is not None else None,
+            )
+
+    def causal_conv1d_fn(
+        x: Any,
+        weight: Any,
+        bias: Any = None,
+        *unused_args: Any,
+        _module: str = "",
+        **unused: Any,
+    ) -> Any:
+        if used is not None:
+            used.append(f"{KERNEL_FUNCTIONS['causal_conv1d_fn']} ({_module})")
+        return CausalConv1d.apply(x, weight, bias)
+
+    return causal_conv1d_fn

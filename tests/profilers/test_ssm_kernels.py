@@ -1,0 +1,190 @@
+"""State-space layers traced for a CUDA target as mamba_ssm's kernels hold memory, not as
+transformers' PyTorch fallback does (profilers.ssm_kernels)."""
+
+from __future__ import annotations
+
+import importlib.util
+import math
+import sys
+from typing import Any
+
+import pytest
+import torch
+
+import profilers.memory_tracing as memory_tracing
+import profilers.ssm_kernels as ssm_kernels
+from profilers.memory import trace_step_memory
+from profilers.workload import StepSpec
+
+TINY = {
+    "hidden_size": 64,
+    "intermediate_size": 128,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "vocab_size": 256,
+    "max_position_embeddings": 64,
+}
+# One Mamba layer and one attention layer each (Jamba: Mamba-1; Bamba: Mamba-2).
+JAMBA = {**TINY, "num_hidden_layers": 2, "attn_layer_period": 2, "attn_layer_offset": 1,
+         "num_experts": 1, "num_experts_per_tok": 1}  # fmt: skip
+BAMBA = {**TINY, "num_hidden_layers": 2, "attn_layer_indices": [1], "mamba_n_heads": 8,
+         "mamba_d_head": 16, "mamba_d_state": 16, "mamba_chunk_size": 32}  # fmt: skip
+KERNELS = {
+    "jamba": {"mamba_ssm.selective_scan_fn", "causal_conv1d.causal_conv1d_fn"},
+    "bamba": {"mamba_ssm.mamba_split_conv1d_scan_combined"},
+}
+
+
+def _trace(model: str, args: dict[str, Any], monkeypatch: pytest.MonkeyPatch, kernels: bool):
+    """A CUDA target's trace (bf16, sequence 64, micro-batch 2) and the kernels it ran."""
+    pytest.importorskip("transformers")
+    from advisor.workload import AdvisorWorkload
+
+    used: list[str] = []
+    original = ssm_kernels.ssm_cuda_kernels
+    monkeypatch.setattr(memory_tracing, "kernels_expected", lambda: kernels)
+    monkeypatch.setattr(memory_tracing, "ssm_cuda_kernels", lambda: original(used))
+    spec = StepSpec(seq_len=64, micro_batch_size=2, precision="bf16")
+    trace = trace_step_memory(AdvisorWorkload(f"hf:{model}", args), spec, target_device_type="cuda")
+    return trace, {u.split(" (")[0] for u in used}
+
+
+@pytest.mark.parametrize(("model", "args"), [("jamba", JAMBA), ("bamba", BAMBA)])
+def test_a_cuda_targets_trace_runs_mamba_layers_as_their_kernels(
+    model: str, args: dict[str, Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    kernel, used = _trace(model, args, monkeypatch, kernels=True)
+    assert used == KERNELS[model]
+    fallback, none = _trace(model, args, monkeypatch, kernels=False)
+    assert none == set()
+    # The PyTorch path keeps per-position (Mamba-1) or per-chunk-pair (Mamba-2) fp32 states
+    # the kernels recompute: far more activation memory for the same step.
+    kept = kernel.forward_backward_breakdown.activations
+    assert kept < 0.7 * fallback.forward_backward_breakdown.activations
+    # the weights, gradients and optimizer state are the model's either way
+    assert kernel.parameter_bytes == fallback.parameter_bytes
+    assert kernel.optimizer_state_bytes == fallback.optimizer_state_bytes
+
+
+def _saved(fn: Any, *args: Any, **kwargs: Any) -> tuple[Any, list[tuple[tuple[int, ...], Any]]]:
+    """``fn``'s output and the (shape, dtype) of every tensor autograd saved for its backward,
+    then its backward run (the gradients' shapes are checked by autograd)."""
+    saved: list[tuple[tuple[int, ...], Any]] = []
+
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        saved.append((tuple(t.shape), t.dtype))
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        out = fn(*args, **kwargs)
+    first = out[0] if isinstance(out, tuple) else out
+    first.sum().backward()
+    return out, saved
+
+
+def test_the_selective_scan_keeps_what_mamba_ssms_kernel_keeps() -> None:
+    """SelectiveScanFn with a gate z: u, delta, A, B, C, D, z, delta_bias, its chunk states x
+    (batch, channels, ceil(L/2048), 2·state) in fp32 and the ungated output; B and C, passed
+    transposed (as transformers does), are copied contiguous first."""
+    b, d, n, length = 2, 8, 4, 4100  # three chunks of 2,048
+    bf16 = {"dtype": torch.bfloat16, "requires_grad": True}
+    u, delta, z = (torch.zeros(b, d, length, **bf16) for _ in range(3))
+    A = torch.zeros(d, n, requires_grad=True)
+    B_leaf, C_leaf = (torch.zeros(b, length, n, **bf16) for _ in range(2))
+    B, C = B_leaf.transpose(1, 2), C_leaf.transpose(1, 2)
+    D, bias = torch.zeros(d, requires_grad=True), torch.zeros(d, requires_grad=True)
+    scan = ssm_kernels._selective_scan_fn(None)
+    (out, last), saved = _saved(
+        scan, u, delta, A, B, C, D=D, z=z, delta_bias=bias, delta_softplus=True,
+        return_last_state=True,
+    )  # fmt: skip
+    assert out.shape == u.shape and out.dtype == torch.bfloat16
+    assert last.shape == (b, d, n) and last.dtype == torch.float32
+    chunks = math.ceil(length / ssm_kernels.SELECTIVE_SCAN_CHUNK)
+    assert chunks == 3
+    bf, f32 = torch.bfloat16, torch.float32
+    assert saved == [
+        ((b, d, length), bf),  # u
+        ((b, d, length), bf),  # delta
+        ((d, n), f32),  # A
+        ((b, n, length), bf),  # B, made contiguous
+        ((b, n, length), bf),  # C
+        ((d,), f32),  # D
+        ((b, d, length), bf),  # z
+        ((d,), f32),  # delta_bias
+        ((b, d, chunks, 2 * n), f32),  # x: the chunk states
+        ((b, d, length), bf),  # the ungated output
+    ]
+    assert u.grad is not None and B_leaf.grad is not None and A.grad is not None
+
+
+def test_the_fused_mamba2_op_keeps_what_mamba_ssms_kernel_keeps() -> None:
+    """MambaSplitConv1dScanCombinedFn with the gated norm and the output projection: its input
+    zxbcdt, the weights it was given, the scan's output out_x (before the norm), the norm's
+    rstd in fp32 and, under autocast, the 16-bit copy of the projection's weight it used."""
+    b, length, heads, p, n, groups, hidden = 2, 96, 4, 8, 16, 2, 24
+    dim, conv_dim = heads * p, heads * p + 2 * groups * n
+    zxbcdt = torch.zeros(b, length, 2 * dim + 2 * groups * n + heads, requires_grad=True)
+    conv_w, conv_b = torch.zeros(conv_dim, 4, requires_grad=True), torch.zeros(conv_dim)
+    dt_bias, A, D = (torch.zeros(heads, requires_grad=True) for _ in range(3))
+    norm_w = torch.zeros(dim, requires_grad=True)
+    proj_w = torch.zeros(hidden, dim, requires_grad=True)
+    fused = ssm_kernels._split_conv1d_scan_combined(None)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        out, saved = _saved(
+            fused, zxbcdt.to(torch.bfloat16), conv_w, conv_b, dt_bias, A, D=D, chunk_size=32,
+            rmsnorm_weight=norm_w, outproj_weight=proj_w, headdim=p, ngroups=groups,
+            norm_before_gate=False,
+        )  # fmt: skip
+    assert out.shape == (b, length, hidden) and out.dtype == torch.bfloat16
+    bf, f32 = torch.bfloat16, torch.float32
+    assert saved == [
+        ((b, length, zxbcdt.shape[-1]), bf),  # zxbcdt
+        ((conv_dim, 4), f32),
+        ((conv_dim,), f32),
+        ((b, length, heads, p), bf),  # out_x
+        ((heads,), f32),  # A
+        ((heads,), f32),  # D
+        ((heads,), f32),  # dt_bias
+        ((dim,), f32),  # rmsnorm_weight
+        ((groups * b * length,), f32),  # rstd
+        ((hidden, dim), bf),  # the projection's weight, cast
+    ]
+    assert zxbcdt.grad is not None and proj_w.grad is not None and proj_w.grad.dtype == f32
+
+
+def test_the_modeling_modules_get_their_functions_back(monkeypatch: pytest.MonkeyPatch) -> None:
+    pytest.importorskip("transformers")
+    _trace("bamba", BAMBA, monkeypatch, kernels=True)
+    module = sys.modules["transformers.models.bamba.modeling_bamba"]
+    assert module.mamba2_split_conv1d_scan_combined.__module__ == module.__name__
+    assert module.causal_conv1d_fn.__module__ == module.__name__
+
+
+def test_the_kernels_are_assumed_off_a_gpu_and_looked_for_on_one(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert ssm_kernels.kernels_expected()  # planning a GPU from a host without one
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name: None)
+    assert not ssm_kernels.kernels_expected()  # a GPU without mamba-ssm runs the fallback
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name: object())
+    assert ssm_kernels.kernels_expected()
+
+
+def test_a_mamba_models_facts_name_its_kernels_and_keep_them_in_the_profile() -> None:
+    pytest.importorskip("transformers")
+    import json
+
+    from advisor.workload import AdvisorWorkload
+    from profilers.workload import ModelFacts
+
+    facts = AdvisorWorkload("hf:jamba", JAMBA).facts()
+    assert facts.state_space_kernels == (
+        "causal_conv1d.causal_conv1d_fn",
+        "mamba_ssm.selective_scan_fn",
+    )
+    assert ModelFacts.from_dict(json.loads(json.dumps(facts.to_dict()))) == facts
+    plain = AdvisorWorkload("gpt-tiny", {}).facts()
+    assert plain.state_space_kernels == () and "state_space_kernels" not in plain.to_dict()
