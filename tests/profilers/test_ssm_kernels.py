@@ -188,3 +188,25 @@ def test_a_mamba_models_facts_name_its_kernels_and_keep_them_in_the_profile() ->
     assert ModelFacts.from_dict(json.loads(json.dumps(facts.to_dict()))) == facts
     plain = AdvisorWorkload("gpt-tiny", {}).facts()
     assert plain.state_space_kernels == () and "state_space_kernels" not in plain.to_dict()
+
+
+def test_an_fsdp_ranks_trace_runs_them_too(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The per-rank trace (fake process group, FSDP over 2) enters the same CUDA target."""
+    pytest.importorskip("transformers")
+    from advisor.workload import AdvisorWorkload
+    from profilers.memory_distributed import trace_in_this_process
+
+    spec = StepSpec(
+        seq_len=64, micro_batch_size=2, precision="bf16", parallelism="fsdp", world_size=2
+    )
+    original = ssm_kernels.ssm_cuda_kernels
+    kept = {}
+    for kernels in (True, False):
+        used: list[str] = []
+        monkeypatch.setattr(memory_tracing, "kernels_expected", lambda k=kernels: k)
+        monkeypatch.setattr(memory_tracing, "ssm_cuda_kernels", lambda u=used: original(u))
+        workload = AdvisorWorkload("hf:bamba", BAMBA)
+        (trace,) = trace_in_this_process(workload, [spec], "cuda")
+        assert bool(used) == kernels
+        kept[kernels] = trace.forward_backward_breakdown.activations
+    assert kept[True] < 0.7 * kept[False]
