@@ -457,7 +457,7 @@ def whatif_cost_model(profile: Profile, request: SearchRequest) -> tuple[CostMod
     kernels = profile.model.state_space_kernels
     if kernels:
         assumptions.append(
-            f"state-space layers traced as the CUDA kernels {', '.join(kernels)}: install "
+            f"state-space layers traced as their CUDA kernels ({', '.join(kernels)}): install "
             "mamba-ssm and causal-conv1d where you train (without them transformers runs its "
             "PyTorch scan, which holds several times more)"
             if cuda_models

@@ -89,7 +89,9 @@ def test_a_state_space_models_what_if_says_how_its_layers_were_traced() -> None:
     fits = dataclasses.replace(profile.fits, memory=profile.fits.memory + cuda_fits)
     cuda_traced, _ = whatif_cost_model(dataclasses.replace(profile, fits=fits), request)
     (note,) = [a for a in cuda_traced.assumptions if "state-space" in a]
-    assert note.startswith(f"state-space layers traced as the CUDA kernels {', '.join(kernels)}")
+    assert note.startswith(
+        f"state-space layers traced as their CUDA kernels ({', '.join(kernels)})"
+    )
     assert "install mamba-ssm and causal-conv1d" in note
     # a model without such layers says nothing of them
     plain, _ = whatif_cost_model(hand_profile(), request)
