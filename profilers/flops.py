@@ -376,7 +376,9 @@ def _count(workload: Workload, base: StepSpec, checkpointing: str, *, fake: bool
     register_cpu_sdpa_formulas()
     register_grouped_mm_formula()
     spec = dataclasses.replace(base, activation_checkpointing=checkpointing)
-    counter = FlopCounterMode(display=False)
+    counter = FlopCounterMode(
+        display=False, custom_mapping={torch.ops.aten.convolution_backward: conv_backward_flop}
+    )
     if fake:  # the counter inside the fake mode: it sees each op first, then the fake mode runs it
         run_fake_step(workload, spec, counter)
     else:
@@ -385,6 +387,36 @@ def _count(workload: Workload, base: StepSpec, checkpointing: str, *, fake: bool
         with counter:
             step.forward_backward(batches)
     return {str(op): int(n) for op, n in counter.get_flop_counts()["Global"].items()}
+
+
+# -- a grouped convolution's backward, which FlopCounterMode over-counts --------------------
+
+
+def conv_backward_flop(
+    grad_out_shape: Any,
+    x_shape: Any,
+    w_shape: Any,
+    _bias: Any,
+    _stride: Any,
+    _padding: Any,
+    _dilation: Any,
+    transposed: bool,
+    _output_padding: Any,
+    _groups: Any,
+    output_mask: Any,
+    out_shape: Any,
+    **kw: Any,
+) -> int:
+    """A convolution's backward: its input's gradient and its weight's, each as many FLOPs as
+    the forward (each output element's multiply-adds, once more). Torch's formula (2.13)
+    counts the weight's gradient as a convolution of the input by the output gradient without
+    its ``groups``: a depthwise convolution (every Mamba layer's, over thousands of channels)
+    read ~channels times its FLOPs, 19.4 GFLOP per token of a Bamba's 79. Dense convolutions
+    (groups 1) count the same either way."""
+    from torch.utils.flop_counter import conv_flop_count
+
+    forward = conv_flop_count(list(x_shape), list(w_shape), list(grad_out_shape), transposed)
+    return int(forward) * (int(bool(output_mask[0])) + int(bool(output_mask[1])))
 
 
 # -- the CPU SDPA kernels missing from FlopCounterMode's registry ----------------------------

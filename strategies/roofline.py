@@ -740,10 +740,12 @@ def time_ops(
     seq_len: int,
     head_dim: int,
     gemm_scale: float = 1.0,
+    attention_scale: float = 1.0,
 ) -> OpTimes:
     """Roofline seconds of ``ops`` on ``target``: each op the longest of its compute, its
     memory traffic and a launch; what the launch floor adds is the ``launch`` part.
-    ``gemm_scale`` multiplies GEMM FLOPs (to match a counted total, see :class:`RooflineTime`).
+    ``gemm_scale`` multiplies GEMM FLOPs and ``attention_scale`` a fused attention's FLOPs and
+    bytes (to match a counted total, see :class:`RooflineTime`).
     """
     peak = target.peak_flops(precision)
     if peak is None or target.memory_bandwidth_gbs is None:
@@ -763,7 +765,7 @@ def time_ops(
             flops += work * op.count
         elif op.kind == "attention":
             fraction = attention_efficiency(target, seq_len, head_dim, op.backward, precision)
-            seconds = max(op.flops / (peak * fraction), memory_s)
+            seconds = attention_scale * max(op.flops / (peak * fraction), memory_s)
         else:
             seconds = memory_s
         extra = max(LAUNCH_S - seconds, 0.0)

@@ -29,6 +29,7 @@ from profilers.comm_records import bus_bandwidth_factor
 from profilers.flops import (
     ATTENTION_MATMUL_OPS,
     GROUPED_GEMM_OP,
+    SDPA_OP_MARK,
     FlopCount,
     ScoreTraffic,
     formula_flops_per_token,
@@ -212,6 +213,27 @@ class RooflineTime:
         ratio = counted / analytic
         return ratio if abs(ratio - 1.0) > GEMM_COUNT_TOLERANCE else 1.0
 
+    def attention_scale(self) -> float:
+        """Counted over analytic fused-attention FLOPs per token (forward, no recompute), 1
+        within tolerance: the op list prices attention in every layer, at ``hidden / heads``
+        per head; a hybrid attends in some layers only (Jamba in 1 of 8: the others run a
+        Mamba scan) and some models' heads are not ``hidden / heads`` wide (Gemma 3). Torch
+        counts each layer's 4·T·(heads × head dim) per token, the whole T×T. 1 when nothing was
+        counted or attention ran as plain matmuls (priced from its own count)."""
+        if not self.flops or not self.flops.seq_len or self.attention_as_matmuls():
+            return 1.0
+        counted = sum(
+            v
+            for op, v in self.flops.flops_by_op.get("none", {}).items()
+            if SDPA_OP_MARK in op and "backward" not in op
+        )
+        shape = self.shape
+        analytic = 4.0 * self.flops.seq_len * shape.num_heads * shape.head_dim * shape.num_layers
+        if counted <= 0 or analytic <= 0:
+            return 1.0
+        ratio = counted / analytic
+        return ratio if abs(ratio - 1.0) > GEMM_COUNT_TOLERANCE else 1.0
+
     def matmul_fraction(self, checkpointing: str) -> float | None:
         """For ops-half, the part of the blocks' forward matmuls it recomputes, from the
         profile's FLOP count of its policy; None for any other setting."""
@@ -247,7 +269,7 @@ class RooflineTime:
             gathers=roofline.FSDP_GATHERS if candidate.fsdp_reshard_after_forward else 1,
             eager=(eager := self.eager_traffic(candidate.precision)),
         )
-        scale = self.gemm_scale()
+        scale, attention_scale = self.gemm_scale(), self.attention_scale()
         times = roofline.time_ops(
             ops,
             t,
@@ -255,6 +277,7 @@ class RooflineTime:
             seq_len=self.seq_len,
             head_dim=self.shape.head_dim,
             gemm_scale=scale,
+            attention_scale=attention_scale,
         )
         sustained, tuned = roofline.sustained_fraction(t)
         gemm_fraction, measured = roofline.mamf_fraction(t)
@@ -296,6 +319,12 @@ class RooflineTime:
         ]
         if scale != 1.0:
             notes.append(f"GEMM FLOPs scaled ×{scale:.3f} to the profile's counted ones")
+        if attention_scale != 1.0:
+            notes.append(
+                f"attention scaled ×{attention_scale:.3f} to the profile's counted attention "
+                "FLOPs (a hybrid's attention layers only, or heads not hidden/heads wide; "
+                "a Mamba layer's scan kernels are not priced, its GEMMs are)"
+            )
         if eager is None and self.attention_as_matmuls():
             notes.append(
                 "attention ran as matmuls (no SDPA kernel: eager attention) and is priced as "

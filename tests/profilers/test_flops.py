@@ -10,6 +10,7 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from profilers.flops import (
     FlopCount,
+    conv_backward_flop,
     count_step_flops,
     formula_flops_per_token,
     mfu,
@@ -118,3 +119,44 @@ def test_ops_half_is_counted_under_its_own_policy_when_asked() -> None:
     none = counted.flops_per_token["none"]
     assert counted.flops_per_token["ops-half"] - none == layers * 2 * d * d
     assert counted.per_token("ops-half") < counted.flops_per_token["full"]
+
+
+@pytest.mark.parametrize("groups", [64, 1])
+def test_a_convolutions_backward_counts_twice_its_forward_whatever_its_groups(
+    groups: int,
+) -> None:
+    """Torch's formula counts a grouped convolution's weight gradient as if it were dense: a
+    depthwise one (a Mamba layer's, 64 channels here) read 64x its FLOPs. Dense convolutions
+    count as torch counts them."""
+    conv = torch.nn.Conv1d(64, 64, 4, groups=groups, padding=3)
+    x = torch.randn(2, 64, 128, requires_grad=True)
+    mapping = {torch.ops.aten.convolution_backward: conv_backward_flop}
+    with FlopCounterMode(display=False, custom_mapping=mapping) as ours:
+        conv(x).sum().backward()
+    with FlopCounterMode(display=False) as torchs:
+        conv(x).sum().backward()
+    counts = {str(k): v for k, v in ours.get_flop_counts()["Global"].items()}
+    assert counts["aten.convolution_backward"] == 2 * counts["aten.convolution"]
+    theirs = {str(k): v for k, v in torchs.get_flop_counts()["Global"].items()}
+    if groups == 1:
+        assert counts == theirs
+    else:
+        assert theirs["aten.convolution_backward"] > 30 * counts["aten.convolution_backward"]
+    # an input that needs no gradient: the weight's only
+    frozen = torch.randn(2, 64, 128)
+    with FlopCounterMode(display=False, custom_mapping=mapping) as weight_only:
+        conv(frozen).sum().backward()
+    counts = {str(k): v for k, v in weight_only.get_flop_counts()["Global"].items()}
+    assert counts["aten.convolution_backward"] == counts["aten.convolution"]
+
+
+def test_a_mamba_models_count_has_its_convolutions_at_their_size() -> None:
+    pytest.importorskip("transformers")
+    from advisor.workload import AdvisorWorkload
+
+    args = {"hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
+            "num_key_value_heads": 2, "vocab_size": 256, "mamba_n_heads": 8,
+            "mamba_d_head": 16, "mamba_d_state": 16, "mamba_chunk_size": 32}  # fmt: skip
+    count = count_step_flops(AdvisorWorkload("hf:bamba", args), StepSpec(seq_len=64))
+    by_op = count.flops_by_op["none"]
+    assert by_op["aten.convolution_backward"] == pytest.approx(2 * by_op["aten.convolution"])

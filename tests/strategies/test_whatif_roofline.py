@@ -427,3 +427,41 @@ def test_fp32_attention_runs_near_the_gemm_rate_not_at_flash_attentions_fraction
     assert bf16_ratio > 2 * fp32_ratio  # bf16 attention: FA-2 at 34% × 0.68 of the peak
     assert "fp32 attention (no flash kernel" in source.compute(cand(32, precision="fp32")).source
     assert "FA-2's hopper efficiency" in source.compute(cand(32)).source
+
+
+def test_a_hybrid_pays_for_attention_in_the_layers_that_attend_only() -> None:
+    """Jamba attends in 1 layer of 8 (the others run a Mamba scan): the op list, which prices
+    attention in every layer, is scaled to the counted attention kernel's FLOPs. A count of
+    every layer's attention (torch's 4·T·h per token per layer) leaves it as it is."""
+    from profilers.flops import FlopCount
+
+    seq, layers = 4096, 8
+    facts = gpt_facts(1024, layers, 16, seq)
+    shape = roofline.BlockShape.from_facts(facts)
+    assert shape is not None
+    per_layer = 4.0 * seq * 1024  # forward, per token
+
+    def source(attending: int) -> RooflineTime:
+        by_op = {
+            "aten.mm": 6.0 * shape.matmul_params,
+            "aten._scaled_dot_product_flash_attention": attending * per_layer,
+            "aten._scaled_dot_product_flash_attention_backward": 2.5 * attending * per_layer,
+        }
+        count = FlopCount(
+            seq_len=seq,
+            micro_batch_size=1,
+            tokens=seq,
+            flops_per_token={"none": sum(by_op.values())},
+            flops_by_op={"none": by_op},
+            formula_flops_per_token=None,
+            method="fake",
+        )
+        return RooflineTime(target=H100, shape=shape, seq_len=seq, flops=count)
+
+    dense, hybrid = source(layers), source(1)
+    assert dense.attention_scale() == 1.0 and hybrid.attention_scale() == pytest.approx(1 / 8)
+    full, one = dict(dense.compute(cand(1)).parts), dict(hybrid.compute(cand(1)).parts)
+    assert one["attention"] == pytest.approx(full["attention"] / 8)
+    assert one["gemm"] == pytest.approx(full["gemm"])
+    assert "attention scaled ×0.125" in hybrid.compute(cand(1)).source
+    assert "attention scaled" not in dense.compute(cand(1)).source
