@@ -764,6 +764,8 @@ def time_ops(
             seconds = max(compute_s, memory_s)
             flops += work * op.count
         elif op.kind == "attention":
+            if attention_scale == 0.0:  # no attention layer: no kernel either
+                continue
             fraction = attention_efficiency(target, seq_len, head_dim, op.backward, precision)
             seconds = attention_scale * max(op.flops / (peak * fraction), memory_s)
         else:

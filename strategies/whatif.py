@@ -173,11 +173,24 @@ class RooflineTime:
     shape: roofline.BlockShape
     seq_len: int
     flops: FlopCount | None = None
+    # The model has state-space (Mamba) layers (ModelFacts.state_space_kernels): batched
+    # matmuls in its count may be its scan's, not an eager attention's.
+    state_space: bool = False
 
     def attention_as_matmuls(self) -> bool:
         """Whether the counted step ran attention as plain matmuls (no SDPA kernel in the
-        count: an architecture transformers builds with eager attention, Gemma 2 or gpt-oss)."""
-        return self.flops is not None and self.flops.attention_as_matmuls()
+        count: an architecture transformers builds with eager attention, Gemma 2 or gpt-oss).
+        A state-space model's batched matmuls are its chunked scan's unless the count found
+        score traffic (an eager attention's T×T scores) too."""
+        if self.flops is None or not self.flops.attention_as_matmuls():
+            return False
+        return not self.state_space or bool(self.flops.score_traffic)
+
+    def no_attention(self) -> bool:
+        """A state-space model whose count holds no attention at all (a pure Mamba stack)."""
+        if not self.state_space or self.flops is None or self.attention_as_matmuls():
+            return False
+        return not any(SDPA_OP_MARK in op for op in self.flops.flops_by_op.get("none", {}))
 
     def eager_traffic(self, precision: str) -> ScoreTraffic | None:
         """The counted score traffic of an eager attention at ``precision``, per token at this
@@ -219,7 +232,10 @@ class RooflineTime:
         per head; a hybrid attends in some layers only (Jamba in 1 of 8: the others run a
         Mamba scan) and some models' heads are not ``hidden / heads`` wide (Gemma 3). Torch
         counts each layer's 4·T·(heads × head dim) per token, the whole T×T. 1 when nothing was
-        counted or attention ran as plain matmuls (priced from its own count)."""
+        counted or attention ran as plain matmuls (priced from its own count); 0 for a
+        state-space model that attends nowhere (no attention kernel in its count)."""
+        if self.no_attention():
+            return 0.0
         if not self.flops or not self.flops.seq_len or self.attention_as_matmuls():
             return 1.0
         counted = sum(
@@ -319,7 +335,12 @@ class RooflineTime:
         ]
         if scale != 1.0:
             notes.append(f"GEMM FLOPs scaled ×{scale:.3f} to the profile's counted ones")
-        if attention_scale != 1.0:
+        if attention_scale == 0.0:
+            notes.append(
+                "no attention: the profile's count holds no attention kernel (a state-space "
+                "stack; its scan kernels are not priced, its GEMMs are)"
+            )
+        elif attention_scale != 1.0:
             notes.append(
                 f"attention scaled ×{attention_scale:.3f} to the profile's counted attention "
                 "FLOPs (a hybrid's attention layers only, or heads not hidden/heads wide; "
@@ -347,7 +368,13 @@ def time_source(
         return FlopsTime(target=target, facts=facts, seq_len=seq_len, flops=flops)
     if flops is not None and flops.expert_gemms:
         shape = shape.with_experts(flops.expert_gemms)
-    return RooflineTime(target=target, shape=shape, seq_len=seq_len, flops=flops)
+    return RooflineTime(
+        target=target,
+        shape=shape,
+        seq_len=seq_len,
+        flops=flops,
+        state_space=bool(facts.state_space_kernels),
+    )
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

@@ -465,3 +465,37 @@ def test_a_hybrid_pays_for_attention_in_the_layers_that_attend_only() -> None:
     assert one["gemm"] == pytest.approx(full["gemm"])
     assert "attention scaled ×0.125" in hybrid.compute(cand(1)).source
     assert "attention scaled" not in dense.compute(cand(1)).source
+
+
+def test_a_pure_state_space_stack_pays_for_no_attention() -> None:
+    """A Mamba-2 stack (Bamba's default config: every layer a Mamba layer) counts batched
+    matmuls (its chunked scan's einsums) and no attention kernel. With state-space layers in
+    the facts that is no attention at all, not an eager attention priced as flash; the same
+    count without them still reads as an eager attention."""
+    from profilers.flops import FlopCount
+
+    seq = 4096
+    facts = dataclasses.replace(
+        gpt_facts(1024, 8, 16, seq), state_space_kernels=("mamba_ssm.selective_scan_fn",)
+    )
+    shape = roofline.BlockShape.from_facts(facts)
+    assert shape is not None
+    by_op = {"aten.mm": 6.0 * shape.matmul_params, "aten.bmm": 0.05 * shape.matmul_params}
+    count = FlopCount(
+        seq_len=seq,
+        micro_batch_size=1,
+        tokens=seq,
+        flops_per_token={"none": sum(by_op.values())},
+        flops_by_op={"none": by_op},
+        formula_flops_per_token=None,
+        method="fake",
+    )
+    mamba = time_source(H100, facts, seq, count)
+    assert isinstance(mamba, RooflineTime) and mamba.state_space
+    assert not mamba.attention_as_matmuls() and mamba.attention_scale() == 0.0
+    computed = mamba.compute(cand(1))
+    assert dict(computed.parts)["attention"] == 0.0
+    assert "no attention" in computed.source and "optimistic" not in computed.source
+    plain = time_source(H100, dataclasses.replace(facts, state_space_kernels=()), seq, count)
+    assert isinstance(plain, RooflineTime) and plain.attention_as_matmuls()
+    assert dict(plain.compute(cand(1)).parts)["attention"] > 0
