@@ -184,7 +184,8 @@ class RooflineTime:
         score traffic (an eager attention's T×T scores) too."""
         if self.flops is None or not self.flops.attention_as_matmuls():
             return False
-        return not self.state_space or bool(self.flops.score_traffic)
+        traffic = self.flops.score_traffic or {}
+        return not self.state_space or any(v for t in traffic.values() for v in t.values())
 
     def no_attention(self) -> bool:
         """A state-space model whose count holds no attention at all (a pure Mamba stack)."""

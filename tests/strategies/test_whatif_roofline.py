@@ -472,6 +472,7 @@ def test_a_pure_state_space_stack_pays_for_no_attention() -> None:
     matmuls (its chunked scan's einsums) and no attention kernel. With state-space layers in
     the facts that is no attention at all, not an eager attention priced as flash; the same
     count without them still reads as an eager attention."""
+    from profilers.flops import SCORE_TRAFFIC_FIELDS as SCORE_FIELDS
     from profilers.flops import FlopCount
 
     seq = 4096
@@ -489,6 +490,8 @@ def test_a_pure_state_space_stack_pays_for_no_attention() -> None:
         flops_by_op={"none": by_op},
         formula_flops_per_token=None,
         method="fake",
+        # the eager-attention counter ran and found no T×T scores (a real profile's record)
+        score_traffic={p: dict.fromkeys(SCORE_FIELDS, 0.0) for p in ("fp32", "bf16")},
     )
     mamba = time_source(H100, facts, seq, count)
     assert isinstance(mamba, RooflineTime) and mamba.state_space
