@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+from typing import Any
 
 import pytest
 
@@ -429,12 +430,26 @@ def test_fp32_attention_runs_near_the_gemm_rate_not_at_flash_attentions_fraction
     assert "FA-2's hopper efficiency" in source.compute(cand(32)).source
 
 
+def _count(seq: int, by_op: dict[str, float], **extra: Any) -> Any:
+    """A fake FLOP count of one sequence whose per-token ops are ``by_op``."""
+    from profilers.flops import FlopCount
+
+    return FlopCount(
+        seq_len=seq,
+        micro_batch_size=1,
+        tokens=seq,
+        flops_per_token={"none": sum(by_op.values())},
+        flops_by_op={"none": by_op},
+        formula_flops_per_token=None,
+        method="fake",
+        **extra,
+    )
+
+
 def test_a_hybrid_pays_for_attention_in_the_layers_that_attend_only() -> None:
     """Jamba attends in 1 layer of 8 (the others run a Mamba scan): the op list, which prices
     attention in every layer, is scaled to the counted attention kernel's FLOPs. A count of
     every layer's attention (torch's 4·T·h per token per layer) leaves it as it is."""
-    from profilers.flops import FlopCount
-
     seq, layers = 4096, 8
     facts = gpt_facts(1024, layers, 16, seq)
     shape = roofline.BlockShape.from_facts(facts)
@@ -447,16 +462,7 @@ def test_a_hybrid_pays_for_attention_in_the_layers_that_attend_only() -> None:
             "aten._scaled_dot_product_flash_attention": attending * per_layer,
             "aten._scaled_dot_product_flash_attention_backward": 2.5 * attending * per_layer,
         }
-        count = FlopCount(
-            seq_len=seq,
-            micro_batch_size=1,
-            tokens=seq,
-            flops_per_token={"none": sum(by_op.values())},
-            flops_by_op={"none": by_op},
-            formula_flops_per_token=None,
-            method="fake",
-        )
-        return RooflineTime(target=H100, shape=shape, seq_len=seq, flops=count)
+        return RooflineTime(target=H100, shape=shape, seq_len=seq, flops=_count(seq, by_op))
 
     dense, hybrid = source(layers), source(1)
     assert dense.attention_scale() == 1.0 and hybrid.attention_scale() == pytest.approx(1 / 8)
@@ -473,7 +479,6 @@ def test_a_pure_state_space_stack_pays_for_no_attention() -> None:
     the facts that is no attention at all, not an eager attention priced as flash; the same
     count without them still reads as an eager attention."""
     from profilers.flops import SCORE_TRAFFIC_FIELDS as SCORE_FIELDS
-    from profilers.flops import FlopCount
 
     seq = 4096
     facts = dataclasses.replace(
@@ -482,17 +487,9 @@ def test_a_pure_state_space_stack_pays_for_no_attention() -> None:
     shape = roofline.BlockShape.from_facts(facts)
     assert shape is not None
     by_op = {"aten.mm": 6.0 * shape.matmul_params, "aten.bmm": 0.05 * shape.matmul_params}
-    count = FlopCount(
-        seq_len=seq,
-        micro_batch_size=1,
-        tokens=seq,
-        flops_per_token={"none": sum(by_op.values())},
-        flops_by_op={"none": by_op},
-        formula_flops_per_token=None,
-        method="fake",
-        # the eager-attention counter ran and found no T×T scores (a real profile's record)
-        score_traffic={p: dict.fromkeys(SCORE_FIELDS, 0.0) for p in ("fp32", "bf16")},
-    )
+    # the eager-attention counter ran and found no T×T scores (a real profile's record)
+    nothing = {p: dict.fromkeys(SCORE_FIELDS, 0.0) for p in ("fp32", "bf16")}
+    count = _count(seq, by_op, score_traffic=nothing)
     mamba = time_source(H100, facts, seq, count)
     assert isinstance(mamba, RooflineTime) and mamba.state_space
     assert not mamba.attention_as_matmuls() and mamba.attention_scale() == 0.0
