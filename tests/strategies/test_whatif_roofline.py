@@ -234,21 +234,10 @@ def test_attention_run_as_matmuls_is_not_counted_as_gemms_too() -> None:
 
 def _eager_count(seq: int, traffic: dict[str, dict[str, float]] | None):  # type: ignore[no-untyped-def]
     """A count of gpt_facts(1024, 4, 16, seq) run with eager attention (bmm, no SDPA)."""
-    from profilers.flops import FlopCount
-
     shape = roofline.BlockShape.from_facts(gpt_facts(1024, 4, 16, seq))
     assert shape is not None
     by_op = {"aten.mm": 6.0 * shape.matmul_params, "aten.bmm": 12.0 * seq * 1024 * 4}
-    return shape, FlopCount(
-        seq_len=seq,
-        micro_batch_size=1,
-        tokens=seq,
-        flops_per_token={"none": sum(by_op.values())},
-        flops_by_op={"none": by_op},
-        formula_flops_per_token=None,
-        method="fake",
-        score_traffic=traffic,
-    )
+    return shape, _count(seq, by_op, score_traffic=traffic)
 
 
 # Per token at sequence 512 for gpt_facts(1024, 4, 16, 512): 4 layers × 16 heads × 512 score
