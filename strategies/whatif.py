@@ -187,11 +187,16 @@ class RooflineTime:
         traffic = self.flops.score_traffic or {}
         return not self.state_space or any(v for t in traffic.values() for v in t.values())
 
+    def _sdpa_ops(self) -> dict[str, float]:
+        """The counted attention-kernel ops (forward and backward), per token."""
+        counted = self.flops.flops_by_op.get("none", {}) if self.flops else {}
+        return {op: v for op, v in counted.items() if SDPA_OP_MARK in op}
+
     def no_attention(self) -> bool:
         """A state-space model whose count holds no attention at all (a pure Mamba stack)."""
         if not self.state_space or self.flops is None or self.attention_as_matmuls():
             return False
-        return not any(SDPA_OP_MARK in op for op in self.flops.flops_by_op.get("none", {}))
+        return not self._sdpa_ops()
 
     def eager_traffic(self, precision: str) -> ScoreTraffic | None:
         """The counted score traffic of an eager attention at ``precision``, per token at this
@@ -221,11 +226,7 @@ class RooflineTime:
         if self.shape.experts:  # priced at their own shapes (roofline.expert_forward_ops)
             gemms = tuple(op for op in gemms if op != GROUPED_GEMM_OP)
         counted = sum(v for op, v in self.flops.flops_by_op["none"].items() if op in gemms)
-        analytic = 6.0 * self.shape.matmul_params
-        if counted <= 0 or analytic <= 0:
-            return 1.0
-        ratio = counted / analytic
-        return ratio if abs(ratio - 1.0) > GEMM_COUNT_TOLERANCE else 1.0
+        return _counted_scale(counted, 6.0 * self.shape.matmul_params)
 
     def attention_scale(self) -> float:
         """Counted over analytic fused-attention FLOPs per token (forward, no recompute), 1
@@ -239,17 +240,10 @@ class RooflineTime:
             return 0.0
         if not self.flops or not self.flops.seq_len or self.attention_as_matmuls():
             return 1.0
-        counted = sum(
-            v
-            for op, v in self.flops.flops_by_op.get("none", {}).items()
-            if SDPA_OP_MARK in op and "backward" not in op
-        )
+        counted = sum(v for op, v in self._sdpa_ops().items() if "backward" not in op)
         shape = self.shape
         analytic = 4.0 * self.flops.seq_len * shape.num_heads * shape.head_dim * shape.num_layers
-        if counted <= 0 or analytic <= 0:
-            return 1.0
-        ratio = counted / analytic
-        return ratio if abs(ratio - 1.0) > GEMM_COUNT_TOLERANCE else 1.0
+        return _counted_scale(counted, analytic)
 
     def matmul_fraction(self, checkpointing: str) -> float | None:
         """For ops-half, the part of the blocks' forward matmuls it recomputes, from the
@@ -358,6 +352,15 @@ class RooflineTime:
             source="estimate: per-op roofline on " + t.name + ": " + "; ".join(notes),
             parts=parts,
         )
+
+
+def _counted_scale(counted: float, analytic: float) -> float:
+    """``counted / analytic`` when they differ by more than :data:`GEMM_COUNT_TOLERANCE`, else
+    1 (also when either is missing)."""
+    if counted <= 0 or analytic <= 0:
+        return 1.0
+    ratio = counted / analytic
+    return ratio if abs(ratio - 1.0) > GEMM_COUNT_TOLERANCE else 1.0
 
 
 def time_source(
