@@ -61,16 +61,19 @@ SELECTIVE_SCAN_CHUNK = 2048
 MODELING_PREFIX = "transformers.models."
 
 
+def _replaceable(name: str) -> dict[str, Any]:
+    """The functions of :data:`KERNEL_FUNCTIONS` that the transformers modeling module ``name``
+    defines (empty for any other module)."""
+    owner = sys.modules.get(name) if name.startswith(MODELING_PREFIX) else None
+    found = {attr: getattr(owner, attr, None) for attr in KERNEL_FUNCTIONS}
+    return {attr: f for attr, f in found.items() if callable(f)}
+
+
 def kernels_of(model: Any) -> tuple[str, ...]:
     """The mamba_ssm/causal_conv1d kernels ``model``'s layers can call: those the transformers
     modeling modules of its submodules define a replaceable function for (sorted)."""
-    found: set[str] = set()
-    for name in {type(m).__module__ for m in model.modules()}:
-        owner = sys.modules.get(name)
-        if owner is None or not name.startswith(MODELING_PREFIX):
-            continue
-        found |= {k for a, k in KERNEL_FUNCTIONS.items() if callable(getattr(owner, a, None))}
-    return tuple(sorted(found))
+    names = {type(m).__module__ for m in model.modules()}
+    return tuple(sorted({KERNEL_FUNCTIONS[a] for name in names for a in _replaceable(name)}))
 
 
 def kernels_expected() -> bool:
@@ -100,15 +103,11 @@ def ssm_cuda_kernels(used: list[str] | None = None) -> Iterator[None]:
 
     def patch_module_of(module: Any, args: Any) -> None:
         name = type(module).__module__
-        if name in patched or not name.startswith(MODELING_PREFIX):
+        if name in patched:
             return
-        patched[name] = {}
-        owner = sys.modules.get(name)
-        for attr, fake in fakes.items():
-            original = getattr(owner, attr, None)
-            if callable(original):
-                patched[name][attr] = original
-                setattr(owner, attr, _named(fake, name))
+        patched[name] = _replaceable(name)
+        for attr in patched[name]:
+            setattr(sys.modules[name], attr, _named(fakes[attr], name))
 
     hook = torch.nn.modules.module.register_module_forward_pre_hook(patch_module_of)
     try:
@@ -235,13 +234,11 @@ def _split_conv1d_scan_combined(used: list[str] | None) -> Callable[..., Any]:
             rmsnorm_weight: Any,
             outproj_weight: Any,
             outproj_bias: Any,
-            headdim: int | None,
-            ngroups: int,
+            dims: tuple[int, int, int, int],
         ) -> Any:
-            heads, head_dim = (D.shape[0], headdim) if D.dim() == 1 else D.shape
+            heads, head_dim, state, ngroups = dims
             batch, length, _ = zxbcdt.shape
             dim = heads * head_dim
-            state = (conv1d_weight.shape[0] - dim) // ngroups // 2
             nonssm = (zxbcdt.shape[-1] - 2 * dim - 2 * ngroups * state - heads) // 2
             chunks = math.ceil(length / chunk_size)
             # The forward's buffers: the convolved x, B, C; the chunked scan's fp32 dt, its
@@ -320,7 +317,6 @@ def _split_conv1d_scan_combined(used: list[str] | None) -> Callable[..., Any]:
                 dproj_w,
                 dproj_b,
                 None,
-                None,
             )
 
     def mamba_split_conv1d_scan_combined(
@@ -349,6 +345,8 @@ def _split_conv1d_scan_combined(used: list[str] | None) -> Callable[..., Any]:
     ) -> Any:
         if used is not None:
             used.append(f"{KERNEL_FUNCTIONS['mamba2_split_conv1d_scan_combined']} ({_module})")
+        heads, head_dim = (D.shape[0], headdim) if D.dim() == 1 else D.shape
+        state = (conv1d_weight.shape[0] - heads * head_dim) // ngroups // 2
         out = SplitConv1dScanCombined.apply(
             zxbcdt,
             conv1d_weight,
@@ -361,13 +359,10 @@ def _split_conv1d_scan_combined(used: list[str] | None) -> Callable[..., Any]:
             rmsnorm_weight,
             outproj_weight,
             outproj_bias,
-            headdim,
-            ngroups,
+            (heads, head_dim, state, ngroups),
         )
         if not return_final_states:
             return out
-        heads, head_dim = (D.shape[0], headdim) if D.dim() == 1 else D.shape
-        state = (conv1d_weight.shape[0] - heads * head_dim) // ngroups // 2
         final = zxbcdt.new_empty((zxbcdt.shape[0], heads, head_dim, state), dtype=torch.float32)
         return out, final
 
