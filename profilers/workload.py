@@ -178,6 +178,19 @@ class ModelFacts:
     # (``mamba_ssm.selective_scan_fn`` ...): a CUDA target's trace holds their memory, not the
     # PyTorch fallback's (profilers.ssm_kernels). Written only when not empty.
     state_space_kernels: tuple[str, ...] = ()
+    # The attention heads' width where it is not ``hidden_size // num_heads`` (Qwen3-4B's 128
+    # against 80, Gemma 3's 256; DeepSeek-V3's multi-head latent attention: the mean of its
+    # query/key and value widths, which gives its score and output FLOPs); 0 otherwise. Written
+    # only when not 0.
+    head_dim: int = 0
+
+    @property
+    def attention_head_dim(self) -> int:
+        """The attention heads' width: :attr:`head_dim`, else ``hidden_size // num_heads`` (0
+        without heads)."""
+        if self.head_dim:
+            return self.head_dim
+        return self.hidden_size // self.num_heads if self.num_heads > 0 else 0
 
     def checkpointing_modes(self) -> tuple[tuple[str, ...], tuple[str, ...]]:
         """(the activation-checkpointing modes this model can run, why the others cannot)."""
@@ -220,6 +233,8 @@ class ModelFacts:
             data["state_space_kernels"] = list(data["state_space_kernels"])
         else:
             del data["state_space_kernels"]
+        if not data["head_dim"]:
+            del data["head_dim"]
         return data
 
     @classmethod

@@ -209,10 +209,16 @@ class BlockShape:
     matmul_params: int  # weights that multiply activations (blocks + head)
     num_params: int
     experts: tuple[ExpertGemm, ...] = ()
+    head_width: int = 0  # a head's width where it is not hidden / heads (Qwen3, Gemma 3); 0: not
 
     @property
     def head_dim(self) -> int:
-        return self.hidden // self.num_heads
+        return self.head_width or self.hidden // self.num_heads
+
+    @property
+    def attention_width(self) -> int:
+        """The queries' (and the attention output's) width: heads × head dim."""
+        return self.num_heads * self.head_dim
 
     @property
     def expert_forward_flops_per_token(self) -> float:
@@ -241,13 +247,13 @@ class BlockShape:
         """None when the facts cannot describe a standard Transformer block (no layers, no
         heads, or parameters that do not add up)."""
         h, heads, layers = facts.hidden_size, facts.num_heads, facts.num_layers
-        if h <= 0 or heads <= 0 or layers <= 0 or h % heads:
+        if h <= 0 or heads <= 0 or layers <= 0 or (h % heads and not facts.head_dim):
             return None
         kv = facts.num_kv_heads or heads
-        d = h // heads
+        d = facts.attention_head_dim
         head = 0 if facts.tied_embeddings else facts.vocab_size * h
         block = (facts.num_params - facts.num_embedding_params - head) / layers
-        attention = h * (h + 2 * kv * d) + h * h
+        attention = h * (heads * d + 2 * kv * d) + heads * d * h
         mlp = block - attention - 4 * h  # norms' weights (and biases) are a few h
         if mlp <= 0:
             return None
@@ -268,6 +274,7 @@ class BlockShape:
             causal=facts.objective != "mlm",
             matmul_params=matmul,
             num_params=facts.num_params,
+            head_width=facts.head_dim,
         )
 
 
@@ -436,6 +443,7 @@ def block_forward_ops(
     (:func:`eager_attention_ops`), instead of a flash kernel."""
     e = ELEMENT_BYTES[precision]
     L, h, f = shape.num_layers, shape.hidden, shape.ffn_hidden
+    q = shape.attention_width
     kv = shape.num_kv_heads * shape.head_dim
     batch = tokens // seq_len
     attn_flops = 4.0 * batch * shape.num_heads * seq_len * seq_len * shape.head_dim
@@ -449,7 +457,7 @@ def block_forward_ops(
                 name="attention",
                 kind="attention",
                 flops=attn_flops,
-                bytes=4.0 * tokens * h * e,
+                bytes=4.0 * tokens * q * e,
                 count=L,
             )
         ]
@@ -463,17 +471,17 @@ def block_forward_ops(
         ]
     ops = [
         _memory("norm1", 2 * tokens * h, e, L),
-        *[o for o in _linear("qkv", tokens, h, h + 2 * kv, e, L) if o.name == "qkv"],
+        *[o for o in _linear("qkv", tokens, h, q + 2 * kv, e, L) if o.name == "qkv"],
         *attention,
-        _memory("attention.out_copy", 2 * tokens * h, e, L),
-        *[o for o in _linear("proj", tokens, h, h, e, L) if o.name == "proj"],
+        _memory("attention.out_copy", 2 * tokens * q, e, L),
+        *[o for o in _linear("proj", tokens, q, h, e, L) if o.name == "proj"],
         _memory("residual1", 3 * tokens * h, e, L),
         _memory("norm2", 2 * tokens * h, e, L),
         *ffn,
         _memory("residual2", 3 * tokens * h, e, L),
     ]
     if gated:  # rotary embeddings on q and k: a few element-wise kernels in eager mode
-        ops.append(_memory("rope", 3 * 2 * tokens * (h + kv), e, L))
+        ops.append(_memory("rope", 3 * 2 * tokens * (q + kv), e, L))
     return ops
 
 

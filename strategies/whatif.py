@@ -230,9 +230,10 @@ class RooflineTime:
 
     def attention_scale(self) -> float:
         """Counted over analytic fused-attention FLOPs per token (forward, no recompute), 1
-        within tolerance: the op list prices attention in every layer, at ``hidden / heads``
-        per head; a hybrid attends in some layers only (Jamba in 1 of 8: the others run a
-        Mamba scan) and some models' heads are not ``hidden / heads`` wide (Gemma 3). Torch
+        within tolerance: the op list prices attention in every layer, at the model's head
+        width (``hidden / heads`` unless its facts record one); a hybrid attends in some layers
+        only (Jamba in 1 of 8: the others run a Mamba scan), and a profile written before the
+        facts recorded head widths reads Gemma 3's 256 as ``hidden / heads``. Torch
         counts each layer's 4·T·(heads × head dim) per token, the whole T×T. 1 when nothing was
         counted or attention ran as plain matmuls (priced from its own count); 0 for a
         state-space model that attends nowhere (no attention kernel in its count)."""

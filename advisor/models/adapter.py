@@ -37,6 +37,9 @@ class ModelAdapter:
     ffn_hidden_size: int | None = None
     num_kv_heads: int | None = None
     mask_token_id: int | None = None
+    # The attention heads' width where the model sets one (a transformers config's head_dim);
+    # None: hidden_size // num_heads.
+    head_dim: int | None = None
     # Why the loss cannot be computed in chunks of tokens even though the model exposes an
     # output head (e.g. an hf model that scales or soft-caps its logits after the head); None:
     # no such reason is known.
@@ -143,7 +146,13 @@ class ModelAdapter:
             block_period=pattern[1],
             largest_block_params=max(sizes) if len(sizes) > 1 else 0,
             state_space_kernels=kernels_of(self.module),
+            head_dim=self._head_dim_if_unusual(),
         )
+
+    def _head_dim_if_unusual(self) -> int:
+        """:attr:`head_dim` where it differs from hidden_size // num_heads, else 0."""
+        usual = self.hidden_size // self.num_heads if self.num_heads > 0 else 0
+        return self.head_dim if self.head_dim and self.head_dim != usual else 0
 
 
 def block_pattern(blocks: Iterable[nn.Module]) -> tuple[int, int]:

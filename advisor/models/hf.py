@@ -181,7 +181,20 @@ def build_hf(spec: str, args: dict[str, Any], meta: bool) -> ModelAdapter:
         num_kv_heads=first("num_key_value_heads"),
         mask_token_id=first("mask_token_id"),
         head_blocker=_logits_after_head(config),
+        head_dim=_attention_head_dim(config),
     )
+
+
+def _attention_head_dim(config: Any) -> int | None:
+    """The attention heads' width a config sets: ``head_dim`` (Qwen3, Gemma, Llama), or for
+    multi-head latent attention (DeepSeek-V2/V3, whose ``head_dim`` is the rotary part only) the
+    mean of the query/key and value widths: its scores cost 2·T²·qk and its output 2·T²·v per
+    head, as a head of that mean width costs. None when the config sets neither."""
+    qk, v = getattr(config, "qk_head_dim", None), getattr(config, "v_head_dim", None)
+    if isinstance(qk, int) and isinstance(v, int) and qk > 0 and v > 0:
+        return (qk + v) // 2
+    width = getattr(config, "head_dim", None)
+    return width if isinstance(width, int) and width > 0 else None
 
 
 def _build_hint(config: Any) -> str:

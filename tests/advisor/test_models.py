@@ -541,3 +541,21 @@ def test_lm_loss_ignores_unlabelled_positions() -> None:
     expected = torch.nn.functional.cross_entropy(logits[0, [0, 2]], torch.tensor([2, 4]))
     assert lm_loss(logits.bfloat16(), labels).dtype == torch.float32
     torch.testing.assert_close(lm_loss(logits, labels), expected)
+
+
+@pytest.mark.usefixtures("transformers_installed")
+def test_hf_facts_record_a_head_width_that_is_not_hidden_over_heads() -> None:
+    """The what-if prices attention and the projections at the heads' real width: a config's
+    head_dim where it differs from hidden / heads (written to profile.json then only), and for
+    multi-head latent attention the mean of the query/key and value widths."""
+    from advisor.models.hf import _attention_head_dim, load_hf_config
+    from profilers.workload import ModelFacts
+
+    qwen = build_model("hf:qwen3", {**TINY_DECODER, "head_dim": 24}, meta=True).facts()
+    assert (qwen.head_dim, qwen.attention_head_dim, qwen.to_dict()["head_dim"]) == (24, 24, 24)
+    assert ModelFacts.from_dict(qwen.to_dict()) == qwen
+    llama = build_model("hf:llama", TINY_DECODER, meta=True).facts()  # head_dim = 32 / 2
+    assert (llama.head_dim, llama.attention_head_dim) == (0, 16)
+    assert "head_dim" not in llama.to_dict()
+    deepseek = load_hf_config("deepseek_v3", {"qk_nope_head_dim": 128, "qk_rope_head_dim": 64})
+    assert _attention_head_dim(deepseek) == (192 + 128) // 2

@@ -488,3 +488,51 @@ def test_a_pure_state_space_stack_pays_for_no_attention() -> None:
     plain = time_source(H100, dataclasses.replace(facts, state_space_kernels=()), seq, count)
     assert isinstance(plain, RooflineTime) and plain.attention_as_matmuls()
     assert dict(plain.compute(cand(1)).parts)["attention"] > 0
+
+
+def test_a_recorded_head_width_shapes_the_projections_and_prices_attention_at_its_width() -> None:
+    """Qwen3-4B's heads are 128 wide where hidden / heads is 80: its queries are 4096 wide, its
+    attention counts 4·T·4096 FLOPs per token per layer (no rescale needed) and runs at a
+    128-wide head's efficiency. Read as 80 the projections' parameters did not add up and the
+    attention was priced at the narrower head's lower efficiency."""
+    h, layers, heads, kv, d, ffn, vocab, seq = 2560, 36, 32, 8, 128, 9728, 151936, 4096
+    block = h * (heads * d + 2 * kv * d) + heads * d * h + 3 * h * ffn + 2 * h
+    params = layers * block + vocab * h + h
+    facts = ModelFacts(
+        name="qwen3-4b",
+        family="hf-qwen3",
+        objective="causal_lm",
+        num_params=params,
+        num_trainable_params=params,
+        num_embedding_params=vocab * h,
+        num_layers=layers,
+        hidden_size=h,
+        num_heads=heads,
+        vocab_size=vocab,
+        max_seq_len=seq,
+        block_class="Qwen3DecoderLayer",
+        ffn_hidden_size=ffn,
+        num_kv_heads=kv,
+        tied_embeddings=True,
+        head_dim=d,
+    )
+    shape = roofline.BlockShape.from_facts(facts)
+    assert shape is not None
+    assert (shape.head_dim, shape.attention_width, shape.ffn_matrices) == (128, 4096, 3)
+    assert shape.matmul_params == layers * (block - 2 * h) + vocab * h
+    ops = {op.name: op for op in roofline.block_forward_ops(shape, seq, seq, "bf16")}
+    assert ops["qkv"].mnk == (seq, 4096 + 2 * kv * d, h)
+    assert ops["proj"].mnk == (seq, h, 4096)
+    assert ops["attention"].flops == pytest.approx(4.0 * heads * seq * seq * d / 2)
+    # A count of every layer's 4·T·(heads × 128) per token matches the analytic attention.
+    by_op = {
+        "aten.mm": 6.0 * shape.matmul_params,
+        "aten._scaled_dot_product_flash_attention": layers * 4.0 * seq * heads * d,
+    }
+    source = RooflineTime(target=H100, shape=shape, seq_len=seq, flops=_count(seq, by_op))
+    assert source.attention_scale() == 1.0
+    narrow = roofline.attention_efficiency(H100, seq, h // heads, False)
+    assert roofline.attention_efficiency(H100, seq, shape.head_dim, False) > narrow
+    # Without a recorded width (facts written before it) the shape is what it always was.
+    legacy = roofline.BlockShape.from_facts(dataclasses.replace(facts, head_dim=0))
+    assert legacy is not None and legacy.head_dim == 80 and legacy.attention_width == h
