@@ -134,7 +134,7 @@ def per_layer_per_token(family: Family, precision: str, checkpointing: str) -> f
 
     peaks: dict[tuple[int, int], int] = {}
     expected = memory_tracing.kernels_expected
-    memory_tracing.kernels_expected = lambda: family.kernels and expected()
+    memory_tracing.kernels_expected = lambda: expected() if family.kernels else frozenset()
     try:
         for layers in LAYERS:
             workload = AdvisorWorkload(

@@ -362,8 +362,8 @@ def cuda_target() -> Iterator[None]:
     with contextlib.ExitStack() as stack:
         stack.enter_context(_patched(mem_tracker_module, "_WeakRefInfo", _CudaRoundedWeakRefInfo))
         stack.enter_context(cuda_autocast_fp32_ops())
-        if kernels_expected():
-            stack.enter_context(ssm_cuda_kernels())
+        if packages := kernels_expected():
+            stack.enter_context(ssm_cuda_kernels(packages=packages))
         yield
 
 

@@ -76,22 +76,33 @@ def kernels_of(model: Any) -> tuple[str, ...]:
     return tuple(sorted({KERNEL_FUNCTIONS[a] for name in names for a in _replaceable(name)}))
 
 
-def kernels_expected() -> bool:
-    """Whether a CUDA run of a transformers state-space layer takes mamba_ssm's kernels, as far
-    as this host can tell: on a host with a GPU, whether ``mamba_ssm`` is importable; on one
-    without (planning a GPU it does not have), assumed (see the module docstring)."""
+def kernel_package(kernel: str) -> str:
+    """The package a kernel of :data:`KERNEL_FUNCTIONS` comes from (``mamba_ssm``)."""
+    return kernel.split(".")[0]
+
+
+def kernels_expected() -> frozenset[str]:
+    """The kernel packages (``mamba_ssm``, ``causal_conv1d``) whose kernels a CUDA run of a
+    transformers state-space layer takes, as far as this host can tell: on a host with a GPU,
+    those importable there (transformers falls back per function: a host with mamba-ssm but
+    without causal-conv1d runs the scan's kernel and the PyTorch convolution); on one without
+    (planning a GPU it does not have), all of them (see the module docstring)."""
     import torch
 
+    packages = {kernel_package(k) for k in KERNEL_FUNCTIONS.values()}
     if not torch.cuda.is_available():
-        return True
-    return importlib.util.find_spec("mamba_ssm") is not None
+        return frozenset(packages)
+    return frozenset(p for p in packages if importlib.util.find_spec(p) is not None)
 
 
 @contextlib.contextmanager
-def ssm_cuda_kernels(used: list[str] | None = None) -> Iterator[None]:
+def ssm_cuda_kernels(
+    used: list[str] | None = None, packages: frozenset[str] | None = None
+) -> Iterator[None]:
     """Inside, each transformers modeling module whose module runs a forward has its state-space
-    scan functions (:data:`KERNEL_FUNCTIONS`) replaced by fake CUDA kernels; ``used`` (if
-    given) collects the mamba_ssm kernels a trace ran as ``"<kernel> (<model module>)"``."""
+    scan functions (:data:`KERNEL_FUNCTIONS`) replaced by fake CUDA kernels, those of
+    ``packages`` only (None: all); ``used`` (if given) collects the kernels a trace ran as
+    ``"<kernel> (<model module>)"``."""
     import torch
 
     fakes: dict[str, Callable[..., Any]] = {
@@ -105,7 +116,11 @@ def ssm_cuda_kernels(used: list[str] | None = None) -> Iterator[None]:
         name = type(module).__module__
         if name in patched:
             return
-        patched[name] = _replaceable(name)
+        patched[name] = {
+            attr: f
+            for attr, f in _replaceable(name).items()
+            if packages is None or kernel_package(KERNEL_FUNCTIONS[attr]) in packages
+        }
         for attr in patched[name]:
             setattr(sys.modules[name], attr, _named(fakes[attr], name))
 

@@ -42,8 +42,9 @@ def _trace(model: str, args: dict[str, Any], monkeypatch: pytest.MonkeyPatch, ke
 
     used: list[str] = []
     original = ssm_kernels.ssm_cuda_kernels
-    monkeypatch.setattr(memory_tracing, "kernels_expected", lambda: kernels)
-    monkeypatch.setattr(memory_tracing, "ssm_cuda_kernels", lambda: original(used))
+    packages = frozenset({"mamba_ssm", "causal_conv1d"} if kernels else ())
+    monkeypatch.setattr(memory_tracing, "kernels_expected", lambda: packages)
+    monkeypatch.setattr(memory_tracing, "ssm_cuda_kernels", lambda **kw: original(used, **kw))
     spec = StepSpec(seq_len=64, micro_batch_size=2, precision="bf16")
     trace = trace_step_memory(AdvisorWorkload(f"hf:{model}", args), spec, target_device_type="cuda")
     return trace, {u.split(" (")[0] for u in used}
@@ -164,13 +165,36 @@ def test_the_modeling_modules_get_their_functions_back(monkeypatch: pytest.Monke
 def test_the_kernels_are_assumed_off_a_gpu_and_looked_for_on_one(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
+    both = frozenset({"mamba_ssm", "causal_conv1d"})
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
-    assert ssm_kernels.kernels_expected()  # planning a GPU from a host without one
+    assert ssm_kernels.kernels_expected() == both  # planning a GPU from a host without one
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(importlib.util, "find_spec", lambda name: None)
     assert not ssm_kernels.kernels_expected()  # a GPU without mamba-ssm runs the fallback
     monkeypatch.setattr(importlib.util, "find_spec", lambda name: object())
-    assert ssm_kernels.kernels_expected()
+    assert ssm_kernels.kernels_expected() == both
+    # Each package on its own: transformers falls back per function.
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda name: object() if name == "mamba_ssm" else None
+    )
+    assert ssm_kernels.kernels_expected() == {"mamba_ssm"}
+
+
+def test_a_gpu_with_mamba_ssm_but_not_causal_conv1d_traces_the_scan_kernel_only(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Jamba's scan calls mamba_ssm, its convolution causal_conv1d: with only the first
+    installed, the trace fakes the scan and runs transformers' PyTorch convolution."""
+    pytest.importorskip("transformers")
+    from advisor.workload import AdvisorWorkload
+
+    used: list[str] = []
+    original = ssm_kernels.ssm_cuda_kernels
+    monkeypatch.setattr(memory_tracing, "kernels_expected", lambda: frozenset({"mamba_ssm"}))
+    monkeypatch.setattr(memory_tracing, "ssm_cuda_kernels", lambda **kw: original(used, **kw))
+    spec = StepSpec(seq_len=64, micro_batch_size=2, precision="bf16")
+    trace_step_memory(AdvisorWorkload("hf:jamba", JAMBA), spec, target_device_type="cuda")
+    assert {u.split(" (")[0] for u in used} == {"mamba_ssm.selective_scan_fn"}
 
 
 def test_a_mamba_models_facts_name_its_kernels_and_keep_them_in_the_profile() -> None:
@@ -203,8 +227,11 @@ def test_an_fsdp_ranks_trace_runs_them_too(monkeypatch: pytest.MonkeyPatch) -> N
     kept = {}
     for kernels in (True, False):
         used: list[str] = []
-        monkeypatch.setattr(memory_tracing, "kernels_expected", lambda k=kernels: k)
-        monkeypatch.setattr(memory_tracing, "ssm_cuda_kernels", lambda u=used: original(u))
+        packages = frozenset({"mamba_ssm", "causal_conv1d"} if kernels else ())
+        monkeypatch.setattr(memory_tracing, "kernels_expected", lambda p=packages: p)
+        monkeypatch.setattr(
+            memory_tracing, "ssm_cuda_kernels", lambda u=used, **kw: original(u, **kw)
+        )
         workload = AdvisorWorkload("hf:bamba", BAMBA)
         (trace,) = trace_in_this_process(workload, [spec], "cuda")
         assert bool(used) == kernels
