@@ -337,13 +337,19 @@ def run_fake_step(
     the meta device: nothing is allocated), with the dispatch mode ``counter`` entered around
     the step only (not its build), inside :func:`fake_tracing_extras` and ``contexts``. What a
     counter of the step's ops needs (:mod:`profilers.eager_attention`, :mod:`profilers.
-    expert_gemms`)."""
+    expert_gemms`). State-space layers run their CUDA kernels' fakes
+    (:mod:`profilers.ssm_kernels`): no Python loop over positions, and their work is what a
+    GPU step does (a count inside :func:`~profilers.ssm_kernels.counting_kernel_work` gets
+    their FLOPs)."""
     import torch
     from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from profilers.ssm_kernels import ssm_cuda_kernels
 
     mode = FakeTensorMode(allow_non_fake_inputs=True)
     with contextlib.ExitStack() as stack:
         stack.enter_context(fake_tracing_extras())
+        stack.enter_context(ssm_cuda_kernels())
         for context in contexts:
             stack.enter_context(context)
         with mode:

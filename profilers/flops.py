@@ -21,7 +21,10 @@ hand-written attention) also gets its score traffic counted (:class:`ScoreTraffi
 :mod:`profilers.eager_attention`: what its element-wise ops over the T×T scores move, in fp32
 and bf16), which FLOPs cannot show and a what-if prices at the memory bandwidth. A step with
 mixture-of-experts grouped GEMMs also gets their shapes recorded (experts, K, N, routed rows per
-token, calls: :mod:`profilers.expert_gemms`), which a what-if prices expert by expert.
+token, calls: :mod:`profilers.expert_gemms`), which a what-if prices expert by expert. A step
+with state-space (Mamba) layers runs them as their CUDA kernels' fakes, which add the kernels'
+FLOPs to the count and record what each kernel reads and writes per token
+(:mod:`profilers.ssm_kernels`), which a what-if prices at the memory bandwidth.
 """
 
 from __future__ import annotations
@@ -43,6 +46,7 @@ from profilers.fake_kernels import (
     run_fake_step,
 )
 from profilers.memory_blocks import depth_scaling
+from profilers.ssm_kernels import WORK_FIELDS, counting_kernel_work
 from profilers.workload import (
     CHECKPOINTING,
     BlockScalableWorkload,
@@ -123,6 +127,10 @@ class FlopCount:
     # distinct forward shape, profilers.expert_gemms.FIELDS (experts, k, n, rows_per_token,
     # calls per step); None for a model without them, or when the record could not be taken.
     expert_gemms: list[dict[str, float]] | None = None
+    # State-space layers' kernels (profilers.ssm_kernels): per kernel, its calls per step and
+    # per training token the FLOPs and elements it reads and writes (WORK_FIELDS); None for a
+    # model without them (or a count taken before 2026-12-06, or a real count).
+    state_space_kernels: dict[str, dict[str, float]] | None = None
 
     def attention_as_matmuls(self) -> bool:
         """Whether the step ran attention as plain matmuls (no SDPA kernel in the count)."""
@@ -168,7 +176,12 @@ class FlopCount:
         data["relative_difference"] = self.relative_difference
         # Written only when present, as before the fields existed (a profile's digest names
         # its study, which a re-run resumes).
-        for optional in ("scaled_from_blocks", "score_traffic", "expert_gemms"):
+        for optional in (
+            "scaled_from_blocks",
+            "score_traffic",
+            "expert_gemms",
+            "state_space_kernels",
+        ):
             if data[optional] is None:
                 del data[optional]
         return data
@@ -298,6 +311,10 @@ def count_step_flops(
         counts = {mode: _count(workload, base, mode, fake=False) for mode in modes}
         method = "real"
     tokens = base.micro_batch_size * base.seq_len
+    kernels = _kernel_work(counts.get("none", {}), tokens) if method == "fake" else None
+    counts = {
+        mode: {k: v for k, v in ops.items() if isinstance(k, str)} for mode, ops in counts.items()
+    }
     traffic = None
     if method == "fake" and attention_as_matmuls(counts.get("none", {})):
         traffic = _score_traffic(workload, base)
@@ -327,7 +344,25 @@ def count_step_flops(
         scaled_from_blocks=scaled,
         score_traffic=traffic,
         expert_gemms=experts,
+        state_space_kernels=kernels,
     )
+
+
+# The keys a count holds a kernel's work under, beside its ops: (KERNEL_WORK, kernel, field).
+KERNEL_WORK = "kernel_work"
+
+
+def _kernel_work(counted: Mapping[Any, int], tokens: int) -> dict[str, dict[str, float]] | None:
+    """The state-space kernels' record of one mode's count: calls per step, the rest per
+    token; None when no such kernel ran."""
+    out: dict[str, dict[str, float]] = {}
+    for key, n in counted.items():
+        if isinstance(key, tuple) and key[0] == KERNEL_WORK:
+            _, kernel, field = key
+            out.setdefault(kernel, dict.fromkeys(WORK_FIELDS, 0.0))[field] = (
+                float(n) if field == "calls" else n / tokens
+            )
+    return {k: out[k] for k in sorted(out)} or None
 
 
 def _score_traffic(workload: Workload, base: StepSpec) -> dict[str, dict[str, float]] | None:
@@ -369,7 +404,10 @@ def _refuse_a_real_count_too_large(workload: Workload, why: str | None) -> None:
         )
 
 
-def _count(workload: Workload, base: StepSpec, checkpointing: str, *, fake: bool) -> dict[str, int]:
+def _count(workload: Workload, base: StepSpec, checkpointing: str, *, fake: bool) -> dict[Any, int]:
+    """FLOPs per op name of one step (str keys) and, for a fake count, the state-space kernels'
+    work ((:data:`KERNEL_WORK`, kernel, field) keys), all integers along which a count extends
+    in depth."""
     import torch
     from torch.utils.flop_counter import FlopCounterMode
 
@@ -379,14 +417,22 @@ def _count(workload: Workload, base: StepSpec, checkpointing: str, *, fake: bool
     counter = FlopCounterMode(
         display=False, custom_mapping={torch.ops.aten.convolution_backward: conv_backward_flop}
     )
-    if fake:  # the counter inside the fake mode: it sees each op first, then the fake mode runs it
-        run_fake_step(workload, spec, counter)
-    else:
-        step = workload.build_step(spec, "cpu")
-        batches = step.synthetic_batches(torch.Generator().manual_seed(0))
-        with counter:
-            step.forward_backward(batches)
-    return {str(op): int(n) for op, n in counter.get_flop_counts()["Global"].items()}
+    with counting_kernel_work() as work:
+        if fake:  # the counter inside the fake mode: it sees each op first, then the fake runs it
+            run_fake_step(workload, spec, counter)
+        else:
+            step = workload.build_step(spec, "cpu")
+            batches = step.synthetic_batches(torch.Generator().manual_seed(0))
+            with counter:
+                step.forward_backward(batches)
+    counts: dict[Any, int] = {
+        str(op): int(n) for op, n in counter.get_flop_counts()["Global"].items()
+    }
+    for op, n in work.flops.items():
+        counts[op] = counts.get(op, 0) + n
+    for kernel, record in work.kernels.items():
+        counts.update({(KERNEL_WORK, kernel, field): n for field, n in record.items()})
+    return counts
 
 
 # -- a grouped convolution's backward, which FlopCounterMode over-counts --------------------

@@ -32,6 +32,20 @@ sources allocate, freed as they free them. Their values are never read (a fake t
 none). Patched per modeling module, at the first forward of one of its modules (transformers
 imports a model's module when it builds it, inside the trace).
 
+**Their work** (:func:`counting_kernel_work`): inside a FLOP count the fakes add the FLOPs of
+what the kernels compute, under the op names a count holds (their convolutions as
+``aten.convolution`` and ``aten.convolution_backward``, the fused Mamba-2 kernel's output
+projection's gradients as ``aten.mm``, the scans as the kernel's name and ``<name>_backward``),
+and record per call the elements they read and write, for a what-if to price the scans at the
+GPU's memory bandwidth (they are memory-bound). Only matmul-class work is counted, as
+``FlopCounterMode`` counts it everywhere else: the selective scan's contraction of its states
+with ``C`` (2·N per channel and position; the discretisation and the recurrence are element-
+wise), the SSD's chunked matmuls (C·Bᵀ per group, its product with x, the chunk states B·x and
+their readout C·h, per head; the chunk's full Q×Q block), each kernel's backward the gradients
+of those (2× forward) plus what it recomputes (Mamba-1's scan from its chunk states, Mamba-2's
+convolution, chunk states and C·Bᵀ). So a count of a hybrid runs no Python loop over positions:
+transformers' PyTorch scan made Jamba's count (sequence 4096) take minutes.
+
 Whether a GPU run takes the kernels depends on the machine: with ``mamba-ssm`` (and
 ``causal-conv1d``) installed, transformers uses them; without, it warns ("falling back to its
 reference PyTorch implementation ... much slower") and runs the PyTorch path. On a host with a
@@ -43,9 +57,11 @@ memory would plan a GPU for a step nobody runs.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import importlib.util
 import math
 import sys
+from collections import Counter
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -56,9 +72,82 @@ KERNEL_FUNCTIONS: dict[str, str] = {
     "mamba2_split_conv1d_scan_combined": "mamba_ssm.mamba_split_conv1d_scan_combined",
     "causal_conv1d_fn": "causal_conv1d.causal_conv1d_fn",
 }
+SCAN = KERNEL_FUNCTIONS["mamba_selective_scan"]
+SSD = KERNEL_FUNCTIONS["mamba2_split_conv1d_scan_combined"]
+CONV = KERNEL_FUNCTIONS["causal_conv1d_fn"]
+# The op names the convolutions and the output projection's gradients are counted under, as
+# FlopCounterMode counts the PyTorch path's.
+CONVOLUTION, MATMUL = "aten.convolution", "aten.mm"
 # selective_scan_fn keeps one state (2·d_state fp32) per 2,048 positions: its chunk length.
 SELECTIVE_SCAN_CHUNK = 2048
 MODELING_PREFIX = "transformers.models."
+
+
+# What a record of a kernel's work holds (per call, summed over a step's calls): its calls, and
+# per direction the FLOPs (also in the count, under the op names above) and the elements it
+# reads and writes in the activations' dtype and in fp32 (its chunk states and some gradients
+# are fp32 whatever the activations' dtype).
+WORK_FIELDS: tuple[str, ...] = (
+    "calls",
+    "forward_flops",
+    "backward_flops",
+    "forward_elements",
+    "forward_fp32_elements",
+    "backward_elements",
+    "backward_fp32_elements",
+)
+
+
+@dataclasses.dataclass
+class KernelWork:
+    """What the fake kernels did in one step: FLOPs per counted op name, and per kernel (its
+    :data:`KERNEL_FUNCTIONS` value) the fields of :data:`WORK_FIELDS`."""
+
+    flops: Counter[str] = dataclasses.field(default_factory=Counter)
+    kernels: dict[str, Counter[str]] = dataclasses.field(default_factory=dict)
+
+    def add(
+        self,
+        kernel: str,
+        backward: bool,
+        flops: dict[str, float],
+        elements: float,
+        fp32_elements: float = 0.0,
+    ) -> None:
+        record = self.kernels.setdefault(kernel, Counter())
+        side = "backward" if backward else "forward"
+        if not backward:
+            record["calls"] += 1
+        record[f"{side}_flops"] += int(sum(flops.values()))
+        record[f"{side}_elements"] += int(elements)
+        record[f"{side}_fp32_elements"] += int(fp32_elements)
+        for op, n in flops.items():
+            self.flops[op] += int(n)
+
+
+_WORK: list[KernelWork] = []
+
+
+@contextlib.contextmanager
+def counting_kernel_work() -> Iterator[KernelWork]:
+    """Inside, the fake kernels record their work (module docstring) in the yielded record."""
+    work = KernelWork()
+    _WORK.append(work)
+    try:
+        yield work
+    finally:
+        _WORK.remove(work)
+
+
+def _record(
+    kernel: str,
+    backward: bool,
+    flops: dict[str, float],
+    elements: float,
+    fp32_elements: float = 0.0,
+) -> None:
+    for work in _WORK:
+        work.add(kernel, backward, flops, elements, fp32_elements)
 
 
 def _replaceable(name: str) -> dict[str, Any]:
@@ -169,6 +258,20 @@ def _selective_scan_fn(used: list[str] | None) -> Callable[..., Any]:
             D = D.contiguous() if D is not None else None
             batch, channels, length = u.shape
             chunks = math.ceil(length / SELECTIVE_SCAN_CHUNK)
+            state = A.shape[1]
+            # B and C vary with the position (batch, [groups,] state, length) in every
+            # transformers model; a fixed (channels, state) one is read once.
+            bc = sum(t.numel() for t in (B, C) if t.dim() >= 3)
+            contraction = 2.0 * batch * channels * length * state
+            ctx.work = (contraction, bc, batch * channels * chunks * 2 * state)
+            gated = z is not None
+            _record(  # reads u, delta, (z), B, C; writes the output (and the gated one)
+                SCAN,
+                False,
+                {SCAN: contraction},
+                elements=(3 + 2 * gated) * u.numel() + bc,
+                fp32_elements=ctx.work[2],  # the chunk states written
+            )
             x = u.new_zeros((batch, channels, chunks, 2 * A.shape[1]), dtype=torch.float32)
             out = torch.empty_like(u)
             ctx.has_z = z is not None
@@ -192,6 +295,16 @@ def _selective_scan_fn(used: list[str] | None) -> Callable[..., Any]:
                 u, delta, A, B, C, D, delta_bias, _x = ctx.saved_tensors
                 z = None
             dout = _contiguous(dout)
+            contraction, bc, chunk_states = ctx.work
+            gated = z is not None
+            _record(  # the states recomputed from the chunk states, and the two gradients
+                SCAN,
+                True,
+                {SCAN + "_backward": 3 * contraction},
+                # reads u, delta, (z, out), B, C, dout; writes du, ddelta, (dz)
+                elements=(5 + 3 * gated) * u.numel() + bc,
+                fp32_elements=chunk_states + bc,  # the chunk states read; dB, dC written
+            )
             # selective_scan_cuda.bwd: du and ddelta like their inputs, dA and the variable
             # dB/dC in fp32, dD and ddelta_bias like theirs, dz like z.
             grads = (
@@ -270,6 +383,24 @@ def _split_conv1d_scan_combined(used: list[str] | None) -> Callable[..., Any]:
                 rstd = zxbcdt.new_empty((ngroups * batch * length,), **f32)
             out = zxbcdt.new_empty((batch, length, nonssm + dim))
             del conv, dt, decay, states
+            tokens, width = batch * length, zxbcdt.shape[-1]
+            conv_dim = dim + 2 * ngroups * state
+            conv_flops = 2.0 * tokens * conv_dim * conv1d_weight.shape[-1]
+            q = chunk_size
+            ssd = tokens * (2.0 * q * state * ngroups + dim * (2.0 * q + 4.0 * state))
+            recomputed = tokens * (2.0 * q * state * ngroups + 2.0 * dim * state)
+            chunk_states = batch * chunks * dim * state
+            ctx.work = (tokens, width, conv_dim, conv_flops, ssd, recomputed, chunk_states)
+            _record(
+                SSD,
+                False,
+                {CONVOLUTION: conv_flops, SSD: ssd},
+                # reads zxbcdt; the convolution's output written and read; the scan's output
+                # written and read by the norm, which writes the projection's input
+                elements=tokens * (width + 2 * conv_dim + 2 * dim + nonssm + dim),
+                # the chunk states written and read; dt and its cumulative decay
+                fp32_elements=2 * chunk_states + 4 * tokens * heads,
+            )
             if outproj_weight is not None:
                 if torch.is_autocast_enabled("cpu") or torch.is_autocast_enabled():
                     dtype = (
@@ -304,6 +435,24 @@ def _split_conv1d_scan_combined(used: list[str] | None) -> Callable[..., Any]:
              proj_b) = ctx.saved_tensors  # fmt: skip
             batch, length, heads, head_dim, state, groups, chunks, chunk_size, nonssm = ctx.shape
             dim = heads * head_dim
+            tokens, width, conv_dim, conv_flops, ssd, recomputed, chunk_states = ctx.work
+            flops = {
+                CONVOLUTION + "_backward": 2 * conv_flops,
+                # the scan's gradients, and what it recomputes: the convolution too
+                SSD + "_backward": 2 * ssd + recomputed + conv_flops,
+            }
+            if proj_w is not None:  # the output projection's two gradients
+                flops[MATMUL] = 4.0 * tokens * proj_w.shape[0] * proj_w.shape[1]
+            _record(
+                SSD,
+                True,
+                flops,
+                # reads zxbcdt, out_x and the gradient of the projection's input; the
+                # recomputed convolution written and read; writes dzxbcdt
+                elements=tokens * (2 * width + 2 * conv_dim + dim + nonssm + dim),
+                # the chunk states recomputed and their gradients, written and read; dt's
+                fp32_elements=4 * chunk_states + 4 * tokens * heads,
+            )
             f32 = {"dtype": torch.float32}
             dzxbcdt = torch.empty_like(zxbcdt)
             # the recomputed convolution and the scan's backward buffers
@@ -399,11 +548,17 @@ def _causal_conv1d_fn(used: list[str] | None) -> Callable[..., Any]:
             if x.stride(2) != 1 and x.stride(1) != 1:
                 x = x.contiguous()
             ctx.save_for_backward(x, weight, bias)
+            ctx.conv_flops = 2.0 * x.numel() * weight.shape[-1]
+            # reads x, writes the output
+            _record(CONV, False, {CONVOLUTION: ctx.conv_flops}, elements=2 * x.numel())
             return torch.empty_like(x, memory_format=torch.contiguous_format)
 
         @staticmethod
         def backward(ctx: Any, dout: Any) -> Any:
             x, weight, bias = ctx.saved_tensors
+            # the input's and the weight's gradients; reads x and dout, writes dx
+            flops = {CONVOLUTION + "_backward": 2 * ctx.conv_flops}
+            _record(CONV, True, flops, elements=3 * x.numel())
             return (
                 torch.empty_like(x),
                 torch.empty_like(weight),

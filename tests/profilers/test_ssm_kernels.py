@@ -3,6 +3,7 @@ transformers' PyTorch fallback does (profilers.ssm_kernels)."""
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import math
 import sys
@@ -237,3 +238,82 @@ def test_an_fsdp_ranks_trace_runs_them_too(monkeypatch: pytest.MonkeyPatch) -> N
         assert bool(used) == kernels
         kept[kernels] = trace.forward_backward_breakdown.activations
     assert kept[True] < 0.7 * kept[False]
+
+
+def _count(model: str, args: dict[str, Any], *, kernels: bool = True) -> Any:
+    """The FLOP count of a tiny hybrid at sequence 64, micro-batch 2, with the fake kernels or
+    (``kernels`` False) transformers' PyTorch path."""
+    pytest.importorskip("transformers")
+    from advisor.workload import AdvisorWorkload
+    from profilers.flops import count_step_flops
+
+    with pytest.MonkeyPatch.context() as patch:
+        if not kernels:
+            patch.setattr(ssm_kernels, "ssm_cuda_kernels", lambda: contextlib.nullcontext())
+        spec = StepSpec(seq_len=64, micro_batch_size=2)
+        return count_step_flops(AdvisorWorkload(f"hf:{model}", args), spec)
+
+
+def test_a_flop_count_runs_the_kernels_and_counts_their_matmul_work() -> None:
+    """Jamba's Mamba-1 layer (128 channels, state 16, convolution width 4): the scan's
+    contraction with C, 2·N per channel and position forward, its gradients and its states
+    recomputed from the chunk states 3× that in backward; the depthwise convolution 2·k per
+    channel forward, twice that backward. No per-position matmul (the PyTorch loop's bmm)."""
+    count = _count("jamba", JAMBA)
+    by_op = count.flops_by_op["none"]
+    channels, state, width = 128, 16, 4
+    assert by_op["mamba_ssm.selective_scan_fn"] == 2 * channels * state
+    assert by_op["mamba_ssm.selective_scan_fn_backward"] == 3 * 2 * channels * state
+    assert by_op["aten.convolution"] == 2 * channels * width
+    assert by_op["aten.convolution_backward"] == 2 * by_op["aten.convolution"]
+    assert "aten.bmm" not in by_op
+    scan = count.state_space_kernels["mamba_ssm.selective_scan_fn"]
+    assert scan["calls"] == 1 and scan["forward_flops"] == 2 * channels * state
+    # reads u, delta, z, B, C, writes the output and the gated one; per token
+    assert scan["forward_elements"] == 5 * channels + 2 * state
+    assert set(count.state_space_kernels) == KERNELS["jamba"]
+    # A recompute runs the kernels again: full counts one more forward of each.
+    full = count.flops_by_op["full"]
+    assert full["mamba_ssm.selective_scan_fn"] == 2 * by_op["mamba_ssm.selective_scan_fn"]
+
+
+def test_the_fused_mamba2_kernel_counts_its_projection_as_the_pytorch_path_does() -> None:
+    """The fused kernel runs the output projection inside it: its forward and its gradients
+    count what the PyTorch path's separate linear layer counted; the SSD's chunked matmuls per
+    token: C·Bᵀ per group (2·Q·N) and, per head, its product with x (2·Q·P), the chunk states
+    (2·N·P) and their readout (2·N·P); Q = 32, N = 16, 8 heads × P = 16."""
+    kernel, torch_path = _count("bamba", BAMBA), _count("bamba", BAMBA, kernels=False)
+    by_op, before = kernel.flops_by_op["none"], torch_path.flops_by_op["none"]
+    assert by_op["aten.mm"] == before["aten.mm"]
+    q, n, dim = 32, 16, 8 * 16
+    ssd = 2 * q * n + dim * (2 * q + 4 * n)
+    assert by_op["mamba_ssm.mamba_split_conv1d_scan_combined"] == ssd
+    conv = 2 * (dim + 2 * n) * 4
+    assert by_op["aten.convolution"] == conv and by_op["aten.convolution_backward"] == 2 * conv
+    assert by_op["mamba_ssm.mamba_split_conv1d_scan_combined_backward"] == (
+        2 * ssd + 2 * q * n + 2 * dim * n + conv
+    )
+    assert "aten.bmm" in before and "aten.bmm" not in by_op  # the PyTorch path's einsums
+    assert torch_path.state_space_kernels is None
+
+
+def test_the_kernels_record_extends_in_depth_and_round_trips() -> None:
+    """A deep pure Mamba-2 stack is counted on two shallow copies and extended: one call per
+    layer, the per-token work growing with the layers; the record survives profile.json."""
+    import json
+
+    from profilers.flops import FlopCount
+
+    args = {**TINY, "num_hidden_layers": 8, "num_heads": 8, "head_dim": 16, "state_size": 16,
+            "n_groups": 1, "chunk_size": 32, "expand": 2}  # fmt: skip
+    args = {k: v for k, v in args.items() if k not in ("num_key_value_heads", "intermediate_size",
+            "num_attention_heads", "max_position_embeddings")}  # fmt: skip
+    count = _count("mamba2", args)
+    assert count.scaled_from_blocks is not None
+    (record,) = count.state_space_kernels.values()
+    assert record["calls"] == 8
+    shallow = _count("mamba2", {**args, "num_hidden_layers": 2})
+    (two,) = shallow.state_space_kernels.values()
+    assert record["forward_elements"] == pytest.approx(4 * two["forward_elements"])
+    again = FlopCount.from_dict(json.loads(json.dumps(count.to_dict())))
+    assert again == count
