@@ -286,7 +286,8 @@ class Op:
     # "gemm" | "attention" | "memory_bound"; "attention_gemm": a batched matmul of eager
     # attention (priced as a GEMM, counted FLOPs: never rescaled; in the attention part);
     # "expert_gemm": a mixture of experts' grouped GEMM (priced as a GEMM batched over the
-    # experts at its recorded shape: never rescaled; in the gemm part)
+    # experts at its recorded shape: never rescaled; in the gemm part); "scan": a state-space
+    # layer's kernel at its recorded FLOPs and bytes (state_space_ops; in the memory-bound part)
     kind: str
     flops: float = 0.0
     bytes: float = 0.0
@@ -321,6 +322,38 @@ def _linear(name: str, tokens: int, n_in: int, n_out: int, e: int, count: int) -
 def _memory(name: str, elements: float, e: int, count: int) -> Op:
     return Op(name=name, kind="memory_bound", bytes=elements * e, count=count)
 
+
+def state_space_ops(
+    kernels: Mapping[str, Mapping[str, float]], tokens: int, precision: str
+) -> tuple[list[Op], list[Op]]:
+    """A state-space model's scan kernels (the profile's record, ``profile.json``'s
+    ``flops.state_space_kernels``: calls per step, FLOPs and elements per token), forward and
+    backward, each call at its share of the work: its bytes are its elements in the
+    activations' dtype at ``precision`` plus its fp32 elements at 4 B."""
+    e = ELEMENT_BYTES[precision]
+    forward: list[Op] = []
+    backward: list[Op] = []
+    for kernel, work in sorted(kernels.items()):
+        calls = max(1, round(work.get("calls", 0)))
+        for side, ops in (("forward", forward), ("backward", backward)):
+            elements = work.get(f"{side}_elements", 0.0) * e
+            fp32 = work.get(f"{side}_fp32_elements", 0.0) * 4
+            ops.append(
+                Op(
+                    name=kernel + (".backward" if side == "backward" else ""),
+                    kind="scan",
+                    flops=work.get(f"{side}_flops", 0.0) * tokens / calls,
+                    bytes=(elements + fp32) * tokens / calls,
+                    backward=side == "backward",
+                    count=calls,
+                )
+            )
+    return forward, backward
+
+
+# Op kinds a per-op policy (ops, ops-half) recomputes: it saves the matmuls' and attention's
+# outputs only; a state-space kernel (not an aten op) runs again with the rest of the block.
+RECOMPUTED_BY_OPS: tuple[str, ...] = ("memory_bound", "scan")
 
 # Eager attention's ops that step_ops does not derive a backward for (eager_attention_ops
 # lists their backward, measured).
@@ -509,7 +542,7 @@ def recomputed_ops(
     if parsed.kind == "none":
         return []
     if parsed.kind == "ops":
-        return [op for op in forward if op.kind == "memory_bound"]
+        return [op for op in forward if op.kind in RECOMPUTED_BY_OPS]
     if parsed.kind == "ops-half":
         if matmul_fraction is None:
             raise ValueError("ops-half: the fraction of the matmuls it recomputes is needed")
@@ -522,7 +555,7 @@ def recomputed_ops(
         ]
         # its save list has no grouped GEMM (torchtitan's neither): the experts run again
         experts = [op for op in forward if op.kind == "expert_gemm"]
-        return [*(op for op in forward if op.kind == "memory_bound"), *gemms, *experts]
+        return [*(op for op in forward if op.kind in RECOMPUTED_BY_OPS), *gemms, *experts]
     fraction = _recomputed_fraction(checkpointing, num_layers)
     if fraction >= 1.0:
         return list(forward)
@@ -563,6 +596,7 @@ def step_ops(
     gathers: int = FSDP_GATHERS,
     matmul_fraction: float | None = None,
     eager: ScoreTraffic | None = None,
+    state_space: Mapping[str, Mapping[str, float]] | None = None,
 ) -> list[Op]:
     """Every kernel of one micro-batch's forward and backward (``tokens`` = micro-batch × seq).
 
@@ -576,16 +610,22 @@ def step_ops(
     gathered from forward to backward, ``fsdp_reshard_after_forward`` False). ``eager``: the
     attention ran as plain matmuls with this score traffic (:func:`eager_attention_ops`; its
     backward is the counted one, and ``ops``/``ops-half`` save its matmuls' outputs as the
-    trainer's policies do: they recompute only its element-wise ops).
+    trainer's policies do: they recompute only its element-wise ops). ``state_space``: the
+    profile's record of a state-space model's scan kernels (:func:`state_space_ops`: forward
+    and backward at their recorded work, recomputed with their block).
     """
     e = ELEMENT_BYTES[precision]
     L, h = shape.num_layers, shape.hidden
     forward = block_forward_ops(shape, tokens, seq_len, precision, eager)
     backward: list[Op] = []
+    if state_space:
+        scans, scans_backward = state_space_ops(state_space, tokens, precision)
+        forward += scans
+        backward += scans_backward
     if eager is not None:
         backward += eager_attention_ops(shape, eager, tokens, seq_len, precision, backward=True)
     for op in forward:
-        if op.name in EAGER_FORWARD_OPS:
+        if op.name in EAGER_FORWARD_OPS or op.kind == "scan":  # their backward: counted ones
             continue
         if op.kind == "gemm":
             base = op.name
@@ -776,6 +816,8 @@ def time_ops(
                 continue
             fraction = attention_efficiency(target, seq_len, head_dim, op.backward, precision)
             seconds = attention_scale * max(op.flops / (peak * fraction), memory_s)
+        elif op.kind == "scan":  # memory-bound: its FLOPs at the GEMM rate only bound it
+            seconds = max(op.flops / (peak * gemm_fraction), memory_s)
         else:
             seconds = memory_s
         extra = max(LAUNCH_S - seconds, 0.0)

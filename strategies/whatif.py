@@ -280,6 +280,7 @@ class RooflineTime:
             loss_chunks=candidate.loss_chunks,
             gathers=roofline.FSDP_GATHERS if candidate.fsdp_reshard_after_forward else 1,
             eager=(eager := self.eager_traffic(candidate.precision)),
+            state_space=(scans := self.flops.state_space_kernels if self.flops else None),
         )
         scale, attention_scale = self.gemm_scale(), self.attention_scale()
         times = roofline.time_ops(
@@ -331,17 +332,24 @@ class RooflineTime:
         ]
         if scale != 1.0:
             notes.append(f"GEMM FLOPs scaled ×{scale:.3f} to the profile's counted ones")
+        scan_note = (
+            "its scan kernels at their recorded bytes, as memory-bound ops"
+            if scans
+            else "its scan kernels are not priced (a profile without their record), its GEMMs are"
+        )
         if attention_scale == 0.0:
             notes.append(
                 "no attention: the profile's count holds no attention kernel (a state-space "
-                "stack; its scan kernels are not priced, its GEMMs are)"
+                f"stack; {scan_note})"
             )
         elif attention_scale != 1.0:
             notes.append(
                 f"attention scaled ×{attention_scale:.3f} to the profile's counted attention "
-                "FLOPs (a hybrid's attention layers only, or heads not hidden/heads wide; "
-                "a Mamba layer's scan kernels are not priced, its GEMMs are)"
+                "FLOPs (a hybrid's attention layers only, or heads not as wide as the facts "
+                f"say; {scan_note})"
             )
+        elif scans:
+            notes.append(f"state-space layers: {scan_note}")
         if eager is None and self.attention_as_matmuls():
             notes.append(
                 "attention ran as matmuls (no SDPA kernel: eager attention) and is priced as "

@@ -536,3 +536,55 @@ def test_a_recorded_head_width_shapes_the_projections_and_prices_attention_at_it
     # Without a recorded width (facts written before it) the shape is what it always was.
     legacy = roofline.BlockShape.from_facts(dataclasses.replace(facts, head_dim=0))
     assert legacy is not None and legacy.head_dim == 80 and legacy.attention_width == h
+
+
+def test_state_space_kernels_are_priced_at_their_recorded_bytes_and_recomputed() -> None:
+    """A Mamba stack's scan kernels (the profile's record: calls, FLOPs and elements per
+    token) are memory-bound ops at the HBM bandwidth, in the activations' dtype plus fp32
+    chunk states; full checkpointing runs their forward once more, and so does ops (a kernel
+    is not among the matmul and attention outputs its policy saves)."""
+    seq, layers, channels, state = 4096, 8, 2048, 16
+    facts = dataclasses.replace(
+        gpt_facts(1024, layers, 16, seq), state_space_kernels=("mamba_ssm.selective_scan_fn",)
+    )
+    shape = roofline.BlockShape.from_facts(facts)
+    assert shape is not None
+    record = {
+        "mamba_ssm.selective_scan_fn": {
+            "calls": float(layers),
+            "forward_flops": layers * 2.0 * channels * state,
+            "backward_flops": layers * 6.0 * channels * state,
+            "forward_elements": layers * (5.0 * channels + 2 * state),
+            "forward_fp32_elements": 0.0,
+            "backward_elements": layers * (8.0 * channels + 2 * state),
+            "backward_fp32_elements": layers * 2.0 * state,
+        }
+    }
+    by_op = {"aten.mm": 6.0 * shape.matmul_params}
+    plain = time_source(H100, facts, seq, _count(seq, by_op))
+    priced = time_source(H100, facts, seq, _count(seq, by_op, state_space_kernels=record))
+    assert isinstance(plain, RooflineTime) and isinstance(priced, RooflineTime)
+    bandwidth = H100.memory_bandwidth_gbs * 1e9 * roofline.MEMORY_BANDWIDTH_EFFICIENCY  # type: ignore[operator]
+    sustained, _ = roofline.sustained_fraction(H100)
+    work = record["mamba_ssm.selective_scan_fn"]
+    tokens = 4 * seq
+
+    def extra(checkpointing: str) -> float:
+        c = cand(4, checkpointing)
+        return (
+            dict(priced.compute(c).parts)["memory_bound"]
+            - dict(plain.compute(c).parts)["memory_bound"]
+        )
+
+    forward = 2 * work["forward_elements"] * tokens / bandwidth / sustained
+    backward = (
+        (2 * work["backward_elements"] + 4 * work["backward_fp32_elements"])
+        * tokens
+        / bandwidth
+        / sustained
+    )
+    assert extra("none") == pytest.approx(forward + backward)
+    assert extra("full") == pytest.approx(2 * forward + backward)
+    assert extra("ops") == pytest.approx(2 * forward + backward)
+    assert "scan kernels at their recorded bytes" in priced.compute(cand(4)).source
+    assert "scan kernels are not priced" in plain.compute(cand(4)).source
