@@ -260,6 +260,8 @@ class CostModel:
     # for the groups none of whose traces succeeded (failed_memory_traces): a budget would not
     # bring their fit, so the reason says what failed instead.
     failed_traces: Mapping[tuple[str, str], str] = field(default_factory=dict)
+    # The precisions the profile was restricted to (``advisor profile --precision``); None: all.
+    profiled_precisions: tuple[str, ...] | None = None
 
     @property
     def seq_len(self) -> int:
@@ -309,11 +311,17 @@ class CostModel:
                 "larger --budget-s would not change: the fake-tensor tracer cannot run this "
                 "model at this setting; please report the error"
             )
+        narrower = (
+            # that precision had the whole budget already: fewer settings is what is left
+            "--checkpointing naming only the settings you need, to give them the whole budget"
+            if self.profiled_precisions == (precision,)
+            else f"{precision_flag(precision)} to give that precision the whole budget"
+        )
         raise Unpredictable(
             f"the profile has no memory fit {missing_fit_group(precision, checkpointing)}: "
             "re-run 'advisor profile' with a larger --budget-s (its probes.csv says why each "
-            "trace was skipped, and names the budget that covers them where it can), or with "
-            f"{precision_flag(precision)} to give that precision the whole budget"
+            f"trace was skipped, and names the budget that covers them where it can), or with "
+            f"{narrower}"
         )
 
     def _find_memory_model(
@@ -900,4 +908,5 @@ def cost_model_from_profile(
         run_steps=run_steps,
         compiled=tuple(profile.compile),
         failed_traces=failed_memory_traces(profile),
+        profiled_precisions=profile.precisions,
     )

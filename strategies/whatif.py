@@ -565,5 +565,6 @@ def whatif_cost_model(profile: Profile, request: SearchRequest) -> tuple[CostMod
         rounding_allowance_bytes=allowance,
         assumptions=tuple(assumptions),
         failed_traces=failed_memory_traces(profile),
+        profiled_precisions=profile.precisions,
     )
     return model, label

@@ -620,3 +620,20 @@ def test_a_group_whose_real_steps_could_not_run_says_why_not_the_budget() -> Non
         model.predict(cand(precision="fp32", ckpt="full"))
     assert f"{why}, and a real step cannot fit" in str(failed.value)
     assert "measured on real steps" in str(failed.value) and "--budget-s" not in str(failed.value)
+
+
+def test_a_missing_fit_of_the_only_profiled_precision_names_the_flag_that_is_left() -> None:
+    """A profile taken with --precision bf16 gave bf16 the whole budget already: its missing
+    fit's reason names --checkpointing (fewer settings), not --precision bf16 again."""
+    both = hand_profile(precisions=("bf16",), checkpointing=("none",))
+    narrowed = dataclasses.replace(both, precisions=("bf16",))
+    with pytest.raises(Unpredictable) as unrestricted:
+        cost_model_from_profile(both, 0.9).predict(cand(precision="bf16", ckpt="full"))
+    assert str(unrestricted.value).endswith(
+        "or with --precision bf16 to give that precision the whole budget"
+    )
+    with pytest.raises(Unpredictable) as restricted:
+        cost_model_from_profile(narrowed, 0.9).predict(cand(precision="bf16", ckpt="full"))
+    assert str(restricted.value).endswith(
+        "or with --checkpointing naming only the settings you need, to give them the whole budget"
+    )
