@@ -126,13 +126,19 @@ FAMILIES: tuple[Family, ...] = (
 )
 
 
-def per_layer_per_token(family: Family, precision: str, checkpointing: str) -> float:
+def per_layer_per_token(
+    family: Family, precision: str, checkpointing: str
+) -> tuple[float, dict[str, dict[str, float]]]:
+    """The peak's growth per extra layer per extra token, and for each traced (layers,
+    micro-batch) what the peak held: its bytes, activations and gradients, in MiB (where in the
+    step the peak fell: gradients at their full size mean the end of backward)."""
     import profilers.memory_tracing as memory_tracing
     from advisor.workload import AdvisorWorkload
     from profilers.memory import trace_step_memory
     from profilers.workload import StepSpec
 
     peaks: dict[tuple[int, int], int] = {}
+    moments: dict[str, dict[str, float]] = {}
     expected = memory_tracing.kernels_expected
     memory_tracing.kernels_expected = lambda: expected() if family.kernels else frozenset()
     try:
@@ -151,11 +157,27 @@ def per_layer_per_token(family: Family, precision: str, checkpointing: str) -> f
                 )
                 trace = trace_step_memory(workload, spec, target_device_type="cuda")
                 peaks[layers, b] = trace.forward_backward_peak_bytes
+                held = trace.forward_backward_breakdown
+                moments[f"{layers} layers, micro-batch {b}"] = {
+                    "peak_mib": round(trace.forward_backward_peak_bytes / 2**20, 1),
+                    "activations_mib": round(held.activations / 2**20, 1),
+                    "gradients_mib": round(held.gradients / 2**20, 1),
+                }
     finally:
         memory_tracing.kernels_expected = expected
     (l1, l2), (b1, b2) = LAYERS, MICRO
     extra = (peaks[l2, b2] - peaks[l2, b1]) - (peaks[l1, b2] - peaks[l1, b1])
-    return extra / ((l2 - l1) * (b2 - b1) * SEQ_LEN)
+    return extra / ((l2 - l1) * (b2 - b1) * SEQ_LEN), moments
+
+
+def peak_moves(moments: Mapping[str, Mapping[str, float]]) -> bool:
+    """Whether the peak fell at different points of the step at the two micro-batch sizes:
+    at one depth, the gradients held at the peak differ."""
+    return any(
+        moments[f"{layers} layers, micro-batch {MICRO[0]}"]["gradients_mib"]
+        != moments[f"{layers} layers, micro-batch {MICRO[1]}"]["gradients_mib"]
+        for layers in LAYERS
+    )
 
 
 def measure(say: Any = print) -> list[dict[str, Any]]:
@@ -163,7 +185,7 @@ def measure(say: Any = print) -> list[dict[str, Any]]:
     for family in FAMILIES:
         for precision in ("bf16", "fp32"):
             for checkpointing in ("none", "full"):
-                measured = per_layer_per_token(family, precision, checkpointing)
+                measured, moments = per_layer_per_token(family, precision, checkpointing)
                 formula = family.formula(precision, checkpointing)
                 row = {
                     "family": family.name,
@@ -175,6 +197,8 @@ def measure(say: Any = print) -> list[dict[str, Any]]:
                     "measured_over_h": round(measured / family.width, 2),
                     "formula_over_h": round(formula / family.width, 2),
                     "ratio": round(measured / formula, 3),
+                    "peak_moves": peak_moves(moments),
+                    "peaks": moments,
                 }
                 say(
                     f"{family.name:6s} {precision} {checkpointing:4s}: "
@@ -208,10 +232,13 @@ NOTES: tuple[str, ...] = (
     "(fp32 104.6 h: the two norms' inputs and normalised copies 16 h, the in-projection's "
     "input 4 h, zxbcdt 16.6 h, the scan's output 8 h, the MLP's input 4 h and its four "
     "f-wide tensors 56 h). This table's measure, the growth of the step's peak, reads less "
-    "(0.93x bf16, 0.73x fp32): not explained yet. The method assumes the peak falls at the "
-    "same point of the step at both micro-batch sizes; a 250M-parameter layer's fp32 gradient "
-    "(1 GB) is of the size of its activations at these sizes, which can move the peak into "
-    "backward, where part of them is freed. bamba-torch, the same layers on transformers' "
+    "(0.93x bf16, 0.73x fp32), because the peak falls at different points of the step (found "
+    "2026-12-06, 'Where the peak fell' below): at micro-batch 2 at the end of backward, where "
+    "the layers' fp32 gradients (a 267M-parameter layer's: 1 GiB) outweigh the activations "
+    "left, at micro-batch 4 as backward starts, all activations held. At that moment the "
+    "activations grow per extra layer per token by the formula: fp32 (4798 - 3124) MiB over "
+    "4 x 1024 tokens = 104.6 h; bf16 (4366 - 2836) MiB = 95.6 h, less the layer's 16-bit "
+    "weight copies autocast holds (1067 MiB / 2 per layer, not per token) = 62.3 h. bamba-torch, the same layers on transformers' "
     "PyTorch scan (what a CUDA target's trace held before, and a GPU without mamba-ssm "
     "holds): 4.8x (bf16) and 4.4x (fp32) the kernel's count.",
     "Full checkpointing keeps each block's input: 4 h (the fp32 residual stream), not 2 h. "
@@ -235,6 +262,25 @@ def table(rows: Sequence[Mapping[str, Any]]) -> list[str]:
             f"{r['ratio']:.2f} |"
         )
     return lines
+
+
+def peak_table(rows: Sequence[Mapping[str, Any]]) -> list[str]:
+    """What each trace's peak held, for the rows whose peak fell at different points of the
+    step at the two micro-batch sizes (the growth of the peak then mixes two moments)."""
+    lines = [
+        "| family | precision | checkpointing | trace | peak MiB | activations MiB | "
+        "gradients MiB |",
+        "| --- | --- | --- | --- | ---: | ---: | ---: |",
+    ]
+    moved = [r for r in rows if r["peak_moves"]]
+    for r in moved:
+        for trace, held in r["peaks"].items():
+            lines.append(
+                f"| {r['family']} | {r['precision']} | {r['checkpointing']} | {trace} | "
+                f"{held['peak_mib']:,.0f} | {held['activations_mib']:,.0f} | "
+                f"{held['gradients_mib']:,.0f} |"
+            )
+    return lines if moved else []
 
 
 def main() -> int:
@@ -265,6 +311,17 @@ def main() -> int:
         *(f"- {note}" for note in NOTES),
         "",
     ]
+    if moves := peak_table(rows):
+        md += [
+            "## Where the peak fell",
+            "",
+            "The rows whose peak fell at different points of the step at the two micro-batch "
+            "sizes (at one depth, the gradients held at the peak differ): their growth of the "
+            "peak mixes two moments. What each trace's peak held:",
+            "",
+            *moves,
+            "",
+        ]
     (RESULTS / "activation_bytes.md").write_text("\n".join(md))
     print("\n".join(table(rows)))
     return 0
