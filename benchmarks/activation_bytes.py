@@ -238,9 +238,10 @@ NOTES: tuple[str, ...] = (
     "left, at micro-batch 4 as backward starts, all activations held. At that moment the "
     "activations grow per extra layer per token by the formula: fp32 (4798 - 3124) MiB over "
     "4 x 1024 tokens = 104.6 h; bf16 (4366 - 2836) MiB = 95.6 h, less the layer's 16-bit "
-    "weight copies autocast holds (1067 MiB / 2 per layer, not per token) = 62.3 h. bamba-torch, the same layers on transformers' "
-    "PyTorch scan (what a CUDA target's trace held before, and a GPU without mamba-ssm "
-    "holds): 4.8x (bf16) and 4.4x (fp32) the kernel's count.",
+    "weight copies autocast holds (1067 MiB / 2 per layer, not per token) = 62.3 h. "
+    "bamba-torch, the same layers on transformers' PyTorch scan (what a CUDA target's trace "
+    "held before, and a GPU without mamba-ssm holds): 4.8x (bf16) and 4.4x (fp32) the "
+    "kernel's count.",
     "Full checkpointing keeps each block's input: 4 h (the fp32 residual stream), not 2 h. "
     "Llama's peak with full checkpointing falls late in backward, after the earlier blocks' "
     "checkpoints are freed and while parameter gradients grow: the peak gains nothing per "
