@@ -1,4 +1,5 @@
-"""State-space (Mamba) layers traced as their CUDA kernels hold memory, for a CUDA target.
+"""State-space (Mamba) and linear-attention layers traced as their CUDA kernels hold memory,
+for a CUDA target.
 
 Hugging Face transformers (5.x) runs the scan of every Mamba-style layer it ships through a
 function that takes ``mamba_ssm``'s CUDA kernel when that package is installed and the inputs
@@ -23,8 +24,16 @@ and for a GPU that path is not what trains:
   its input ``zxbcdt``, the scan's output ``out_x`` (before the norm), the norm's ``rstd`` and,
   under autocast, the 16-bit copy of the output projection's weight; the convolution, the chunk
   states and the gate are recomputed in backward.
+* **Gated delta rule** (linear attention: Qwen3-Next, Qwen3.5 and Qwen3.5-MoE, OLMo hybrid):
+  ``torch_chunk_gated_delta_rule`` -> ``fla.chunk_gated_delta_rule`` (flash-linear-attention).
+  The PyTorch path casts q, k, v, the gate and beta to fp32, repeats q and k to every value
+  head and loops over 64-position chunks, keeping each chunk's fp32 state. The kernel
+  (``ChunkGatedDeltaRuleFunction``, fla/ops/gated_delta_rule/chunk.py) keeps its inputs (q and
+  k l2-normalised, with their fp32 inverse norms), the chunk-local cumulative gate and the
+  solved WY matrix A (positions × heads × 64), and recomputes the chunk states in backward. It
+  refuses fp32 inputs: a GPU with fla installed trains such layers in bf16 or fp16 only.
 
-:func:`ssm_cuda_kernels` gives those two functions, while a CUDA target's trace runs, fake
+:func:`ssm_cuda_kernels` gives those functions, while a CUDA target's trace runs, fake
 kernels (``torch.autograd.Function``) that allocate what the kernels allocate and keep what they
 keep: the saved tensors exactly as the sources above list them; the forward's and the backward's
 internal buffers (the convolution's output, the chunk states, the gradients) at the sizes those
@@ -71,10 +80,14 @@ KERNEL_FUNCTIONS: dict[str, str] = {
     "mamba_selective_scan": "mamba_ssm.selective_scan_fn",
     "mamba2_split_conv1d_scan_combined": "mamba_ssm.mamba_split_conv1d_scan_combined",
     "causal_conv1d_fn": "causal_conv1d.causal_conv1d_fn",
+    "torch_chunk_gated_delta_rule": "fla.chunk_gated_delta_rule",
 }
 SCAN = KERNEL_FUNCTIONS["mamba_selective_scan"]
 SSD = KERNEL_FUNCTIONS["mamba2_split_conv1d_scan_combined"]
 CONV = KERNEL_FUNCTIONS["causal_conv1d_fn"]
+GATED_DELTA = KERNEL_FUNCTIONS["torch_chunk_gated_delta_rule"]
+# fla's chunked gated delta rule works in chunks of 64 positions whatever it is given.
+GATED_DELTA_CHUNK = 64
 # The op names the convolutions and the output projection's gradients are counted under, as
 # FlopCounterMode counts the PyTorch path's.
 CONVOLUTION, MATMUL = "aten.convolution", "aten.mm"
@@ -198,6 +211,7 @@ def ssm_cuda_kernels(
         "mamba_selective_scan": _selective_scan_fn(used),
         "mamba2_split_conv1d_scan_combined": _split_conv1d_scan_combined(used),
         "causal_conv1d_fn": _causal_conv1d_fn(used),
+        "torch_chunk_gated_delta_rule": _chunk_gated_delta_rule(used),
     }
     patched: dict[str, dict[str, Any]] = {}
 
@@ -578,3 +592,142 @@ def _causal_conv1d_fn(used: list[str] | None) -> Callable[..., Any]:
         return CausalConv1d.apply(x, weight, bias)
 
     return causal_conv1d_fn
+
+
+def _chunk_gated_delta_rule(used: list[str] | None) -> Callable[..., Any]:
+    """``fla.ops.gated_delta_rule.chunk_gated_delta_rule``'s signature (as transformers calls
+    its fallback ``torch_chunk_gated_delta_rule``) and memory: ``ChunkGatedDeltaRuleFunction``
+    (fla-org/flash-linear-attention, fla/ops/gated_delta_rule/chunk.py) keeps the l2-normalised
+    q and k with their fp32 inverse norms, v, the chunk-local cumulative gate (fp32), beta, the
+    solved WY matrix A (positions × heads × 64, in k's dtype) and the initial state; its
+    forward builds and frees w, u (keys and values per value head), the chunk states h
+    (chunks × heads × K × V, k's dtype) and the corrected values; its backward recomputes
+    those, then the state gradients dh (q's dtype) and the inputs' gradients. The PyTorch path
+    casts everything to fp32, keeps per-chunk states and repeats q and k to every value head."""
+    import torch
+
+    class ChunkGatedDeltaRule(torch.autograd.Function):
+        @staticmethod
+        def forward(
+            ctx: Any,
+            q: Any,
+            k: Any,
+            v: Any,
+            g: Any,
+            beta: Any,
+            initial_state: Any,
+            output_final_state: bool,
+            l2norm: bool,
+        ) -> Any:
+            batch, length, key_heads, key_dim = q.shape
+            heads, value_dim = v.shape[-2:]
+            chunks = math.ceil(length / GATED_DELTA_CHUNK)
+            f32 = {"dtype": torch.float32}
+            q_rstd = k_rstd = None
+            if l2norm:
+                q, k = torch.empty_like(q), torch.empty_like(k)
+                q_rstd = q.new_empty((batch, length, key_heads), **f32)
+                k_rstd = k.new_empty((batch, length, key_heads), **f32)
+            g = g.new_empty((batch, length, heads), **f32)  # the chunk-local cumulative sum
+            a32 = k.new_empty((batch, length, heads, GATED_DELTA_CHUNK), **f32)
+            a = k.new_empty((batch, length, heads, GATED_DELTA_CHUNK))
+            del a32
+            w = k.new_empty((batch, length, heads, key_dim))
+            u = torch.empty_like(v)
+            h = k.new_empty((batch, chunks, heads, key_dim, value_dim))
+            v_new = torch.empty_like(u)
+            out = torch.empty_like(v)
+            del w, u, h, v_new
+            final = (
+                q.new_empty((batch, heads, key_dim, value_dim), **f32)
+                if output_final_state
+                else None
+            )
+            ctx.save_for_backward(q, q_rstd, k, k_rstd, v, g, beta, a, initial_state)
+            tokens = batch * length
+            c, kd, vd = GATED_DELTA_CHUNK, key_dim, value_dim
+            # per token and value head: A = β·K·Kᵀ, its triangular solve, w = A·K, u = A·V,
+            # the state's readout and update, the output's inter- and intra-chunk parts
+            forward = tokens * heads * (6.0 * c * kd + 4.0 * c * vd + 6.0 * kd * vd + 2 * c * c / 3)
+            recomputed = tokens * heads * (2.0 * c * kd + 2.0 * c * vd + 4.0 * kd * vd)
+            qk, per_head = tokens * key_heads * key_dim, tokens * heads
+            states = batch * chunks * heads * key_dim * value_dim
+            ctx.work = (forward, recomputed, qk, per_head, states, v.numel())
+            _record(
+                GATED_DELTA,
+                False,
+                {GATED_DELTA: forward},
+                # reads q, k, v, beta; writes the normalised q, k; A written and read twice; w,
+                # u, v_new and the chunk states written and read; writes the output
+                elements=4 * qk
+                + 6 * v.numel()
+                + per_head * (1 + 3 * c)
+                + 2 * states
+                + 2 * tokens * heads * key_dim,
+                fp32_elements=per_head * (2 + 2 * c) + 2 * tokens * key_heads,
+            )
+            return out, final
+
+        @staticmethod
+        def backward(ctx: Any, dout: Any, *unused: Any) -> Any:
+            q, _q_rstd, k, _k_rstd, v, g, beta, _a, initial = ctx.saved_tensors
+            forward, recomputed, qk, per_head, states, values = ctx.work
+            batch, length, heads, value_dim = v.shape
+            key_dim = k.shape[-1]
+            chunks = math.ceil(length / GATED_DELTA_CHUNK)
+            _record(
+                GATED_DELTA,
+                True,
+                {GATED_DELTA + "_backward": 2 * forward + recomputed},
+                # reads what it saved and dout; recomputes w, u, h, v_new; dh written and read;
+                # writes dq, dk, dv, dbeta and the intermediate gradients
+                elements=6 * qk
+                + 10 * values
+                + per_head * (2 + 2 * GATED_DELTA_CHUNK)
+                + 4 * states
+                + 4 * batch * length * heads * key_dim,
+                fp32_elements=4 * per_head,
+            )
+            w = k.new_empty((batch, length, heads, key_dim))
+            u = torch.empty_like(v)
+            h = k.new_empty((batch, chunks, heads, key_dim, value_dim))
+            v_new = torch.empty_like(u)
+            dv_local = torch.empty_like(dout)
+            dh = q.new_empty((batch, chunks, heads, key_dim, value_dim))
+            dh0 = torch.empty_like(initial, dtype=torch.float32) if initial is not None else None
+            dq, dk, dw = torch.empty_like(q), torch.empty_like(k), torch.empty_like(w)
+            dg = g.new_empty(g.shape, dtype=torch.float32)
+            del h, dh, dv_local
+            dv, db = torch.empty_like(v), torch.empty_like(beta)
+            del w, u, v_new, dw
+            return dq, dk, dv, dg, db, dh0, None, None
+
+    def chunk_gated_delta_rule(
+        query: Any,
+        key: Any,
+        value: Any,
+        g: Any,
+        beta: Any,
+        chunk_size: int = GATED_DELTA_CHUNK,
+        initial_state: Any = None,
+        output_final_state: bool = False,
+        use_qk_l2norm_in_kernel: bool = False,
+        *,
+        _module: str = "",
+        **unused: Any,
+    ) -> Any:
+        if used is not None:
+            used.append(f"{GATED_DELTA} ({_module})")
+        out, final = ChunkGatedDeltaRule.apply(
+            query,
+            key,
+            value,
+            g,
+            beta,
+            initial_state,
+            output_final_state,
+            use_qk_l2norm_in_kernel,
+        )
+        return out, final
+
+    return chunk_gated_delta_rule

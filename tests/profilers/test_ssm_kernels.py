@@ -30,9 +30,14 @@ JAMBA = {**TINY, "num_hidden_layers": 2, "attn_layer_period": 2, "attn_layer_off
          "num_experts": 1, "num_experts_per_tok": 1}  # fmt: skip
 BAMBA = {**TINY, "num_hidden_layers": 2, "attn_layer_indices": [1], "mamba_n_heads": 8,
          "mamba_d_head": 16, "mamba_d_state": 16, "mamba_chunk_size": 32}  # fmt: skip
+# One gated-delta-rule (linear attention) layer and one attention layer (Qwen3.5: fla's kernel).
+QWEN35 = {**TINY, "num_hidden_layers": 2, "layer_types": ["linear_attention", "full_attention"],
+          "linear_num_key_heads": 2, "linear_num_value_heads": 4, "linear_key_head_dim": 16,
+          "linear_value_head_dim": 16, "head_dim": 16}  # fmt: skip
 KERNELS = {
     "jamba": {"mamba_ssm.selective_scan_fn", "causal_conv1d.causal_conv1d_fn"},
     "bamba": {"mamba_ssm.mamba_split_conv1d_scan_combined"},
+    "qwen3_5_text": {"fla.chunk_gated_delta_rule", "causal_conv1d.causal_conv1d_fn"},
 }
 
 
@@ -43,7 +48,7 @@ def _trace(model: str, args: dict[str, Any], monkeypatch: pytest.MonkeyPatch, ke
 
     used: list[str] = []
     original = ssm_kernels.ssm_cuda_kernels
-    packages = frozenset({"mamba_ssm", "causal_conv1d"} if kernels else ())
+    packages = frozenset({"mamba_ssm", "causal_conv1d", "fla"} if kernels else ())
     monkeypatch.setattr(memory_tracing, "kernels_expected", lambda: packages)
     monkeypatch.setattr(memory_tracing, "ssm_cuda_kernels", lambda **kw: original(used, **kw))
     spec = StepSpec(seq_len=64, micro_batch_size=2, precision="bf16")
@@ -51,7 +56,9 @@ def _trace(model: str, args: dict[str, Any], monkeypatch: pytest.MonkeyPatch, ke
     return trace, {u.split(" (")[0] for u in used}
 
 
-@pytest.mark.parametrize(("model", "args"), [("jamba", JAMBA), ("bamba", BAMBA)])
+@pytest.mark.parametrize(
+    ("model", "args"), [("jamba", JAMBA), ("bamba", BAMBA), ("qwen3_5_text", QWEN35)]
+)
 def test_a_cuda_targets_trace_runs_mamba_layers_as_their_kernels(
     model: str, args: dict[str, Any], monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -155,6 +162,34 @@ def test_the_fused_mamba2_op_keeps_what_mamba_ssms_kernel_keeps() -> None:
     assert zxbcdt.grad is not None and proj_w.grad is not None and proj_w.grad.dtype == f32
 
 
+def test_the_gated_delta_rule_keeps_what_flas_kernel_keeps() -> None:
+    """ChunkGatedDeltaRuleFunction with the l2 norm in the kernel (as transformers calls it):
+    the normalised q and k with their fp32 inverse norms, v, the chunk-local cumulative gate in
+    fp32, beta and the solved WY matrix A (positions × value heads × 64, in k's dtype); q and k
+    keep their own heads (grouped value heads are not repeated to them)."""
+    b, length, key_heads, heads, kd, vd = 2, 100, 2, 4, 16, 8
+    bf16 = {"dtype": torch.bfloat16, "requires_grad": True}
+    q, k = (torch.zeros(b, length, key_heads, kd, **bf16) for _ in range(2))
+    v = torch.zeros(b, length, heads, vd, **bf16)
+    g = torch.zeros(b, length, heads, requires_grad=True)
+    beta = torch.zeros(b, length, heads, **bf16)
+    rule = ssm_kernels._chunk_gated_delta_rule(None)
+    (out, final), saved = _saved(rule, q, k, v, g=g, beta=beta, use_qk_l2norm_in_kernel=True)
+    assert out.shape == v.shape and out.dtype == torch.bfloat16 and final is None
+    bf, f32 = torch.bfloat16, torch.float32
+    assert saved == [
+        ((b, length, key_heads, kd), bf),  # q, normalised
+        ((b, length, key_heads), f32),  # its inverse norms
+        ((b, length, key_heads, kd), bf),  # k, normalised
+        ((b, length, key_heads), f32),
+        ((b, length, heads, vd), bf),  # v
+        ((b, length, heads), f32),  # the cumulative gate
+        ((b, length, heads), bf),  # beta
+        ((b, length, heads, ssm_kernels.GATED_DELTA_CHUNK), bf),  # A
+    ]
+    assert q.grad is not None and g.grad is not None and beta.grad is not None
+
+
 def test_the_modeling_modules_get_their_functions_back(monkeypatch: pytest.MonkeyPatch) -> None:
     pytest.importorskip("transformers")
     _trace("bamba", BAMBA, monkeypatch, kernels=True)
@@ -166,14 +201,15 @@ def test_the_modeling_modules_get_their_functions_back(monkeypatch: pytest.Monke
 def test_the_kernels_are_assumed_off_a_gpu_and_looked_for_on_one(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    both = frozenset({"mamba_ssm", "causal_conv1d"})
+    every = frozenset({"mamba_ssm", "causal_conv1d", "fla"})
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
-    assert ssm_kernels.kernels_expected() == both  # planning a GPU from a host without one
+    assert ssm_kernels.kernels_expected() == every  # planning a GPU from a host without one
+    # (mamba_ssm, causal_conv1d and fla: flash-linear-attention)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(importlib.util, "find_spec", lambda name: None)
     assert not ssm_kernels.kernels_expected()  # a GPU without mamba-ssm runs the fallback
     monkeypatch.setattr(importlib.util, "find_spec", lambda name: object())
-    assert ssm_kernels.kernels_expected() == both
+    assert ssm_kernels.kernels_expected() == every
     # Each package on its own: transformers falls back per function.
     monkeypatch.setattr(
         importlib.util, "find_spec", lambda name: object() if name == "mamba_ssm" else None
@@ -317,3 +353,19 @@ def test_the_kernels_record_extends_in_depth_and_round_trips() -> None:
     assert record["forward_elements"] == pytest.approx(4 * two["forward_elements"])
     again = FlopCount.from_dict(json.loads(json.dumps(count.to_dict())))
     assert again == count
+
+
+def test_the_gated_delta_rule_counts_fla_s_chunked_matmuls() -> None:
+    """Per token and value head (chunk c = 64, key and value width 16): A = β·K·Kᵀ (2·c·K), its
+    triangular solve (2·c²/3), w and u (2·c·K, 2·c·V), the state's readout and update (4·K·V),
+    the output's inter-chunk (2·K·V) and intra-chunk (2·c·K + 2·c·V) parts; backward twice that
+    plus what it recomputes (w, u and the states). No per-chunk matmul of the PyTorch loop."""
+    count = _count("qwen3_5_text", QWEN35)
+    by_op = count.flops_by_op["none"]
+    heads, d, c = 4, 16, ssm_kernels.GATED_DELTA_CHUNK
+    forward = heads * (6 * c * d + 4 * c * d + 6 * d * d + 2 * c * c / 3)
+    assert by_op["fla.chunk_gated_delta_rule"] == pytest.approx(forward)
+    recomputed = heads * (2 * c * d + 2 * c * d + 4 * d * d)
+    assert by_op["fla.chunk_gated_delta_rule_backward"] == pytest.approx(2 * forward + recomputed)
+    assert "aten.bmm" not in by_op
+    assert count.state_space_kernels["fla.chunk_gated_delta_rule"]["calls"] == 1
