@@ -506,6 +506,8 @@ class CostModel:
                 "FSDP: the gradients of every micro-batch are reduce-scattered (no no_sync), so "
                 "only sharded gradients accumulate"
             )
+            if c.precision in ("bf16", "fp16"):
+                assumptions.append(self._single_device_activations_note(c))
         compile_extra = self._compile_extra_bytes(c, assumptions) if c.compile else None
         traced += self.rounding_allowance_bytes + (compile_extra or 0)
         fragmentation = traced * self.machine.fragmentation_fraction
@@ -639,6 +641,25 @@ class CostModel:
             if derived is not None:
                 return derived, world
         return None, None
+
+    def _single_device_activations_note(self, c: Candidate) -> str:
+        """What an FSDP rank's memory derived from the single-device fit over-counts in 16
+        bits: autocast's copies of the weights the matmuls read (every weight outside the
+        embeddings, plus a tied head), which a rank with a bf16 parameter policy gathers one
+        unit at a time instead."""
+        f = self.facts
+        cast = f.num_params - f.num_embedding_params
+        if f.tied_embeddings:
+            cast += f.vocab_size * f.hidden_size
+        size = max(cast, 0) * COMPUTE_BYTES_PER_PARAM[c.precision]
+        amount = f"{size / 2**30:.1f} GiB" if size >= 2**30 else f"{size / 2**20:.0f} MiB"
+        return (
+            f"FSDP memory from the single-device fit (the profile has no per-rank fit of "
+            f"{c.precision}/{c.activation_checkpointing}: its probes.csv says why): its "
+            f"activations hold autocast's 16-bit copies of the weights (~{amount}), which an "
+            "FSDP rank with a bf16 parameter policy does not keep, so this peak is on the high "
+            "side; a profile with a larger --budget-s traces the rank itself"
+        )
 
     def _fsdp_memory(
         self, model: MemoryModel, c: Candidate, optimizer: float

@@ -637,3 +637,17 @@ def test_a_missing_fit_of_the_only_profiled_precision_names_the_flag_that_is_lef
     assert str(restricted.value).endswith(
         "or with --checkpointing naming only the settings you need, to give them the whole budget"
     )
+
+
+def test_fsdp_memory_from_the_single_device_fit_says_it_keeps_autocasts_weight_copies(
+    model: CostModel,
+) -> None:
+    """Without a per-rank fit the FSDP rank's activations are the single device's, which in
+    16 bits hold autocast's copies of every weight a matmul reads (the blocks' and the tied
+    head's: here (1,000,000 - 200,000 + 256 x 128) x 2 B = 2 MiB); an FSDP rank with a bf16
+    parameter policy holds no such copies, so the prediction says it is on the high side."""
+    bf16 = model.predict(cand(micro=4, precision="bf16", parallelism="fsdp", world=4))
+    said = [a for a in bf16.breakdown.assumptions if "autocast's 16-bit copies" in a]
+    assert len(said) == 1 and "~2 MiB" in said[0] and "--budget-s" in said[0]
+    fp32 = model.predict(cand(micro=4, parallelism="fsdp", world=4))
+    assert not [a for a in fp32.breakdown.assumptions if "autocast's 16-bit copies" in a]
