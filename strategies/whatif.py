@@ -332,23 +332,26 @@ class RooflineTime:
         ]
         if scale != 1.0:
             notes.append(f"GEMM FLOPs scaled ×{scale:.3f} to the profile's counted ones")
-        scan_note = (
-            "its scan kernels at their recorded bytes, as memory-bound ops"
-            if scans
-            else "its scan kernels are not priced (a profile without their record), its GEMMs are"
-        )
+        if scans:
+            scan_note = "its scan kernels at their recorded bytes, as memory-bound ops"
+        else:
+            scan_note = "its scan kernels are not priced (a profile without their record)"
         if attention_scale == 0.0:
             notes.append(
                 "no attention: the profile's count holds no attention kernel (a state-space "
-                f"stack; {scan_note})"
+                f"stack; {scan_note}, its GEMMs as GEMMs)"
             )
         elif attention_scale != 1.0:
+            why = (
+                f"a hybrid's attention layers only; {scan_note}"
+                if self.state_space
+                else "heads not as wide as the facts say"
+            )
             notes.append(
                 f"attention scaled ×{attention_scale:.3f} to the profile's counted attention "
-                "FLOPs (a hybrid's attention layers only, or heads not as wide as the facts "
-                f"say; {scan_note})"
+                f"FLOPs ({why})"
             )
-        elif scans:
+        elif self.state_space:
             notes.append(f"state-space layers: {scan_note}")
         if eager is None and self.attention_as_matmuls():
             notes.append(

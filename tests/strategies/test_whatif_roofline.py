@@ -451,7 +451,9 @@ def test_a_hybrid_pays_for_attention_in_the_layers_that_attend_only() -> None:
             "aten._scaled_dot_product_flash_attention": attending * per_layer,
             "aten._scaled_dot_product_flash_attention_backward": 2.5 * attending * per_layer,
         }
-        return RooflineTime(target=H100, shape=shape, seq_len=seq, flops=_count(seq, by_op))
+        return RooflineTime(
+            target=H100, shape=shape, seq_len=seq, flops=_count(seq, by_op), state_space=True
+        )
 
     dense, hybrid = source(layers), source(1)
     assert dense.attention_scale() == 1.0 and hybrid.attention_scale() == pytest.approx(1 / 8)
@@ -459,6 +461,11 @@ def test_a_hybrid_pays_for_attention_in_the_layers_that_attend_only() -> None:
     assert one["attention"] == pytest.approx(full["attention"] / 8)
     assert one["gemm"] == pytest.approx(full["gemm"])
     assert "attention scaled ×0.125" in hybrid.compute(cand(1)).source
+    assert "a hybrid's attention layers only" in hybrid.compute(cand(1)).source
+    # A model without state-space layers whose count differs: its heads, not a hybrid's layers.
+    dense_heads = dataclasses.replace(source(1), state_space=False)
+    assert "heads not as wide as the facts say" in dense_heads.compute(cand(1)).source
+    assert "scan kernels" not in dense_heads.compute(cand(1)).source
     assert "attention scaled" not in dense.compute(cand(1)).source
 
 
