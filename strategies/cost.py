@@ -27,7 +27,7 @@ from profilers.checkpointing_fits import blocks_memory_model
 from profilers.compile_records import CompileMeasurement, find_compile
 from profilers.flops import FlopCount
 from profilers.memory_model import MemoryModel
-from profilers.memory_records import REAL_STEP_ROW
+from profilers.memory_records import REAL_STEP_ROW, MemoryTrace
 from profilers.profile_record import Profile
 from profilers.throughput import largest_host_share
 from profilers.workload import ModelFacts
@@ -262,6 +262,9 @@ class CostModel:
     failed_traces: Mapping[tuple[str, str], str] = field(default_factory=dict)
     # The precisions the profile was restricted to (``advisor profile --precision``); None: all.
     profiled_precisions: tuple[str, ...] | None = None
+    # FSDP per-rank traces of the groups that have no per-rank fit (one micro-batch size was
+    # traced before the budget ran out): a rank's memory is anchored on them (one_rank_trace).
+    rank_traces: tuple[MemoryTrace, ...] = ()
 
     @property
     def seq_len(self) -> int:
@@ -506,7 +509,17 @@ class CostModel:
                 "FSDP: the gradients of every micro-batch are reduce-scattered (no no_sync), so "
                 "only sharded gradients accumulate"
             )
-            if c.precision in ("bf16", "fp16"):
+            anchor = self.one_rank_trace(c)
+            if anchor is not None:
+                traced, fsdp = self._anchored_fsdp_memory(anchor, model, c, optimizer, fsdp)
+                assumptions.append(
+                    f"FSDP memory from one traced rank (fsdp×{anchor.spec.world_size} at "
+                    f"micro-batch {anchor.spec.micro_batch_size}: the profile's budget left no "
+                    f"second size for a per-rank fit), its sharded state resharded to {world} "
+                    "ranks, its growth per micro-batch the single device's (which keeps a "
+                    "16-bit step's norm inputs in fp32: on the high side)"
+                )
+            elif c.precision in ("bf16", "fp16"):
                 assumptions.append(self._single_device_activations_note(c))
         compile_extra = self._compile_extra_bytes(c, assumptions) if c.compile else None
         traced += self.rounding_allowance_bytes + (compile_extra or 0)
@@ -641,6 +654,57 @@ class CostModel:
             if derived is not None:
                 return derived, world
         return None, None
+
+    def one_rank_trace(self, c: Candidate) -> MemoryTrace | None:
+        """The profile's one FSDP per-rank trace of the candidate's setting (precision,
+        checkpointing, loss chunks, resharding, no accumulation), at the largest traced world
+        size, when its group has no per-rank fit; None when there is none or the candidate
+        accumulates (the traced step holds no gradients of earlier micro-batches)."""
+        if c.grad_accum_steps != 1:
+            return None
+        found = [
+            t
+            for t in self.rank_traces
+            if t.spec.parallelism == "fsdp"
+            and t.spec.grad_accum_steps == 1
+            and t.spec.precision == c.precision
+            and t.spec.activation_checkpointing == c.activation_checkpointing
+            and t.spec.loss_chunks == c.loss_chunks
+            and t.spec.fsdp_reshard_after_forward == c.fsdp_reshard_after_forward
+            and t.spec.seq_len == self.seq_len
+        ]
+        return max(found, key=lambda t: t.spec.world_size, default=None)
+
+    def _anchored_fsdp_memory(
+        self,
+        anchor: MemoryTrace,
+        model: MemoryModel,
+        c: Candidate,
+        optimizer: float,
+        formula: FsdpMemory,
+    ) -> tuple[float, FsdpMemory]:
+        """An FSDP rank's forward/backward peak from one traced rank: per window of its step
+        the bytes not sharded as traced and the sharded ones (parameter shards, sharded
+        gradients, optimizer state) × W/N, the largest window (as MemoryModel.resharded does
+        with a fit; without windows, the shards of parameters and optimizer state scaled),
+        plus what the single-device fit grows by from the traced micro-batch to the
+        candidate's. The optimizer phase as in :meth:`_fsdp_memory`."""
+        keep = anchor.spec.world_size / c.world_size
+        if anchor.reshard_windows:
+            at_world = max(rest + sharded * keep for rest, sharded in anchor.reshard_windows)
+        else:
+            state = anchor.parameter_bytes + anchor.optimizer_state_bytes
+            at_world = anchor.forward_backward_peak_bytes - state * (1 - keep)
+        b0 = anchor.spec.micro_batch_size
+        growth = model.forward_backward.predict(c.micro_batch_size) - (
+            model.forward_backward.predict(b0)
+        )
+        fb = at_world + growth
+        opt = optimizer / c.world_size
+        rest = formula.sharded_state_bytes + formula.gathered_units_bytes
+        rest += formula.reduce_scatter_buffer_bytes
+        terms = dataclasses.replace(formula, activation_bytes=int(max(fb - rest, 0.0)))
+        return max(fb, opt), terms
 
     def _single_device_activations_note(self, c: Candidate) -> str:
         """What an FSDP rank's memory derived from the single-device fit over-counts in 16
@@ -930,4 +994,35 @@ def cost_model_from_profile(
         compiled=tuple(profile.compile),
         failed_traces=failed_memory_traces(profile),
         profiled_precisions=profile.precisions,
+        rank_traces=unfitted_rank_traces(profile),
+    )
+
+
+def unfitted_rank_traces(profile: Profile) -> tuple[MemoryTrace, ...]:
+    """The profile's FSDP per-rank traces (no accumulation) of the groups without a per-rank
+    fit: one micro-batch size was traced, a fit needs two."""
+    fitted = {
+        (
+            m.precision,
+            m.activation_checkpointing,
+            m.world_size,
+            m.loss_chunks,
+            m.fsdp_reshard_after_forward,
+        )
+        for m in profile.fits.memory
+        if m.parallelism == "fsdp"
+    }
+    return tuple(
+        t
+        for t in profile.memory
+        if t.spec.parallelism == "fsdp"
+        and t.spec.grad_accum_steps == 1
+        and (
+            t.spec.precision,
+            t.spec.activation_checkpointing,
+            t.spec.world_size,
+            t.spec.loss_chunks,
+            t.spec.fsdp_reshard_after_forward,
+        )
+        not in fitted
     )

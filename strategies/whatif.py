@@ -39,7 +39,13 @@ from profilers.hardware import HardwareSpec, NetworkPreset, lookup_network, look
 from profilers.profile_record import Profile
 from profilers.workload import ModelFacts
 from strategies import roofline
-from strategies.cost import ComputeTime, CostModel, Machine, failed_memory_traces
+from strategies.cost import (
+    ComputeTime,
+    CostModel,
+    Machine,
+    failed_memory_traces,
+    unfitted_rank_traces,
+)
 from strategies.errors import StrategyError, Unpredictable
 from strategies.space import COMPILE_UNAVAILABLE, Candidate, SearchRequest
 
@@ -569,5 +575,6 @@ def whatif_cost_model(profile: Profile, request: SearchRequest) -> tuple[CostMod
         assumptions=tuple(assumptions),
         failed_traces=failed_memory_traces(profile),
         profiled_precisions=profile.precisions,
+        rank_traces=unfitted_rank_traces(profile),
     )
     return model, label

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+from typing import Any
 
 import pytest
 
@@ -35,6 +36,7 @@ from tests.strategies.profiles import (
     flop_count,
     hand_profile,
     line,
+    memory_model,
     time_model,
 )
 
@@ -371,7 +373,6 @@ def test_a_traced_per_rank_memory_fit_replaces_the_analytic_sharding() -> None:
 
     if "parallelism" not in {f.name for f in dataclasses.fields(MemoryModel)}:
         pytest.skip("profilers.memory_model.MemoryModel has no parallelism field yet")
-    from tests.strategies.profiles import memory_model
 
     profile = hand_profile()
     per_rank = dataclasses.replace(
@@ -400,7 +401,6 @@ def test_blocks_k_at_an_untraced_fsdp_world_size_reshards_the_traced_line() -> N
     """blocks:K under FSDP at a world size with no trace: the traced world's none/full rank
     fits give K's line there, which is then resharded (not the analytic sharding)."""
     from profilers.checkpointing_fits import blocks_memory_model
-    from tests.strategies.profiles import memory_model
 
     profile = hand_profile()
     ranks = {
@@ -651,3 +651,75 @@ def test_fsdp_memory_from_the_single_device_fit_says_it_keeps_autocasts_weight_c
     assert len(said) == 1 and "~2 MiB" in said[0] and "--budget-s" in said[0]
     fp32 = model.predict(cand(micro=4, parallelism="fsdp", world=4))
     assert not [a for a in fp32.breakdown.assumptions if "autocast's 16-bit copies" in a]
+
+
+def _rank_trace(micro: int, windows: tuple[tuple[int, int], ...] = ()) -> Any:
+    """An FSDP×2 rank's trace of bf16/none at one micro-batch size (its group has no fit)."""
+    from profilers.memory_records import MemoryBreakdown, MemoryTrace
+    from profilers.workload import StepSpec
+
+    spec = StepSpec(
+        seq_len=SEQ_LEN,
+        micro_batch_size=micro,
+        precision="bf16",
+        parallelism="fsdp",
+        world_size=2,
+    )
+    return MemoryTrace(
+        spec=spec,
+        target_device_type="cpu",
+        peak_bytes=9 * MB,
+        forward_backward_peak_bytes=9 * MB,
+        optimizer_step_peak_bytes=8 * MB,
+        forward_backward_breakdown=MemoryBreakdown(),
+        optimizer_step_breakdown=MemoryBreakdown(),
+        parameter_bytes=PARAM_BYTES // 2,
+        gradient_bytes=GRAD_BYTES // 2,
+        optimizer_state_bytes=ADAM_BYTES // 2,
+        resident_bytes=(PARAM_BYTES + ADAM_BYTES) // 2,
+        trace_seconds=1.0,
+        reshard_windows=windows,
+    )
+
+
+def test_an_fsdp_rank_traced_at_one_size_anchors_the_ranks_memory() -> None:
+    """A profile whose budget traced one FSDP rank at one micro-batch size (no per-rank fit):
+    the rank's peak is that trace's, its sharded bytes resharded to N ranks window by window,
+    plus the single device's growth from that size to the candidate's; not the single
+    device's activations (which, in 16 bits, hold autocast's copies of every weight)."""
+    windows = ((6 * MB, 2 * MB), (3 * MB, 4 * MB))  # (not sharded, sharded) per window
+    profile = dataclasses.replace(hand_profile(), memory=(_rank_trace(2, windows),))
+    model = cost_model_from_profile(profile, 0.9)
+    assert len(model.rank_traces) == 1
+    p = model.predict(cand(micro=4, precision="bf16", parallelism="fsdp", world=4))
+    at_four_ranks = max(6 * MB + 2 * MB // 2, 3 * MB + 4 * MB // 2)
+    growth = 2 * ACTIVATIONS[("bf16", "none")]  # micro-batch 2 -> 4 on one device
+    assert p.breakdown.to_dict()["memory"]["traced_bytes"] == int(at_four_ranks + growth)
+    said = [a for a in p.breakdown.assumptions if a.startswith("FSDP memory from one traced")]
+    assert len(said) == 1 and "fsdp×2 at micro-batch 2" in said[0] and "to 4 ranks" in said[0]
+    assert not [a for a in p.breakdown.assumptions if "autocast's 16-bit copies" in a]
+    # Without windows (an older record): its parameter and optimizer shards rescaled.
+    bare = dataclasses.replace(hand_profile(), memory=(_rank_trace(2),))
+    q = cost_model_from_profile(bare, 0.9).predict(
+        cand(micro=4, precision="bf16", parallelism="fsdp", world=4)
+    )
+    shards = (PARAM_BYTES + ADAM_BYTES) // 2
+    assert q.breakdown.to_dict()["memory"]["traced_bytes"] == int(9 * MB - shards / 2 + growth)
+    # Accumulation, another setting, or a group with a fit: the trace is not used.
+    for other in (
+        cand(micro=4, accum=2, precision="bf16", parallelism="fsdp", world=4),
+        cand(micro=4, precision="bf16", ckpt="full", parallelism="fsdp", world=4),
+    ):
+        assert model.one_rank_trace(other) is None
+    two = dataclasses.replace(profile, memory=(_rank_trace(2, windows), _rank_trace(4, windows)))
+    fitted = dataclasses.replace(
+        two,
+        fits=dataclasses.replace(
+            two.fits,
+            memory=(
+                *two.fits.memory,
+                dataclasses.replace(memory_model("bf16", "none"), parallelism="fsdp", world_size=2),
+            ),
+        ),
+    )
+    assert cost_model_from_profile(fitted, 0.9).rank_traces == ()
