@@ -511,7 +511,7 @@ class CostModel:
             )
             anchor = self.one_rank_trace(c)
             if anchor is not None:
-                traced, fsdp = self._anchored_fsdp_memory(anchor, model, c, optimizer, fsdp)
+                traced, fsdp = self._anchored_fsdp_memory(anchor, model, c, optimizer, traced, fsdp)
                 assumptions.append(
                     f"FSDP memory from one traced rank (fsdp×{anchor.spec.world_size} at "
                     f"micro-batch {anchor.spec.micro_batch_size}: the profile's budget left no "
@@ -681,6 +681,7 @@ class CostModel:
         model: MemoryModel,
         c: Candidate,
         optimizer: float,
+        formula_bytes: float,
         formula: FsdpMemory,
     ) -> tuple[float, FsdpMemory]:
         """An FSDP rank's forward/backward peak from one traced rank: per window of its step
@@ -688,7 +689,12 @@ class CostModel:
         gradients, optimizer state) × W/N, the largest window (as MemoryModel.resharded does
         with a fit; without windows, the shards of parameters and optimizer state scaled),
         plus what the single-device fit grows by from the traced micro-batch to the
-        candidate's. The optimizer phase as in :meth:`_fsdp_memory`."""
+        candidate's: an upper bound, one device growing faster than a rank in 16 bits (its
+        norm inputs stay fp32). Below the traced micro-batch the single device's drop is not
+        a bound (Qwen3.5-9B, traced at 8, read 49% under the rank's own fit at 1:
+        benchmarks/fsdp_one_rank.py), so there the smaller of the traced size's peak and the
+        formula from one device (``formula_bytes``), both bounds. The optimizer phase as in
+        :meth:`_fsdp_memory`."""
         keep = anchor.spec.world_size / c.world_size
         if anchor.reshard_windows:
             at_world = max(rest + sharded * keep for rest, sharded in anchor.reshard_windows)
@@ -696,10 +702,13 @@ class CostModel:
             state = anchor.parameter_bytes + anchor.optimizer_state_bytes
             at_world = anchor.forward_backward_peak_bytes - state * (1 - keep)
         b0 = anchor.spec.micro_batch_size
-        growth = model.forward_backward.predict(c.micro_batch_size) - (
-            model.forward_backward.predict(b0)
-        )
-        fb = at_world + growth
+        if c.micro_batch_size >= b0:
+            growth = model.forward_backward.predict(c.micro_batch_size) - (
+                model.forward_backward.predict(b0)
+            )
+            fb = at_world + max(growth, 0)
+        else:
+            fb = min(at_world, formula_bytes)
         opt = optimizer / c.world_size
         rest = formula.sharded_state_bytes + formula.gathered_units_bytes
         rest += formula.reduce_scatter_buffer_bytes

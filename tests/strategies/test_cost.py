@@ -698,6 +698,12 @@ def test_an_fsdp_rank_traced_at_one_size_anchors_the_ranks_memory() -> None:
     said = [a for a in p.breakdown.assumptions if a.startswith("FSDP memory from one traced")]
     assert len(said) == 1 and "fsdp×2 at micro-batch 2" in said[0] and "to 4 ranks" in said[0]
     assert not [a for a in p.breakdown.assumptions if "autocast's 16-bit copies" in a]
+    # Below the traced size the single device's drop bounds nothing: the smaller of the traced
+    # size's peak and the formula from one device.
+    small = cand(micro=1, precision="bf16", parallelism="fsdp", world=4)
+    formula = cost_model_from_profile(hand_profile(), 0.9).predict(small)
+    expected = min(at_four_ranks, formula.breakdown.to_dict()["memory"]["traced_bytes"])
+    assert model.predict(small).breakdown.to_dict()["memory"]["traced_bytes"] == expected
     # Without windows (an older record): its parameter and optimizer shards rescaled.
     bare = dataclasses.replace(hand_profile(), memory=(_rank_trace(2),))
     q = cost_model_from_profile(bare, 0.9).predict(
