@@ -509,7 +509,7 @@ class CostModel:
                 "FSDP: the gradients of every micro-batch are reduce-scattered (no no_sync), so "
                 "only sharded gradients accumulate"
             )
-            anchor = self.one_rank_trace(c)
+            anchor = self.one_rank_trace(c, model.target_device_type)
             if anchor is not None:
                 traced, fsdp = self._anchored_fsdp_memory(anchor, model, c, optimizer, traced, fsdp)
                 assumptions.append(
@@ -655,17 +655,19 @@ class CostModel:
                 return derived, world
         return None, None
 
-    def one_rank_trace(self, c: Candidate) -> MemoryTrace | None:
+    def one_rank_trace(self, c: Candidate, target: str | None = None) -> MemoryTrace | None:
         """The profile's one FSDP per-rank trace of the candidate's setting (precision,
-        checkpointing, loss chunks, resharding, no accumulation), at the largest traced world
-        size, when its group has no per-rank fit; None when there is none or the candidate
-        accumulates (the traced step holds no gradients of earlier micro-batches)."""
+        checkpointing, loss chunks, resharding, no accumulation; traced for ``target``'s
+        device type when given), at the largest traced world size, when its group has no
+        per-rank fit; None when there is none or the candidate accumulates (the traced step
+        holds no gradients of earlier micro-batches)."""
         if c.grad_accum_steps != 1:
             return None
         found = [
             t
             for t in self.rank_traces
-            if t.spec.parallelism == "fsdp"
+            if (target is None or t.target_device_type == target)
+            and t.spec.parallelism == "fsdp"
             and t.spec.grad_accum_steps == 1
             and t.spec.precision == c.precision
             and t.spec.activation_checkpointing == c.activation_checkpointing

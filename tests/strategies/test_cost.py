@@ -717,6 +717,10 @@ def test_an_fsdp_rank_traced_at_one_size_anchors_the_ranks_memory() -> None:
         cand(micro=4, precision="bf16", ckpt="full", parallelism="fsdp", world=4),
     ):
         assert model.one_rank_trace(other) is None
+    # A rank traced for another device type than the fits in use (a GPU profile's CPU trace).
+    bf16_rank = cand(micro=4, precision="bf16", parallelism="fsdp", world=4)
+    assert model.one_rank_trace(bf16_rank, "cpu") is not None
+    assert model.one_rank_trace(bf16_rank, "cuda") is None
     two = dataclasses.replace(profile, memory=(_rank_trace(2, windows), _rank_trace(4, windows)))
     fitted = dataclasses.replace(
         two,
