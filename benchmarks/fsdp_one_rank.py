@@ -39,8 +39,10 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
+from profilers.rundir import PROFILE as PROFILE_FILE  # noqa: E402
+
 RESULTS = ROOT / "benchmarks" / "results"
-PROFILE = RESULTS / "fsdp_one_rank" / "profile.json"
+PROFILE = RESULTS / "fsdp_one_rank" / PROFILE_FILE
 TARGET, WORLD, MICRO = "h100-80gb", 8, (1, 2, 4, 8)
 # bf16/none only: the profile's budget traced bf16/full for the ranks (micro-batches 1 and 4)
 # but not on one device, and the cost model prices no setting without its single-device fit.
