@@ -72,33 +72,27 @@ def rank_bytes(profile: Any, checkpointing: str, micro: int) -> int:
     return int(memory["traced_bytes"])
 
 
+def of_group(record: Any, checkpointing: str) -> bool:
+    """Whether a trace's spec or a fit is of the FSDP rank group of bf16/``checkpointing``
+    (one loss chunk, resharded after forward)."""
+    return bool(
+        record.parallelism == "fsdp"
+        and record.precision == "bf16"
+        and record.activation_checkpointing == checkpointing
+        and record.loss_chunks == 1
+        and record.fsdp_reshard_after_forward
+    )
+
+
 def without_rank_group(profile: Any, checkpointing: str, keep: int | None) -> Any:
     """``profile`` without the FSDP fit of bf16/``checkpointing`` and without its rank traces
     but the one at micro-batch ``keep`` (None: none of them)."""
-
-    def of_group(spec: Any) -> bool:
-        return (
-            spec.parallelism == "fsdp"
-            and spec.precision == "bf16"
-            and spec.activation_checkpointing == checkpointing
-            and spec.loss_chunks == 1
-            and spec.fsdp_reshard_after_forward
-        )
-
     memory = tuple(
-        t for t in profile.memory if not of_group(t.spec) or t.spec.micro_batch_size == keep
+        t
+        for t in profile.memory
+        if not of_group(t.spec, checkpointing) or t.spec.micro_batch_size == keep
     )
-    fits = tuple(
-        m
-        for m in profile.fits.memory
-        if not (
-            m.parallelism == "fsdp"
-            and m.precision == "bf16"
-            and m.activation_checkpointing == checkpointing
-            and m.loss_chunks == 1
-            and m.fsdp_reshard_after_forward
-        )
-    )
+    fits = tuple(m for m in profile.fits.memory if not of_group(m, checkpointing))
     return dataclasses.replace(
         profile, memory=memory, fits=dataclasses.replace(profile.fits, memory=fits)
     )
@@ -113,12 +107,7 @@ def measure() -> list[dict[str, Any]]:
         traced = sorted(
             t.spec.micro_batch_size
             for t in profile.memory
-            if t.spec.parallelism == "fsdp"
-            and t.spec.precision == "bf16"
-            and t.spec.activation_checkpointing == checkpointing
-            and t.spec.loss_chunks == 1
-            and t.spec.fsdp_reshard_after_forward
-            and t.spec.grad_accum_steps == 1
+            if of_group(t.spec, checkpointing) and t.spec.grad_accum_steps == 1
         )
         for micro in MICRO:
             row: dict[str, Any] = {

@@ -262,8 +262,9 @@ class CostModel:
     failed_traces: Mapping[tuple[str, str], str] = field(default_factory=dict)
     # The precisions the profile was restricted to (``advisor profile --precision``); None: all.
     profiled_precisions: tuple[str, ...] | None = None
-    # FSDP per-rank traces of the groups that have no per-rank fit (one micro-batch size was
-    # traced before the budget ran out): a rank's memory is anchored on them (one_rank_trace).
+    # FSDP per-rank traces without accumulation of the groups that have no per-rank fit (one
+    # micro-batch size was traced before the budget ran out; unfitted_rank_traces): a rank's
+    # memory is anchored on them (one_rank_trace).
     rank_traces: tuple[MemoryTrace, ...] = ()
 
     @property
@@ -667,8 +668,6 @@ class CostModel:
             t
             for t in self.rank_traces
             if (target is None or t.target_device_type == target)
-            and t.spec.parallelism == "fsdp"
-            and t.spec.grad_accum_steps == 1
             and t.spec.precision == c.precision
             and t.spec.activation_checkpointing == c.activation_checkpointing
             and t.spec.loss_chunks == c.loss_chunks

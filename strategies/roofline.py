@@ -479,7 +479,7 @@ def block_forward_ops(
     q = shape.attention_width
     kv = shape.num_kv_heads * shape.head_dim
     batch = tokens // seq_len
-    attn_flops = 4.0 * batch * shape.num_heads * seq_len * seq_len * shape.head_dim
+    attn_flops = 4.0 * batch * seq_len * seq_len * shape.attention_width
     attn_flops *= 0.5 if shape.causal else 1.0  # flash skips the masked half
     gated = shape.ffn_matrices == 3
     if eager is not None:

@@ -249,7 +249,7 @@ class RooflineTime:
             return 1.0
         counted = sum(v for op, v in self._sdpa_ops().items() if "backward" not in op)
         shape = self.shape
-        analytic = 4.0 * self.flops.seq_len * shape.num_heads * shape.head_dim * shape.num_layers
+        analytic = 4.0 * self.flops.seq_len * shape.attention_width * shape.num_layers
         return _counted_scale(counted, analytic)
 
     def matmul_fraction(self, checkpointing: str) -> float | None:

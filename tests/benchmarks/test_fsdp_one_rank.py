@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from benchmarks.fsdp_one_rank import PROFILE, measure, without_rank_group
+from benchmarks.fsdp_one_rank import PROFILE, measure, of_group, without_rank_group
 
 
 def test_the_group_is_removed_but_for_the_kept_trace() -> None:
@@ -13,21 +13,9 @@ def test_the_group_is_removed_but_for_the_kept_trace() -> None:
 
     profile = load_profile(PROFILE)
     one = without_rank_group(profile, "none", 4)
-    kept = [
-        t.spec.micro_batch_size
-        for t in one.memory
-        if t.spec.parallelism == "fsdp"
-        and t.spec.activation_checkpointing == "none"
-        and t.spec.loss_chunks == 1
-        and t.spec.fsdp_reshard_after_forward
-    ]
+    kept = [t.spec.micro_batch_size for t in one.memory if of_group(t.spec, "none")]
     assert kept == [4]
-    assert not [
-        m
-        for m in one.fits.memory
-        if m.parallelism == "fsdp" and m.activation_checkpointing == "none" and m.loss_chunks == 1
-        and m.fsdp_reshard_after_forward
-    ]  # fmt: skip
+    assert not [m for m in one.fits.memory if of_group(m, "none")]
 
 
 def test_one_trace_never_reads_under_the_ranks_own_fit_and_is_exact_at_its_size() -> None:

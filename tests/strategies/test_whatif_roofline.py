@@ -38,9 +38,19 @@ def gpt_facts(hidden: int, layers: int, heads: int, seq: int, vocab: int = 50368
     )
 
 
-def llama_facts() -> ModelFacts:
-    h, layers, heads, kv, ffn, vocab = 2048, 16, 32, 8, 8192, 128256
-    block = h * (h + 2 * kv * (h // heads)) + h * h + 3 * h * ffn + 2 * h
+def llama_facts(
+    h: int = 2048,
+    layers: int = 16,
+    heads: int = 32,
+    kv: int = 8,
+    ffn: int = 8192,
+    vocab: int = 128256,
+    head_dim: int = 0,
+) -> ModelFacts:
+    """A Llama-shaped model (GQA, SwiGLU, tied embeddings); ``head_dim``: a head width that is
+    not h / heads (0: it is)."""
+    d = head_dim or h // heads
+    block = h * (heads * d + 2 * kv * d) + heads * d * h + 3 * h * ffn + 2 * h
     params = layers * block + vocab * h + h
     return ModelFacts(
         name="llama",
@@ -58,6 +68,7 @@ def llama_facts() -> ModelFacts:
         ffn_hidden_size=ffn,
         num_kv_heads=kv,
         tied_embeddings=True,
+        head_dim=head_dim,
     )
 
 
@@ -504,25 +515,7 @@ def test_a_recorded_head_width_shapes_the_projections_and_prices_attention_at_it
     attention was priced at the narrower head's lower efficiency."""
     h, layers, heads, kv, d, ffn, vocab, seq = 2560, 36, 32, 8, 128, 9728, 151936, 4096
     block = h * (heads * d + 2 * kv * d) + heads * d * h + 3 * h * ffn + 2 * h
-    params = layers * block + vocab * h + h
-    facts = ModelFacts(
-        name="qwen3-4b",
-        family="hf-qwen3",
-        objective="causal_lm",
-        num_params=params,
-        num_trainable_params=params,
-        num_embedding_params=vocab * h,
-        num_layers=layers,
-        hidden_size=h,
-        num_heads=heads,
-        vocab_size=vocab,
-        max_seq_len=seq,
-        block_class="Qwen3DecoderLayer",
-        ffn_hidden_size=ffn,
-        num_kv_heads=kv,
-        tied_embeddings=True,
-        head_dim=d,
-    )
+    facts = llama_facts(h, layers, heads, kv, ffn, vocab, head_dim=d)
     shape = roofline.BlockShape.from_facts(facts)
     assert shape is not None
     assert (shape.head_dim, shape.attention_width, shape.ffn_matrices) == (128, 4096, 3)
