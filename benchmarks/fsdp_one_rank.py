@@ -19,8 +19,9 @@ text config (hf:qwen3_5_text, 8.95B parameters: 24 gated-delta-rule and 8 attent
 taken on this repository's 2-core CPU host on 2026-12-06 with ``advisor profile --model
 hf:qwen3_5_text --seq-len 4096 --precision bf16 --trace-for cuda --budget-s 420``: FSDP×2 rank
 traces of bf16/none at micro-batches 1, 4 and 8 (and of bf16/full at 1 and 4, which this
-check leaves out: the profile has no single-device fit of bf16/full, without which the cost
-model prices no candidate of that setting). A model the
+check leaves out: the profile has no single-device fit of bf16/full, which both the one-trace
+anchor and the formula need; the what-if prices that setting from the rank's fit alone). A
+model the
 method was not tuned on (it has no constant to tune); no GPU ran it.
 
 Run ``python benchmarks/fsdp_one_rank.py``: prints the table, writes
@@ -45,7 +46,7 @@ RESULTS = ROOT / "benchmarks" / "results"
 PROFILE = RESULTS / "fsdp_one_rank" / PROFILE_FILE
 TARGET, WORLD, MICRO = "h100-80gb", 8, (1, 2, 4, 8)
 # bf16/none only: the profile's budget traced bf16/full for the ranks (micro-batches 1 and 4)
-# but not on one device, and the cost model prices no setting without its single-device fit.
+# but not on one device, whose fit the anchor and the formula both need.
 SETTINGS = ("none",)
 
 

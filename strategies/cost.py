@@ -445,10 +445,46 @@ class CostModel:
         return Uncertainty(terms=tuple(terms))
 
     # -- memory ----------------------------------------------------------------------------
-    def _memory(self, c: Candidate, assumptions: list[str]) -> MemoryTerms:
+    def _traced_rank_model(self, c: Candidate) -> tuple[MemoryModel | None, int | None]:
+        """The per-rank fit of the candidate's very layout, else (FSDP) one traced at another
+        world size resharded to the candidate's: (fit, the world size it was traced at when
+        resharded). (None, None) on one device or when the profile traced no rank of it."""
+        if c.parallelism == "single":
+            return None, None
+        traced_rank = self._find_memory_model(
+            c.precision,
+            c.activation_checkpointing,
+            c.parallelism,
+            c.world_size,
+            c.loss_chunks,
+            reshard=c.fsdp_reshard_after_forward,
+        )
+        if traced_rank is None and c.parallelism == "fsdp":
+            return self._resharded_fsdp_model(c)
+        return traced_rank, None
+
+    def _memory_models(self, c: Candidate) -> tuple[MemoryModel | None, MemoryModel, int | None]:
+        """(the per-rank fit of the candidate's layout or None, the fit the model's state and
+        phases are read from, the world size a resharded rank fit was traced at). That fit is
+        the single-device one of (precision, checkpointing, loss chunks) when the profile has
+        it, else the per-rank fit alone (a budget that traced a parallel layout's ranks but not
+        that setting on one device); :class:`Unpredictable` (saying what to re-profile) when
+        it has neither."""
+        traced_rank, resharded_from = self._traced_rank_model(c)
+        single = self._find_memory_model(
+            c.precision, c.activation_checkpointing, "single", 1, c.loss_chunks
+        )
+        if single is not None:
+            return traced_rank, single, resharded_from
+        if traced_rank is not None:
+            return traced_rank, traced_rank, resharded_from
         model = self.memory_model(
             c.precision, c.activation_checkpointing, loss_chunks=c.loss_chunks
         )
+        return None, model, None
+
+    def _memory(self, c: Candidate, assumptions: list[str]) -> MemoryTerms:
+        traced_rank, model, resharded_from = self._memory_models(c)
         b, accum, world = c.micro_batch_size, c.grad_accum_steps, c.world_size
         fb_fit = model.forward_backward if accum == 1 else model.forward_backward_accumulating
         forward_backward = fb_fit.predict(b)
@@ -456,19 +492,9 @@ class CostModel:
         source: str | None = None
         buckets: int | None = None
         fsdp: FsdpMemory | None = None
-        traced_rank = None
-        if c.parallelism != "single":
-            traced_rank = self._find_memory_model(
-                c.precision,
-                c.activation_checkpointing,
-                c.parallelism,
-                world,
-                c.loss_chunks,
-                reshard=c.fsdp_reshard_after_forward,
-            )
-        resharded_from = None
-        if traced_rank is None and c.parallelism == "fsdp":
-            traced_rank, resharded_from = self._resharded_fsdp_model(c)
+        # The whole model's state: a rank fit holds 1/N of it under FSDP (N: the fit's world,
+        # the candidate's once resharded).
+        shards = model.world_size if model.parallelism == "fsdp" else 1
         derived = self._blocks_memory_note(
             c,
             model if traced_rank is None else traced_rank,
@@ -549,9 +575,9 @@ class CostModel:
             ranks_sharing_memory=ranks_sharing,
             budgeted_bytes=per_rank * ranks_sharing,
             budget_bytes=self.budget_bytes,
-            parameter_bytes=model.parameter_bytes,
-            gradient_bytes=model.gradient_bytes,
-            optimizer_state_bytes=model.optimizer_state_bytes,
+            parameter_bytes=model.parameter_bytes * shards,
+            gradient_bytes=model.gradient_bytes * shards,
+            optimizer_state_bytes=model.optimizer_state_bytes * shards,
             compile_extra_bytes=compile_extra,
         )
 
@@ -862,11 +888,12 @@ class CostModel:
         world, accum = c.world_size, c.grad_accum_steps
         share = backward_share(c.activation_checkpointing, self.flops, self.facts.num_layers)
         backward_s = share * fb_s
-        model = self.memory_model(c.precision, c.activation_checkpointing)
         if c.parallelism == "ddp":
             # One all-reduce of the gradients per optimizer step: no_sync() on every micro-
-            # batch but the last; it overlaps that micro-batch's backward.
-            sizes = ddp_buckets(model.gradient_bytes, self.ddp_bucket_cap_bytes)
+            # batch but the last; it overlaps that micro-batch's backward. (A DDP rank holds
+            # the whole model's gradients, as one device does.)
+            gradient_bytes = self._memory_models(c)[1].gradient_bytes
+            sizes = ddp_buckets(gradient_bytes, self.ddp_bucket_cap_bytes)
             times = [self.comm.collective_s("all_reduce", world, s) for s in sizes]
             exposed = exposed_bucketed_allreduce_s(sizes, times, backward_s)
             ddp = DdpCommunication(

@@ -423,6 +423,49 @@ def test_blocks_k_at_an_untraced_fsdp_world_size_reshards_the_traced_line() -> N
     assert low <= terms["traced_bytes"] <= high
 
 
+def test_a_rank_fit_prices_its_layout_when_one_device_has_no_fit_of_that_setting() -> None:
+    """A budget that traced FSDP ranks of a setting but not that setting on one device (a 9B
+    model's 420 s profile: fsdp×2 bf16/full, no single-device bf16/full): the rank's fit
+    prices FSDP candidates at its world size and, resharded, at others; the whole model's
+    state is the rank's shard × its world; one device and DDP stay unpredictable."""
+    profile = hand_profile()
+    shard = dataclasses.replace(
+        memory_model("fp32", "full"),
+        parallelism="fsdp",
+        world_size=2,
+        parameter_bytes=PARAM_BYTES // 2,
+        gradient_bytes=GRAD_BYTES // 2,
+        optimizer_state_bytes=ADAM_BYTES // 2,
+        forward_backward=line(3 * MB, 1 * MB),
+        optimizer_step=line(4 * MB, 0.0),
+    )
+    single = tuple(
+        m
+        for m in profile.fits.memory
+        if (m.precision, m.activation_checkpointing) != ("fp32", "full")
+    )
+    fits = dataclasses.replace(profile.fits, memory=(*single, shard))
+    model = cost_model_from_profile(dataclasses.replace(profile, fits=fits), 0.9)
+    for world, fit in ((2, shard), (4, shard.resharded(4))):
+        terms = model.predict(cand(micro=4, ckpt="full", parallelism="fsdp", world=world))
+        memory = terms.breakdown.to_dict()["memory"]
+        assert memory["traced_bytes"] == fit.predict(4, 1)
+        assert memory["parameter_bytes"] == fit.parameter_bytes * world
+        assert memory["optimizer_state_bytes"] == fit.optimizer_state_bytes * world
+        assert memory["phase"] == "forward_backward"  # 3 MiB + 4 × 1 MiB > the 4 MiB step
+    assert "resharded to 4 ranks" in str(
+        model.predict(cand(micro=4, ckpt="full", parallelism="fsdp", world=4)).breakdown.to_dict()[
+            "memory"
+        ]["source"]
+    )
+    for parallelism, world in (("single", 1), ("ddp", 2)):
+        with pytest.raises(Unpredictable, match="no memory fit for fp32 with full checkpointing"):
+            model.predict(cand(micro=4, ckpt="full", parallelism=parallelism, world=world))
+    # The setting with a single-device fit still reads its state from that fit.
+    none = model.predict(cand(micro=4, parallelism="fsdp", world=2)).breakdown.to_dict()
+    assert none["memory"]["parameter_bytes"] == PARAM_BYTES
+
+
 def test_a_negative_slope_never_makes_larger_batches_free() -> None:
     from profilers.fit import fit_affine
     from strategies.cost import affine_seconds
