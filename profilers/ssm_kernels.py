@@ -31,7 +31,8 @@ and for a GPU that path is not what trains:
   (``ChunkGatedDeltaRuleFunction``, fla/ops/gated_delta_rule/chunk.py) keeps its inputs (q and
   k l2-normalised, with their fp32 inverse norms), the chunk-local cumulative gate and the
   solved WY matrix A (positions × heads × 64), and recomputes the chunk states in backward. It
-  refuses fp32 inputs: a GPU with fla installed trains such layers in bf16 or fp16 only.
+  keeps the dtypes it is given (some releases refused fp32 inputs; the current source accepts
+  them).
 
 :func:`ssm_cuda_kernels` gives those functions, while a CUDA target's trace runs, fake
 kernels (``torch.autograd.Function``) that allocate what the kernels allocate and keep what they
