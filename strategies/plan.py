@@ -160,13 +160,47 @@ def nothing_fits(evaluations: Sequence[Evaluation], model: CostModel) -> Strateg
         )
     if machine.estimate:
         hints.append("a --target with more memory")
+    unpriced = _unpriced_note(evaluations, smallest.candidate)
     return NothingFits(
         f"nothing fits the memory budget of {p.budget_bytes / GiB:.2f} GiB "
         f"({model.memory_budget:g} × {machine.memory_bytes / GiB:.2f} GiB of {machine.name}): "
         f"the smallest candidate ({smallest.candidate.label()}) needs "
-        f"{p.budgeted_bytes / GiB:.2f} GiB; try " + ", or ".join(hints),
+        f"{p.budgeted_bytes / GiB:.2f} GiB{unpriced}; try " + ", or ".join(hints),
         smallest_bytes=p.budgeted_bytes,
         budget_bytes=p.budget_bytes,
+    )
+
+
+def _unpriced_note(evaluations: Sequence[Evaluation], smallest: Candidate) -> str:
+    """When the smallest priced candidate does not checkpoint every block and candidates of
+    other checkpointing settings could not be priced (they may hold less): how many, and why
+    (one of them: full checkpointing, the smallest's precision and layout first), so the
+    error sends the user to the profile that prices them, not only to other hardware. Seen
+    on Qwen3.5-9B's default profile (2026-12-06): it traced bf16 without checkpointing only,
+    and "nothing fits" named tensor parallelism while every checkpointed candidate was
+    unpriced. "" otherwise."""
+    if smallest.activation_checkpointing == "full":
+        return ""
+    others = [
+        e
+        for e in evaluations
+        if e.prediction is None
+        and e.reason
+        and e.candidate.activation_checkpointing != smallest.activation_checkpointing
+    ]
+    if not others:
+        return ""
+    example = min(
+        others,
+        key=lambda e: (
+            e.candidate.activation_checkpointing != "full",
+            e.candidate.precision != smallest.precision,
+            e.candidate.parallelism != smallest.parallelism,
+        ),
+    )
+    return (
+        f" (and {len(others)} candidates with other checkpointing were not priced, e.g. "
+        f"{example.candidate.label()}: {example.reason})"
     )
 
 

@@ -181,6 +181,24 @@ def test_nothing_fits_names_the_smallest_need_and_a_knob() -> None:
         _plan(gpu, 8)
 
 
+def test_nothing_fits_says_which_checkpointed_candidates_went_unpriced() -> None:
+    """A profile whose budget traced no checkpointing only (Qwen3.5-9B's default one): the
+    error names the unpriced full-checkpointing candidates and the profile that prices them,
+    not only hardware; with full priced (and not fitting either) it says nothing of them."""
+    traced_none = hand_profile(kind="cuda", memory_bytes=24 * 2**20, checkpointing=("none",))
+    with pytest.raises(NothingFits) as info:
+        _plan(cost_model_from_profile(traced_none, 0.5), 8)
+    message = str(info.value)
+    assert "(and " in message and "candidates with other checkpointing were not priced" in message
+    # the example: full checkpointing at the smallest candidate's precision (bf16 here)
+    assert "e.g. bf16, full checkpointing" in message
+    assert "no memory fit for bf16 with full checkpointing" in message
+    both = hand_profile(kind="cuda", memory_bytes=24 * 2**20)
+    with pytest.raises(NothingFits) as info:
+        _plan(cost_model_from_profile(both, 0.5), 8)
+    assert "not priced" not in str(info.value)
+
+
 def test_a_model_that_fits_nowhere_here_points_at_a_what_if_not_at_missing_fits() -> None:
     """A 70B model on a 24 GiB host: the profile traced it but timed nothing (no step fits),
     so no candidate has a time fit; the error says why and names --target."""
