@@ -87,6 +87,17 @@ class Clock:
         self.started.add(phase)
         return part
 
+    def joint_share(self, *phases: str, borrow: Sequence[str] = ()) -> float:
+        """Seconds ``phases`` may use together, started now at once, plus what the ``borrow``
+        phases would get if they started now (they are not started): their weights' part of
+        what is left, among the phases not started yet. (Asking :meth:`share` of each in turn
+        counts the time left again after each, as if the earlier ones had used none of it.)"""
+        waiting = sum(w for p, w in SHARES.items() if p not in self.started)
+        weight = sum(SHARES[p] for p in (*phases, *borrow) if p not in self.started)
+        part = self.remaining() * weight / waiting if waiting > 0 else 0.0
+        self.started.update(phases)
+        return part
+
     def peek(self, phase: str) -> float:
         """Seconds ``phase`` would get if it started now, without starting it (0 when it has
         started or was dropped): what a phase before it may borrow for its most valuable work."""

@@ -173,7 +173,7 @@ def chunked_loss_phase(
     )
     cut = _Cut()  # traces not started or stopped at the profile's fake-trace deadline
     last_s = 0.0
-    for b in sizes:
+    for i, b in enumerate(sizes):
         spec = dataclasses.replace(run.spec(precision, "none", b), loss_chunks=chunks)
         if time.perf_counter() > deadline and run.clock.remaining() < 2 * last_s:
             suggested = _covering_budget_s(run, 2 * last_s, SHARE_OF_REMAINING)
@@ -182,7 +182,16 @@ def chunked_loss_phase(
             continue
         plain_s = trace_seconds("none") if trace_seconds is not None else 0.0
         expected_s = max(last_s, plain_s)
-        if cut.too_late(run, spec, expected_s):
+        # The first size only with time for them all: one size fits nothing (Qwen3.5-9B's
+        # what-if profile started its first chunked trace 13 s before the end: 19 s spent,
+        # the budget overrun, no fit).
+        together = len(sizes) if i == 0 else 1
+        if cut.too_late(run, spec, expected_s, traces=together):
+            if together > 1:
+                for later in sizes[1:]:
+                    spec = dataclasses.replace(spec, micro_batch_size=later)
+                    cut.too_late(run, spec, expected_s, traces=together)
+                break
             continue
         run.clock.say(f"memory: tracing {probe_rows.label(spec)} ({chunks} loss chunks)")
         t0 = time.perf_counter()
@@ -237,11 +246,13 @@ class _Cut:
     seconds: list[float] = field(default_factory=list)
     stopped: bool = False  # one was stopped: its time is only a lower bound
 
-    def too_late(self, run: ProbeRun, spec: StepSpec, expected_s: float) -> bool:
+    def too_late(
+        self, run: ProbeRun, spec: StepSpec, expected_s: float, *, traces: int = 1
+    ) -> bool:
         from profilers.phases_core import too_late_to_trace
 
         index = len(run.rows)
-        if not too_late_to_trace(run, spec, expected_s):
+        if not too_late_to_trace(run, spec, expected_s, traces=traces):
             return False
         self.rows.append(index)
         self.seconds.append(expected_s)

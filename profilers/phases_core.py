@@ -139,18 +139,34 @@ def lead_precision(device: DeviceInfo, precisions: Sequence[str], on_gpu: bool) 
 
 
 def ordered_groups(
-    precisions: Sequence[str], checkpointing: Sequence[str], lead: str = "fp32"
+    precisions: Sequence[str],
+    checkpointing: Sequence[str],
+    lead: str = "fp32",
+    *,
+    what_if: bool = False,
 ) -> list[tuple[str, str]]:
     """``lead`` first (:func:`lead_precision`: fp32, the search's baseline, unless a GPU runs
     16-bit much faster), fp32 next, then the others in the order given (bf16 before
-    fp16 by default: no loss scaling, and the mixed precision of choice where both run); no
+    fp16 by default: no loss scaling, and the mixed precision of choice where both run).
+    ``what_if`` (a model whose training state alone exceeds this device: its profile serves
+    a what-if only, and nothing is timed) orders the precisions as the what-if's plans rank
+    them instead (:data:`profilers.phases_distributed.WHAT_IF_PRECISION_ORDER`: bf16, fp16,
+    fp32), ``lead`` ignored: until 2026-12-06 such a profile of Qwen3.5-9B (whole-model
+    traces of 17 s, no shallow copies for its mixed layers) spent its core share on
+    fp32/none and a plan for 8 H100s found only fp32 candidates, none of which fit. No
     checkpointing before full, whose time the cost model can derive from it. The selective
     settings come after every whole-model group: the per-op ones (ops, ops-half) first, in the
     order given, then blocks:K. Nothing else prices a per-op setting, while every blocks:K is
     priced from none and full without its own measurement (the line in K): the 7th regret
     session's default profile traced blocks:2 and left the ops-half asked for untraced, so
     every ops-half candidate was unpredictable."""
-    order = sorted(precisions, key=lambda p: (p != lead, p != "fp32"))
+    if what_if:
+        from profilers.phases_distributed import WHAT_IF_PRECISION_ORDER
+
+        rank = {p: i for i, p in enumerate(WHAT_IF_PRECISION_ORDER)}
+        order = sorted(precisions, key=lambda p: rank.get(p, len(rank)))
+    else:
+        order = sorted(precisions, key=lambda p: (p != lead, p != "fp32"))
     whole = [c for c in checkpointing if not is_selective(c)]
     selective = sorted(
         (c for c in checkpointing if is_selective(c)), key=lambda c: not is_per_op(c)
@@ -179,10 +195,23 @@ def core_phase(
     from profilers.memory_blocks import depth_scaling
     from profilers.phases_time import _slowdown, _time_group, timed_sizes
 
-    share = run.clock.share("memory") + run.clock.share("throughput")
+    # The training state alone beyond this device: nothing will be timed, the traces serve a
+    # what-if, in the order its plans rank the precisions.
+    what_if = run.state_bytes is not None and run.state_bytes > (
+        run.options.memory_budget * capacity
+    )
+    if what_if:
+        # Its groups' traces are all the refinement would add besides the hinge and the
+        # accumulation variants, which matter less than a group's fit (a checkpointed group
+        # unpriced leaves the what-if no candidate that fits): the core may borrow its share.
+        share = run.clock.joint_share("memory", "throughput", borrow=("memory_refine",))
+    else:
+        share = run.clock.share("memory") + run.clock.share("throughput")
     deadline = time.perf_counter() + share
     lead = lead_precision(device, precisions, run.on_gpu)
-    groups = ordered_groups(precisions, run.options.checkpointing, lead)
+    groups = ordered_groups(precisions, run.options.checkpointing, lead, what_if=what_if)
+    if what_if:
+        lead = groups[0][0]
     sizes = tuple(run.options.trace_micro_batch_sizes[-2:])
     costs = _Costs(whole_factor=whole_trace_factor(depth_scaling(run.workload)))
     out = CoreResult(costs=costs, lead=lead)
@@ -199,6 +228,12 @@ def core_phase(
 
     timed = out.timed
     state_unfit: str | None = None  # why no group can fit: the training state alone
+    if what_if:
+        state_unfit = _unfit_whatever(
+            "fp32 parameters, gradients and AdamW state",
+            run.state_bytes or 0,
+            run.options.memory_budget * capacity,
+        )
     for i, (p, c) in enumerate(groups):
         left = deadline - time.perf_counter()
         to_come = groups[i + 1 :]
@@ -526,24 +561,37 @@ def _trace(
 
 
 def too_late_to_trace(
-    run: ProbeRun, spec: StepSpec, expected_s: float, *, at_least: bool = False
+    run: ProbeRun,
+    spec: StepSpec,
+    expected_s: float,
+    *,
+    at_least: bool = False,
+    traces: int = 1,
 ) -> bool:
     """Whether a fake trace of ``spec`` expected to take ``expected_s`` (0: unknown; ``at_least``:
     a lower bound) would end past the deadline of the profile's fake traces, where it could
-    only be stopped; if so, its row says so. A model measured on real steps
-    (``run.untraceable``) has no such deadline."""
+    only be stopped; if so, its row says so. ``traces`` > 1: it is the first of that many
+    (each ``expected_s``) that are of use only together (a fit needs two sizes), all of which
+    must end in time. A model measured on real steps (``run.untraceable``) has no such
+    deadline."""
     from profilers.fake_kernels import deadline_left
 
     left = deadline_left()
-    if run.untraceable is not None or left is None or expected_s <= 0 or expected_s <= left[0]:
+    need = expected_s * traces
+    if run.untraceable is not None or left is None or expected_s <= 0 or need <= left[0]:
         return False
     seconds, what = left
+    took = (
+        f"a trace takes {'at least ' if at_least else ''}~{expected_s:.0f} s here"
+        if traces == 1
+        else f"its {traces} traces (one fit) take {'at least ' if at_least else ''}"
+        f"~{need:.0f} s here"
+    )
     run.rows.append(
         probe_rows.skipped(
             "memory",
             spec,
-            f"{probe_rows.TIME_SPENT}: a trace takes {'at least ' if at_least else ''}"
-            f"~{expected_s:.0f} s here and "
+            f"{probe_rows.TIME_SPENT}: {took} and "
             f"{max(seconds, 0):.0f} s are left before {what}; not started, as it could only be "
             f"stopped there; {probe_rows.LARGER_BUDGET}",
         )

@@ -57,6 +57,14 @@ from profilers.probe_run import ProfileOptions as ProfileOptions
 from profilers.profile_record import Fits, ProbeRow, Profile
 from profilers.workload import DataWorkload, StepSpec, Workload
 
+# Phases a profile of a model whose training state alone exceeds this device drops before its
+# core: each measures real steps or serves a plan on this device.
+WHAT_IF_ONLY_DROPPED = ("communication", "input", "compile", "memory_check")
+NOTHING_TO_MEASURE_HERE = (
+    "the model does not fit this device (no plan on it to measure for); a what-if (--target) "
+    "uses the target's datasheet"
+)
+
 
 def _phases_turned_off(workload: Workload, options: ProfileOptions) -> list[str]:
     """The budget phases these options leave with nothing to do."""
@@ -114,6 +122,14 @@ def _probe(run: ProbeRun, workload: Workload, options: ProfileOptions) -> Profil
     capacity = device.free_memory_bytes if kind == "cuda" else device.total_memory_bytes
     run.usable_bytes = options.memory_budget * capacity
     run.state_bytes = training_state_bytes(model.facts.num_params, model.facts.num_trainable_params)
+    if run.state_bytes > run.usable_bytes:
+        # Its training state alone exceeds this device (a 9B model on a 24 GiB host): no step
+        # will run here, so nothing is timed, compiled, checked on a real step, and no
+        # collective or loader serves a plan on it. Those phases' shares go to the traces the
+        # what-if needs from the start (the core's first of all), not only once the core has
+        # found that nothing fits: until 2026-12-06 Qwen3.5-9B's default profile had time for
+        # bf16/none alone, and its what-if for 8 H100s no checkpointed candidate to price.
+        run.clock.drop(*WHAT_IF_ONLY_DROPPED, reason=NOTHING_TO_MEASURE_HERE)
     # The search's core, group by group (memory at two sizes, then step times), then the
     # refinements while the budget lasts.
     core = core_phase(run, precisions, target, capacity, device, model.flops)
@@ -123,12 +139,7 @@ def _probe(run: ProbeRun, workload: Workload, options: ProfileOptions) -> Profil
         # profile serves a what-if (--target), which prices the target from its datasheet.
         # Measuring this device's collectives and loader serves no plan: their time goes to
         # the memory traces the what-if needs (the refinements, the per-rank traces).
-        run.clock.drop(
-            "communication",
-            "input",
-            reason="the model does not fit this device (no plan on it to measure for); a "
-            "what-if (--target) uses the target's datasheet",
-        )
+        run.clock.drop("communication", "input", reason=NOTHING_TO_MEASURE_HERE)
     time_models = _fit_groups(fit_step_times, timings, run.rows, "throughput")
     traces = core.traces + refine_phase(run, core, target)
     recompute = recompute_phase(run, core.skipped, timings, time_models, traces)

@@ -178,6 +178,21 @@ def test_peek_tells_a_phase_its_share_without_starting_it() -> None:
     assert clock.peek("input") == 0.0
 
 
+def test_a_joint_share_counts_the_time_left_once_and_may_borrow_a_later_phase() -> None:
+    now = FakeTime()
+    clock = Clock(BUDGET_S, None, now=now)
+    joint = clock.joint_share("memory", "throughput")
+    assert joint == pytest.approx(planned("memory") + planned("throughput"))
+    # Asked in turn, the second share counts the time left again, as if the first were unused.
+    other = Clock(BUDGET_S, None, now=now)
+    assert other.share("memory") + other.share("throughput") > joint * 1.05
+    # Borrowed: its part now, the phase itself not started (it gets what is left later).
+    clock = Clock(BUDGET_S, None, now=now)
+    borrowed = clock.joint_share("memory", "throughput", borrow=("memory_refine",))
+    assert borrowed == pytest.approx(joint + planned("memory_refine"))
+    assert clock.peek("memory_refine") > 0.0 and clock.peek("memory") == 0.0
+
+
 def test_real_step_checks_left_out_name_the_budget_that_covers_them() -> None:
     """profilers.phases_memory: each check skipped for time names the --budget-s whose
     memory-check share covers them all, at the checks' mean time."""

@@ -251,7 +251,7 @@ def test_no_trace_starts_that_could_only_be_stopped_at_the_profiles_deadline(
     assert traced == []
     late = [r for r in run.rows if "not started" in (r.reason or "")]
     assert [r.name for r in late] == [f"fp32/none/b=2/lc{chunks}", f"fp32/none/b=4/lc{chunks}"]
-    assert "a trace takes ~1000000 s here" in late[0].reason
+    assert "its 2 traces (one fit) take ~2000000 s here" in late[0].reason
     assert "before the test's deadline" in late[0].reason
     # ... and the budget that covers both (not "a larger --budget-s gives it more")
     part = min(phase.SHARE_OF_REMAINING, phase.EXTRA_SHARE_OF_REMAINING)
@@ -262,6 +262,15 @@ def test_no_trace_starts_that_could_only_be_stopped_at_the_profiles_deadline(
         )
         for r in late
     )
+    # Time for one of the pair (40 s of 60) but not both: neither starts (one size fits
+    # nothing; Qwen3.5-9B's what-if profile spent its last 19 s on such a first trace).
+    _, model_facts, run, chunks = _phase_run()
+    with fake_deadline(time.perf_counter() + 60, "the test's deadline"):
+        phase.chunked_loss_phase(run, model_facts, "cpu", [], [], FULL_TRACED, lambda _: 40.0)
+    assert traced == []
+    late = [r for r in run.rows if "not started" in (r.reason or "")]
+    assert [r.name for r in late][:2] == [f"fp32/none/b=2/lc{chunks}", f"fp32/none/b=4/lc{chunks}"]
+    assert "its 2 traces (one fit) take ~80 s here" in late[0].reason
     # with the time to run them, they run
     with fake_deadline(time.perf_counter() + 60, "the test's deadline"):
         phase.chunked_loss_phase(run, model_facts, "cpu", [], [], FULL_TRACED, lambda _: 1.0)

@@ -653,6 +653,47 @@ def test_no_timing_child_for_a_model_whose_fp32_weights_alone_exceed_the_device(
     assert script.events and core.groups
 
 
+def test_a_what_if_profile_orders_the_precisions_as_its_plans_rank_them() -> None:
+    assert ordered_groups(("fp32", "bf16", "fp16"), ("none", "full", "ops"), what_if=True) == [
+        ("bf16", "none"),
+        ("bf16", "full"),
+        ("fp16", "none"),
+        ("fp16", "full"),
+        ("fp32", "none"),
+        ("fp32", "full"),
+        ("bf16", "ops"),
+        ("fp16", "ops"),
+        ("fp32", "ops"),
+    ]
+
+
+def test_a_model_whose_training_state_exceeds_the_device_traces_16_bit_first(
+    clock: FakeClock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Qwen3.5-9B's default profile on a 24 GiB host (2026-12-06): 17 s whole-model traces, a
+    core share for one group, spent on fp32/none; a plan for 8 H100s then priced fp32 only
+    and found that nothing fits. Its state known beyond the device, bf16 goes first."""
+    script = Script(trace_s={"none": 20.0, "full": 25.0})
+    monkeypatch.setattr(core_module, "_trace", fake_trace(clock, script))
+    monkeypatch.setattr(time_module, "_time_group", fake_time_group(clock, script))
+    options = ProfileOptions(seq_len=16, budget_s=120, checkpointing=("none", "full"))
+    device = cast(DeviceInfo, SimpleNamespace(precisions={}))
+    run = ProbeRun(ToyWorkload(), options, None)
+    run.state_bytes = training_state_bytes(8 * 2**30)  # 128 GiB of state on a 16 GiB device
+    core = core_phase(run, ("fp32", "bf16", "fp16"), "cpu", 16 * GiB, device)
+    assert not [e for e in script.events if e.startswith("time")]
+    traced = [e for e in script.events if e.startswith("trace")]
+    assert traced and all("bf16" in e for e in traced[:2]), traced
+    assert core.lead == "bf16" and core.unfit[0] == ("bf16", "none")
+    assert ("bf16", "none") in core.traced and ("fp32", "none") not in core.traced
+    # A model that may fit keeps fp32, the baseline, first.
+    script.events.clear()
+    run = ProbeRun(ToyWorkload(), options, None)
+    run.state_bytes = training_state_bytes(2**20)
+    core = core_phase(run, ("fp32", "bf16", "fp16"), "cpu", 16 * GiB, device)
+    assert core.lead == "fp32" and "fp32" in next(e for e in script.events if e.startswith("trace"))
+
+
 @pytest.mark.parametrize(("more_s", "expected"), [(15.0, 25.0), (0.0, 30.0)])
 def test_a_trace_stopped_at_the_deadline_costs_at_least_what_it_still_needed(
     clock: FakeClock, monkeypatch: pytest.MonkeyPatch, more_s: float, expected: float

@@ -446,3 +446,34 @@ def test_one_device_still_traces_fsdp_ranks_for_the_what_if(
     # Explicit world sizes are taken as they are, none included.
     explicit = dataclasses.replace(options, comm_world_sizes=())
     assert _traced_layouts(explicit, "cuda") == ((), ("fsdp", "ddp"))
+
+
+@slow
+def test_a_model_whose_training_state_exceeds_the_device_profiles_for_a_what_if(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Its state alone beyond the device (here: a toy model on a 64 KiB "host"): nothing is
+    timed, and the phases that measure this device (collectives, loader, compile, real-step
+    checks) give their time to the traces from the start, 16-bit first (the what-if's plans
+    are 16-bit)."""
+    import profilers.profiler as profiler
+
+    real = profiler.device_phase
+
+    def tiny_device(run: object) -> object:
+        info = real(run)  # type: ignore[arg-type]
+        return dataclasses.replace(info, total_memory_bytes=64 * 1024, free_memory_bytes=64 * 1024)
+
+    monkeypatch.setattr(profiler, "device_phase", tiny_device)
+    options = ProfileOptions(seq_len=SEQ_LEN, budget_s=12.0, checkpointing=("none", "full"))
+    profile = run_profile(ToyWorkload(), options)
+    assert not profile.throughput and not profile.communication and not profile.input
+    traced = [t.spec.precision for t in profile.memory if t.spec.parallelism == "single"]
+    assert traced and traced[0] == "bf16", traced
+    (row,) = rows(profile, "communication")  # (the toy workload has no loader to measure)
+    assert row.status == "skipped" and row.reason == profiler.NOTHING_TO_MEASURE_HERE
+    assert not [r for r in rows(profile, "memory_check") if r.status == "ok"]
+    assert not [r for r in rows(profile, "compile") if r.status == "ok"]
+    state = rows(profile, "throughput")
+    assert state and all("alone need" in r.reason and "--target" in r.reason for r in state)
+    assert within_budget(profile)
