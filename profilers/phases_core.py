@@ -24,7 +24,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from profilers import probe_rows
-from profilers.budget import covering_budget_s
+from profilers.budget import SHARES, covering_budget_s
 from profilers.checkpointing import OPS, is_per_op, is_selective, parse_checkpointing
 from profilers.device import DeviceInfo
 from profilers.flops import FlopCount
@@ -200,11 +200,25 @@ def core_phase(
     what_if = run.state_bytes is not None and run.state_bytes > (
         run.options.memory_budget * capacity
     )
+    borrowed = 0.0
     if what_if:
-        # Its groups' traces are all the refinement would add besides the hinge and the
-        # accumulation variants, which matter less than a group's fit (a checkpointed group
-        # unpriced leaves the what-if no candidate that fits): the core may borrow its share.
-        share = run.clock.joint_share("memory", "throughput", borrow=("memory_refine",))
+        # The lead precision's groups (bf16's none and full: without the latter no
+        # checkpointed candidate of the what-if can be priced, and at that scale nothing
+        # fits without checkpointing) may borrow the shares of the phases that cannot run
+        # here (compile and the real-step checks: nothing is timed, nothing fits) and of the
+        # refinement (the hinge and the accumulation variants matter less than a group's
+        # fit); the other groups keep to the core's own share, so the per-rank traces, which
+        # price FSDP, keep theirs. Until 2026-12-06 Qwen3.5-9B's default profile (traces of
+        # ~18 s, ~29 s with full checkpointing) traced fp32/none alone, and its what-if for
+        # 8 H100s found that nothing fits.
+        core = ("memory", "throughput")
+        lend = tuple(
+            p for p in ("memory_refine", "compile", "memory_check") if run.clock.peek(p) > 0
+        )
+        total = run.clock.joint_share(*core, borrow=lend)
+        own = sum(SHARES[p] for p in core)
+        share = total * own / (own + sum(SHARES[p] for p in lend))
+        borrowed = total - share
     else:
         share = run.clock.share("memory") + run.clock.share("throughput")
     deadline = time.perf_counter() + share
@@ -240,7 +254,10 @@ def core_phase(
         if state_unfit is not None:
             # No group fits (precision and checkpointing leave the fp32 parameters,
             # gradients and optimizer state as they are): trace it for a what-if while the
-            # share lasts, time nothing.
+            # share lasts (the lead precision's whole groups: with what they borrow), time
+            # nothing.
+            if p == lead and not is_selective(c):
+                left += borrowed
             if (p, c) not in traced and left >= costs.trace(c) * len(sizes):
                 trace_group(i, (p, c))
             out.unfit.append((p, c))

@@ -58,8 +58,8 @@ from profilers.profile_record import Fits, ProbeRow, Profile
 from profilers.workload import DataWorkload, StepSpec, Workload
 
 # Phases a profile of a model whose training state alone exceeds this device drops before its
-# core: each measures real steps or serves a plan on this device.
-WHAT_IF_ONLY_DROPPED = ("communication", "input", "compile", "memory_check")
+# core: each serves a plan on this device only.
+WHAT_IF_ONLY_DROPPED = ("communication", "input")
 NOTHING_TO_MEASURE_HERE = (
     "the model does not fit this device (no plan on it to measure for); a what-if (--target) "
     "uses the target's datasheet"
@@ -124,11 +124,10 @@ def _probe(run: ProbeRun, workload: Workload, options: ProfileOptions) -> Profil
     run.state_bytes = training_state_bytes(model.facts.num_params, model.facts.num_trainable_params)
     if run.state_bytes > run.usable_bytes:
         # Its training state alone exceeds this device (a 9B model on a 24 GiB host): no step
-        # will run here, so nothing is timed, compiled, checked on a real step, and no
-        # collective or loader serves a plan on it. Those phases' shares go to the traces the
-        # what-if needs from the start (the core's first of all), not only once the core has
-        # found that nothing fits: until 2026-12-06 Qwen3.5-9B's default profile had time for
-        # bf16/none alone, and its what-if for 8 H100s no checkpointed candidate to price.
+        # will run here, and no collective or loader serves a plan on it. Their shares go to
+        # the traces the what-if needs from the start, not only once the core has found that
+        # nothing fits (nor is anything compiled or checked on a real step: the core borrows
+        # those shares for its lead groups, profilers.phases_core.core_phase).
         run.clock.drop(*WHAT_IF_ONLY_DROPPED, reason=NOTHING_TO_MEASURE_HERE)
     # The search's core, group by group (memory at two sizes, then step times), then the
     # refinements while the budget lasts.

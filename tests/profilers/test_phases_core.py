@@ -694,6 +694,28 @@ def test_a_model_whose_training_state_exceeds_the_device_traces_16_bit_first(
     assert core.lead == "fp32" and "fp32" in next(e for e in script.events if e.startswith("trace"))
 
 
+def test_only_the_lead_precisions_groups_borrow_the_shares_that_cannot_run(
+    clock: FakeClock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A what-if profile (120 s; the core's own share 52.8 s, what it may borrow from the
+    refinement, compile and the real-step checks 33.8 s): bf16/full, estimated at 38.4 s
+    after bf16/none's 24 s, is traced on borrowed time; fp16/none, which would fit in it
+    too, is not: the other groups keep to the core's own share (the per-rank traces keep
+    theirs)."""
+    script = Script(trace_s={"none": 12.0, "full": 12.0})
+    monkeypatch.setattr(core_module, "_trace", fake_trace(clock, script))
+    monkeypatch.setattr(time_module, "_time_group", fake_time_group(clock, script))
+    options = ProfileOptions(seq_len=16, budget_s=120, checkpointing=("none", "full"))
+    device = cast(DeviceInfo, SimpleNamespace(precisions={}))
+    run = ProbeRun(ToyWorkload(), options, None)
+    run.state_bytes = training_state_bytes(8 * 2**30)
+    core = core_phase(run, ("fp32", "bf16", "fp16"), "cpu", 16 * GiB, device)
+    assert core.traced == {("bf16", "none"), ("bf16", "full")}
+    assert core.unfit[:3] == [("bf16", "none"), ("bf16", "full"), ("fp16", "none")]
+    assert clock.t - 1000.0 == pytest.approx(48.0)  # four traces of 12 s
+    assert run.clock.peek("memory_refine") > 0  # borrowed, not started: it runs later
+
+
 @pytest.mark.parametrize(("more_s", "expected"), [(15.0, 25.0), (0.0, 30.0)])
 def test_a_trace_stopped_at_the_deadline_costs_at_least_what_it_still_needed(
     clock: FakeClock, monkeypatch: pytest.MonkeyPatch, more_s: float, expected: float
