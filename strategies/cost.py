@@ -219,6 +219,19 @@ def fsdp_units(facts: ModelFacts) -> tuple[int, int]:
 # -- the model ------------------------------------------------------------------------------------
 
 
+def single_growth(single: MemoryModel, b0: int, b: int) -> float:
+    """What the single-device fit's forward/backward grows by from micro-batch ``b0`` to
+    ``b``: the most any of its windows grows (``MemoryModel.windows``), or its whole peak's
+    growth without them; never negative. A bound from above on what a rank of the same step
+    grows by (the same activations per sequence; one device keeps a 16-bit step's norm
+    inputs in fp32), whichever moment holds the rank's peak: the whole peak's growth alone is
+    not, when one device peaks at the end of backward on its gradients (full checkpointing:
+    a 70.55B Llama grew 2.5 GiB from micro-batch 4 to 8 there, its window A 32.1 GiB and its
+    FSDP rank 21.9 GiB)."""
+    fits = [single.forward_backward, *(fit for _, fit in getattr(single, "windows", ()) or ())]
+    return max(0.0, *(fit.predict(b) - fit.predict(b0) for fit in fits))
+
+
 def missing_fit_group(precision: str, checkpointing: str) -> str:
     """How an unpredictable candidate's reason names its (precision, checkpointing) group:
     strategies.plan_reasons finds it there to list the groups of one missing measurement."""
@@ -506,6 +519,18 @@ class CostModel:
             # A per-rank trace of this very layout (DDP buckets / FSDP shards, gathered units
             # and communication buffers included) beats the analytic reshaping below.
             traced = float(traced_rank.predict(b, accum))
+            above = self._above_traced_sizes(
+                traced_rank, None if model is traced_rank else model, c
+            )
+            if above is not None:
+                traced = above
+                assumptions.append(
+                    f"micro-batch {b} is above the per-rank traces' largest size "
+                    f"({int(max(traced_rank.forward_backward.xs))}): the rank's peak there "
+                    "plus what the single-device fit grows by from it (an upper bound: a rank's "
+                    "line extrapolated read 18% under its own trace, a 70.55B Llama's fp16/full "
+                    "fitted at micro-batches 1 and 4 predicting 8)"
+                )
             fitted = int(traced)
             source = f"traced {c.parallelism}×{world} per-rank fit"
             if not c.fsdp_reshard_after_forward:
@@ -546,8 +571,11 @@ class CostModel:
                     "ranks, its growth per micro-batch the single device's (which keeps a "
                     "16-bit step's norm inputs in fp32: on the high side)"
                 )
-            elif c.precision in ("bf16", "fp16"):
-                assumptions.append(self._single_device_activations_note(c))
+            elif (windowed := {"A", "B"} <= dict(model.windows).keys()) or c.precision in (
+                "bf16",
+                "fp16",
+            ):
+                assumptions.append(self._single_device_activations_note(c, windowed))
         compile_extra = self._compile_extra_bytes(c, assumptions) if c.compile else None
         traced += self.rounding_allowance_bytes + (compile_extra or 0)
         fragmentation = traced * self.machine.fragmentation_fraction
@@ -633,6 +661,26 @@ class CostModel:
             f"measured beyond the eager one ({sizes}; a saving is not counted on)"
         )
         return extra
+
+    @staticmethod
+    def _above_traced_sizes(
+        rank: MemoryModel, single: MemoryModel | None, c: Candidate
+    ) -> float | None:
+        """A rank's forward/backward peak at a micro-batch above its fit's largest traced size
+        (no accumulation, a single-device fit at hand): the fit at that size plus the single
+        device's growth from it, which bounds a rank's from above (the same activations per
+        sequence, a 16-bit step's norm inputs kept in fp32 on one device); its optimizer
+        phase as fitted. None within the traced sizes. The line through a rank's traced sizes
+        need not hold above them: the unsharded bytes of a window can grow faster with the
+        micro-batch once another moment of the step holds its peak."""
+        b = c.micro_batch_size
+        largest = int(max(rank.forward_backward.xs, default=0))
+        if single is None or c.grad_accum_steps != 1 or not largest or b <= largest:
+            return None
+        forward_backward = rank.forward_backward.predict(largest) + single_growth(
+            single, largest, b
+        )
+        return max(forward_backward, rank.optimizer_step.predict(b))
 
     def _resharded_fsdp_model(self, c: Candidate) -> tuple[MemoryModel | None, int | None]:
         """An FSDP per-rank fit of the candidate's (precision, checkpointing) traced at another
@@ -730,10 +778,7 @@ class CostModel:
             at_world = anchor.forward_backward_peak_bytes - state * (1 - keep)
         b0 = anchor.spec.micro_batch_size
         if c.micro_batch_size >= b0:
-            growth = model.forward_backward.predict(c.micro_batch_size) - (
-                model.forward_backward.predict(b0)
-            )
-            fb = at_world + max(growth, 0)
+            fb = at_world + single_growth(model, b0, c.micro_batch_size)
         else:
             fb = min(at_world, formula_bytes)
         opt = optimizer / c.world_size
@@ -742,16 +787,33 @@ class CostModel:
         terms = dataclasses.replace(formula, activation_bytes=int(max(fb - rest, 0.0)))
         return max(fb, opt), terms
 
-    def _single_device_activations_note(self, c: Candidate) -> str:
-        """What an FSDP rank's memory derived from the single-device fit over-counts in 16
-        bits: autocast's copies of the weights the matmuls read (every weight outside the
-        embeddings, plus a tied head), which a rank with a bf16 parameter policy gathers one
-        unit at a time instead."""
+    def _autocast_copies_bytes(self, precision: str) -> int:
+        """Autocast's copies of the weights the matmuls read, in ``precision``'s compute
+        dtype: every weight outside the embeddings, plus a tied head (0 in fp32)."""
+        if precision not in ("bf16", "fp16"):
+            return 0
         f = self.facts
         cast = f.num_params - f.num_embedding_params
         if f.tied_embeddings:
             cast += f.vocab_size * f.hidden_size
-        size = max(cast, 0) * COMPUTE_BYTES_PER_PARAM[c.precision]
+        return max(cast, 0) * COMPUTE_BYTES_PER_PARAM[precision]
+
+    def _single_device_activations_note(self, c: Candidate, windowed: bool = False) -> str:
+        """What an FSDP rank's memory derived from the single-device fit over-counts in 16
+        bits: autocast's copies of the weights the matmuls read, which a rank with a bf16
+        parameter policy gathers one unit at a time instead (``windowed``: the activations
+        came from the fit's windows, where the copies were left out)."""
+        if windowed:
+            return (
+                f"FSDP memory from the single-device fit (the profile has no per-rank fit of "
+                f"{c.precision}/{c.activation_checkpointing}: its probes.csv says why): its "
+                "activations are the larger of the single-device step's peak before the last "
+                "block's backward ends and after it less every gradient (which FSDP shards), "
+                "less the parameters and optimizer state, the forward's autocast weight copies "
+                "left out; an upper bound (a single device keeps a 16-bit step's norm inputs in "
+                "fp32); a profile with a larger --budget-s traces the rank itself"
+            )
+        size = self._autocast_copies_bytes(c.precision)
         amount = f"{size / 2**30:.1f} GiB" if size >= 2**30 else f"{size / 2**20:.0f} MiB"
         return (
             f"FSDP memory from the single-device fit (the profile has no per-rank fit of "
@@ -773,7 +835,18 @@ class CostModel:
               layers), in the compute dtype; every block when they are kept gathered
               (``fsdp_reshard_after_forward`` False: none is freed after forward)
             + one (the largest) block's unsharded fp32 gradients awaiting their reduce-scatter
-            + activations as on one device: the single-device peak minus its persistent state.
+            + activations as on one device: the single-device peak minus its persistent state;
+              where the fit keeps the step's windows (``MemoryModel.windows``), the largest of
+              window A's (until the last block's backward ends: every block's activations
+              live, no gradient but the root's and the last block's) and window B's (the rest
+              of backward) less every gradient, each less the parameters and optimizer state,
+              and window F's (the forward) less autocast's weight copies too. Window B's peak
+              is at one of its ends: at its end every gradient is live, which a rank holds
+              1/N of (the whole peak counted them all: DeepSeek-V3 with full checkpointing
+              read 2.5 TB of fp32 gradients as activations, 2,962 GiB a rank at 1,024 ranks);
+              at its start, the moment that ends window A, which A's peak covers. In 16 bits
+              window F holds autocast's copy of every weight (a rank with a bf16 parameter
+              policy gathers one unit at a time), dropped when the forward ends.
         optimizer-step peak = the single-device optimizer-phase peak / N: everything live then
             (parameters, gradients, state, foreach temporaries) is per-parameter, so sharded.
         """
@@ -787,8 +860,7 @@ class CostModel:
         else:
             gathered = (root + max(self.facts.num_layers, 2) * block) * compute_bytes
         grad_buffer = largest * REDUCE_BYTES_PER_PARAM
-        single = model.forward_backward.predict(c.micro_batch_size)
-        activations = max(single - model.parameter_bytes - model.optimizer_state_bytes, 0.0)
+        activations = self.single_device_activations(model, c)
         fb = state / world + gathered + grad_buffer + activations
         opt = optimizer / world
         terms = FsdpMemory(
@@ -801,6 +873,31 @@ class CostModel:
             params_per_block=block,
         )
         return max(fb, opt), terms
+
+    def single_device_activations(self, model: MemoryModel, c: Candidate) -> float:
+        """What a rank holds beyond its state, from the single-device fit (:meth:`_fsdp_memory`
+        says how: the fit's windows when it keeps them, else its whole peak)."""
+        b = c.micro_batch_size
+        persistent = model.parameter_bytes + model.optimizer_state_bytes
+        windows = dict(getattr(model, "windows", ()) or ())
+        if not {"A", "B"} <= windows.keys():
+            return max(model.forward_backward.predict(b) - persistent, 0.0)
+        parts = [
+            windows["A"].predict(b) - persistent,
+            windows["B"].predict(b) - persistent - model.gradient_bytes,
+        ]
+        copies = self._autocast_copies_bytes(c.precision)
+        if copies:
+            # Window A holds the copies that the blocks not checkpointed saved for their
+            # matmuls' backward (every block's without checkpointing: a 70.55B Llama's 139
+            # GiB, which read its FSDP rank at 8 ranks, micro-batch 1, 103% over the rank's
+            # own fit); a checkpointed block casts its weights again when it recomputes, and
+            # the per-op policies recompute the casts, which are not among what they save.
+            recomputed = block_fraction(c.activation_checkpointing, self.facts.num_layers)
+            parts[0] -= copies * (1.0 - (1.0 if recomputed is None else recomputed))
+        if "F" in windows:
+            parts.append(windows["F"].predict(b) - persistent - copies)
+        return max(*parts, 0.0)
 
     # -- time --------------------------------------------------------------------------------
     def _time(self, c: Candidate, compute: ComputeTime, assumptions: list[str]) -> TimeTerms:

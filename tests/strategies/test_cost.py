@@ -129,6 +129,94 @@ def test_fsdp_memory_per_rank_follows_the_sharding_formula(model: CostModel) -> 
     )
 
 
+def test_the_fsdp_fallback_reads_a_ranks_activations_from_the_fits_windows() -> None:
+    """Without a per-rank fit, FSDP's activations come from the single-device fit's windows:
+    the larger of window A's (until the last block's backward ends) and window B's less every
+    gradient (a rank holds 1/N of them: DeepSeek-V3 with full checkpointing read 2.5 TB of
+    gradients as activations), and window F's less autocast's weight copies; window A less
+    the copies the blocks not checkpointed saved for backward. Never below the windows' own
+    activations (each window's bound holds), and the whole peak without windows."""
+    b, world, MiB = 4, 4, 2**20
+    state = PARAM_BYTES + ADAM_BYTES
+    copies = (NUM_PARAMS - 200_000 + 256 * 128) * 2  # bf16 copies: all but embeddings + head
+
+    def windowed(precision: str, ckpt: str) -> Any:
+        windows = (
+            ("F", line(state + 3 * MiB, 0.5 * MiB)),  # 5 MiB at b=4
+            ("A", line(state + 2 * MiB, 1 * MiB)),  # 6 MiB
+            ("B", line(state + GRAD_BYTES + 3 * MiB, 0.1 * MiB)),  # every gradient + 3.4 MiB
+        )
+        whole = line(state + GRAD_BYTES + 3 * MiB, 0.1 * MiB)
+        return dataclasses.replace(
+            memory_model(precision, ckpt), windows=windows, forward_backward=whole
+        )
+
+    profile = hand_profile(kind="cuda")
+    fits = tuple(windowed(m.precision, m.activation_checkpointing) for m in profile.fits.memory)
+    model = cost_model_from_profile(
+        dataclasses.replace(profile, fits=dataclasses.replace(profile.fits, memory=fits)), 0.9
+    )
+
+    def activations(precision: str, ckpt: str) -> int:
+        c = cand(micro=b, precision=precision, ckpt=ckpt, parallelism="fsdp", world=world)
+        prediction = model.predict(c)
+        assert any("before the last block" in a for a in prediction.breakdown.assumptions)
+        return int(prediction.breakdown.to_dict()["memory"]["fsdp"]["activation_bytes"])
+
+    assert activations("fp32", "full") == 6 * MiB  # window A; the whole peak read 7.4 MiB
+    assert activations("fp32", "none") == 6 * MiB
+    assert activations("bf16", "full") == 6 * MiB  # a recomputed block casts again: none saved
+    assert activations("bf16", "none") == 6 * MiB - copies  # every block saved its copies
+    # Without windows: the whole peak less the parameters and optimizer state, as before.
+    plain = cost_model_from_profile(profile, 0.9)
+    c = cand(micro=b, ckpt="full", parallelism="fsdp", world=world)
+    memory = plain.predict(c).breakdown.to_dict()["memory"]["fsdp"]
+    assert memory["activation_bytes"] == b * ACTIVATIONS[("fp32", "full")]
+
+
+def test_a_rank_fit_above_its_traced_sizes_grows_as_one_device_does_at_most() -> None:
+    """A per-rank fit traced at micro-batches 1 and 4 whose peak is flat there (its sharded
+    state dominates at 2 ranks) read 18% under its own trace at 8 (a 70.55B Llama's fp16/full):
+    above its largest traced size it is its peak there plus the most any window of the
+    single-device fit grows by (here window A, 2 MiB a sequence; the whole single-device peak,
+    at the end of backward, grows 0.1 MiB)."""
+    MiB = 2**20
+    state = PARAM_BYTES + ADAM_BYTES
+    profile = hand_profile()
+    windows = (
+        ("A", line(state + 2 * MiB, 2 * MiB)),
+        ("B", line(state + GRAD_BYTES + 9 * MiB, 0.1 * MiB)),
+    )
+    single = dataclasses.replace(
+        memory_model("fp32", "full"),
+        windows=windows,
+        forward_backward=line(state + GRAD_BYTES + 9 * MiB, 0.1 * MiB),
+    )
+    rank = dataclasses.replace(
+        memory_model("fp32", "full"),
+        parallelism="fsdp",
+        world_size=2,
+        forward_backward=line(20 * MiB, 0.0, xs=(1.0, 4.0)),
+        optimizer_step=line(4 * MiB, 0.0),
+    )
+    others = tuple(
+        m
+        for m in profile.fits.memory
+        if (m.precision, m.activation_checkpointing) != ("fp32", "full")
+    )
+    fits = dataclasses.replace(profile.fits, memory=(*others, single, rank))
+    model = cost_model_from_profile(dataclasses.replace(profile, fits=fits), 0.9)
+
+    def traced(micro: int) -> tuple[int, tuple[str, ...]]:
+        p = model.predict(cand(micro=micro, ckpt="full", parallelism="fsdp", world=2))
+        return p.breakdown.to_dict()["memory"]["traced_bytes"], p.breakdown.assumptions
+
+    assert traced(4)[0] == 20 * MiB  # within the traced sizes: the fit
+    at_8, notes = traced(8)
+    assert at_8 == 20 * MiB + 4 * 2 * MiB  # the peak at 4 plus window A's growth to 8
+    assert any("above the per-rank traces' largest size (4)" in n for n in notes)
+
+
 def test_fsdp_gathers_the_largest_block_where_blocks_differ(model: CostModel) -> None:
     """Jamba's MoE layers hold several times its dense ones: the running and the prefetched
     unit are priced at the largest block, not at the mean (which the kept-gathered whole body
