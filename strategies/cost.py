@@ -25,6 +25,7 @@ from typing import Any
 from profilers.checkpointing import block_fraction, parse_checkpointing
 from profilers.checkpointing_fits import blocks_memory_model
 from profilers.compile_records import CompileMeasurement, find_compile
+from profilers.fit import AffineFit
 from profilers.flops import FlopCount
 from profilers.memory_model import MemoryModel
 from profilers.memory_records import REAL_STEP_ROW, MemoryTrace
@@ -219,6 +220,23 @@ def fsdp_units(facts: ModelFacts) -> tuple[int, int]:
 # -- the model ------------------------------------------------------------------------------------
 
 
+def step_windows(model: MemoryModel) -> dict[str, AffineFit]:
+    """The single-device fit's window fits (``MemoryModel.windows``: "F", "A", "B") when they
+    agree with its whole peak (the largest window within 1% of it at every traced size), else
+    none: windows carried over from a shallow copy unextended (a benchmark's trace-only
+    profiles kept a 1-layer copy's: 10 GiB where the model's peak is 84) describe another
+    step."""
+    windows = dict(getattr(model, "windows", ()) or ())
+    if not windows:
+        return {}
+    whole = model.forward_backward
+    for x in whole.xs or (1.0,):
+        peak = whole.predict(x)
+        if abs(max(w.predict(x) for w in windows.values()) - peak) > 0.01 * max(peak, 1.0):
+            return {}
+    return windows
+
+
 def single_growth(single: MemoryModel, b0: int, b: int) -> float:
     """What the single-device fit's forward/backward grows by from micro-batch ``b0`` to
     ``b``: the most any of its windows grows (``MemoryModel.windows``), or its whole peak's
@@ -228,7 +246,7 @@ def single_growth(single: MemoryModel, b0: int, b: int) -> float:
     not, when one device peaks at the end of backward on its gradients (full checkpointing:
     a 70.55B Llama grew 2.5 GiB from micro-batch 4 to 8 there, its window A 32.1 GiB and its
     FSDP rank 21.9 GiB)."""
-    fits = [single.forward_backward, *(fit for _, fit in getattr(single, "windows", ()) or ())]
+    fits = [single.forward_backward, *step_windows(single).values()]
     return max(0.0, *(fit.predict(b) - fit.predict(b0) for fit in fits))
 
 
@@ -571,7 +589,7 @@ class CostModel:
                     "ranks, its growth per micro-batch the single device's (which keeps a "
                     "16-bit step's norm inputs in fp32: on the high side)"
                 )
-            elif (windowed := {"A", "B"} <= dict(model.windows).keys()) or c.precision in (
+            elif (windowed := {"A", "B"} <= step_windows(model).keys()) or c.precision in (
                 "bf16",
                 "fp16",
             ):
@@ -668,11 +686,13 @@ class CostModel:
     ) -> float | None:
         """A rank's forward/backward peak at a micro-batch above its fit's largest traced size
         (no accumulation, a single-device fit at hand): the fit at that size plus the single
-        device's growth from it, which bounds a rank's from above (the same activations per
-        sequence, a 16-bit step's norm inputs kept in fp32 on one device); its optimizer
-        phase as fitted. None within the traced sizes. The line through a rank's traced sizes
-        need not hold above them: the unsharded bytes of a window can grow faster with the
-        micro-batch once another moment of the step holds its peak."""
+        device's growth from it (:func:`single_growth`), which bounds a rank's from above when
+        the fit keeps the step's windows (the same activations per sequence, a 16-bit step's
+        norm inputs kept in fp32 on one device); without them the larger of that and the
+        rank's own line; its optimizer phase as fitted. None within the traced sizes. The
+        line through a rank's traced sizes need not hold above them: the unsharded bytes of a
+        window can grow faster with the micro-batch once another moment of the step holds its
+        peak."""
         b = c.micro_batch_size
         largest = int(max(rank.forward_backward.xs, default=0))
         if single is None or c.grad_accum_steps != 1 or not largest or b <= largest:
@@ -680,6 +700,12 @@ class CostModel:
         forward_backward = rank.forward_backward.predict(largest) + single_growth(
             single, largest, b
         )
+        if not step_windows(single):
+            # Without the step's windows the single device's growth is its whole peak's,
+            # no bound where that peak holds every gradient (full checkpointing: an MPT-30B
+            # rank traced at micro-batches 1-3 read 76 GiB at 63 by it): the larger of that
+            # and the rank's own line.
+            forward_backward = max(forward_backward, rank.forward_backward.predict(b))
         return max(forward_backward, rank.optimizer_step.predict(b))
 
     def _resharded_fsdp_model(self, c: Candidate) -> tuple[MemoryModel | None, int | None]:
@@ -809,9 +835,10 @@ class CostModel:
                 f"{c.precision}/{c.activation_checkpointing}: its probes.csv says why): its "
                 "activations are the larger of the single-device step's peak before the last "
                 "block's backward ends and after it less every gradient (which FSDP shards), "
-                "less the parameters and optimizer state, the forward's autocast weight copies "
-                "left out; an upper bound (a single device keeps a 16-bit step's norm inputs in "
-                "fp32); a profile with a larger --budget-s traces the rank itself"
+                "less the parameters and optimizer state, autocast's 16-bit weight copies "
+                "left out (those the forward cached and the blocks saved for backward); an "
+                "upper bound (a single device keeps a 16-bit step's norm inputs in fp32); a "
+                "profile with a larger --budget-s traces the rank itself"
             )
         size = self._autocast_copies_bytes(c.precision)
         amount = f"{size / 2**30:.1f} GiB" if size >= 2**30 else f"{size / 2**20:.0f} MiB"
@@ -836,11 +863,12 @@ class CostModel:
               (``fsdp_reshard_after_forward`` False: none is freed after forward)
             + one (the largest) block's unsharded fp32 gradients awaiting their reduce-scatter
             + activations as on one device: the single-device peak minus its persistent state;
-              where the fit keeps the step's windows (``MemoryModel.windows``), the largest of
+              where the fit keeps the step's windows (:func:`step_windows`), the largest of
               window A's (until the last block's backward ends: every block's activations
-              live, no gradient but the root's and the last block's) and window B's (the rest
-              of backward) less every gradient, each less the parameters and optimizer state,
-              and window F's (the forward) less autocast's weight copies too. Window B's peak
+              live, no gradient but the root's and the last block's) less the 16-bit weight
+              copies the blocks not checkpointed saved for backward, window B's (the rest of
+              backward) less every gradient, and window F's (the forward) less every weight
+              copy, each less the parameters and optimizer state. Window B's peak
               is at one of its ends: at its end every gradient is live, which a rank holds
               1/N of (the whole peak counted them all: DeepSeek-V3 with full checkpointing
               read 2.5 TB of fp32 gradients as activations, 2,962 GiB a rank at 1,024 ranks);
@@ -879,7 +907,7 @@ class CostModel:
         says how: the fit's windows when it keeps them, else its whole peak)."""
         b = c.micro_batch_size
         persistent = model.parameter_bytes + model.optimizer_state_bytes
-        windows = dict(getattr(model, "windows", ()) or ())
+        windows = step_windows(model)
         if not {"A", "B"} <= windows.keys():
             return max(model.forward_backward.predict(b) - persistent, 0.0)
         parts = [

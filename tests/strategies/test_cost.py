@@ -172,6 +172,19 @@ def test_the_fsdp_fallback_reads_a_ranks_activations_from_the_fits_windows() -> 
     c = cand(micro=b, ckpt="full", parallelism="fsdp", world=world)
     memory = plain.predict(c).breakdown.to_dict()["memory"]["fsdp"]
     assert memory["activation_bytes"] == b * ACTIVATIONS[("fp32", "full")]
+    # Windows that disagree with the whole peak (a shallow copy's, carried over unextended)
+    # are not the step's: the whole peak is used.
+    shallow = tuple(
+        dataclasses.replace(
+            m, windows=(("A", line(1 * MiB, 0.1 * MiB)), ("B", line(2 * MiB, 0.1 * MiB)))
+        )
+        for m in profile.fits.memory
+    )
+    odd = cost_model_from_profile(
+        dataclasses.replace(profile, fits=dataclasses.replace(profile.fits, memory=shallow)), 0.9
+    )
+    memory = odd.predict(c).breakdown.to_dict()["memory"]["fsdp"]
+    assert memory["activation_bytes"] == b * ACTIVATIONS[("fp32", "full")]
 
 
 def test_a_rank_fit_above_its_traced_sizes_grows_as_one_device_does_at_most() -> None:
@@ -196,7 +209,7 @@ def test_a_rank_fit_above_its_traced_sizes_grows_as_one_device_does_at_most() ->
         memory_model("fp32", "full"),
         parallelism="fsdp",
         world_size=2,
-        forward_backward=line(20 * MiB, 0.0, xs=(1.0, 4.0)),
+        forward_backward=line(20 * MiB, 3 * MiB, xs=(1.0, 4.0)),  # 32 MiB at 4, 44 at 8
         optimizer_step=line(4 * MiB, 0.0),
     )
     others = tuple(
@@ -211,10 +224,16 @@ def test_a_rank_fit_above_its_traced_sizes_grows_as_one_device_does_at_most() ->
         p = model.predict(cand(micro=micro, ckpt="full", parallelism="fsdp", world=2))
         return p.breakdown.to_dict()["memory"]["traced_bytes"], p.breakdown.assumptions
 
-    assert traced(4)[0] == 20 * MiB  # within the traced sizes: the fit
+    assert traced(4)[0] == 32 * MiB  # within the traced sizes: the fit
     at_8, notes = traced(8)
-    assert at_8 == 20 * MiB + 4 * 2 * MiB  # the peak at 4 plus window A's growth to 8
+    assert at_8 == 32 * MiB + 4 * 2 * MiB  # the peak at 4 plus window A's growth to 8
     assert any("above the per-rank traces' largest size (4)" in n for n in notes)
+    # Without the step's windows the whole peak's growth (0.1 MiB a sequence, at the end of
+    # backward) bounds nothing: the rank's own line where it is larger.
+    bare = dataclasses.replace(single, windows=())
+    fits = dataclasses.replace(profile.fits, memory=(*others, bare, rank))
+    model = cost_model_from_profile(dataclasses.replace(profile, fits=fits), 0.9)
+    assert traced(8)[0] == 44 * MiB
 
 
 def test_fsdp_gathers_the_largest_block_where_blocks_differ(model: CostModel) -> None:
