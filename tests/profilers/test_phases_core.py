@@ -667,6 +667,20 @@ def test_a_what_if_profile_orders_the_precisions_as_its_plans_rank_them() -> Non
     ]
 
 
+def what_if_core(
+    clock: FakeClock, monkeypatch: pytest.MonkeyPatch, script: Script, state_bytes: int
+) -> tuple[ProbeRun, CoreResult]:
+    """The core on a 16 GiB device for a model with ``state_bytes`` of training state (none
+    and full; 120 s): a what-if profile when the state exceeds the device."""
+    monkeypatch.setattr(core_module, "_trace", fake_trace(clock, script))
+    monkeypatch.setattr(time_module, "_time_group", fake_time_group(clock, script))
+    options = ProfileOptions(seq_len=16, budget_s=120, checkpointing=("none", "full"))
+    run = ProbeRun(ToyWorkload(), options, None)
+    run.state_bytes = state_bytes
+    device = cast(DeviceInfo, SimpleNamespace(precisions={}))
+    return run, core_phase(run, ("fp32", "bf16", "fp16"), "cpu", 16 * GiB, device)
+
+
 def test_a_model_whose_training_state_exceeds_the_device_traces_16_bit_first(
     clock: FakeClock, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -674,13 +688,7 @@ def test_a_model_whose_training_state_exceeds_the_device_traces_16_bit_first(
     core share for one group, spent on fp32/none; a plan for 8 H100s then priced fp32 only
     and found that nothing fits. Its state known beyond the device, bf16 goes first."""
     script = Script(trace_s={"none": 20.0, "full": 25.0})
-    monkeypatch.setattr(core_module, "_trace", fake_trace(clock, script))
-    monkeypatch.setattr(time_module, "_time_group", fake_time_group(clock, script))
-    options = ProfileOptions(seq_len=16, budget_s=120, checkpointing=("none", "full"))
-    device = cast(DeviceInfo, SimpleNamespace(precisions={}))
-    run = ProbeRun(ToyWorkload(), options, None)
-    run.state_bytes = training_state_bytes(8 * 2**30)  # 128 GiB of state on a 16 GiB device
-    core = core_phase(run, ("fp32", "bf16", "fp16"), "cpu", 16 * GiB, device)
+    _, core = what_if_core(clock, monkeypatch, script, training_state_bytes(8 * 2**30))
     assert not [e for e in script.events if e.startswith("time")]
     traced = [e for e in script.events if e.startswith("trace")]
     assert traced and all("bf16" in e for e in traced[:2]), traced
@@ -688,9 +696,7 @@ def test_a_model_whose_training_state_exceeds_the_device_traces_16_bit_first(
     assert ("bf16", "none") in core.traced and ("fp32", "none") not in core.traced
     # A model that may fit keeps fp32, the baseline, first.
     script.events.clear()
-    run = ProbeRun(ToyWorkload(), options, None)
-    run.state_bytes = training_state_bytes(2**20)
-    core = core_phase(run, ("fp32", "bf16", "fp16"), "cpu", 16 * GiB, device)
+    _, core = what_if_core(clock, monkeypatch, script, training_state_bytes(2**20))
     assert core.lead == "fp32" and "fp32" in next(e for e in script.events if e.startswith("trace"))
 
 
@@ -703,13 +709,7 @@ def test_only_the_lead_precisions_groups_borrow_the_shares_that_cannot_run(
     too, is not: the other groups keep to the core's own share (the per-rank traces keep
     theirs)."""
     script = Script(trace_s={"none": 12.0, "full": 12.0})
-    monkeypatch.setattr(core_module, "_trace", fake_trace(clock, script))
-    monkeypatch.setattr(time_module, "_time_group", fake_time_group(clock, script))
-    options = ProfileOptions(seq_len=16, budget_s=120, checkpointing=("none", "full"))
-    device = cast(DeviceInfo, SimpleNamespace(precisions={}))
-    run = ProbeRun(ToyWorkload(), options, None)
-    run.state_bytes = training_state_bytes(8 * 2**30)
-    core = core_phase(run, ("fp32", "bf16", "fp16"), "cpu", 16 * GiB, device)
+    run, core = what_if_core(clock, monkeypatch, script, training_state_bytes(8 * 2**30))
     assert core.traced == {("bf16", "none"), ("bf16", "full")}
     assert core.unfit[:3] == [("bf16", "none"), ("bf16", "full"), ("fp16", "none")]
     assert clock.t - 1000.0 == pytest.approx(48.0)  # four traces of 12 s
