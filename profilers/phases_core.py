@@ -151,9 +151,10 @@ def ordered_groups(
     ``what_if`` (a model whose training state alone exceeds this device: its profile serves
     a what-if only, and nothing is timed) orders the precisions as the what-if's plans rank
     them instead (:data:`profilers.phases_distributed.WHAT_IF_PRECISION_ORDER`: bf16, fp16,
-    fp32), ``lead`` ignored: until 2026-12-06 such a profile of Qwen3.5-9B (whole-model
-    traces of 17 s, no shallow copies for its mixed layers) spent its core share on
-    fp32/none and a plan for 8 H100s found only fp32 candidates, none of which fit. No
+    fp32), ``lead`` ignored: until 2026-12-06 such a profile of Qwen3.5-9B (traces of ~18 s
+    even from copies of 8 and 12 of its 32 layers, two periods of its mixed layers) spent its
+    core share on fp32/none and a plan for 8 H100s found only fp32 candidates, none of which
+    fit. No
     checkpointing before full, whose time the cost model can derive from it. The selective
     settings come after every whole-model group: the per-op ones (ops, ops-half) first, in the
     order given, then blocks:K. Nothing else prices a per-op setting, while every blocks:K is

@@ -684,7 +684,7 @@ def what_if_core(
 def test_a_model_whose_training_state_exceeds_the_device_traces_16_bit_first(
     clock: FakeClock, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Qwen3.5-9B's default profile on a 24 GiB host (2026-12-06): 17 s whole-model traces, a
+    """Qwen3.5-9B's default profile on a 24 GiB host (2026-12-06): ~18 s traces, a
     core share for one group, spent on fp32/none; a plan for 8 H100s then priced fp32 only
     and found that nothing fits. Its state known beyond the device, bf16 goes first."""
     script = Script(trace_s={"none": 20.0, "full": 25.0})
