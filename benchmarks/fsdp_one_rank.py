@@ -50,27 +50,12 @@ TARGET, WORLD, MICRO = "h100-80gb", 8, (1, 2, 4, 8)
 SETTINGS = ("none",)
 
 
-def cost_model(profile: Any) -> Any:
-    from strategies.space import SearchRequest
-    from strategies.whatif import whatif_cost_model
-
-    request = SearchRequest(global_batch_size=WORLD, world_size=WORLD, target=TARGET)
-    return whatif_cost_model(profile, request)[0]
-
-
 def rank_bytes(profile: Any, checkpointing: str, micro: int) -> int:
-    from strategies.space import Candidate
+    """The what-if's per-rank traced bytes of bf16/``checkpointing`` at ``micro`` on
+    :data:`WORLD` H100s, priced as fsdp_analytic prices its rows (the same target)."""
+    from benchmarks.fsdp_analytic import cost_model, traced_bytes
 
-    c = Candidate(
-        precision="bf16",
-        activation_checkpointing=checkpointing,
-        parallelism="fsdp",
-        world_size=WORLD,
-        micro_batch_size=micro,
-        grad_accum_steps=1,
-    )
-    memory = cost_model(profile).predict(c).breakdown.to_dict()["memory"]
-    return int(memory["traced_bytes"])
+    return traced_bytes(cost_model(profile, WORLD), "bf16", checkpointing, WORLD, micro)
 
 
 def of_group(record: Any, checkpointing: str) -> bool:
