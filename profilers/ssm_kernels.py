@@ -598,7 +598,8 @@ def _causal_conv1d_fn(used: list[str] | None) -> Callable[..., Any]:
 def _chunk_gated_delta_rule(used: list[str] | None) -> Callable[..., Any]:
     """``fla.ops.gated_delta_rule.chunk_gated_delta_rule``'s signature (as transformers calls
     its fallback ``torch_chunk_gated_delta_rule``) and memory: ``ChunkGatedDeltaRuleFunction``
-    (fla-org/flash-linear-attention, fla/ops/gated_delta_rule/chunk.py) keeps the l2-normalised
+    (fla-org/flash-linear-attention, fla/ops/gated_delta_rule/chunk.py; its ``input_guard``
+    makes every input contiguous first) keeps the l2-normalised
     q and k with their fp32 inverse norms, v, the chunk-local cumulative gate (fp32), beta, the
     solved WY matrix A (positions × heads × 64, in k's dtype) and the initial state; its
     forward builds and frees w, u (keys and values per value head), the chunk states h
@@ -620,6 +621,10 @@ def _chunk_gated_delta_rule(used: list[str] | None) -> Callable[..., Any]:
             output_final_state: bool,
             l2norm: bool,
         ) -> Any:
+            # fla's input_guard: every tensor input made contiguous first (transformers passes
+            # q, k and v as views of the convolution's transposed output: v is saved as a
+            # copy, not as a view keeping the whole output alive)
+            q, k, v, g, beta = (t.contiguous() for t in (q, k, v, g, beta))
             batch, length, key_heads, key_dim = q.shape
             heads, value_dim = v.shape[-2:]
             chunks = math.ceil(length / GATED_DELTA_CHUNK)

@@ -190,6 +190,35 @@ def test_the_gated_delta_rule_keeps_what_flas_kernel_keeps() -> None:
     assert q.grad is not None and g.grad is not None and beta.grad is not None
 
 
+def test_the_gated_delta_rule_saves_copies_of_views_as_flas_input_guard_makes_them() -> None:
+    """transformers passes q, k and v as views of the convolution's transposed output; fla's
+    input_guard makes them contiguous, so the v kept for backward is a copy the size of v, not
+    a view keeping the whole (q, k, v) output alive."""
+    b, length, key_heads, heads, kd, vd = 2, 64, 2, 4, 16, 8
+    conv_dim = 2 * key_heads * kd + heads * vd
+    conv_out = torch.zeros(b, conv_dim, length, dtype=torch.bfloat16, requires_grad=True)
+    mixed = conv_out.transpose(1, 2)
+    q, k, v = torch.split(mixed, [key_heads * kd, key_heads * kd, heads * vd], dim=-1)
+    q, k = (t.reshape(b, length, key_heads, kd) for t in (q, k))
+    v = v.reshape(b, length, heads, vd)
+    assert v.untyped_storage().nbytes() == conv_out.untyped_storage().nbytes()
+    g = torch.zeros(b, length, heads, requires_grad=True)
+    beta = torch.zeros(b, length, heads, dtype=torch.bfloat16, requires_grad=True)
+    rule = ssm_kernels._chunk_gated_delta_rule(None)
+    stored: list[int] = []
+
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        stored.append(t.untyped_storage().nbytes())
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        out, _ = rule(q, k, v, g=g, beta=beta, use_qk_l2norm_in_kernel=True)
+    out.sum().backward()
+    assert stored[4] == v.numel() * 2  # v: its own bf16 copy
+    assert conv_out.untyped_storage().nbytes() not in stored
+    assert conv_out.grad is not None
+
+
 def test_the_modeling_modules_get_their_functions_back(monkeypatch: pytest.MonkeyPatch) -> None:
     pytest.importorskip("transformers")
     _trace("bamba", BAMBA, monkeypatch, kernels=True)
