@@ -143,3 +143,53 @@ def test_a_hugging_face_mixtral_is_traced_and_counted() -> None:
     # two of four experts per token, each a gated FFN (gate+up: 64 -> 2x96, down: 96 -> 64),
     # forward and two backward GEMMs, in each of the two layers
     assert per_token == pytest.approx(2 * 2 * 3 * 2 * (64 * 2 * 96 + 96 * 64))
+
+
+def _sdpa_calls(workload: object, spec: StepSpec) -> list[tuple[bool, int, int, bool]]:
+    """Each SDPA call of a CUDA target's trace of ``workload``: whether it got a mask, the
+    query's and the key's heads, and enable_gqa."""
+    functional = torch.nn.functional
+    sdpa = functional.scaled_dot_product_attention
+    calls: list[tuple[bool, int, int, bool]] = []
+
+    def spy(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *args: object, **kw: object):  # type: ignore[no-untyped-def]
+        mask = kw.get("attn_mask", args[0] if args else None)
+        calls.append((mask is not None, q.shape[1], k.shape[1], bool(kw.get("enable_gqa"))))
+        return sdpa(q, k, v, *args, **kw)
+
+    functional.scaled_dot_product_attention = spy
+    try:
+        trace_step_memory(workload, spec, target_device_type="cuda")  # type: ignore[arg-type]
+    finally:
+        functional.scaled_dot_product_attention = sdpa
+    return calls
+
+
+def test_a_hugging_face_trace_finds_no_packed_rows_and_keeps_kv_heads_unrepeated() -> None:
+    """transformers cannot read fake position ids and assumed packed rows: a materialised
+    causal mask, and with it k and v repeated to every query head. A real step passes token ids
+    only (no packing): no mask, SDPA's grouped-query path. So does the trace now."""
+    pytest.importorskip("transformers")
+    from advisor.workload import AdvisorWorkload
+    from tests.advisor.test_models import TINY_DECODER
+
+    workload = AdvisorWorkload("hf:llama", {**TINY_DECODER, "num_attention_heads": 4})
+    spec = StepSpec(seq_len=32, micro_batch_size=2, precision="bf16")
+    calls = _sdpa_calls(workload, spec)
+    assert calls and set(calls) == {(False, 4, 1, True)}  # one per traced step
+
+
+def test_real_position_ids_still_get_transformers_own_answer() -> None:
+    """Outside fake tensors the detection is transformers' own: packed rows are found."""
+    masking_utils = pytest.importorskip("transformers.masking_utils")
+    from profilers.fake_kernels import unpacked_rows
+
+    packed = torch.tensor([[0, 1, 2, 0, 1, 0]])
+    layer = torch.nn.Linear(1, 1)
+    with unpacked_rows():
+        layer(torch.zeros(1))  # the first forward patches
+        found = masking_utils.find_packed_sequence_indices(packed)
+        with FakeTensorMode():
+            assert masking_utils.find_packed_sequence_indices(torch.arange(6)[None]) is None
+    assert found is not None and found.tolist() == [[0, 0, 0, 1, 1, 2]]
+    assert masking_utils.find_packed_sequence_indices.__module__ == masking_utils.__name__
