@@ -136,8 +136,9 @@ def test_a_trace_that_could_only_be_stopped_at_the_deadline_is_not_started() -> 
     assert second.status == "skipped" and "not started" in second.reason, second.reason
     expected = float(re.search(r"a trace takes at least ~(\d+) s here", second.reason).group(1))  # type: ignore[union-attr]
     assert expected >= 2.5 * first.wall_s  # its forward and at least the backward it refused
-    # the FLOP count's forward and the first trace's: no third forward was begun
-    assert len(progress) == 2, progress
+    # the FLOP count's forward (stopped early, or not begun where the device probe took most
+    # of the 4 s: 3.1 s on a busy 2-core host) and the first trace's, whole: no third forward
+    assert len(progress) <= 2 and progress[-1] == 50, progress
     # both rows name the budget whose core share runs the two traces, at that cost each, as
     # a lower bound (the trace stopped before its end)
     tail = re.search(
