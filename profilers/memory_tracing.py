@@ -356,14 +356,90 @@ def assemble_trace(
 def cuda_target() -> Iterator[None]:
     """What a CPU-traced step needs to read as a CUDA target's: the allocator's 512-byte
     rounding (every tracker inherits MemTracker's bookkeeping: one patch rounds them all),
-    CUDA autocast's fp32 norms and softmax (:func:`cuda_autocast_fp32_ops`) and, where a GPU
-    run would take them, mamba_ssm's kernels for state-space layers
-    (:mod:`profilers.ssm_kernels`)."""
+    CUDA autocast's fp32 norms and softmax (:func:`cuda_autocast_fp32_ops`), CUDA's attention
+    kernel for grouped-query SDPA calls that flash attention cannot take
+    (:func:`cuda_grouped_query_sdpa`) and, where a GPU run would take them, mamba_ssm's kernels
+    for state-space layers (:mod:`profilers.ssm_kernels`)."""
     with contextlib.ExitStack() as stack:
         stack.enter_context(_patched(mem_tracker_module, "_WeakRefInfo", _CudaRoundedWeakRefInfo))
         stack.enter_context(cuda_autocast_fp32_ops())
+        stack.enter_context(cuda_grouped_query_sdpa())
         if packages := kernels_expected():
             stack.enter_context(ssm_cuda_kernels(packages=packages))
+        yield
+
+
+# The head dimensions CUDA's flash attention takes (PyTorch's sdp_utils.cpp,
+# check_head_dim_size_flash).
+FLASH_MAX_HEAD_DIM = 256
+
+
+@contextlib.contextmanager
+def cuda_grouped_query_sdpa() -> Iterator[None]:
+    """CUDA's choice of kernel for an SDPA call with grouped-query heads, on a CPU-traced step.
+
+    ``enable_gqa=True`` with fewer key/value heads than query heads runs on CUDA in flash
+    attention (16-bit, no mask, head dimension up to 256) or in the math kernel: the
+    memory-efficient kernel, fp32's, does not take grouped heads (PyTorch's sdp_utils.cpp:
+    its dense constraints are ``check_batch_size_and_num_heads_dense<false>``). The math
+    kernel repeats k and v to every head and keeps the (batch × heads × T × T) probabilities for
+    backward. CPU's flash kernel takes grouped heads in fp32 too, so a CPU trace kept only q,
+    k, v, the output and its log-sum-exp where a CUDA step of a Hugging Face model with
+    grouped-query attention trained in fp32 (transformers passes ``enable_gqa`` whatever the
+    dtype) keeps its probabilities, T × T per head per layer. Here such a call runs
+    ``aten._scaled_dot_product_attention_math``, whose saved tensors are the math kernel's;
+    every other call is left to the CPU kernel (flash's and memory-efficient attention's
+    saved tensors are the same size)."""
+    functional = torch.nn.functional
+    sdpa = functional.scaled_dot_product_attention
+    math_sdpa = torch.ops.aten._scaled_dot_product_attention_math
+
+    def cuda_sdpa(
+        query: torch.Tensor,
+        key: torch.Tensor,
+        value: torch.Tensor,
+        attn_mask: torch.Tensor | None = None,
+        dropout_p: float = 0.0,
+        is_causal: bool = False,
+        scale: float | None = None,
+        enable_gqa: bool = False,
+    ) -> torch.Tensor:
+        grouped = enable_gqa and query.shape[-3] != key.shape[-3]
+        # CUDA's autocast runs SDPA in its 16-bit dtype (the trace's CPU autocast stands
+        # for it): q, k and v are cast first, whatever dtype RoPE left them in
+        autocast = torch.is_autocast_enabled("cpu")
+        dtype = torch.get_autocast_dtype("cpu") if autocast else query.dtype
+        flash = (
+            dtype in (torch.float16, torch.bfloat16)
+            and attn_mask is None
+            and query.shape[-1] <= FLASH_MAX_HEAD_DIM
+        )
+        if grouped and not flash:
+            if autocast:
+                query, key, value = (t.to(dtype) for t in (query, key, value))
+            out, _ = math_sdpa(
+                query,
+                key,
+                value,
+                attn_mask,
+                dropout_p,
+                is_causal,
+                scale=scale,
+                enable_gqa=True,
+            )
+            return out
+        return sdpa(
+            query,
+            key,
+            value,
+            attn_mask=attn_mask,
+            dropout_p=dropout_p,
+            is_causal=is_causal,
+            scale=scale,
+            enable_gqa=enable_gqa,
+        )
+
+    with _patched(functional, "scaled_dot_product_attention", cuda_sdpa):
         yield
 
 
