@@ -1,8 +1,9 @@
 """Activation bytes per layer per token, traced, against the textbook count (issue 13, item 2).
 
-For each model family (GPT, Llama, BERT at a realistic width) the single-device step is
-fake-traced (``profilers.memory.trace_step_memory``, no allocation) with 2 and 3 layers at
-micro-batch 2 and 4. The bytes one more layer adds per extra token,
+For each model family (GPT, Llama, BERT, Bamba and Qwen3.5's two layer kinds, at a realistic
+width) the single-device step is fake-traced (``profilers.memory.trace_step_memory``, no
+allocation) with 2 and 3 layers at micro-batch 2 and 4. The bytes one more layer adds per
+extra token,
 
     ((peak(3 layers, b=4) - peak(3 layers, b=2)) - (peak(2, 4) - peak(2, 2))) / (2 * seq_len),
 
@@ -30,6 +31,23 @@ per token, with h the width, f the MLP width and g = KV heads / heads:
   4g, the MLP's two casts of its input 4 h and 8f. In fp32: no casts, 4 B everywhere. Traced
   with the fake kernels (profilers/ssm_kernels.py) and, for comparison, on transformers'
   PyTorch scan (the row ``bamba-torch``: the same formula, what the kernels hold).
+
+* Qwen3.5 (transformers' ``hf:qwen3_5_text``; K, V the gated delta rule's key and value
+  widths, a and kv attention's query and key/value widths; e = 2 bytes, 4 in fp32). Both
+  layer kinds: two RMSNorms over the fp32 residual stream (input and fp32 normalised copy:
+  16 h), the MLP's input (bf16: one cast per projection, 2 x 2 h; fp32: 4 h) and 4ef. A
+  gated-delta layer: its four input projections' input (bf16: q/k/v, z, b and a each cast it:
+  4 x 2 h; fp32: 4 h), the causal convolution's input e(2K + V) (causal-conv1d's
+  ``save_for_backward``), what fla's ``chunk_gated_delta_rule`` saves (q and k normalised
+  2eK, v eV, the WY matrix A 64e per value head; its fp32 inverse norms, cumulative gate and
+  beta are per head: under 0.2 h together, left out), the gated RMSNorm (transformers'
+  ``Qwen3_5RMSNormGated``, unfused: an fp32 copy of the kernel's output, its bf16 normalised
+  copy, the fp32 product with the weight, the fp32 gate and its SiLU: 18 V; fp32 20 V) and
+  the output projection's input eV. A gated-attention layer: its projections' input (bf16
+  3 x 2 h), q_norm's fp32 input and normalised copy 8a (fp32: 12a, the input a view keeping
+  q_proj's whole output, the gate's half too) and k_norm's 8kv, SDPA's q, k, v and output
+  e(2a + 2kv), the output made contiguous, the sigmoid of the gate and their product (the
+  output projection's input) 3ea.
 
 fp32 doubles every term. With full checkpointing a layer keeps its input only: 2h at 16 bits
 (4h for an fp32 residual stream, which autocast keeps). Where the measurement exceeds the
@@ -72,6 +90,16 @@ class Family:
     # ``kernels`` False traces it on transformers' PyTorch scan instead of mamba_ssm's kernel.
     ssm: Mapping[str, int] = field(default_factory=dict)
     kernels: bool = True
+    # Qwen3.5's two layer kinds (``layer_types``, every layer of the traced copies the same):
+    # "linear_attention" (a gated delta rule: key width K, value width V, value heads) or
+    # "full_attention" (gated attention: query width, key/value width).
+    layer_type: str = ""
+    dims: Mapping[str, int] = field(default_factory=dict)
+
+    def model_args(self, layers: int) -> dict[str, Any]:
+        """The traced copy's arguments at ``layers`` layers."""
+        kinds = {"layer_types": [self.layer_type] * layers} if self.layer_type else {}
+        return {**self.args, self.layers_arg: layers, **kinds}
 
     def formula(self, precision: str, checkpointing: str) -> float:
         """Textbook bytes per layer per token (see the module docstring)."""
@@ -79,6 +107,8 @@ class Family:
         h, f, g = self.width, self.ffn, self.kv_ratio
         if checkpointing == "full":
             return 2 * h * scale
+        if self.layer_type:
+            return self._qwen3_5(precision == "fp32")
         if self.ssm:
             d, n, g, heads = (self.ssm[k] for k in ("inner", "state", "groups", "heads"))
             e = 4 if precision == "fp32" else 2
@@ -92,6 +122,29 @@ class Family:
         else:
             count = 4 * h + 10 * h + 2 * h + 4 * f
         return count * scale
+
+    def _qwen3_5(self, fp32: bool) -> float:
+        """A Qwen3.5 layer (transformers' code, the module docstring): bf16 under autocast
+        (fp32 weights and residual stream) or fp32; per-head terms (under 0.2 h) left out."""
+        h, f, d = self.width, self.ffn, self.dims
+        e = 4 if fp32 else 2
+        norms = 2 * 8 * h  # two RMSNorms: the fp32 input and its fp32 normalised copy
+        mlp = (4 if fp32 else 2 * 2) * h + 4 * e * f  # its input (cast per projection) + 8f
+        if self.layer_type == "linear_attention":
+            k, v, heads = d["key"], d["value"], d["value_heads"]
+            projections = 4 * h if fp32 else 4 * 2 * h  # qkv, z, b, a: one cast each
+            conv = e * (2 * k + v)
+            kernel = e * (2 * k + v + 64 * heads)  # q, k normalised, v, the WY matrix A
+            gated_norm = 20 * v if fp32 else 18 * v
+            return norms + projections + conv + kernel + gated_norm + e * v + mlp
+        a, kv = d["query"], d["kv"]
+        projections = 4 * h if fp32 else 3 * 2 * h  # q, k, v: one cast each
+        # q_norm: its fp32 input (in fp32 a view keeping q_proj's whole output, gate included)
+        # and normalised copy; k_norm the same over kv
+        norms_qk = (8 + 4) * a + 8 * kv if fp32 else 8 * a + 8 * kv
+        sdpa = e * (2 * a + 2 * kv)  # q, k, v and the output
+        gate = 3 * e * a  # the output made contiguous, sigmoid(gate), their product (o_proj)
+        return norms + projections + norms_qk + sdpa + gate + mlp
 
 
 FAMILIES: tuple[Family, ...] = (
@@ -123,6 +176,31 @@ FAMILIES: tuple[Family, ...] = (
         )
         for name, kernels in (("bamba", True), ("bamba-torch", False))
     ),
+    # Qwen3.5-9B's shape (width 4096, MLP 12288): its gated-delta layers (16 key heads and 32
+    # value heads of 128; three in four layers) and its gated-attention layers (16 query heads
+    # and 4 KV heads of 256, an output gate). Traced as fla's and causal-conv1d's kernels.
+    *(
+        Family(
+            name,
+            "hf:qwen3_5_text",
+            {"vocab_size": 256},
+            4096,
+            12288,
+            g,
+            layers_arg="num_hidden_layers",
+            layer_type=kind,
+            dims=dims,
+        )
+        for name, g, kind, dims in (
+            (
+                "qwen3.5-delta",
+                0.5,
+                "linear_attention",
+                {"key": 2048, "value": 4096, "value_heads": 32},
+            ),
+            ("qwen3.5-attn", 0.25, "full_attention", {"query": 4096, "kv": 1024}),
+        )
+    ),
 )
 
 
@@ -145,7 +223,7 @@ def per_layer_per_token(
         for layers in LAYERS:
             workload = AdvisorWorkload(
                 model=family.model,
-                model_args={**family.args, family.layers_arg: layers},
+                model_args=family.model_args(layers),
                 data="synthetic",
             )
             for b in MICRO:
@@ -242,6 +320,26 @@ NOTES: tuple[str, ...] = (
     "bamba-torch, the same layers on transformers' PyTorch scan (what a CUDA target's trace "
     "held before, and a GPU without mamba-ssm holds): 4.8x (bf16) and 4.4x (fp32) the "
     "kernel's count.",
+    "Qwen3.5 (9B's shape, traced as fla's and causal-conv1d's kernels): the formula within "
+    "0.2% for both layer kinds, but for attention in fp32, +18 h: on CUDA a grouped-query "
+    "SDPA call in fp32 runs the math kernel (transformers passes enable_gqa; the "
+    "memory-efficient kernel takes no grouped heads), which keeps the T x T probabilities "
+    "(16 h at sequence 1024, growing with T), a scaled q and the repeated k and v instead of "
+    "flash's q, k, v and output (profilers/memory_tracing.py, cuda_grouped_query_sdpa). The "
+    "tensors, listed by saved_tensors_hooks on a real "
+    "layer of each kind running the fake kernels on CPU (sequence 48, 2026-12-06), sum to the "
+    "formula plus its per-head terms (gated delta 81.17 h bf16, 114.19 h fp32; attention "
+    "71.16 h, 108.16 h). A gated-delta layer keeps 14% more than a Llama layer of its width "
+    "would (71 h at this MLP): transformers' unfused gated RMSNorm alone keeps 18 h, four "
+    "of its five tensors fp32, where a fused norm (fla's FusedRMSNormGated) keeps its input and "
+    "the gate, 4 h; the four input projections each cast the same input (8 h). Two "
+    "traces were wrong before 2026-12-06 and are mended: fla makes its inputs contiguous "
+    "(input_guard), so v is kept as its own copy, not as a view keeping the convolution's "
+    "whole output alive (+2 h); and transformers, unable to read fake position ids, assumed "
+    "packed rows, built a causal mask and repeated k and v to every query head (attention "
+    "+3.5 h bf16, +7 h fp32; every Hugging Face model with grouped-query attention), where a "
+    "real step (token ids only) passes no mask and keeps k and v at their own heads "
+    "(profilers/fake_kernels.py, unpacked_rows).",
     "Full checkpointing keeps each block's input: 4 h (the fp32 residual stream), not 2 h. "
     "Llama's peak with full checkpointing falls late in backward, after the earlier blocks' "
     "checkpoints are freed and while parameter gradients grow: the peak gains nothing per "
