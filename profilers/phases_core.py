@@ -154,8 +154,7 @@ def ordered_groups(
     fp32), ``lead`` ignored: until 2026-12-06 such a profile of Qwen3.5-9B (traces of ~18 s
     even from copies of 8 and 12 of its 32 layers, two periods of its mixed layers) spent its
     core share on fp32/none and a plan for 8 H100s found only fp32 candidates, none of which
-    fit. No
-    checkpointing before full, whose time the cost model can derive from it. The selective
+    fit. No checkpointing before full, whose time the cost model can derive from it. The selective
     settings come after every whole-model group: the per-op ones (ops, ops-half) first, in the
     order given, then blocks:K. Nothing else prices a per-op setting, while every blocks:K is
     priced from none and full without its own measurement (the line in K): the 7th regret
