@@ -7,9 +7,11 @@ whose plain step the core timed fastest without checkpointing; when none was tim
 fp16 before fp32 among those traced), in
 this order while its part of the budget lasts:
 
-1. memory without checkpointing: the step traced with the knob on at the core's two traced
-   sizes (the same fake-tensor traces as every group), so its fit holds what the chunks keep
-   and what the head's recompute and the summed weight gradient add;
+1. memory without checkpointing (:func:`first_setting`: with full checkpointing when the core
+   fitted full and not none, as a what-if profile of a model too large for this device may):
+   the step traced with the knob on at the core's two traced sizes (the same fake-tensor
+   traces as every group), so its fit holds what the chunks keep and what the head's
+   recompute and the summed weight gradient add;
 2. time: a measured *delta*. The recompute of the head's forward is real cost, but on a shared
    CPU host a step's time drifts up to 35% between children (DESIGN.md): two groups timed in
    different children would compare the host's moods. So one child times the plain and the
@@ -128,6 +130,19 @@ def checkpointed_settings(traced: Sequence[MemoryTrace], precision: str) -> list
     return sorted(fitted, key=lambda setting: setting != "full")
 
 
+def first_setting(traced: Sequence[MemoryTrace], precision: str) -> str:
+    """The checkpointing setting the chunked loss is traced with first: none, unless ``traced``
+    fitted another setting for ``precision`` and not none; then the first of
+    :func:`checkpointed_settings` (full). A what-if profile traces full before none
+    (profilers.phases_core.ordered_groups) and on a slow host may trace full alone: until
+    2026-12-06 its chunked loss was traced without checkpointing, a fit beside none's that
+    no plan of it could use."""
+    fitted = [c for p, c in fitted_groups(traced) if p == precision]
+    if "none" in fitted or not fitted:
+        return "none"
+    return checkpointed_settings(traced, precision)[0]
+
+
 def chunked_loss_phase(
     run: ProbeRun,
     facts: ModelFacts,
@@ -139,9 +154,10 @@ def chunked_loss_phase(
 ) -> ChunkedResult:
     """Trace and time ``loss_chunks`` = :func:`chosen_loss_chunks` within its part of the budget.
 
-    Both traces of a setting are needed for a memory fit. Without checkpointing, the second one
-    runs past the share while the whole budget still has room for it (twice the first one's
-    time); the timing runs when the budget has room for its least plan (one warm-up and one
+    Both traces of a setting are needed for a memory fit. The first setting's pair starts only
+    when the budget has room for both (each the core's time per trace of that setting), and
+    the second runs past the phase's share while the whole budget still has room for it; the
+    timing runs when the budget has room for its least plan (one warm-up and one
     timed round of the four steps, their time estimated from the core's plain steps). The other
     checkpointing settings of ``traced`` follow within :data:`EXTRA_SHARE_OF_REMAINING` of what
     is left then, each pair started when ``trace_seconds`` (the core's seconds per trace of
@@ -171,17 +187,18 @@ def chunked_loss_phase(
     precision = chunked_precision(
         core_models, timed_size, traced=sorted({t.spec.precision for t in traced})
     )
+    first = first_setting(traced, precision)
     cut = _Cut()  # traces not started or stopped at the profile's fake-trace deadline
     last_s = 0.0
     for i, b in enumerate(sizes):
-        spec = dataclasses.replace(run.spec(precision, "none", b), loss_chunks=chunks)
-        if time.perf_counter() > deadline and run.clock.remaining() < 2 * last_s:
-            suggested = _covering_budget_s(run, 2 * last_s, SHARE_OF_REMAINING)
+        spec = dataclasses.replace(run.spec(precision, first, b), loss_chunks=chunks)
+        plain_s = trace_seconds(first) if trace_seconds is not None else 0.0
+        expected_s = max(last_s, plain_s)
+        if i > 0 and time.perf_counter() > deadline and run.clock.remaining() < expected_s:
+            suggested = _covering_budget_s(run, len(sizes) * expected_s, SHARE_OF_REMAINING)
             why = f"time budget spent; --budget-s {suggested} would cover it"
             run.rows.append(probe_rows.skipped("memory", spec, why))
             continue
-        plain_s = trace_seconds("none") if trace_seconds is not None else 0.0
-        expected_s = max(last_s, plain_s)
         # The first size only with time for them all: one size fits nothing (Qwen3.5-9B's
         # what-if profile started its first chunked trace 13 s before the end: 19 s spent,
         # the budget overrun, no fit).
@@ -193,6 +210,18 @@ def chunked_loss_phase(
                     cut.too_late(run, spec, expected_s, traces=together)
                 break
             continue
+        if together > 1 and run.clock.remaining() < together * expected_s:
+            # ... and within the budget, not only before the fake traces' deadline past it:
+            # until 2026-12-06 the second size waited on twice the first one's time left, so
+            # a first trace could start with too little left for the second (Qwen3.5-9B at
+            # --budget-s 240: 29 s on one chunked trace, no fit).
+            suggested = _covering_budget_s(run, together * expected_s, SHARE_OF_REMAINING)
+            why = f"time budget spent; --budget-s {suggested} would cover it"
+            run.rows += [
+                probe_rows.skipped("memory", dataclasses.replace(spec, micro_batch_size=n), why)
+                for n in sizes
+            ]
+            break
         run.clock.say(f"memory: tracing {probe_rows.label(spec)} ({chunks} loss chunks)")
         t0 = time.perf_counter()
         trace = cut.trace(run, spec, target, expected_s)
@@ -203,6 +232,8 @@ def chunked_loss_phase(
     deadline = max(deadline, time.perf_counter() + run.clock.remaining() * EXTRA_SHARE_OF_REMAINING)
     left_out: list[tuple[range, float]] = []  # (its rows, seconds) of each pair left out
     for setting in checkpointed_settings(traced, precision):
+        if setting == first:
+            continue
         pair_s = 2 * (trace_seconds(setting) if trace_seconds is not None else last_s)
         specs = [
             dataclasses.replace(run.spec(precision, setting, b), loss_chunks=chunks) for b in sizes

@@ -4,7 +4,8 @@ A *group* is one precision x checkpointing. The search can price a candidate onl
 has both a memory fit (two traced micro-batch sizes) and a step-time fit (two timed sizes; a
 checkpointed group can borrow its precision's uncheckpointed fit, scaled by counted FLOPs), so
 :func:`core_phase` completes each group before starting the next, in order of value: fp32 first
-(the baseline), no checkpointing before full, then the other precisions. Cheap parts first: a
+(the baseline), no checkpointing before full (full first for a what-if profile: see
+:func:`ordered_groups`), then the other precisions. Cheap parts first: a
 small model's traces (a second each) all run before any timing; a large model's (tens of
 seconds each) run just before their group's timing, so none is spent on a group that will not
 be timed. When the budget cannot complete a group, it and every later one are skipped, each with
@@ -154,12 +155,18 @@ def ordered_groups(
     fp32), ``lead`` ignored: until 2026-12-06 such a profile of Qwen3.5-9B (traces of ~18 s
     even from copies of 8 and 12 of its 32 layers, two periods of its mixed layers) spent its
     core share on fp32/none and a plan for 8 H100s found only fp32 candidates, none of which
-    fit. No checkpointing before full, whose time the cost model can derive from it. The selective
-    settings come after every whole-model group: the per-op ones (ops, ops-half) first, in the
-    order given, then blocks:K. Nothing else prices a per-op setting, while every blocks:K is
-    priced from none and full without its own measurement (the line in K): the 7th regret
-    session's default profile traced blocks:2 and left the ops-half asked for untraced, so
-    every ops-half candidate was unpredictable."""
+    fit. No checkpointing before full, whose time the cost model can derive from it; for a
+    what-if, full before none: nothing is timed to derive from, and at the scale where the
+    training state alone exceeds this device a full group is what prices a plan whatever the
+    target's memory (none adds the faster plans where it fits, and with full the blocks:K
+    between). Until 2026-12-06 none came first there too: on a slow 2-vCPU host Qwen3.5-9B's
+    default profile (traces of ~26 s, ~42 s with full checkpointing) traced bf16/none only, and
+    its what-if for 8 H100s said nothing fits (83.4 GiB a rank without checkpointing). The
+    selective settings come after every whole-model group: the per-op ones (ops, ops-half)
+    first, in the order given, then blocks:K. Nothing else prices a per-op setting, while
+    every blocks:K is priced from none and full without its own measurement (the line in K):
+    the 7th regret session's default profile traced blocks:2 and left the ops-half asked for
+    untraced, so every ops-half candidate was unpredictable."""
     if what_if:
         from profilers.phases_distributed import WHAT_IF_PRECISION_ORDER
 
@@ -171,7 +178,8 @@ def ordered_groups(
     selective = sorted(
         (c for c in checkpointing if is_selective(c)), key=lambda c: not is_per_op(c)
     )
-    return [(p, c) for p in order for c in sorted(whole, key=lambda c: c != "none")] + [
+    first = "full" if what_if else "none"
+    return [(p, c) for p in order for c in sorted(whole, key=lambda c: c != first)] + [
         (p, c) for p in order for c in selective
     ]
 

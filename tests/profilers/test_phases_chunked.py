@@ -156,8 +156,9 @@ def _phase_run(budget_s: float = 60) -> tuple[Any, Any, ProbeRun, int]:
     return workload, model_facts, run, chunks
 
 
-# The core's plain traces with full checkpointing at the chunked sizes (only their specs count).
-FULL_TRACED = [_traced("fp32", "full", 2), _traced("fp32", "full", 4)]
+# The core's plain traces without and with full checkpointing at the chunked sizes (only their
+# specs count).
+FULL_TRACED = [_traced("fp32", setting, b) for setting in ("none", "full") for b in (2, 4)]
 
 
 @pytest.mark.slow  # four traces and a timing child: 20-40 s on two shared cores
@@ -200,11 +201,16 @@ def test_a_setting_the_share_cannot_cover_gets_a_row_not_a_trace(
         run, model_facts, "cpu", [], [], FULL_TRACED, lambda setting: 1e6
     )
     assert result.traces == [] and result.time_models == []
-    assert [(s.activation_checkpointing, s.micro_batch_size) for s in traced] == [
-        ("none", 2),
-        ("none", 4),
-    ]
-    skipped = [r for r in run.rows if r.status == "skipped" and r.probe == "memory"]
+    # Nor is the plain pair started: 2e6 s against the 60 s budget (until 2026-12-06 the first
+    # size started whatever the budget said, and the second waited on it).
+    assert traced == []
+    plain = [r for r in run.rows if r.probe == "memory" and r.name.startswith("fp32/none/")]
+    pair_budget = phase._covering_budget_s(run, 2e6, phase.SHARE_OF_REMAINING)
+    assert [r.name for r in plain] == [f"fp32/none/b=2/lc{chunks}", f"fp32/none/b=4/lc{chunks}"]
+    assert all(
+        r.reason == f"time budget spent; --budget-s {pair_budget} would cover it" for r in plain
+    )
+    skipped = [r for r in run.rows if r.status == "skipped" and r.probe == "memory"][2:]
     assert [r.name for r in skipped] == [f"fp32/full/b=2/lc{chunks}", f"fp32/full/b=4/lc{chunks}"]
     # the budget whose later phases' part covers the pair (1e6 s a trace, x2)
     suggested = phase._covering_budget_s(run, 2e6, phase.EXTRA_SHARE_OF_REMAINING)
@@ -216,6 +222,31 @@ def test_a_setting_the_share_cannot_cover_gets_a_row_not_a_trace(
         for r in skipped
     )
     assert any(r.probe == "throughput" and "no base" in (r.reason or "") for r in run.rows)
+
+
+def test_a_core_that_fitted_full_and_not_none_has_its_chunked_loss_traced_with_full(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A what-if profile traces full before none and on a slow host full alone (Qwen3.5-9B,
+    2026-12-06): its chunked loss is traced beside full, the fit its plans can use, and full
+    is not traced twice. With none fitted too, none stays first."""
+    import profilers.phases_chunked as phase
+    import profilers.phases_core as core
+
+    assert phase.first_setting(FULL_TRACED, "fp32") == "none"
+    full_only = FULL_TRACED[2:]
+    assert phase.first_setting(full_only, "fp32") == "full"
+    assert phase.first_setting([], "fp32") == "none"  # nothing fitted: as before
+    assert phase.first_setting(full_only, "bf16") == "none"  # another precision's fits
+    _, model_facts, run, chunks = _phase_run(budget_s=600)
+    traced: list[StepSpec] = []
+    monkeypatch.setattr(core, "_trace", lambda run, spec, target, costs=None: traced.append(spec))
+    phase.chunked_loss_phase(run, model_facts, "cpu", [], [], full_only, lambda _: 0.0)
+    assert [(s.activation_checkpointing, s.micro_batch_size) for s in traced] == [
+        ("full", 2),
+        ("full", 4),
+    ]
+    assert {s.loss_chunks for s in traced} == {chunks}
 
 
 def _plain_model() -> TimeModel:
@@ -287,7 +318,7 @@ def test_a_trace_stopped_at_the_deadline_names_a_budget_from_a_lower_bound(
     from profilers import probe_rows
     from profilers.fake_kernels import TraceOverBudget
 
-    _, model_facts, run, chunks = _phase_run()
+    _, model_facts, run, chunks = _phase_run(budget_s=600)  # room for the pair's 200 s
 
     def stopped(run: ProbeRun, spec: StepSpec, target: str, costs: Any = None) -> None:
         exc = TraceOverBudget("the fake-tensor trace's backward would run past the deadline")

@@ -626,7 +626,7 @@ def test_no_timing_child_for_a_model_whose_fp32_weights_alone_exceed_the_device(
     run.state_bytes = training_state_bytes(8 * 2**30)
     core = core_phase(run, ("fp32",), "cpu", 16 * GiB, device)
     assert not script.events and not core.groups  # nothing timed
-    assert core.unfit == [("fp32", "none"), ("fp32", "full")]
+    assert core.unfit == [("fp32", "full"), ("fp32", "none")]  # a what-if: full first
     row = next(r for r in run.rows if r.probe == "throughput")
     assert row.status == "skipped"
     assert row.reason.startswith(
@@ -639,7 +639,7 @@ def test_no_timing_child_for_a_model_whose_fp32_weights_alone_exceed_the_device(
     run = ProbeRun(ToyWorkload(), options, None)
     run.state_bytes = training_state_bytes(2**30)
     core = core_phase(run, ("fp32",), "cpu", 16 * GiB, device)
-    assert not script.events and core.unfit == [("fp32", "none"), ("fp32", "full")]
+    assert not script.events and core.unfit == [("fp32", "full"), ("fp32", "none")]
     # ... unless most of it is frozen: its weights and 2**28 trainable ones' state, 7 GiB
     run = ProbeRun(ToyWorkload(), options, None)
     run.state_bytes = training_state_bytes(2**30, 2**28)
@@ -654,13 +654,15 @@ def test_no_timing_child_for_a_model_whose_fp32_weights_alone_exceed_the_device(
 
 
 def test_a_what_if_profile_orders_the_precisions_as_its_plans_rank_them() -> None:
+    """...and full before none: nothing is timed, and at that scale full prices a plan
+    whatever the target's memory."""
     assert ordered_groups(("fp32", "bf16", "fp16"), ("none", "full", "ops"), what_if=True) == [
-        ("bf16", "none"),
         ("bf16", "full"),
-        ("fp16", "none"),
+        ("bf16", "none"),
         ("fp16", "full"),
-        ("fp32", "none"),
+        ("fp16", "none"),
         ("fp32", "full"),
+        ("fp32", "none"),
         ("bf16", "ops"),
         ("fp16", "ops"),
         ("fp32", "ops"),
@@ -692,8 +694,8 @@ def test_a_model_whose_training_state_exceeds_the_device_traces_16_bit_first(
     assert not [e for e in script.events if e.startswith("time")]
     traced = [e for e in script.events if e.startswith("trace")]
     assert traced and all("bf16" in e for e in traced[:2]), traced
-    assert core.lead == "bf16" and core.unfit[0] == ("bf16", "none")
-    assert ("bf16", "none") in core.traced and ("fp32", "none") not in core.traced
+    assert core.lead == "bf16" and core.unfit[0] == ("bf16", "full")
+    assert ("bf16", "full") in core.traced and ("fp32", "full") not in core.traced
     # A model that may fit keeps fp32, the baseline, first.
     script.events.clear()
     _, core = what_if_core(clock, monkeypatch, script, training_state_bytes(2**20))
@@ -704,15 +706,15 @@ def test_only_the_lead_precisions_groups_borrow_the_shares_that_cannot_run(
     clock: FakeClock, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A what-if profile (120 s; the core's own share 52.8 s, what it may borrow from the
-    refinement, compile and the real-step checks 33.8 s): bf16/full, estimated at 38.4 s
-    after bf16/none's 24 s, is traced on borrowed time; fp16/none, which would fit in it
-    too, is not: the other groups keep to the core's own share (the per-rank traces keep
-    theirs)."""
-    script = Script(trace_s={"none": 12.0, "full": 12.0})
+    refinement, compile and the real-step checks 33.8 s): bf16/none, estimated at full's
+    32 s after bf16/full's (20.8 s of the own share left), is traced on borrowed time;
+    fp16/full (32 s), which would fit in it too, is not: the other groups keep to the core's
+    own share (the per-rank traces keep theirs)."""
+    script = Script(trace_s={"none": 8.0, "full": 16.0})
     run, core = what_if_core(clock, monkeypatch, script, training_state_bytes(8 * 2**30))
     assert core.traced == {("bf16", "none"), ("bf16", "full")}
-    assert core.unfit[:3] == [("bf16", "none"), ("bf16", "full"), ("fp16", "none")]
-    assert clock.t - 1000.0 == pytest.approx(48.0)  # four traces of 12 s
+    assert core.unfit[:3] == [("bf16", "full"), ("bf16", "none"), ("fp16", "full")]
+    assert clock.t - 1000.0 == pytest.approx(48.0)  # two traces of 16 s, two of 8 s
     assert run.clock.peek("memory_refine") > 0  # borrowed, not started: it runs later
 
 
