@@ -397,9 +397,9 @@ def _fsdp_tracker(step: TrainStep) -> Any:
     from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker
 
     from profilers.memory_grad_sums import GradSumsInPlace
-    from profilers.memory_tracing import PeakWindows
+    from profilers.memory_tracing import GlobalPeakOnly, PeakWindows
 
-    class _FSDPStepMemTracker(GradSumsInPlace, PeakWindows, FSDPMemTracker):
+    class _FSDPStepMemTracker(GradSumsInPlace, PeakWindows, GlobalPeakOnly, FSDPMemTracker):
         """FSDPMemTracker that accepts gradient accumulation (as ``_StepMemTracker`` does)
         and sums gradients in place where the engine would.
 
