@@ -45,16 +45,18 @@ CHECKPOINTED_TRACE_FACTOR = 1.6
 
 def whole_trace_factor(scaling: DepthScaling | None) -> float:
     """How much longer a whole-model trace of a model traced from shallow copies takes than a
-    scaled trace (``blocks:K`` cannot be scaled: profilers.memory_blocks): ``(L / (k1 + k2))²``
+    scaled trace (``blocks:K`` cannot be scaled: profilers.memory_blocks): ``L / (k1 + k2)``
     with k1, k2 the copies' depths (a prefix and periods included: DeepSeek-V3's 5 and 6 blocks,
-    Llama 4 Maverick's 8 and 12), 1 when the model is not scaled. A fake-tensor trace's
-    time grows faster than its op count (the memory tracker revisits every live tensor at each
-    op): measured on llama-tiny here, a whole blocks:L/2 trace took 2.0x, 5.9x and 21.2x a
-    scaled one at 8, 16 and 32 blocks, under the square in each (2.6x, 10.2x, 41x); an 80-block
-    70B model's ran past 2.5 minutes unbounded, against 3.5 s for a scaled trace."""
+    Llama 4 Maverick's 8 and 12), 1 when the model is not scaled. Measured on llama-tiny here
+    (2026-12-06, bf16, 2 x 64 tokens): a whole blocks:L/2 trace took 1.19x, 2.5x and 4.93x a
+    scaled full one at 8, 16 and 32 blocks, under the ratio at each (1.6x, 3.2x, 6.4x). Until
+    that day the tracer walked every module it had met at each op
+    (:class:`profilers.memory_tracing.GlobalPeakOnly`), a whole trace grew with the square of
+    the depth (2.0x, 5.9x and 21.2x; an 80-block 70B model's ran past 2.5 minutes unbounded,
+    against 3.5 s for a scaled trace), and the estimate was the square of the ratio."""
     if scaling is None:
         return 1.0
-    return max(1.0, (scaling.layers / sum(scaling.depths)) ** 2)
+    return max(1.0, scaling.layers / sum(scaling.depths))
 
 
 # Trace every group before timing any when their traces take at most this part of the core's
