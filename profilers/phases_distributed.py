@@ -29,6 +29,15 @@ DISTRIBUTED_TRACE_TIMEOUT_MARGIN_S = 20
 GROUP_NAME = "ddp/fsdp per-rank"  # the name of the rows about the phase as a whole
 KEPT_GATHERED_NAME = "fsdp kept gathered"  # the row about the reshard-False traces left out
 DEFAULT_TRACE_S = 2.0  # a gpt-tiny trace when none was made to time one
+# A rank's trace over a one-device trace of the same setting, the expected time of the first
+# rank trace (the child times the later ones itself). A rank is traced from deeper copies
+# (3 and 4 blocks or periods against 2 and 3: 1.4x the layers) under FSDP's collectives and
+# hooks (~1.5-1.9x the ops per layer). Measured 2026-12-06: Qwen3.5-9B 2.6x (12 s -> 31 s,
+# bf16/full), llama-tiny and gpt-tiny with 8 layers 1.4-1.8x (each traced whole, the rank
+# from copies); until that day's faster one-device traces (memory_tracing.GlobalPeakOnly)
+# the two took about as long, the phase assumed 1x, and Qwen3.5-9B's default profile then
+# started a 31 s rank trace with 20 s of the budget left (135 s for 120).
+RANK_TRACE_FACTOR = 3.0
 
 
 def distributed_trace_phase(
@@ -45,8 +54,9 @@ def distributed_trace_phase(
     (precision, checkpointing) groups in ``group_order``, the others after them); the rest
     while the budget lasts.
 
-    ``trace_seconds``: what a one-device trace took per checkpointing (the core's costs), the
-    expected time of the first rank's trace; no child starts when the share cannot cover it
+    ``trace_seconds``: what a one-device trace took per checkpointing (the core's costs); the
+    first rank's trace is expected to take :data:`RANK_TRACE_FACTOR` times that, and no child
+    starts when the share cannot cover it
     (until 2026-12-05 the first always started: a Zamba2, traced whole at ~140 s a trace, had
     its child killed after the phase's 46 s)."""
     share = run.clock.share("memory_distributed")
@@ -55,7 +65,11 @@ def distributed_trace_phase(
         run.rows.append(probe_rows.skipped("memory_distributed", None, reason, name=GROUP_NAME))
         return []
     specs = _distributed_specs(run, precisions, world_sizes, parallelisms, group_order)
-    first_s = trace_seconds(specs[0].activation_checkpointing) if trace_seconds and specs else 0.0
+    first_s = (
+        RANK_TRACE_FACTOR * trace_seconds(specs[0].activation_checkpointing)
+        if trace_seconds and specs
+        else 0.0
+    )
     if first_s > share - CHILD_START_S:
         skipped = [{"status": "skipped", "reason": "time budget spent"} for _ in specs]
         return _record_results(run, specs, skipped, unmeasured_s=first_s)
@@ -279,7 +293,7 @@ def _distributed_trace_child(
     """Per-rank traces under a fake process group, in priority order, until the budget ends.
 
     A trace starts only when it would end before the deadline at the mean wall time of the
-    traces made so far (the first at ``first_s``, what a one-device trace took: 0 when
+    traces made so far (the first at ``first_s``, from what a one-device trace took: 0 when
     unknown, and it always starts): a 70B rank's trace takes 10-15 s, and
     checking only that the deadline had not passed let the last one overrun the whole
     profile's budget by that much. Returns one dict per spec: the trace, or why there is none

@@ -23,7 +23,7 @@ from profilers.phases_distributed import (
     _record_results,
     what_if_rank_order,
 )
-from profilers.probe_run import ProbeRun, ProfileOptions
+from profilers.probe_run import CHILD_START_S, ProbeRun, ProfileOptions
 from profilers.profile_record import Fits
 from profilers.workload import StepSpec
 from tests.strategies.profiles import memory_model
@@ -259,6 +259,51 @@ def test_no_rank_trace_child_starts_when_a_one_device_trace_took_longer_than_the
     suggested = int(row.reason.split("--budget-s ")[1].split()[0])
     share = SHARES["memory_distributed"] / sum(SHARES.values())
     assert suggested >= n * 1e4 / share  # at the one-device trace's 1e4 s each
+
+
+def test_the_first_rank_trace_is_expected_to_take_longer_than_a_one_device_one(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Qwen3.5-9B (2026-12-06): one-device traces of 12 s, its first rank trace 31 s, started
+    with 20 s of the budget left. The child gets RANK_TRACE_FACTOR times the one-device time
+    as the first trace's expected time, and no child starts when that exceeds the share."""
+    import profilers.phases_distributed as phases_distributed
+
+    run = ProbeRun(WORKLOAD, ProfileOptions(seq_len=SEQ_LEN, budget_s=1200), None)
+    started: list[float] = []
+
+    def child(
+        fn: object,
+        workload: object,
+        specs: object,
+        target: str,
+        budget_s: float,
+        first_s: float,
+        timeout_s: float,
+    ) -> object:
+        started.append(first_s)
+        raise AssertionError("stop here")
+
+    monkeypatch.setattr(run, "isolated", child)
+    with pytest.raises(AssertionError, match="stop here"):
+        phases_distributed.distributed_trace_phase(
+            run, ("fp32",), "cpu", (2,), ("fsdp",), None, lambda checkpointing: 2.0
+        )
+    assert phases_distributed.RANK_TRACE_FACTOR >= 2.6  # Qwen3.5-9B's measured ratio
+    assert started == [phases_distributed.RANK_TRACE_FACTOR * 2.0]
+    # a one-device trace that fits the share once but not RANK_TRACE_FACTOR times: no child
+    run = ProbeRun(WORKLOAD, ProfileOptions(seq_len=SEQ_LEN, budget_s=1200), None)
+    share = run.clock.peek("memory_distributed")
+    one_device_s = share / phases_distributed.RANK_TRACE_FACTOR + 1.0
+    assert one_device_s < share - CHILD_START_S  # a child would start at 1x
+    monkeypatch.setattr(run, "isolated", child)
+    assert (
+        phases_distributed.distributed_trace_phase(
+            run, ("fp32",), "cpu", (2,), ("fsdp",), None, lambda checkpointing: one_device_s
+        )
+        == []
+    )
+    assert started == [phases_distributed.RANK_TRACE_FACTOR * 2.0]
 
 
 def test_a_what_if_traces_the_16_bit_ranks_first_least_memory_first_within_each() -> None:
