@@ -153,10 +153,10 @@ class GlobalPeakOnly:
 
     MemTracker's ``_update_peak_stats`` also walks every module it has met, at every op, to
     keep each active one's own peak for its per-module report, which nothing here reads: a
-    cost in ops x modules, most of a small model's trace. Measured here (2026-12-06,
-    llama-tiny, 5 layers, bf16, 2 x 16 tokens): 2.8-3.2 s a trace without checkpointing and
-    3.9-4.6 s with blocks:2 before, 1.5-1.9 s and 1.6-2.1 s after, every trace field the same.
-    The peak's snapshot (bytes by category, flat) is copied, not deep-copied."""
+    cost in ops x modules, most of a small model's trace. benchmarks/trace_speed.py
+    (2026-12-06): every trace field the same, one-device traces 1.6-2.2x faster on tiny
+    models and 3.2x on Qwen3.5-9B's copies, and a whole trace linear in depth (it grew with
+    its square). The peak's snapshot (bytes by category, flat) is copied, not deep-copied."""
 
     _curr_mem_snap: dict[torch.device, dict[Any, int]]
     _peak_mem_snap: dict[torch.device, dict[Any, int]]

@@ -1,0 +1,232 @@
+"""How long a fake-tensor memory trace takes with torch's per-op module walk and without it.
+
+torch's ``MemTracker`` updates, at every op, the peak of every module it has met (for its
+per-module report); the profiler reads only the step's peak, so its trackers skip that walk
+(``profilers.memory_tracing.GlobalPeakOnly``, 2026-12-06). This traces each case below both
+ways, interleaved (before, after, after, before, ... so a drift of the shared host falls on
+both), and prints the median seconds of each, their ratio, and whether every field of the two
+traces is equal (the target: equal, and faster). "before" puts torch's own
+``_update_peak_stats`` back for its runs.
+
+Then the cost of a whole-model trace against a scaled one (two shallow copies) at 8, 16 and
+32 blocks of llama-tiny, after the change: the profiler plans a whole ``blocks:K`` trace at
+``L / (k1 + k2)`` scaled ones (``profilers.phases_core.whole_trace_factor``), which must bound
+the measured ratio.
+
+    python benchmarks/trace_speed.py     # writes benchmarks/results/trace_speed.{json,md}
+
+Qwen3.5-9B's case needs transformers (``pip install -e '.[hf]'``) and takes ~5 minutes of
+the ~8 here; ``--quick`` leaves it out.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from advisor.workload import AdvisorWorkload  # noqa: E402
+from profilers.workload import StepSpec  # noqa: E402
+
+RESULTS = ROOT / "benchmarks" / "results"
+ROUNDS = 3  # timed runs of each way per case, after one warm-up each
+# name, model, model args, seq, micro-batch, precision, checkpointing, parallelism
+Case = tuple[str, str, dict[str, Any], int, int, str, str, str]
+CASES: list[Case] = [
+    ("gpt-tiny", "gpt-tiny", {}, 128, 4, "fp32", "none", "single"),
+    ("llama-tiny 5 layers", "llama-tiny", {"n_layer": 5}, 16, 2, "bf16", "none", "single"),
+    ("llama-tiny 5 layers", "llama-tiny", {"n_layer": 5}, 16, 2, "bf16", "blocks:2", "single"),
+    ("bert-tiny", "bert-tiny", {}, 64, 4, "fp32", "full", "single"),
+    ("llama-tiny 8 layers, FSDP rank", "llama-tiny", {"n_layer": 8}, 64, 2, "bf16", "full", "fsdp"),
+]
+QWEN: Case = (
+    "Qwen3.5-9B (copies of 8 and 12 layers)",
+    "hf:qwen3_5_text",
+    {},
+    4096,
+    4,
+    "bf16",
+    "full",
+    "single",
+)
+VOLATILE = {"trace_seconds"}  # when it was traced and how long it took
+
+
+def _trace(workload: AdvisorWorkload, spec: StepSpec) -> dict[str, Any]:
+    from profilers import memory_distributed as md
+    from profilers.memory import trace_step_memory
+
+    if spec.parallelism == "single":
+        traced = trace_step_memory(workload, spec, target_device_type="cuda")
+    else:
+        (traced,) = md.trace_in_this_process(workload, [spec], "cuda")
+    return {k: v for k, v in traced.to_dict().items() if k not in VOLATILE}
+
+
+def _timed(way: str, workload: AdvisorWorkload, spec: StepSpec) -> tuple[float, dict[str, Any]]:
+    from torch.distributed._tools.mem_tracker import MemTracker
+
+    from profilers.memory_tracing import GlobalPeakOnly
+
+    mixin: Any = GlobalPeakOnly  # its method swapped for the "before" runs
+    ours = mixin.__dict__["_update_peak_stats"]
+    if way == "before":
+        mixin._update_peak_stats = MemTracker._update_peak_stats
+    try:
+        started = time.perf_counter()
+        fields = _trace(workload, spec)
+        return time.perf_counter() - started, fields
+    finally:
+        mixin._update_peak_stats = ours
+
+
+def speed_rows(cases: list[Case]) -> list[dict]:
+    rows = []
+    for name, model, args, seq, micro, precision, ckpt, parallelism in cases:
+        workload = AdvisorWorkload(model=model, model_args=args)
+        spec = StepSpec(
+            seq_len=seq,
+            micro_batch_size=micro,
+            precision=precision,
+            activation_checkpointing=ckpt,
+            parallelism=parallelism,
+            world_size=2 if parallelism != "single" else 1,
+        )
+        seconds: dict[str, list[float]] = {"before": [], "after": []}
+        fields: dict[str, dict[str, Any]] = {}
+        order = ["before", "after"]
+        for i in range(ROUNDS + 1):
+            for way in order if i % 2 == 0 else order[::-1]:
+                wall, traced = _timed(way, workload, spec)
+                if i:  # the first round warms up both
+                    seconds[way].append(wall)
+                if fields.setdefault(way, traced) != traced:
+                    raise AssertionError(f"{name}: two traces of one way differ")
+        before, after = (statistics.median(seconds[w]) for w in ("before", "after"))
+        row = {
+            "case": name,
+            "precision": precision,
+            "checkpointing": ckpt,
+            "parallelism": parallelism,
+            "before_s": seconds["before"],
+            "after_s": seconds["after"],
+            "median_before_s": round(before, 3),
+            "median_after_s": round(after, 3),
+            "speed_up": round(before / after, 2),
+            "fields_equal": fields["before"] == fields["after"],
+        }
+        print(
+            f"{name:40s} {precision} {ckpt:9s} {parallelism:6s} "
+            f"{before:6.2f} s -> {after:6.2f} s  x{before / after:4.2f}  "
+            f"equal={row['fields_equal']}",
+            flush=True,
+        )
+        rows.append(row)
+    return rows
+
+
+def depth_rows() -> list[dict]:
+    from profilers.memory_blocks import DepthScaling, trace_scaled
+    from profilers.memory_tracing import trace
+    from profilers.phases_core import whole_trace_factor
+
+    rows = []
+    for layers in (8, 16, 32):
+        workload = AdvisorWorkload(model="llama-tiny", model_args={"n_layer": layers})
+        whole_spec = StepSpec(
+            seq_len=64,
+            micro_batch_size=2,
+            precision="bf16",
+            activation_checkpointing=f"blocks:{layers // 2}",
+        )
+        scaled_spec = StepSpec(
+            seq_len=64, micro_batch_size=2, precision="bf16", activation_checkpointing="full"
+        )
+        trace(workload, whole_spec, cuda_rounding=True)  # warm-up
+        whole_s, scaled_s = [], []
+        for _ in range(ROUNDS):
+            started = time.perf_counter()
+            trace(workload, whole_spec, cuda_rounding=True)
+            whole_s.append(time.perf_counter() - started)
+            started = time.perf_counter()
+            trace_scaled(workload, scaled_spec, cuda_rounding=True, num_layers=layers)
+            scaled_s.append(time.perf_counter() - started)
+        ratio = statistics.median(whole_s) / statistics.median(scaled_s)
+        planned = whole_trace_factor(DepthScaling(layers=layers, prefix=0, period=1, depths=(2, 3)))
+        print(
+            f"llama-tiny {layers:2d} blocks: whole blocks:{layers // 2} "
+            f"{statistics.median(whole_s):.2f} s, scaled {statistics.median(scaled_s):.2f} s, "
+            f"x{ratio:.2f} (planned x{planned:.2f})",
+            flush=True,
+        )
+        rows.append(
+            {
+                "layers": layers,
+                "whole_s": whole_s,
+                "scaled_s": scaled_s,
+                "ratio": round(ratio, 2),
+                "planned": planned,
+                "bounded": planned >= ratio,
+            }
+        )
+    return rows
+
+
+def markdown(speed: list[dict], depth: list[dict]) -> str:
+    lines = [
+        "# Trace speed: torch's per-op module walk against the step's peak only",
+        "",
+        "`python benchmarks/trace_speed.py`; medians of "
+        f"{ROUNDS} interleaved runs each, after a warm-up; target: every field equal, faster.",
+        "",
+        "| case | precision | checkpointing | layout | before (s) | after (s) | speed-up | "
+        "fields equal |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for r in speed:
+        lines.append(
+            f"| {r['case']} | {r['precision']} | {r['checkpointing']} | {r['parallelism']} | "
+            f"{r['median_before_s']:.2f} | {r['median_after_s']:.2f} | {r['speed_up']:.2f}x | "
+            f"{'yes' if r['fields_equal'] else '**no**'} |"
+        )
+    lines += [
+        "",
+        "## A whole-model trace against a scaled one (after), llama-tiny, bf16, 2 x 64 tokens",
+        "",
+        "| blocks | whole blocks:L/2 (s) | scaled full (s) | ratio | planned (L / 5) | bounded |",
+        "|---|---|---|---|---|---|",
+    ]
+    for r in depth:
+        lines.append(
+            f"| {r['layers']} | {statistics.median(r['whole_s']):.2f} | "
+            f"{statistics.median(r['scaled_s']):.2f} | {r['ratio']:.2f}x | {r['planned']:.1f}x | "
+            f"{'yes' if r['bounded'] else '**no**'} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def main() -> None:
+    import os
+
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    quick = "--quick" in sys.argv[1:]
+    cases = CASES if quick else [*CASES, QWEN]
+    speed = speed_rows(cases)
+    depth = depth_rows()
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    (RESULTS / "trace_speed.json").write_text(
+        json.dumps({"speed": speed, "depth": depth}, indent=1) + "\n"
+    )
+    text = markdown(speed, depth)
+    (RESULTS / "trace_speed.md").write_text(text)
+    print(text)
+
+
+if __name__ == "__main__":
+    main()
