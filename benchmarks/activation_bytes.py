@@ -84,7 +84,7 @@ class Family:
     args: Mapping[str, Any]
     width: int
     ffn: int
-    kv_ratio: float  # KV heads / heads
+    kv_ratio: float = 1.0  # KV heads / heads (the Qwen3.5 layers' widths are in ``dims``)
     layers_arg: str = "n_layer"
     # A Mamba-2 mixer's inner width, state, groups and heads (empty: an attention block);
     # ``kernels`` False traces it on transformers' PyTorch scan instead of mamba_ssm's kernel.
@@ -186,19 +186,17 @@ FAMILIES: tuple[Family, ...] = (
             {"vocab_size": 256},
             4096,
             12288,
-            g,
             layers_arg="num_hidden_layers",
             layer_type=kind,
             dims=dims,
         )
-        for name, g, kind, dims in (
+        for name, kind, dims in (
             (
                 "qwen3.5-delta",
-                0.5,
                 "linear_attention",
                 {"key": 2048, "value": 4096, "value_heads": 32},
             ),
-            ("qwen3.5-attn", 0.25, "full_attention", {"query": 4096, "kv": 1024}),
+            ("qwen3.5-attn", "full_attention", {"query": 4096, "kv": 1024}),
         )
     ),
 )
