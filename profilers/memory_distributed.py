@@ -67,7 +67,7 @@ from profilers.fake_kernels import TraceOverBudget
 from profilers.isolate import Isolation, run_isolated
 from profilers.memory_blocks import extend_raw, require_identical_blocks
 from profilers.memory_records import TARGET_DEVICE_TYPES, MemoryBreakdown, MemoryTrace
-from profilers.workload import BlockScalableWorkload, StepSpec, Workload
+from profilers.workload import BlockScalableWorkload, StepSpec, Workload, optimizer_primer
 
 if TYPE_CHECKING:
     import torch
@@ -324,7 +324,11 @@ def trace_raw(
         gradient_bytes = 0
         windows: dict[str, MemoryBreakdown] = {}
         bounds: dict[str, tuple[int, int]] = {}
-        for iteration in range(2):  # the second iteration is measured: optimizer state exists
+        prime = optimizer_primer(step) if _primable(spec) else None
+        if prime is not None:  # the first iteration without its forward/backward
+            with tracker:
+                prime()
+        for iteration in range(0 if prime is None else 1, 2):  # the second is measured
             tracker.reset_mod_stats()
             if split_blocks is not None:
                 blocks = tuple(split_blocks(step))
@@ -360,6 +364,20 @@ def trace_raw(
         resident_bytes=resident,
         reshard_windows=bounds,
     )
+
+
+def _primable(spec: StepSpec) -> bool:
+    """Whether the iteration before the measured one may be primed (``PrimableStep``: the
+    optimizer's state made without a forward and backward) instead of run.
+
+    Not DDP: its reducer's buckets are first seen in the first backward and labelled there.
+    Not FSDP in fp32: with no parameter dtype, a unit's first forward allocates the all-gather
+    outputs that become its unsharded parameters (FSDP2's ``init_all_gather_outputs``), as
+    activations; later steps reuse them. Measuring that first forward moves bytes between
+    categories (gpt-tiny kept gathered: one block's parameters counted as activations at the
+    peak; the totals equal). bf16 and fp16 ranks trace field for field as with a real first
+    iteration (benchmarks/trace_speed.py)."""
+    return spec.parallelism == "fsdp" and spec.precision != "fp32"
 
 
 def _storage_bytes(tensors: Iterable[Any], round_bytes: Callable[[int], int]) -> int:

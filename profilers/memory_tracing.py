@@ -3,6 +3,9 @@
 Recipe (DESIGN.md, verified on CPU against the allocator): build the step on ``meta`` and
 materialise it with ``to_empty`` inside ``FakeTensorMode(allow_non_fake_inputs=True)``, then run
 two iterations and measure the second, so the optimizer state exists as it does in training.
+A step that can (``PrimableStep``: the trainer's) makes the first iteration's optimizer state
+with one optimizer step on zero gradients instead of a forward and backward: about half the
+trace, every field the same (benchmarks/trace_speed.py).
 Each phase runs in its own ``with tracker:`` block because entering a MemTracker resets its peak
 to what is live at that moment: the two peaks come out separately, with no bookkeeping of ours.
 
@@ -37,7 +40,7 @@ from profilers.fake_kernels import fake_tracing_extras
 from profilers.memory_grad_sums import GradSumsInPlace
 from profilers.memory_records import MemoryBreakdown, MemoryTrace
 from profilers.ssm_kernels import kernels_expected, ssm_cuda_kernels
-from profilers.workload import BlockScalableWorkload, StepSpec, Workload
+from profilers.workload import BlockScalableWorkload, StepSpec, Workload, optimizer_primer
 
 # MemTracker's categories (``_MemRefType`` values) -> MemoryBreakdown fields.
 _CATEGORY_FIELDS = {
@@ -313,7 +316,11 @@ def trace_raw(
             tracker.calibrate_grad_sums()
         windows: dict[str, MemoryBreakdown] = {}
         split = None if split_after is None else split_after(step)
-        for _ in range(2):  # the second iteration is measured: optimizer state exists
+        prime = optimizer_primer(step)
+        if prime is not None:  # the first iteration without its forward/backward
+            with tracker:
+                prime()
+        for _ in range(2 if prime is None else 1):  # the second iteration is measured
             tracker.reset_mod_stats()
             if split is not None:
                 tracker.start_windows(split)

@@ -30,7 +30,7 @@ Contract (read once, relied on everywhere):
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
@@ -274,6 +274,23 @@ class TrainStep(Protocol):
     def optimizer_step(self) -> StepStats: ...
 
     def step(self, batches: Sequence[Batch]) -> tuple[torch.Tensor, StepStats]: ...
+
+
+class PrimableStep(Protocol):
+    """A :class:`TrainStep` that can create its optimizer's state without a forward and
+    backward (optional; the memory tracers use it for the iteration they do not measure)."""
+
+    def prime_optimizer_state(self) -> None:
+        """One optimizer step on zero gradients: afterwards the optimizer's (and any loss
+        scaler's) state exists and no gradient is held, as after a real first step."""
+        ...
+
+
+def optimizer_primer(step: TrainStep) -> Callable[[], None] | None:
+    """The step's ``prime_optimizer_state`` (:class:`PrimableStep`), or None if it has none.
+    Looked up on the step, not by ``isinstance``: a runtime protocol check is cached per class."""
+    prime = getattr(step, "prime_optimizer_state", None)
+    return prime if callable(prime) else None
 
 
 @runtime_checkable

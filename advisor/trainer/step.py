@@ -309,3 +309,14 @@ class AdvisorStep:
     def step(self, batches: Sequence[Batch]) -> tuple[torch.Tensor, StepStats]:
         loss = self.forward_backward(batches)
         return loss, self.optimizer_step()
+
+    def prime_optimizer_state(self) -> None:
+        """A :class:`profilers.workload.PrimableStep`: one optimizer step on zero gradients
+        (the loss scaler's scale created as its first ``scale()`` creates it), leaving the
+        optimizer the same state tensors a real first step leaves it, and no gradient held."""
+        for p in self.model.parameters():
+            if p.requires_grad:
+                p.grad = torch.zeros_like(p)
+        if self.scaler.is_enabled():
+            self.scaler.scale(torch.zeros((), device=self.device))
+        self.optimizer_step()

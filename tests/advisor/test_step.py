@@ -188,3 +188,30 @@ def test_synthetic_batches_follow_the_objective(model: str, objective: str) -> N
             assert step.adapter.mask_token_id is not None
             assert batch["input_ids"].eq(step.adapter.mask_token_id).any()
     assert not torch.equal(batches[0]["input_ids"], batches[1]["input_ids"])
+
+
+@pytest.mark.parametrize("precision", ["fp32", "fp16"])
+def test_priming_leaves_the_state_a_first_real_step_leaves(precision: str) -> None:
+    # PrimableStep (the memory tracers' first iteration): same optimizer state keys and shapes
+    # as after one real step, no gradient held, fp16's loss scale created
+    spec = StepSpec(seq_len=8, micro_batch_size=2, precision=precision)
+    primed, real = build(spec), build(spec)
+    primed.prime_optimizer_state()
+    real.step(real.synthetic_batches())
+    trainable = [p for p in primed.model.parameters() if p.requires_grad]
+    assert trainable and all(p.grad is None for p in primed.model.parameters())
+
+    def shapes(step: AdvisorStep) -> list[dict[str, tuple[int, ...]]]:
+        return [
+            {k: tuple(v.shape) for k, v in step.optimizer.state[p].items()}
+            for p in step.model.parameters()
+            if p.requires_grad
+        ]
+
+    assert shapes(primed) == shapes(real)
+    assert all(primed.optimizer.state[p]["exp_avg"].abs().sum() == 0 for p in trainable)
+    if precision == "fp16":
+        assert primed.scaler._scale is not None
+        assert float(primed.scaler._scale) == float(real.scaler._scale)
+    else:
+        assert not primed.scaler.is_enabled()
