@@ -1,30 +1,39 @@
-"""How long a fake-tensor memory trace takes with torch's per-op module walk and without it.
+"""How long a fake-tensor memory trace takes, with and without each of two savings.
 
-torch's ``MemTracker`` updates, at every op, the peak of every module it has met (for its
-per-module report); the profiler reads only the step's peak, so its trackers skip that walk
-(``profilers.memory_tracing.GlobalPeakOnly``, 2026-12-06). This traces each case below both
-ways, interleaved (before, after, after, before, ... so a drift of the shared host falls on
-both), and prints the median seconds of each, their ratio, and whether every field of the two
-traces is equal (the target: equal, and faster). "before" puts torch's own
-``_update_peak_stats`` back for its runs.
+* **global peak only** (``profilers.memory_tracing.GlobalPeakOnly``, 2026-12-06): torch's
+  ``MemTracker`` updates, at every op, the peak of every module it has met (for its per-module
+  report); the profiler reads only the step's peak, so its trackers skip that walk. "before"
+  puts torch's own ``_update_peak_stats`` back.
+* **primed first iteration** (``AdvisorStep.prime_optimizer_state``, 2026-12-06): a trace
+  runs two iterations and measures the second (the optimizer state must exist); the first is
+  now one optimizer step on zero gradients instead of a forward and backward. "before" takes
+  the method off the step, so the tracers run the real first iteration. DDP and fp32 FSDP
+  ranks keep the real iteration anyway (``memory_distributed._primable``).
+
+Each change is timed with the other in place. Each case is traced both ways, interleaved
+(before, after, after, before, ... so a drift of the shared host falls on both); the table
+gives the median seconds of each, their ratio, and whether every field of the two traces is
+equal (the target: equal, and faster).
 
 Then the cost of a whole-model trace against a scaled one (two shallow copies) at 8, 16 and
-32 blocks of llama-tiny, after the change: the profiler plans a whole ``blocks:K`` trace at
+32 blocks of llama-tiny, with both: the profiler plans a whole ``blocks:K`` trace at
 ``L / (k1 + k2)`` scaled ones (``profilers.phases_core.whole_trace_factor``), which must bound
 the measured ratio.
 
     python benchmarks/trace_speed.py     # writes benchmarks/results/trace_speed.{json,md}
 
-Qwen3.5-9B's case needs transformers (``pip install -e '.[hf]'``) and takes ~5 minutes of
-the ~8 here; ``--quick`` leaves it out.
+Qwen3.5-9B's case needs transformers (``pip install -e '.[hf]'``) and takes most of the
+time; ``--quick`` leaves it out.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import statistics
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -43,7 +52,9 @@ CASES: list[Case] = [
     ("llama-tiny 5 layers", "llama-tiny", {"n_layer": 5}, 16, 2, "bf16", "none", "single"),
     ("llama-tiny 5 layers", "llama-tiny", {"n_layer": 5}, 16, 2, "bf16", "blocks:2", "single"),
     ("bert-tiny", "bert-tiny", {}, 64, 4, "fp32", "full", "single"),
+    ("gpt-tiny", "gpt-tiny", {}, 64, 2, "fp16", "full", "single"),
     ("llama-tiny 8 layers, FSDP rank", "llama-tiny", {"n_layer": 8}, 64, 2, "bf16", "full", "fsdp"),
+    ("gpt-tiny, FSDP rank", "gpt-tiny", {}, 64, 2, "fp32", "none", "fsdp"),
 ]
 QWEN: Case = (
     "Qwen3.5-9B (copies of 8 and 12 layers)",
@@ -55,6 +66,11 @@ QWEN: Case = (
     "full",
     "single",
 )
+CHANGES = {
+    "global peak only": "torch's per-op walk of every module's peak, against the step's peak only",
+    "primed first iteration": "a real first iteration, against one optimizer step on zero "
+    "gradients",
+}
 VOLATILE = {"trace_seconds"}  # when it was traced and how long it took
 
 
@@ -69,24 +85,38 @@ def _trace(workload: AdvisorWorkload, spec: StepSpec) -> dict[str, Any]:
     return {k: v for k, v in traced.to_dict().items() if k not in VOLATILE}
 
 
-def _timed(way: str, workload: AdvisorWorkload, spec: StepSpec) -> tuple[float, dict[str, Any]]:
+@contextlib.contextmanager
+def _without(change: str) -> Iterator[None]:
+    """The code as it was before ``change``."""
     from torch.distributed._tools.mem_tracker import MemTracker
 
+    from advisor.trainer.step import AdvisorStep
     from profilers.memory_tracing import GlobalPeakOnly
 
-    mixin: Any = GlobalPeakOnly  # its method swapped for the "before" runs
-    ours = mixin.__dict__["_update_peak_stats"]
-    if way == "before":
-        mixin._update_peak_stats = MemTracker._update_peak_stats
+    owner: Any = GlobalPeakOnly if change == "global peak only" else AdvisorStep
+    name = "_update_peak_stats" if change == "global peak only" else "prime_optimizer_state"
+    ours = owner.__dict__[name]
+    if change == "global peak only":
+        owner._update_peak_stats = MemTracker._update_peak_stats
+    else:
+        delattr(owner, name)  # not primable: the tracers run the real first iteration
     try:
+        yield
+    finally:
+        setattr(owner, name, ours)
+
+
+def _timed(
+    change: str, way: str, workload: AdvisorWorkload, spec: StepSpec
+) -> tuple[float, dict[str, Any]]:
+    with _without(change) if way == "before" else contextlib.nullcontext():
         started = time.perf_counter()
         fields = _trace(workload, spec)
         return time.perf_counter() - started, fields
-    finally:
-        mixin._update_peak_stats = ours
 
 
-def speed_rows(cases: list[Case]) -> list[dict]:
+def speed_rows(change: str, cases: list[Case]) -> list[dict]:
+    print(f"-- {change}", flush=True)
     rows = []
     for name, model, args, seq, micro, precision, ckpt, parallelism in cases:
         workload = AdvisorWorkload(model=model, model_args=args)
@@ -103,13 +133,14 @@ def speed_rows(cases: list[Case]) -> list[dict]:
         order = ["before", "after"]
         for i in range(ROUNDS + 1):
             for way in order if i % 2 == 0 else order[::-1]:
-                wall, traced = _timed(way, workload, spec)
+                wall, traced = _timed(change, way, workload, spec)
                 if i:  # the first round warms up both
                     seconds[way].append(wall)
                 if fields.setdefault(way, traced) != traced:
                     raise AssertionError(f"{name}: two traces of one way differ")
         before, after = (statistics.median(seconds[w]) for w in ("before", "after"))
         row = {
+            "change": change,
             "case": name,
             "precision": precision,
             "checkpointing": ckpt,
@@ -180,24 +211,32 @@ def depth_rows() -> list[dict]:
 
 def markdown(speed: list[dict], depth: list[dict]) -> str:
     lines = [
-        "# Trace speed: torch's per-op module walk against the step's peak only",
+        "# Trace speed: each saving against the code without it",
         "",
         "`python benchmarks/trace_speed.py`; medians of "
         f"{ROUNDS} interleaved runs each, after a warm-up; target: every field equal, faster.",
-        "",
-        "| case | precision | checkpointing | layout | before (s) | after (s) | speed-up | "
-        "fields equal |",
-        "|---|---|---|---|---|---|---|---|",
     ]
-    for r in speed:
-        lines.append(
-            f"| {r['case']} | {r['precision']} | {r['checkpointing']} | {r['parallelism']} | "
-            f"{r['median_before_s']:.2f} | {r['median_after_s']:.2f} | {r['speed_up']:.2f}x | "
-            f"{'yes' if r['fields_equal'] else '**no**'} |"
-        )
+    for change in CHANGES:
+        lines += [
+            "",
+            f"## {change} ({CHANGES[change]})",
+            "",
+            "| case | precision | checkpointing | layout | before (s) | after (s) | speed-up | "
+            "fields equal |",
+            "|---|---|---|---|---|---|---|---|",
+        ]
+        for r in speed:
+            if r["change"] != change:
+                continue
+            lines.append(
+                f"| {r['case']} | {r['precision']} | {r['checkpointing']} | "
+                f"{r['parallelism']} | {r['median_before_s']:.2f} | {r['median_after_s']:.2f} | "
+                f"{r['speed_up']:.2f}x | {'yes' if r['fields_equal'] else '**no**'} |"
+            )
     lines += [
         "",
-        "## A whole-model trace against a scaled one (after), llama-tiny, bf16, 2 x 64 tokens",
+        "## A whole-model trace against a scaled one (both savings), llama-tiny, bf16, "
+        "2 x 64 tokens",
         "",
         "| blocks | whole blocks:L/2 (s) | scaled full (s) | ratio | planned (L / 5) | bounded |",
         "|---|---|---|---|---|---|",
@@ -217,7 +256,7 @@ def main() -> None:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     quick = "--quick" in sys.argv[1:]
     cases = CASES if quick else [*CASES, QWEN]
-    speed = speed_rows(cases)
+    speed = [row for change in CHANGES for row in speed_rows(change, cases)]
     depth = depth_rows()
     RESULTS.mkdir(parents=True, exist_ok=True)
     (RESULTS / "trace_speed.json").write_text(

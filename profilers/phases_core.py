@@ -49,8 +49,9 @@ def whole_trace_factor(scaling: DepthScaling | None) -> float:
     with k1, k2 the copies' depths (a prefix and periods included: DeepSeek-V3's 5 and 6 blocks,
     Llama 4 Maverick's 8 and 12), 1 when the model is not scaled. Measured on llama-tiny here
     (2026-12-06, bf16, 2 x 64 tokens, benchmarks/trace_speed.py): a whole blocks:L/2 trace took
-    1.29x, 2.56x and 5.22x a scaled full one at 8, 16 and 32 blocks, under the ratio at each
-    (1.6x, 3.2x, 6.4x). Until that day the tracer walked every module it had met at each op
+    0.97x, 2.15x and 4.80x a scaled full one at 8, 16 and 32 blocks (1.29x, 2.56x, 5.22x in a
+    first run, before the first iteration was primed), under the ratio at each (1.6x, 3.2x,
+    6.4x). Until that day the tracer walked every module it had met at each op
     (:class:`profilers.memory_tracing.GlobalPeakOnly`), a whole trace grew with the square of
     the depth (2.0x, 5.9x and 21.2x; an 80-block 70B model's ran past 2.5 minutes unbounded,
     against 3.5 s for a scaled trace), and the estimate was the square of the ratio."""
