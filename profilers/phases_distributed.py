@@ -107,14 +107,24 @@ def what_if_rank_order(models: Sequence[MemoryModel], largest: int) -> list[tupl
     activations differ by). Until 2026-12-05 the order was by memory alone, which put fp32
     and fp16 with full checkpointing before bf16 without: a 6.7B Llama's default profile
     traced fp32/full, bf16/full and fp16/full ranks, and its bf16/none candidates, the
-    fastest that fit 8 H100s, were priced by the analytic fallback instead."""
+    fastest that fit 8 H100s, were priced by the analytic fallback instead.
+
+    ``blocks:K`` groups come last within their precision: the search prices a ``blocks:K``
+    rank on the line through the none and full ranks, and its own rank is traced whole (the
+    copies cannot hold K of their blocks), several times a scaled rank's time. When the faster
+    tracer of 2026-12-06 first reached a 7.53B Llama's single-device ``blocks:16`` group in the
+    default budget, memory alone put its ranks (9.6 s each, against 2.5 s) second, and
+    bf16/ops's and bf16/none's ranks were left out."""
     fitted = {
         (m.precision, m.activation_checkpointing): m.forward_backward.predict(largest)
         for m in models
         if m.loss_chunks == 1
     }
     rank = {p: i for i, p in enumerate(WHAT_IF_PRECISION_ORDER)}
-    return sorted(fitted, key=lambda g: (rank.get(g[0], len(rank)), fitted[g]))
+    return sorted(
+        fitted,
+        key=lambda g: (rank.get(g[0], len(rank)), g[1].startswith("blocks:"), fitted[g]),
+    )
 
 
 def _distributed_specs(

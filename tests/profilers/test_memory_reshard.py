@@ -333,3 +333,36 @@ def test_a_what_if_traces_the_16_bit_ranks_first_least_memory_first_within_each(
     assert memory_model("fp32", "full").forward_backward.predict(8) < (
         memory_model("bf16", "none").forward_backward.predict(8)
     )  # by memory alone fp32/full would have come second
+
+
+def test_a_what_if_traces_blocks_k_ranks_after_the_others_of_their_precision() -> None:
+    # A blocks:K rank is priced from the none and full ranks' line and traced whole: by memory
+    # alone it came second (between full and none), and a 7.53B Llama's default profile spent
+    # its rank traces on blocks:16 instead of ops and none.
+    def model(precision: str, checkpointing: str) -> MemoryModel:
+        if not checkpointing.startswith("blocks:"):
+            return memory_model(precision, checkpointing)
+        full, none = memory_model(precision, "full"), memory_model(precision, "none")
+        between = dataclasses.replace(
+            full.forward_backward,
+            slope=(full.forward_backward.slope + none.forward_backward.slope) / 2,
+        )
+        return dataclasses.replace(
+            full, activation_checkpointing=checkpointing, forward_backward=between
+        )
+
+    models = [model(p, c) for p in ("bf16", "fp32") for c in ("none", "blocks:1", "full")]
+    fitted = {
+        m.activation_checkpointing: m.forward_backward.predict(8)
+        for m in models
+        if m.precision == "bf16"
+    }
+    assert fitted["full"] < fitted["blocks:1"] < fitted["none"]  # by memory: second
+    assert what_if_rank_order(models, largest=8) == [
+        ("bf16", "full"),
+        ("bf16", "none"),
+        ("bf16", "blocks:1"),
+        ("fp32", "full"),
+        ("fp32", "none"),
+        ("fp32", "blocks:1"),
+    ]
