@@ -23,7 +23,10 @@ cuda`` at the default 120 s budget (``--precision bf16`` for Mixtral). The windo
 worked out on three of them (``DESIGN``: Llama-shaped 70.55B and 7.53B, Mixtral 8×7B: the
 copies term was added after the 70.55B's bf16/none read 103% over); the others were profiled
 after it was written and are reported apart (``HELD_OUT``), with Qwen3.5-9B's from
-``fsdp_one_rank`` (taken before either). Predictions: no GPU ran them.
+``fsdp_one_rank``. All seven were re-taken later that day, the same commands, after the day's
+trace mends (Qwen3.5's v copy, transformers' causal mask) and with the primed tracer and the
+what-if rank order (``blocks:K`` ranks last); the method was not changed. Predictions: no GPU
+ran them.
 
 Run ``python benchmarks/fsdp_analytic.py``: prints the tables, writes
 ``results/fsdp_analytic.md`` and ``.json``. Seconds.

@@ -17,11 +17,11 @@ fixed overhead) on 8 H100-80GB (FSDP, bf16, sequence 4096, no accumulation).
 The profile (``results/fsdp_one_rank/profile.json``, with its probes.csv) is Qwen3.5's default
 text config (hf:qwen3_5_text, 8.95B parameters: 24 gated-delta-rule and 8 attention layers),
 taken on this repository's 2-core CPU host on 2026-12-06 with ``advisor profile --model
-hf:qwen3_5_text --seq-len 4096 --precision bf16 --trace-for cuda --budget-s 420``: FSDP×2 rank
-traces of bf16/none at micro-batches 1, 4 and 8 (and of bf16/full at 1 and 4, which this
-check leaves out: the profile has no single-device fit of bf16/full, which both the one-trace
-anchor and the formula need; the what-if prices that setting from the rank's fit alone). A
-model the
+hf:qwen3_5_text --seq-len 4096 --precision bf16 --trace-for cuda --budget-s 420`` (re-taken
+later that day, the same command, after the day's trace mends and with the primed tracer):
+FSDP×2 rank traces and single-device fits of bf16 none, full and ops at micro-batches 1, 4 and
+8 (the first profile: bf16/none only on both; its bf16/full ranks, at 1 and 4, had no
+single-device fit, which both the one-trace anchor and the formula need). A model the
 method was not tuned on (it has no constant to tune); no GPU ran it.
 
 Run ``python benchmarks/fsdp_one_rank.py``: prints the table, writes
@@ -45,9 +45,11 @@ from profilers.rundir import PROFILE as PROFILE_FILE  # noqa: E402
 RESULTS = ROOT / "benchmarks" / "results"
 PROFILE = RESULTS / "fsdp_one_rank" / PROFILE_FILE
 TARGET, WORLD, MICRO = "h100-80gb", 8, (1, 2, 4, 8)
-# bf16/none only: the profile's budget traced bf16/full for the ranks (micro-batches 1 and 4)
-# but not on one device, whose fit the anchor and the formula both need.
-SETTINGS = ("none",)
+# The first profile (2026-12-06) had bf16/none only: its budget traced bf16/full for the ranks
+# (micro-batches 1 and 4) but not on one device, whose fit the anchor and the formula both
+# need. The re-taken one has none, full and ops on both (blocks:K ranks are priced from the
+# none/full line, not anchored: left out).
+SETTINGS = ("none", "full", "ops")
 
 
 def rank_bytes(profile: Any, checkpointing: str, micro: int) -> int:
