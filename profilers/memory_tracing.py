@@ -5,7 +5,10 @@ materialise it with ``to_empty`` inside ``FakeTensorMode(allow_non_fake_inputs=T
 two iterations and measure the second, so the optimizer state exists as it does in training.
 A step that can (``PrimableStep``: the trainer's) makes the first iteration's optimizer state
 with one optimizer step on zero gradients instead of a forward and backward: about half the
-trace, every field the same (benchmarks/trace_speed.py).
+trace, every field the same in benchmarks/trace_speed.py's cases. One model read lower: Bamba on
+transformers' PyTorch scan with full checkpointing, whose real first iteration left its module
+inputs alive in torch's MemTracker into the measured step (a training step keeps none of them:
+the same ops on real tensors, or fake ones untracked, leave nothing alive).
 Each phase runs in its own ``with tracker:`` block because entering a MemTracker resets its peak
 to what is live at that moment: the two peaks come out separately, with no bookkeeping of ours.
 
