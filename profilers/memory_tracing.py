@@ -160,9 +160,10 @@ class GlobalPeakOnly:
     MemTracker's ``_update_peak_stats`` also walks every module it has met, at every op, to
     keep each active one's own peak for its per-module report, which nothing here reads: a
     cost in ops x modules, most of a small model's trace. benchmarks/trace_speed.py
-    (2026-12-06): every trace field the same, one-device traces 1.6-2.2x faster on tiny
-    models and 3.2x on Qwen3.5-9B's copies, and a whole trace linear in depth (it grew with
-    its square). The peak's snapshot (bytes by category, flat) is copied, not deep-copied."""
+    (2026-12-06): every trace field the same, one-device traces 1.4-2.0x faster on tiny
+    models and 3.8x on Qwen3.5-9B's copies (a first run: 1.6-2.2x, 3.2x), and a whole trace
+    linear in depth (it grew with its square). The peak's snapshot (bytes by category, flat)
+    is copied, not deep-copied."""
 
     _curr_mem_snap: dict[torch.device, dict[Any, int]]
     _peak_mem_snap: dict[torch.device, dict[Any, int]]
