@@ -93,10 +93,11 @@ def _without(change: str) -> Iterator[None]:
     from advisor.trainer.step import AdvisorStep
     from profilers.memory_tracing import GlobalPeakOnly
 
-    owner: Any = GlobalPeakOnly if change == "global peak only" else AdvisorStep
-    name = "_update_peak_stats" if change == "global peak only" else "prime_optimizer_state"
+    walk = change == "global peak only"
+    owner: Any = GlobalPeakOnly if walk else AdvisorStep
+    name = "_update_peak_stats" if walk else "prime_optimizer_state"
     ours = owner.__dict__[name]
-    if change == "global peak only":
+    if walk:
         owner._update_peak_stats = MemTracker._update_peak_stats
     else:
         delattr(owner, name)  # not primable: the tracers run the real first iteration

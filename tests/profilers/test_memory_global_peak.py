@@ -13,22 +13,15 @@ from torch.distributed._tools.mem_tracker import MemTracker
 
 from advisor.workload import AdvisorWorkload
 from profilers.isolate import Isolation, run_isolated
-from profilers.memory import trace_step_memory
 from profilers.memory_tracing import GlobalPeakOnly, _StepMemTracker
 from profilers.workload import StepSpec
+from tests.profilers.trace_fields import trace_fields
 
 WORKLOAD = AdvisorWorkload(model="llama-tiny", model_args={"n_layer": 3})
 
 
 def _fields(spec: StepSpec) -> dict[str, Any]:
-    """A trace's fields but its own time (rank traces run in this process: a child's)."""
-    if spec.parallelism == "single":
-        traced = trace_step_memory(WORKLOAD, spec, target_device_type="cuda")
-    else:
-        from profilers import memory_distributed as md
-
-        (traced,) = md.trace_in_this_process(WORKLOAD, [spec], "cuda")
-    return {k: v for k, v in traced.to_dict().items() if k != "trace_seconds"}
+    return trace_fields(WORKLOAD, spec)
 
 
 def _both_ways(spec: StepSpec) -> tuple[dict[str, Any], dict[str, Any]]:

@@ -12,8 +12,8 @@ import pytest
 from advisor.trainer.step import AdvisorStep
 from advisor.workload import AdvisorWorkload
 from profilers.isolate import Isolation, run_isolated
-from profilers.memory import trace_step_memory
 from profilers.workload import StepSpec
+from tests.profilers.trace_fields import trace_fields
 
 WORKLOAD = AdvisorWorkload(model="llama-tiny", model_args={"n_layer": 3})
 
@@ -27,17 +27,12 @@ def _fields(spec: StepSpec) -> tuple[dict[str, Any], int]:
         calls.append(1)
         return real(step, batches)
 
-    AdvisorStep.forward_backward = counted  # type: ignore[method-assign]
+    AdvisorStep.forward_backward = counted  # type: ignore[method-assign,assignment]
     try:
-        if spec.parallelism == "single":
-            traced = trace_step_memory(WORKLOAD, spec, target_device_type="cuda")
-        else:
-            from profilers import memory_distributed as md
-
-            (traced,) = md.trace_in_this_process(WORKLOAD, [spec], "cuda")
+        fields = trace_fields(WORKLOAD, spec)
     finally:
         AdvisorStep.forward_backward = real  # type: ignore[method-assign]
-    return {k: v for k, v in traced.to_dict().items() if k != "trace_seconds"}, len(calls)
+    return fields, len(calls)
 
 
 def _both_ways(spec: StepSpec) -> tuple[tuple[dict[str, Any], int], tuple[dict[str, Any], int]]:
