@@ -328,15 +328,16 @@ def trace_raw(
         if prime is not None:  # the first iteration without its forward/backward
             with tracker:
                 prime()
+        # A model with no repeated blocks (Zamba2's layers share one) is one window.
+        blocks = tuple(split_blocks(step)) if split_blocks is not None else ()
         for iteration in range(0 if prime is None else 1, 2):  # the second is measured
             tracker.reset_mod_stats()
-            if split_blocks is not None:
-                blocks = tuple(split_blocks(step))
+            if blocks:
                 tracker.start_windows(blocks[-1], blocks)
             with tracker, single._on_autocast_cache_clear(tracker.autocast_cache_cleared):
                 batches = step.synthetic_batches()
                 loss = step.forward_backward(batches)
-                if split_blocks is not None:
+                if blocks:
                     windows = {k: breakdown(v) for k, v in tracker.finish_windows().items()}
                     bounds = dict(getattr(tracker, "bounds", {}))
                 else:

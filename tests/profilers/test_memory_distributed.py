@@ -242,3 +242,20 @@ def test_a_failing_trace_raises_with_the_child_reason() -> None:
     hurried = Isolation(timeout_s=0.5, grace_s=0.1)
     with pytest.raises(DistributedTraceError, match=r"fsdp x2 fp32/none/b=1x1 failed \(timeout\)"):
         trace_distributed_step_memory(WORKLOAD, _spec("fsdp", 2, 1), isolation=hurried)
+
+
+def test_an_fsdp_rank_of_a_model_without_repeated_blocks_is_one_window() -> None:
+    # Zamba2's default profile failed every FSDP rank trace with "IndexError: tuple index out
+    # of range": the rank was split per block, and a model whose layers are not a ModuleList
+    # (Zamba2's share one block) has none. Its root is the one FSDP unit, traced whole.
+    from pathlib import Path
+
+    data = Path(__file__).resolve().parents[1] / "data"
+    workload = AdvisorWorkload(f"{data / 'sequential_model.py'}:factory")
+    spec = StepSpec(seq_len=32, micro_batch_size=2, parallelism="fsdp", world_size=2)
+    rank = trace_distributed_step_memory(workload, spec)
+    single = trace_single(workload, dataclasses.replace(spec, parallelism="single", world_size=1))
+    assert rank.window_peaks == () and rank.reshard_windows == ()
+    assert 0 < rank.peak_bytes < single.peak_bytes
+    ratio = rank.parameter_bytes * 2 / single.parameter_bytes
+    assert 1.0 <= ratio < 1.01
