@@ -48,6 +48,7 @@ def distributed_trace_phase(
     parallelisms: Sequence[str] = ("fsdp", "ddp"),
     group_order: Sequence[tuple[str, str]] | None = None,
     trace_seconds: Callable[[str], float] | None = None,
+    kept_gathered: bool = True,
 ) -> list[MemoryTrace]:
     """Per-rank memory of ``parallelisms`` steps at each world size, traced under a fake
     process group in one child (the group is process-global). fp32 first (or the
@@ -56,7 +57,9 @@ def distributed_trace_phase(
 
     ``trace_seconds``: what a one-device trace took per checkpointing (the core's costs); the
     first rank's trace is expected to take :data:`RANK_TRACE_FACTOR` times that, and no child
-    starts when the share cannot cover it
+    starts when the share cannot cover it. ``kept_gathered``: trace FSDP ranks with the blocks
+    kept gathered too (False for a model without repeated blocks: its one FSDP unit, the root,
+    stays gathered from forward to backward either way, and those traces equal the others)
     (until 2026-12-05 the first always started: a Zamba2, traced whole at ~140 s a trace, had
     its child killed after the phase's 46 s)."""
     share = run.clock.share("memory_distributed")
@@ -64,7 +67,9 @@ def distributed_trace_phase(
         reason = "no world size > 1" if not world_sizes else "time budget spent"
         run.rows.append(probe_rows.skipped("memory_distributed", None, reason, name=GROUP_NAME))
         return []
-    specs = _distributed_specs(run, precisions, world_sizes, parallelisms, group_order)
+    specs = _distributed_specs(
+        run, precisions, world_sizes, parallelisms, group_order, kept_gathered
+    )
     first_s = (
         RANK_TRACE_FACTOR * trace_seconds(specs[0].activation_checkpointing)
         if trace_seconds and specs
@@ -133,6 +138,7 @@ def _distributed_specs(
     world_sizes: Sequence[int],
     parallelisms: Sequence[str] = ("fsdp", "ddp"),
     group_order: Sequence[tuple[str, str]] | None = None,
+    kept_gathered: bool = True,
 ) -> list[StepSpec]:
     """Every precision x checkpointing x layout x world size at each traced size and once
     with accumulation; fp32 first (or ``group_order`` first), every group's sizes before any
@@ -163,7 +169,7 @@ def _distributed_specs(
     kept = [
         dataclasses.replace(s, fsdp_reshard_after_forward=False)
         for s in specs
-        if s.parallelism == "fsdp"
+        if s.parallelism == "fsdp" and kept_gathered
     ]
     if not specs:
         return []

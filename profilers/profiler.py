@@ -163,7 +163,14 @@ def _probe(run: ProbeRun, workload: Workload, options: ProfileOptions) -> Profil
         layouts = tuple(layout for layout in layouts if layout == "fsdp")
         order = what_if_rank_order(models, options.trace_micro_batch_sizes[-1])
     traces += distributed_trace_phase(
-        run, precisions, target, world_sizes, layouts, order, core.costs.trace
+        run,
+        precisions,
+        target,
+        world_sizes,
+        layouts,
+        order,
+        core.costs.trace,
+        kept_gathered=model.facts.repeated_blocks,
     )
     models = _fit_groups(fit_memory_models, traces, run.rows, "memory")
     # blocks:K: how far the none-full line is from the measured middle K (memory and time).

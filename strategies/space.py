@@ -657,6 +657,13 @@ def compile_settings(
     return (False,), (f"compile: {why}",)
 
 
+# Why a model without repeated blocks has no kept-gathered FSDP layout to search.
+NO_BLOCKS_TO_KEEP_GATHERED = (
+    "the model has no repeated blocks: FSDP shards it as one unit, its root, which stays "
+    "gathered from forward to backward either way"
+)
+
+
 def reshard_settings(
     profile: Profile, layouts: Sequence[tuple[str, int]]
 ) -> tuple[tuple[bool, ...], tuple[str, ...]]:
@@ -665,6 +672,8 @@ def reshard_settings(
     size: MemoryModel.resharded moves it to another), as measured knobs enter the search."""
     if not any(p == "fsdp" for p, _ in layouts):
         return (True,), ()
+    if not profile.model.repeated_blocks:
+        return (True,), (f"fsdp_reshard_after_forward false: {NO_BLOCKS_TO_KEEP_GATHERED}",)
     if any(
         m.parallelism == "fsdp" and not m.fsdp_reshard_after_forward for m in profile.fits.memory
     ):

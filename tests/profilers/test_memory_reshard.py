@@ -177,6 +177,16 @@ def test_kept_traces_follow_the_baseline_group_then_come_last_and_say_what_cover
     )
 
 
+def test_a_model_without_repeated_blocks_has_no_kept_gathered_rank_traced() -> None:
+    # Its root is its one FSDP unit and is never resharded after forward: a kept trace would
+    # repeat the resharded one (Zamba2's default profile spent two traces so).
+    run = ProbeRun(WORKLOAD, ProfileOptions(seq_len=SEQ_LEN, budget_s=120), None)
+    every = _distributed_specs(run, ("fp32",), (2,), ("fsdp", "ddp"))
+    specs = _distributed_specs(run, ("fp32",), (2,), ("fsdp", "ddp"), kept_gathered=False)
+    assert specs == [s for s in every if s.fsdp_reshard_after_forward]
+    assert len(specs) < len(every)
+
+
 def test_a_group_order_puts_its_groups_first_keeping_sizes_before_accumulation() -> None:
     # A model that fits no device here: the profile serves a what-if, least memory first.
     run = ProbeRun(

@@ -14,7 +14,7 @@ import pytest
 
 from profilers.profile_record import Profile
 from strategies.cost import COMPUTE_BYTES_PER_PARAM, CostModel, cost_model_from_profile, fsdp_units
-from strategies.space import Candidate, SearchRequest, build_space
+from strategies.space import NO_BLOCKS_TO_KEEP_GATHERED, Candidate, SearchRequest, build_space
 from strategies.study import candidate_from_params, trial_params
 from tests.strategies.profiles import MB, facts, hand_profile, line, memory_model
 
@@ -133,6 +133,19 @@ def test_the_search_turns_it_for_fsdp_only_and_only_when_traced() -> None:
     assert candidate_from_params(trial_params(kept[0]), space) == kept[0]
     ddp = next(c for c in candidates if c.parallelism == "ddp")
     assert "fsdp_reshard_after_forward" not in trial_params(ddp)
+
+
+def test_a_model_without_repeated_blocks_is_never_searched_kept_gathered() -> None:
+    # Its one FSDP unit, the root, stays gathered from forward to backward either way: a kept
+    # trace of it equals the resharded one (Zamba2's profile listed both, the same speed).
+    profile = with_ranks(hand_profile(), kept=True)
+    profile = dataclasses.replace(
+        profile, model=dataclasses.replace(profile.model, repeated_blocks=False)
+    )
+    space = build_space(profile, SearchRequest(global_batch_size=8, world_size=2))
+    assert space.fsdp_reshard_after_forward == (True,)
+    assert f"fsdp_reshard_after_forward false: {NO_BLOCKS_TO_KEEP_GATHERED}" in space.excluded
+    assert all(c.fsdp_reshard_after_forward for c in space.candidates())
 
 
 def test_candidate_key_labels_and_config_name_it_only_when_kept() -> None:
