@@ -36,7 +36,11 @@ DEFAULT_TRACE_S = 2.0  # a gpt-tiny trace when none was made to time one
 # bf16/full), llama-tiny and gpt-tiny with 8 layers 1.4-1.8x (each traced whole, the rank
 # from copies); until that day's faster one-device traces (memory_tracing.GlobalPeakOnly)
 # the two took about as long, the phase assumed 1x, and Qwen3.5-9B's default profile then
-# started a 31 s rank trace with 20 s of the budget left (135 s for 120).
+# started a 31 s rank trace with 20 s of the budget left (135 s for 120). Re-measured later
+# that day with the primed tracer (benchmarks/results/large_models, fsdp_analytic,
+# fsdp_one_rank: 14 default profiles), the first rank trace against the group's slowest
+# one-device trace: 1.6-2.9x (3.4x on Mistral 7B's 1.8 s traces: the child's start weighs
+# most on the shortest), the later ones 1.2-1.7x.
 RANK_TRACE_FACTOR = 3.0
 
 
@@ -57,11 +61,12 @@ def distributed_trace_phase(
 
     ``trace_seconds``: what a one-device trace took per checkpointing (the core's costs); the
     first rank's trace is expected to take :data:`RANK_TRACE_FACTOR` times that, and no child
-    starts when the share cannot cover it. ``kept_gathered``: trace FSDP ranks with the blocks
-    kept gathered too (False for a model without repeated blocks: its one FSDP unit, the root,
-    stays gathered from forward to backward either way, and those traces equal the others)
-    (until 2026-12-05 the first always started: a Zamba2, traced whole at ~140 s a trace, had
-    its child killed after the phase's 46 s)."""
+    starts when the share cannot cover it (until 2026-12-05 the first always started: a
+    Zamba2, traced whole at ~140 s a trace, had its child killed after the phase's 46 s).
+
+    ``kept_gathered``: trace FSDP ranks with the blocks kept gathered too (False for a model
+    without repeated blocks: its one FSDP unit, the root, stays gathered from forward to
+    backward either way, so those traces would equal the others)."""
     share = run.clock.share("memory_distributed")
     if not world_sizes or share < MIN_CHILD_SHARE_S:
         reason = "no world size > 1" if not world_sizes else "time budget spent"
