@@ -198,7 +198,8 @@ def test_profile_recommend_train_a_sequential_model(tmp_path: Path) -> None:
     reason in the plan, and the plan trains."""
     run = tmp_path / "run"
     common = ["--model", SEQUENTIAL, "--seq-len", "32", "--quiet"]
-    profile = ["profile", *common, "--precision", "fp32", "--budget-s", "20", "--no-comm"]
+    # 40 s: room for the per-rank traces (at 20 s the phase had none left).
+    profile = ["profile", *common, "--precision", "fp32", "--budget-s", "40", "--no-comm"]
     recommend = ["recommend", "--profile", str(run), "--global-batch-size", "4"]
     train = ["train", "--plan", str(run / "plan.json"), "--steps", "2", "--quiet"]
     for args in (
@@ -217,6 +218,11 @@ def test_profile_recommend_train_a_sequential_model(tmp_path: Path) -> None:
     prof = load_profile(run)
     assert prof.model.repeated_blocks is False
     assert {t.spec.activation_checkpointing for t in prof.memory} == {"none"}
+    # Its FSDP ranks are traced (one window: every one failed with an IndexError until
+    # 2026-12-06), never kept gathered (the root, its one unit, stays gathered anyway).
+    assert not [r for r in prof.probes if r.status == "error"]
+    ranks = [t.spec for t in prof.memory if t.spec.parallelism == "fsdp"]
+    assert ranks and all(s.fsdp_reshard_after_forward for s in ranks)
     plan = json.loads((run / "plan.json").read_text())
     assert plan["config"]["activation_checkpointing"] == "none"
     assert f"not considered: full checkpointing: {NO_REPEATED_BLOCKS}" in plan["reasons"]
