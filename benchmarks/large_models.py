@@ -271,8 +271,8 @@ def traced(counts: dict[str, int]) -> str:
     """ "N: the groups (precision/checkpointing), then the chunked-loss and accumulating ones"."""
     if not counts:
         return "none"
-    kinds: dict[str, list[str]] = {"": [], " chunked loss": [], " accumulating": []}
-    kinds[" kept gathered"] = []
+    suffixes = ("", " chunked loss", " accumulating", " kept gathered")
+    kinds: dict[str, list[str]] = {k: [] for k in suffixes}
     for group in sorted(counts):
         suffix = next((k for k in kinds if k and group.endswith(k)), "")
         kinds[suffix].append(group.removesuffix(suffix) if suffix else group)
