@@ -226,13 +226,32 @@ def lookup_only_params(facts: ModelFacts) -> int:
     return max(facts.num_embedding_params - tied_head, 0)
 
 
-def formula_flops_per_token(facts: ModelFacts, seq_len: int) -> float:
+def formula_flops_per_token(
+    facts: ModelFacts, seq_len: int, expert_gemms: Sequence[Mapping[str, float]] | None = None
+) -> float:
+    """The PaLM formula for ``facts``' model; with its mixture-of-experts layers' grouped GEMMs
+    (:attr:`FlopCount.expert_gemms`), N counts the experts a token is routed to only, as
+    published MoE utilisations do (the activated parameters: Mixtral 8x7B's 12.9B of 46.7B, the
+    DeepSeek-V3 report's 37B of 671B): with N every parameter, a model FLOPs utilisation of a
+    Mixtral read 3.4x what its GPUs did."""
     return palm_flops_per_token(
-        facts.num_params,
+        facts.num_params - unrouted_expert_params(expert_gemms),
         facts.num_layers,
         facts.hidden_size,
         seq_len,
         num_embedding_params=lookup_only_params(facts),
+    )
+
+
+def unrouted_expert_params(expert_gemms: Sequence[Mapping[str, float]] | None) -> int:
+    """The expert weights a token does not multiply, from the step's grouped GEMMs: per call,
+    E experts' K x N weights are read and each token's rows meet ``rows_per_token`` of them
+    (its top-k), so E - top-k experts' weights sit out; 0 without grouped GEMMs."""
+    return round(
+        sum(
+            g["calls"] * max(g["experts"] - g["rows_per_token"], 0.0) * g["k"] * g["n"]
+            for g in expert_gemms or ()
+        )
     )
 
 
@@ -327,7 +346,7 @@ def count_step_flops(
         except Exception:  # any failure of the trace: the what-if prices them as before
             experts = None
     try:
-        formula: float | None = formula_flops_per_token(workload.facts(), base.seq_len)
+        formula: float | None = formula_flops_per_token(workload.facts(), base.seq_len, experts)
     except Exception:  # facts are optional for counting; no formula then
         formula = None
     return FlopCount(

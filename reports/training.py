@@ -240,7 +240,9 @@ def _mfu_chart(
         "fraction",
         series,
         y_min=0,
-        caption=note + " Model FLOPs: 6N + 12·L·H·Q·T per token (PaLM, App. B).",
+        caption=note
+        + " Model FLOPs: 6N + 12·L·H·Q·T per token (PaLM, App. B); N counts the weights a"
+        " token multiplies: of a mixture of experts, the experts it is routed to.",
     )
     return chart, above_one
 

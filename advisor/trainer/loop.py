@@ -360,6 +360,7 @@ class Trainer:
             progress.message(f"resumed from {resume_from} at step {start}")
         elif self.weights is not None:
             progress.message(self.weights.describe())
+        self._mfu_terms = self._model_flops_and_peak()
         self._t_start = time.perf_counter()
         self.loss_value = math.nan
         self.eval_loss: float | None = None
@@ -531,15 +532,36 @@ class Trainer:
 
     def mfu(self, tokens_per_s: float) -> float | None:
         """Model FLOPs utilisation per device; model FLOPs exclude recompute (PaLM App. B)."""
-        from profilers.flops import formula_flops_per_token, mfu
+        from profilers.flops import mfu
 
         if not hasattr(self, "_mfu_terms"):
-            self._mfu_terms = (
-                formula_flops_per_token(self.facts, self.config.seq_len),
-                self._peak_flops_per_device(),
-            )
+            self._mfu_terms = self._model_flops_and_peak()
         flops_per_token, peak = self._mfu_terms
         return mfu(tokens_per_s / self.config.world_size, flops_per_token, peak)
+
+    def _model_flops_and_peak(self) -> tuple[float, float | None]:
+        """The MFU's model FLOPs per token and the device's datasheet peak, before the first
+        step (the expert count below is not a step's time). Where the peak is known and the
+        model has 3-D weights (stacked experts; a Mamba convolution too), its grouped expert
+        GEMMs are counted on a fake step, so a mixture of experts' FLOPs count the experts a
+        token is routed to (:func:`profilers.flops.formula_flops_per_token`); the count
+        failing leaves every parameter in, as for a dense model."""
+        from profilers.expert_gemms import count_expert_gemms
+        from profilers.flops import formula_flops_per_token
+
+        peak = self._peak_flops_per_device()
+        experts = None
+        module = self.step.adapter.module if hasattr(self, "step") else None
+        if (
+            peak is not None
+            and module is not None
+            and any(p.dim() == 3 for p in module.parameters())
+        ):
+            try:
+                experts = count_expert_gemms(self.workload, self.config.step_spec())
+            except Exception:  # a utilisation metric never stops training
+                experts = None
+        return formula_flops_per_token(self.facts, self.config.seq_len, experts), peak
 
 
 def _device_type(name: str) -> str:

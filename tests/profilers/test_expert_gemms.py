@@ -54,3 +54,35 @@ def test_the_flop_count_carries_the_record_and_a_dense_model_has_none() -> None:
     dense = count_step_flops(AdvisorWorkload("gpt-tiny", {}), SPEC)
     assert dense.expert_gemms is None
     assert "expert_gemms" not in dense.to_dict()  # profiles of dense models are unchanged
+
+
+def test_the_formula_counts_the_experts_a_token_is_routed_to() -> None:
+    """Published MoE utilisations count the activated parameters; every parameter in the
+    formula made a Mixtral's MFU read 3.4x what its GPUs did."""
+    from profilers.flops import palm_flops_per_token, unrouted_expert_params
+
+    workload = mixtral(2)
+    count = count_step_flops(workload, SPEC)  # type: ignore[arg-type]
+    facts = workload.facts()  # type: ignore[attr-defined]
+    # per layer, two of the four experts' gate-up (64 x 192) and down (96 x 64) weights sit out
+    unrouted = 2 * (4 - 2) * 64 * 192 + 2 * (4 - 2) * 96 * 64
+    assert unrouted_expert_params(count.expert_gemms) == unrouted
+    every = palm_flops_per_token(
+        facts.num_params,
+        facts.num_layers,
+        facts.hidden_size,
+        SPEC.seq_len,
+        num_embedding_params=facts.num_embedding_params,
+    )
+    routed = palm_flops_per_token(
+        facts.num_params - unrouted,
+        facts.num_layers,
+        facts.hidden_size,
+        SPEC.seq_len,
+        num_embedding_params=facts.num_embedding_params,
+    )
+    assert count.formula_flops_per_token == pytest.approx(routed)
+    assert count.formula_flops_per_token < every
+    # the counted step does what the routed formula says (SDPA's backward recompute aside)
+    assert count.model_flops_per_token == pytest.approx(count.formula_flops_per_token, rel=0.1)
+    assert unrouted_expert_params(None) == 0
