@@ -5,6 +5,8 @@ Library code raises these with a message that names the problem *and* the fix; i
 
 from __future__ import annotations
 
+from profilers.workload import ModelContractError
+
 
 def one_line(exc: BaseException) -> str:
     """``Type: message`` with the message's whitespace (newlines included) collapsed."""
@@ -22,6 +24,10 @@ class UsageProblem(AdvisorError):
     """Bad input: unknown spec, missing file, impossible sizes, unsupported precision ..."""
 
     exit_code = 2
+
+
+class ModelContractViolation(UsageProblem, ModelContractError):
+    """The user's model returns what cannot be trained on (its forward's contract)."""
 
 
 class TrainingDiverged(AdvisorError):

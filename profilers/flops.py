@@ -50,6 +50,7 @@ from profilers.ssm_kernels import WORK_FIELDS, counting_kernel_work
 from profilers.workload import (
     CHECKPOINTING,
     BlockScalableWorkload,
+    ModelContractError,
     ModelFacts,
     StepSpec,
     Workload,
@@ -309,7 +310,7 @@ def count_step_flops(
                 for mode in modes
             }
             scaled = scaling.depths
-        except TraceOverBudget:  # the profile's time is spent: no fallback
+        except (TraceOverBudget, ModelContractError):  # no fallback can do better
             raise
         except Exception:  # a model whose forward needs all its blocks: count it whole
             counts = None
@@ -317,6 +318,8 @@ def count_step_flops(
         try:
             counts = {mode: _count(workload, base, mode, fake=True) for mode in modes}
         except TraceOverBudget:  # the profile's time is spent: no fallback
+            raise
+        except ModelContractError:  # a real step would break it the same way
             raise
         except Exception as exc:  # any failure of the trace: the real step still counts
             fallback_reason = f"FakeTensorMode trace failed: {type(exc).__name__}: {exc}"

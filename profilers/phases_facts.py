@@ -15,7 +15,7 @@ from profilers.device import DeviceInfo
 from profilers.fake_kernels import fake_deadline
 from profilers.flops import FlopCount
 from profilers.probe_run import ProbeRun
-from profilers.workload import PRECISIONS, ModelFacts
+from profilers.workload import PRECISIONS, ModelContractError, ModelFacts
 
 # Every later phase needs the device facts, so the device probe always runs, however small the
 # budget: probe_device refuses a budget <= 0, and a second keeps each of its benchmark parts
@@ -101,6 +101,8 @@ def model_phase(run: ProbeRun) -> ModelPhase:
             flops = count_step_flops(run.workload, run.spec("fp32", "none", 1), also=also)
         per_token = flops.model_flops_per_token
         run.measured("flops", None, since=t0, value=per_token, unit="flops/token")
+    except ModelContractError:  # the first step of the model: nothing after it can run
+        raise
     except Exception as exc:
         flops = None
         run.rows.append(probe_rows.raised("flops", None, exc, wall_s=time.perf_counter() - t0))

@@ -47,6 +47,13 @@ PARALLELISMS: tuple[str, ...] = ("single", "ddp", "fsdp")
 OBJECTIVES: tuple[str, ...] = ("causal_lm", "mlm")
 
 
+class ModelContractError(Exception):
+    """The model breaks the workload's contract (what its forward returns cannot be trained
+    on: a loss, a pooled output): every probe of it would fail the same way, so a profile
+    stops at the first with this message instead of recording one error per probe and
+    ending as if it had profiled something."""
+
+
 @dataclass(frozen=True, kw_only=True, slots=True)
 class StepSpec:
     """The knobs one training step depends on (a slice of strategies' TrainConfig)."""

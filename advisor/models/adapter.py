@@ -15,6 +15,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from advisor.errors import ModelContractViolation
 from advisor.models.objectives import Objective, lm_loss
 from profilers.ssm_kernels import kernels_of
 from profilers.workload import NO_OUTPUT_HEAD, ModelFacts
@@ -56,7 +57,7 @@ class ModelAdapter:
 
     # -- forward and loss -------------------------------------------------------------------
     def logits(self, input_ids: torch.Tensor) -> torch.Tensor:
-        return extract_logits(self.module(input_ids))
+        return extract_logits(self.module(input_ids), input_ids)
 
     def loss(self, batch: Mapping[str, torch.Tensor]) -> torch.Tensor:
         return lm_loss(self.logits(batch["input_ids"]), batch["labels"])
@@ -204,19 +205,35 @@ def _has_tied_output(module: nn.Module) -> bool:
     return any(id(m.weight) in embeddings for m in module.modules() if isinstance(m, nn.Linear))
 
 
-def extract_logits(out: Any) -> torch.Tensor:
-    """Logits from a plain tensor, a ModelOutput/namespace with ``.logits``, or a dict."""
+def extract_logits(out: Any, input_ids: torch.Tensor | None = None) -> torch.Tensor:
+    """Logits from a plain tensor, a ModelOutput/namespace with ``.logits``, or a dict.
+
+    With ``input_ids``, the output must have one row per input token, (batch, seq, ...) for
+    those ids: anything else (a loss, a shifted or pooled output) is the model breaking its
+    contract, a one-line :class:`ModelContractViolation` naming the shape it returned, before
+    the loss fails on it with an index error. The last dimension is not checked: a head padded past
+    the vocabulary is fine, and a model that names no vocabulary has it read from its
+    largest embedding, which may be a position table."""
     if isinstance(out, torch.Tensor):
-        return out
-    logits = getattr(out, "logits", None)
-    if logits is None and isinstance(out, Mapping):
-        logits = out.get("logits")
-    if logits is None and isinstance(out, tuple) and out and isinstance(out[0], torch.Tensor):
-        logits = out[0]
+        logits: Any = out
+    else:
+        logits = getattr(out, "logits", None)
+        if logits is None and isinstance(out, Mapping):
+            logits = out.get("logits")
+        if logits is None and isinstance(out, tuple) and out and isinstance(out[0], torch.Tensor):
+            logits = out[0]
     if not isinstance(logits, torch.Tensor):
-        raise TypeError(
+        raise ModelContractViolation(
             f"the model returned {type(out).__name__}, not logits: its forward(input_ids) must "
             "return a logits tensor (batch, seq, vocab) or an object with a .logits tensor"
+        )
+    if input_ids is not None and tuple(logits.shape[:-1]) != tuple(input_ids.shape):
+        ids = tuple(input_ids.shape)
+        raise ModelContractViolation(
+            f"the model returned logits of shape {tuple(logits.shape)} for input_ids of shape "
+            f"{ids}: its forward(input_ids) must return (batch, seq, vocab) = ({ids[0]}, "
+            f"{ids[1]}, vocab), one row of logits per input token (not a loss, nor a shifted "
+            "or pooled output)"
         )
     return logits
 

@@ -15,6 +15,7 @@ import importlib
 import importlib.util
 import inspect
 import json
+import os
 import sys
 from collections.abc import Iterator, Mapping
 from pathlib import Path
@@ -160,6 +161,9 @@ def load_factory(spec: str) -> Any:
         name = "advisor_user_" + hashlib.sha1(str(resolved).encode()).hexdigest()[:12]
         module = sys.modules.get(name)
         if module is None:
+            # Its own directory first, as `python FILE.py` has it: a model file that imports
+            # a module beside it (`from blocks import Block`) loads from anywhere.
+            _on_path(str(resolved.parent), first=True)
             loader_spec = importlib.util.spec_from_file_location(name, resolved)
             assert loader_spec is not None and loader_spec.loader is not None
             module = importlib.util.module_from_spec(loader_spec)
@@ -172,6 +176,10 @@ def load_factory(spec: str) -> Any:
                     f"importing {target} failed ({one_line(exc)}): fix the file"
                 ) from None
     else:
+        # The working directory last, as `python -m` has it first: the console script's path
+        # lacks it, so `--model mymodel:MyLM` (the record a Python API call made from that
+        # directory) failed where the API's own processes imported it.
+        _on_path(os.getcwd(), first=False)
         try:
             module = importlib.import_module(target)
         except ImportError as exc:
@@ -185,6 +193,16 @@ def load_factory(spec: str) -> Any:
             f"{target} has no callable {attr!r}: name a function returning nn.Module"
         )
     return factory
+
+
+def _on_path(directory: str, *, first: bool) -> None:
+    """Put ``directory`` on ``sys.path`` (first or last) unless it is there already."""
+    if directory in sys.path or (not first and "" in sys.path):
+        return
+    if first:
+        sys.path.insert(0, directory)
+    else:
+        sys.path.append(directory)
 
 
 def _first_attr(objs: list[Any], names: tuple[str, ...]) -> Any:

@@ -261,7 +261,8 @@ class AdvisorStep:
 
     def loss(self, batch: Batch) -> torch.Tensor:
         with self.autocast():
-            logits = extract_logits(self.model(batch["input_ids"]))
+            ids = batch["input_ids"]
+            logits = extract_logits(self.model(ids), ids)
             if self.head is not None:  # not logits: the final hidden states
                 return chunked_lm_loss(logits, self.head, batch["labels"], self.spec.loss_chunks)
             return lm_loss(logits, batch["labels"])
