@@ -101,6 +101,10 @@ def profile(request: ProfileRequest, out: Path, progress: Progress | None = None
         tool={"advisor": __version__, "data": source.description},
         started_at=started,
     )
+    # An --out that cannot hold the files fails now (a file in its way: one line from the
+    # CLI), not after the whole budget of probes; after the cheap checks above, so a bad
+    # model spec leaves no empty directory behind.
+    out.mkdir(parents=True, exist_ok=True)
     result = run_profile(workload, options, progress)
     result.save(out)
     return result

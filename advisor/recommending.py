@@ -176,6 +176,8 @@ def recommend(
     if validation_rounds < 1:
         raise UsageProblem(f"--validate-rounds must be 1 or more, got {validation_rounds}")
     prof = read_profile(profile)
+    if out is not None:  # an --out that cannot hold the plan fails now, not after the search
+        out.mkdir(parents=True, exist_ok=True)
     base = base_config(prof, request)
     target = resolve_target(request)[0] if request.target is not None else None
     model, label = cost_model_for(prof, request)

@@ -495,7 +495,13 @@ def run(request: RunRequest, out: Path, progress: RunProgress | None = None) -> 
                 detail = body(say)
             status = "done"
         except BaseException as exc:
-            detail = " ".join(str(exc).split()) or type(exc).__name__
+            from reports.runfiles import INTERRUPTED
+
+            detail = (
+                INTERRUPTED
+                if isinstance(exc, KeyboardInterrupt)
+                else " ".join(str(exc).split()) or type(exc).__name__
+            )
             raise
         finally:
             result = StageResult(

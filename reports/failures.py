@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from reports.model import Section
-from reports.runfiles import RunFiles
+from reports.runfiles import INTERRUPTED, RunFiles
 
 # stage → (how the page names it, the section it fills, the sections that need its output)
 STAGE_SECTIONS: dict[str, tuple[str, str, tuple[str, ...]]] = {
@@ -63,8 +63,9 @@ def stage_failures(run: RunFiles) -> tuple[StageFailure, ...]:
         "Fix what the message names (change the flag it points to, if any), then continue "
         f"this run; the stages that finished are reused: {resume_command(run)}"
     )
+    go_on = f"Continue this run; the stages that finished are reused: {resume_command(run)}"
     return tuple(
-        StageFailure(stage=stage, message=message, fix=fix)
+        StageFailure(stage=stage, message=message, fix=go_on if message == INTERRUPTED else fix)
         for stage, message in run.failed_stages.items()
         if stage in STAGE_SECTIONS
     )

@@ -20,6 +20,9 @@ from typing import Any
 from profilers.metrics_record import EvalRecord, Metrics, TrainRecord, read_metrics
 from profilers.rundir import METRICS, PLAN, PROFILE, TRAIN, RunDir, TrainDir
 
+# The one-line "error" advisor run records for a stage stopped by Ctrl-C: nothing to fix.
+INTERRUPTED = "interrupted (Ctrl-C)"
+
 
 class ReportError(ValueError):
     """The run directory cannot be reported on; the message names the fix."""
@@ -238,7 +241,9 @@ def load_run(root: str | Path) -> RunFiles:
             probes = _read_csv(RunDir(where).probes, problems)
             run = dataclasses.replace(run, profile=profile, probes=probes)
     run = dataclasses.replace(run, failed_stages=failed_stages(run.run_info, files, train))
-    if run.empty and not problems:
+    # A run stopped by Ctrl-C in its first stage has its log only: the page says how to go on
+    # (a run whose input was refused has nothing to show: the error line says it all).
+    if run.empty and not problems and INTERRUPTED not in run.failed_stages.values():
         raise ReportError(
             f"{root} holds no run files ({PROFILE}, {PLAN}, {TRAIN}/{METRICS}): run "
             f"'advisor run --out {root}' (or 'advisor profile --out {root}') first"

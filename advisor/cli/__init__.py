@@ -30,6 +30,56 @@ def _report_to_launcher(exc: BaseException) -> None:
     write_rank_error(one_line(exc))
 
 
+# What a Ctrl-C leaves, per command, and how to go on.
+_INTERRUPTED = {
+    "run": "the run directory keeps the stages that finished and the report of what it has; "
+    "the same command plus --resume continues it",
+    "recommend": "the search's trials so far are kept in its study; the same command continues it",
+    "tune": "the trials so far are kept in its study; the same command continues it",
+    "train": "--resume continues from the last checkpoint, if one was saved",
+    "profile": "a profile is written when it ends, so nothing was; run it again (--budget-s "
+    "bounds how long it takes)",
+}
+
+# A path that cannot be used as named (bad usage); other OSErrors (a full disk) fail the job.
+_PATH_PROBLEMS = (
+    FileExistsError,
+    FileNotFoundError,
+    IsADirectoryError,
+    NotADirectoryError,
+    PermissionError,
+)
+
+
+def _command_name(args: tuple[Any, ...], kwargs: dict[str, Any]) -> str:
+    argv = kwargs.get("args", args[0] if args else None)
+    argv = sys.argv[1:] if argv is None else list(argv)
+    return next((a for a in argv if not a.startswith("-")), "")
+
+
+def _interrupted(command: str) -> str:
+    hint = _INTERRUPTED.get(command)
+    return f"interrupted (Ctrl-C): {hint}" if hint else "interrupted (Ctrl-C)"
+
+
+def _cannot_use_path(exc: OSError) -> str:
+    """One line for a path the command could not read or write, naming the fix."""
+    # A rename into place names the staged file first and the destination, the user's, second
+    path = exc.filename if exc.filename2 is None else exc.filename2
+    reason = exc.strerror or type(exc).__name__
+    if isinstance(exc, (FileExistsError, NotADirectoryError)):
+        fix = "a file is in the way of a directory it needs: choose another --out"
+    elif isinstance(exc, IsADirectoryError):
+        fix = "it is a directory: name a file, or choose another --out"
+    elif isinstance(exc, PermissionError):
+        fix = "choose a path you can write, or fix its permissions"
+    elif isinstance(exc, FileNotFoundError):
+        fix = "check the path (its parent directory must exist or be creatable)"
+    else:
+        fix = "free space or choose another --out"
+    return f"cannot use {path}: {reason}: {fix}"
+
+
 class AdvisorGroup(click.Group):
     """Every failure is one line on stderr: exit 2 for bad usage, 1 for a failed job."""
 
@@ -45,14 +95,19 @@ class AdvisorGroup(click.Group):
         except click.UsageError as exc:
             hint = f" (see '{exc.ctx.command_path} --help')" if exc.ctx else ""
             _fail(exc.format_message() + hint, 2)
-        except click.exceptions.Abort:
-            _fail("aborted", 130)
+        except click.exceptions.Abort:  # Ctrl-C: click turns KeyboardInterrupt into Abort
+            _fail(_interrupted(_command_name(args, kwargs)), 130)
         except click.ClickException as exc:
             _fail(exc.format_message(), exc.exit_code)
         except AdvisorError as exc:
             _fail(str(exc), exc.exit_code)
         except KeyboardInterrupt:
-            _fail("interrupted", 130)
+            _fail(_interrupted(_command_name(args, kwargs)), 130)
+        except OSError as exc:
+            if exc.filename is None:  # not about a path the user named: keep the traceback
+                _report_to_launcher(exc)
+                raise
+            _fail(_cannot_use_path(exc), 2 if isinstance(exc, _PATH_PROBLEMS) else 1)
         except ValueError as exc:
             # Config records (strategies.ConfigError) validate at construction with a fix;
             # a search or prediction the input does not allow (StrategyError) names the knob.
