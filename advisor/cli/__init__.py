@@ -36,7 +36,8 @@ _INTERRUPTED = {
     "the same command plus --resume continues it",
     "recommend": "the search's trials so far are kept in its study; the same command continues it",
     "tune": "the trials so far are kept in its study; the same command continues it",
-    "train": "--resume continues from the last checkpoint, if one was saved",
+    "train": "the same command plus --resume continues from the last checkpoint saved (from "
+    "step 0 if none was)",
     "profile": "a profile is written when it ends, so nothing was; run it again (--budget-s "
     "bounds how long it takes)",
 }

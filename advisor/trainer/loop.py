@@ -349,13 +349,22 @@ class Trainer:
         self._build(resuming=resume_from is not None)
         self.tokens, self.skipped, self.elapsed_before = 0, 0, 0.0
         start = self._restore(resume_from) if resume_from is not None else 0
-        if self.ctx.is_main:
-            self._write_run_files(start, resumed=resume_from is not None)
         if start >= self.total_steps:
+            # Nothing to train: the run's files stay as they are (a shorter --steps rewrote
+            # train_config.json's total, and its report called a 13-step run 13/5 done).
             return self._already_done(start)
+        # --resume with no checkpoint yet (a second Ctrl-C stops before one is saved): a fresh
+        # start, whose metrics must not follow the lines of the steps it will log again.
+        afresh = self.options.resume and resume_from is None and self.files.metrics.exists()
+        if self.ctx.is_main:
+            if afresh:
+                self.metrics.truncate_after(0)
+            self._write_run_files(start, resumed=resume_from is not None)
         progress = Progress(
             self.total_steps, start, enabled=self.options.progress and self.ctx.is_main
         )
+        if afresh:
+            progress.message(f"no checkpoint in {self.out} to resume from: training from step 0")
         if resume_from is not None:
             progress.message(f"resumed from {resume_from} at step {start}")
         elif self.weights is not None:
@@ -426,10 +435,11 @@ class Trainer:
             record, t_prev = self._train_step(step, micro, t_data, t_prev)
             if self.ctx.is_main:
                 self.metrics.write(record)
-            progress.update(step, self.loss_value, record.tokens_per_s or 0.0)
             last = step == self.total_steps
             if last or (self.eval_every and step % self.eval_every == 0):
                 self._log_eval(step, progress)
+            # after the evaluation, so the line shows this step's eval loss, not the last one's
+            progress.update(step, self.loss_value, record.tokens_per_s or 0.0)
             if last or step % self.checkpoint_every == 0:
                 self._save(step)
             if stop.signum is not None:

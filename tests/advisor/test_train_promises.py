@@ -96,7 +96,10 @@ def test_a_second_ctrl_c_stops_at_once(tmp_path: Path) -> None:
     proc.send_signal(signal.SIGINT)
     _, err = proc.communicate(timeout=120)
     assert proc.returncode == 130, err
-    assert err.strip().splitlines()[-1] == "error: aborted"
+    assert err.strip().splitlines()[-1] == (
+        "error: interrupted (Ctrl-C): the same command plus --resume continues from the last "
+        "checkpoint saved (from step 0 if none was)"
+    )
     assert "stopped after step" not in err and "Traceback" not in err
     assert train_lines(out) == logged  # the step under way was not finished
     assert CheckpointDir(out / "checkpoints", keep_last=100).steps() == []  # nor checkpointed
