@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -74,8 +75,10 @@ def profile(request: ProfileRequest, out: Path, progress: Progress | None = None
     from profilers.profiler import ProfileOptions, run_profile
     from strategies.config import TrainConfig
 
-    if request.budget_s <= 0:
-        raise UsageProblem(f"--budget-s must be positive, got {request.budget_s}")
+    if not (0 < request.budget_s < math.inf):  # nan fails both comparisons
+        raise UsageProblem(
+            f"--budget-s must be a positive number of seconds, got {request.budget_s}"
+        )
     device = resolve_device_name(request.device)
     workload = AdvisorWorkload(
         request.model, dict(request.model_args), request.data, request.tokenizer

@@ -379,9 +379,32 @@ def load_profile(path: str | Path) -> Profile:
         raise ValueError(
             f"profile {path} is not valid JSON ({exc}): re-run 'advisor profile'"
         ) from None
+    # Valid JSON that is not an object (``[1, 2]``, ``null``) has no fields to read: say so
+    # here, as the plan loaders do, rather than fail on the first ``data.get``.
+    if not isinstance(data, dict):
+        raise ValueError(
+            f"profile {path} is not a profile (its JSON is {_json_kind(data)}, not an "
+            "object): re-run 'advisor profile'"
+        )
     try:
         return Profile.from_dict(data)
-    except (KeyError, TypeError) as exc:
+    except KeyError as exc:
         raise ValueError(
             f"profile {path} is incomplete (missing {exc}): re-run 'advisor profile'"
         ) from None
+    except (TypeError, AttributeError) as exc:
+        # A field of the wrong JSON type (a list where an object belongs ...).
+        raise ValueError(
+            f"profile {path} is not a profile ({exc}): re-run 'advisor profile'"
+        ) from None
+
+
+def _json_kind(value: Any) -> str:
+    """What a parsed JSON value is, in JSON's own words."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):  # before int: bool is an int
+        return "a boolean"
+    if isinstance(value, int | float):
+        return "a number"
+    return "a string" if isinstance(value, str) else "an array"

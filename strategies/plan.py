@@ -35,7 +35,7 @@ from strategies.plan_records import (
     write_trials_csv,
 )
 from strategies.search import Evaluation, SearchResult, evaluate
-from strategies.space import Candidate, SearchSpace
+from strategies.space import Candidate, SearchSpace, divisors
 from strategies.uncertainty import interval_overlaps
 
 __all__ = [
@@ -65,9 +65,8 @@ NUM_ALTERNATIVES = 5
 
 def naive_baseline(model: CostModel, global_batch_size: int) -> Baseline:
     """The seeds' loop, with the smallest accumulation that fits (DESIGN.md)."""
-    divisors = [d for d in range(1, global_batch_size + 1) if global_batch_size % d == 0]
     last: Evaluation | None = None
-    for accum in divisors:  # ascending accumulation = descending micro-batch
+    for accum in divisors(global_batch_size):  # ascending accumulation = descending micro-batch
         candidate = Candidate(
             precision="fp32",
             activation_checkpointing="none",

@@ -10,6 +10,7 @@ imports torch (``advisor --help`` stays instant).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, TypeVar
@@ -61,6 +62,22 @@ class CheckpointingType(click.ParamType):
             return parse_checkpointing(str(value)).setting
         except ValueError as exc:
             self.fail(str(exc), param, ctx)
+
+
+class FiniteFloatRange(click.FloatRange):
+    """A click.FloatRange that also refuses nan and infinity: nan passes every comparison a
+    range makes (``--budget-s nan`` then fails deep in the profiler), and an infinite bound
+    is no bound (``--budget-s inf`` profiles forever)."""
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        number = super().convert(value, param, ctx)
+        if not math.isfinite(number):
+            self.fail(
+                f"{number} is not a finite number: give one in the range {self._describe_range()}.",
+                param,
+                ctx,
+            )
+        return number
 
 
 def _stack(*decorators: Callable[[Any], Any]) -> Callable[[F], F]:
@@ -132,11 +149,11 @@ def global_batch_option(*, required: bool = False, default: int | None = None) -
 # -- TrainConfig ----------------------------------------------------------------------------------
 
 hyperparameter_options = _stack(
-    click.option("--lr", type=click.FloatRange(min=0, min_open=True), help="Peak learning rate."),
-    click.option("--min-lr", type=click.FloatRange(min=0), help="Floor of the cosine decay."),
+    click.option("--lr", type=FiniteFloatRange(min=0, min_open=True), help="Peak learning rate."),
+    click.option("--min-lr", type=FiniteFloatRange(min=0), help="Floor of the cosine decay."),
     click.option("--warmup-steps", type=NON_NEGATIVE, help="Linear warm-up steps."),
-    click.option("--weight-decay", type=click.FloatRange(min=0), help="AdamW weight decay."),
-    click.option("--grad-clip", type=click.FloatRange(min=0), help="Max grad norm; 0 disables."),
+    click.option("--weight-decay", type=FiniteFloatRange(min=0), help="AdamW weight decay."),
+    click.option("--grad-clip", type=FiniteFloatRange(min=0), help="Max grad norm; 0 disables."),
     click.option("--seed", type=int, help="Seed for weights and data order."),
     click.option(
         "--init-from",
@@ -275,7 +292,7 @@ profile_path_option = click.option(
 probe_options = _stack(
     click.option(
         "--budget-s",
-        type=click.FloatRange(min=0, min_open=True),
+        type=FiniteFloatRange(min=0, min_open=True),
         default=DEFAULT_PROFILE_BUDGET_S,
         show_default=True,
         help="Time budget of all the profile's probes, in seconds.",
@@ -305,7 +322,7 @@ probe_options = _stack(
 
 memory_budget_option = click.option(
     "--memory-budget",
-    type=click.FloatRange(min=0, max=1, min_open=True),
+    type=FiniteFloatRange(min=0, max=1, min_open=True),
     default=DEFAULT_MEMORY_BUDGET,
     show_default=True,
     help="Fraction of device memory (CPU: of the RAM available when profiled) a plan may use.",

@@ -8,7 +8,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from advisor.models.common import check_heads, check_length, init_parameters
+from advisor.errors import UsageProblem
+from advisor.models.common import check_heads, check_length, check_sizes, init_parameters
 
 
 @dataclass(kw_only=True)
@@ -23,6 +24,18 @@ class BertConfig:
     layer_norm_eps: float = 1e-12
     # Token id used for [MASK]; None means the last id of the vocabulary.
     mask_token_id: int | None = None
+
+    def __post_init__(self) -> None:
+        check_sizes(self, "vocab_size", "n_layer", "n_head", "n_embd", "ffn_hidden", "max_position")
+        mask = self.mask_token_id
+        # An id outside the vocabulary fails only at the first step, as an embedding IndexError.
+        if mask is not None and (
+            isinstance(mask, bool) or not isinstance(mask, int) or not 0 <= mask < self.vocab_size
+        ):
+            raise UsageProblem(
+                f"--model-arg mask_token_id={mask}: mask_token_id must be a token id from 0 to "
+                f"{self.vocab_size - 1} (vocab_size - 1, the default)"
+            )
 
 
 class BertLayer(nn.Module):

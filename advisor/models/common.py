@@ -8,6 +8,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from advisor.errors import UsageProblem
+
 
 @torch.no_grad()
 def init_parameters(module: nn.Module, matrix: Callable[[str, nn.Parameter], object]) -> None:
@@ -30,6 +32,21 @@ def check_length(length: int, limit: int, field: str) -> None:
             f"sequence length {length} exceeds the model's {field} {limit}: use a shorter "
             f"--seq-len or --model-arg {field}={length}"
         )
+
+
+def check_sizes(config: object, *fields: str) -> None:
+    """A UsageProblem naming the field and the fix unless each of ``fields`` is a whole number
+    of at least 1. A config's sizes come from ``--model-arg`` as any JSON value; below 1, a
+    depth divides by zero in init, a head count by zero in the width check, and a width, vocab
+    or length builds a model that fails at its first step, or a profile whose probes all fail."""
+    for name in fields:
+        value = getattr(config, name)
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise UsageProblem(
+                f"--model-arg {name}={value}: {name} must be a whole number of at least 1"
+            )
+        if value < 1:
+            raise UsageProblem(f"--model-arg {name}={value}: {name} must be at least 1")
 
 
 def check_heads(n_embd: int, n_head: int) -> None:

@@ -14,7 +14,13 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from advisor.models.common import InputLayerNorm, check_heads, check_length, init_parameters
+from advisor.models.common import (
+    InputLayerNorm,
+    check_heads,
+    check_length,
+    check_sizes,
+    init_parameters,
+)
 
 
 @dataclass(kw_only=True)
@@ -27,6 +33,9 @@ class GPTConfig:
     dropout: float = 0.0
     bias: bool = True
     tie_weights: bool = True
+
+    def __post_init__(self) -> None:
+        check_sizes(self, "vocab_size", "n_layer", "n_head", "n_embd", "block_size")
 
 
 class CausalSelfAttention(nn.Module):

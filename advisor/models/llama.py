@@ -10,7 +10,13 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from advisor.models.common import check_length, compute_dtype, init_parameters, norm_output_dtype
+from advisor.models.common import (
+    check_length,
+    check_sizes,
+    compute_dtype,
+    init_parameters,
+    norm_output_dtype,
+)
 
 
 @dataclass(kw_only=True)
@@ -25,6 +31,18 @@ class LlamaConfig:
     rope_theta: float = 500000.0
     norm_eps: float = 1e-5
     tie_weights: bool = True
+
+    def __post_init__(self) -> None:
+        check_sizes(
+            self,
+            "vocab_size",
+            "n_layer",
+            "n_head",
+            "n_kv_head",
+            "n_embd",
+            "ffn_hidden",
+            "max_seq_len",
+        )
 
 
 class _RMSNormFunction(torch.autograd.Function):
@@ -148,6 +166,12 @@ class Llama(nn.Module):
             raise ValueError(
                 f"n_embd ({cfg.n_embd}) must be divisible by n_head ({cfg.n_head}) and n_head by "
                 f"n_kv_head ({cfg.n_kv_head}): fix the --model-arg values"
+            )
+        if (cfg.n_embd // cfg.n_head) % 2:
+            # RoPE rotates pairs: the two halves of each head (apply_rope).
+            raise ValueError(
+                f"the head dimension n_embd / n_head ({cfg.n_embd} / {cfg.n_head}) must be even "
+                "for rotary embeddings: fix the --model-arg values"
             )
         self.config = cfg
         self.tok_embeddings = nn.Embedding(cfg.vocab_size, cfg.n_embd)

@@ -113,3 +113,17 @@ def test_a_run_stopped_by_ctrl_c_keeps_a_report_that_says_how_to_continue(
     assert "Fix what the message names" not in text
     again = invoke("report", str(out))  # the page renders again from run.json alone
     assert again.exit_code == 0, again.output
+
+
+@pytest.mark.parametrize("budget", [0.0, -1.0, float("nan"), float("inf")])
+def test_the_library_refuses_a_budget_that_is_no_number_of_seconds(
+    tmp_path: Path, budget: float
+) -> None:
+    """The CLI's option type refuses these; the Python API reaches profile() directly (nan
+    passed its `<= 0` check and failed deep in the profiler, inf profiled forever)."""
+    from advisor.errors import UsageProblem
+    from advisor.profiling import ProfileRequest, profile
+
+    with pytest.raises(UsageProblem, match="--budget-s must be a positive number of seconds"):
+        profile(ProfileRequest(budget_s=budget), tmp_path / "p")
+    assert not (tmp_path / "p").exists()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import sys
 from pathlib import Path
@@ -135,6 +136,64 @@ def test_inconsistent_llama_shape_is_a_usage_problem() -> None:
 def test_heads_not_dividing_width_is_a_usage_problem(name: str) -> None:
     with pytest.raises(UsageProblem):
         build_model(name, {"n_head": 3}, meta=True)
+
+
+def _size_fields() -> list[tuple[str, str]]:
+    """(preset, field) for every integer field of each family's config: a new one is checked."""
+    from advisor.models.bert import BertConfig
+    from advisor.models.gpt import GPTConfig
+    from advisor.models.llama import LlamaConfig
+
+    configs = {"gpt-tiny": GPTConfig, "bert-tiny": BertConfig, "llama-tiny": LlamaConfig}
+    return [
+        (name, f.name)
+        for name, config in configs.items()
+        for f in dataclasses.fields(config)
+        if f.type == "int"
+    ]
+
+
+@pytest.mark.parametrize("value", [0, -1])
+@pytest.mark.parametrize(("name", "field"), _size_fields())
+def test_a_size_below_one_is_a_usage_problem_naming_the_field(
+    name: str, field: str, value: int
+) -> None:
+    """n_layer=0 divided by zero in init; n_layer=-1 built a block-less model whose every
+    profile probe failed; a zero width or vocab failed at the first step."""
+    for meta in (True, False):
+        with pytest.raises(UsageProblem) as excinfo:
+            build_model(name, {field: value}, meta=meta)
+        assert one_line_problem(excinfo) == (
+            f"--model-arg {field}={value}: {field} must be at least 1"
+        )
+
+
+@pytest.mark.parametrize("value", ["abc", 2.5, True, None])
+def test_a_size_that_is_not_a_whole_number_is_a_usage_problem(value: object) -> None:
+    with pytest.raises(UsageProblem) as excinfo:
+        build_model("gpt-tiny", {"n_layer": value}, meta=True)
+    assert one_line_problem(excinfo) == (
+        f"--model-arg n_layer={value}: n_layer must be a whole number of at least 1"
+    )
+
+
+@pytest.mark.parametrize("mask", [-1, 320, "x"])
+def test_a_mask_token_outside_the_vocabulary_is_a_usage_problem(mask: object) -> None:
+    """bert-tiny's vocabulary is 320 ids; an id outside it failed at the first step."""
+    with pytest.raises(UsageProblem) as excinfo:
+        build_model("bert-tiny", {"mask_token_id": mask}, meta=True)
+    assert one_line_problem(excinfo) == (
+        f"--model-arg mask_token_id={mask}: mask_token_id must be a token id from 0 to 319 "
+        "(vocab_size - 1, the default)"
+    )
+    assert build_model("bert-tiny", {"mask_token_id": 319}, meta=True).mask_token_id == 319
+
+
+def test_an_odd_llama_head_dimension_is_a_usage_problem() -> None:
+    """RoPE rotates pairs: width 12 over 4 heads (3 each) failed at the first step."""
+    with pytest.raises(UsageProblem) as excinfo:
+        build_model("llama-tiny", {"n_embd": 12}, meta=True)
+    assert "n_embd / n_head (12 / 4) must be even" in one_line_problem(excinfo)
 
 
 @pytest.mark.parametrize(

@@ -207,9 +207,23 @@ def run(out: Path, *args: str) -> Result:
             "(see 'main profile --help')\n",
         ),
         (
+            ("--budget-s", "nan"),
+            "error: Invalid value for '--budget-s': nan is not a finite number: give one in the "
+            "range x>0. (see 'main profile --help')\n",
+        ),
+        (
+            ("--budget-s", "inf"),
+            "error: Invalid value for '--budget-s': inf is not a finite number: give one in the "
+            "range x>0. (see 'main profile --help')\n",
+        ),
+        (
             ("--model", "hf:gpt2", "--model-arg", "n_layerz=1"),
             "error: --model-arg n_layerz is not a field of GPT2Config: check the config's "
             "attribute names\n",
+        ),
+        (
+            ("--model-arg", "n_layer=-1"),
+            "error: --model-arg n_layer=-1: n_layer must be at least 1\n",
         ),
         (
             ("--trace-for", "gpu"),
@@ -222,7 +236,10 @@ def run(out: Path, *args: str) -> Result:
         "missing-data",
         "seq-len-above-max",
         "zero-budget",
+        "nan-budget",
+        "infinite-budget",
         "bad-model-arg",
+        "negative-depth",
         "bad-trace-for",
     ],
 )

@@ -41,6 +41,37 @@ def test_profile_that_is_not_json(tmp_path: Path) -> None:
     assert result.stderr.endswith("): re-run 'advisor profile'\n")
 
 
+@pytest.mark.parametrize("command", ["recommend", "predict"])
+@pytest.mark.parametrize(
+    ("text", "kind"), [("[1, 2]", "an array"), ("null", "null"), ('"profile"', "a string")]
+)
+def test_profile_whose_json_is_not_an_object(
+    tmp_path: Path, command: str, text: str, kind: str
+) -> None:
+    bad = tmp_path / "profile.json"
+    bad.write_text(text)
+    result = run(command, "--profile", str(bad), "--global-batch-size", "8")
+    assert result.exit_code == 2
+    assert result.stderr == (
+        f"error: profile {bad} is not a profile (its JSON is {kind}, not an object): re-run "
+        "'advisor profile'\n"
+    )
+
+
+@pytest.mark.parametrize("command", ["recommend", "predict"])
+def test_profile_with_a_field_of_the_wrong_type(
+    profile_path: Path, tmp_path: Path, command: str
+) -> None:
+    data = json.loads(profile_path.read_text())
+    bad = tmp_path / "bad" / "profile.json"
+    bad.parent.mkdir()
+    bad.write_text(json.dumps({**data, "memory_measured": [3]}))
+    result = run(command, "--profile", str(bad), "--global-batch-size", "8")
+    assert result.exit_code == 2
+    assert result.stderr.startswith(f"error: profile {bad} is not a profile (")
+    assert result.stderr.endswith("): re-run 'advisor profile'\n")
+
+
 @pytest.mark.parametrize("value", ["0", "-3"])
 def test_global_batch_must_be_positive(profile_path: Path, value: str) -> None:
     result = run("recommend", "--profile", str(profile_path), "--global-batch-size", value)
@@ -59,6 +90,19 @@ def test_validate_rounds_must_be_positive(profile_path: Path) -> None:
     assert result.exit_code == 2
     assert "error: Invalid value for '--validate-rounds': 0 is not in the range x>=1." in (
         result.stderr
+    )
+
+
+@pytest.mark.parametrize("command", ["recommend", "predict"])
+def test_memory_budget_must_be_a_finite_fraction(profile_path: Path, command: str) -> None:
+    result = run(
+        command, "--profile", str(profile_path), "--global-batch-size", "8",
+        "--memory-budget", "nan",
+    )  # fmt: skip
+    assert result.exit_code == 2
+    assert result.stderr.startswith(
+        "error: Invalid value for '--memory-budget': nan is not a finite number: give one in "
+        "the range 0<x<=1."
     )
 
 

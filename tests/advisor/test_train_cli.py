@@ -71,6 +71,39 @@ def test_zero_or_negative_sizes(tmp_path: Path, flag: str, value: str) -> None:
     )
 
 
+@pytest.mark.parametrize(
+    ("flag", "value", "range_"),
+    [
+        ("--lr", "nan", "x>0"),
+        ("--lr", "inf", "x>0"),
+        ("--min-lr", "nan", "x>=0"),
+        ("--weight-decay", "inf", "x>=0"),
+        ("--grad-clip", "nan", "x>=0"),
+    ],
+)
+def test_nan_or_infinite_hyperparameters(
+    tmp_path: Path, flag: str, value: str, range_: str
+) -> None:
+    """nan passes every comparison a range makes, and inf is no bound: both are refused."""
+    line = one_line_error(train(flag, value, tmp_path=tmp_path))
+    assert line == (
+        f"error: Invalid value for '{flag}': {value} is not a finite number: give one in the "
+        f"range {range_}. (see 'advisor train --help')"
+    )
+
+
+@pytest.mark.parametrize(
+    ("model", "arg"),
+    [("gpt-tiny", "n_layer=0"), ("bert-tiny", "n_head=0"), ("llama-tiny", "n_kv_head=-2")],
+)
+def test_zero_or_negative_model_sizes(tmp_path: Path, model: str, arg: str) -> None:
+    """n_layer=0 was a ZeroDivisionError traceback from the weight init."""
+    line = one_line_error(train("--model", model, "--model-arg", arg, tmp_path=tmp_path))
+    field = arg.partition("=")[0]
+    assert line == f"error: --model-arg {arg}: {field} must be at least 1"
+    assert not (tmp_path / "run").exists()
+
+
 def test_unknown_precision(tmp_path: Path) -> None:
     line = one_line_error(train("--precision", "fp8", tmp_path=tmp_path))
     assert line == (

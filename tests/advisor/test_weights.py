@@ -199,7 +199,8 @@ def trained(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def test_init_from_our_checkpoint_starts_from_its_weights(trained: Path, tmp_path: Path) -> None:
     step_dir = trained / "checkpoints" / "step_00000002"
-    for given in (trained, trained / "checkpoints", step_dir, step_dir / "state.pt"):
+    pointer = trained / "checkpoints" / "latest"  # the file the README names
+    for given in (trained, trained / "checkpoints", pointer, step_dir, step_dir / "state.pt"):
         assert resolve_init_from(str(given)).path == step_dir / "state.pt"
     out = tmp_path / "finetune"
     result = advisor("train", *GPT_TINY, *TRAIN, "--init-from", str(trained), "--out", str(out))

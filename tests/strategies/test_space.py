@@ -9,7 +9,7 @@ import pytest
 from profilers.profile_record import InputSample
 from strategies.config import TrainConfig
 from strategies.errors import StrategyError
-from strategies.space import Candidate, SearchRequest, build_space
+from strategies.space import Candidate, SearchRequest, build_space, divisors
 from tests.strategies.profiles import SEQ_LEN, hand_profile
 
 
@@ -141,3 +141,17 @@ def test_a_whatif_world_size_must_divide_the_global_batch() -> None:
 def test_bad_requests_name_the_fix(kwargs: dict, message: str) -> None:
     with pytest.raises(StrategyError, match=message):
         SearchRequest(**kwargs)
+
+
+@pytest.mark.parametrize("n", [0, 1, 2, 12, 36, 49, 97, 360, 1024, 5040])
+def test_divisors_are_the_brute_force_ones_in_the_same_order(n: int) -> None:
+    """The sqrt(n) pairing returns exactly what trial division by every 1..n returned."""
+    assert divisors(n) == tuple(d for d in range(1, n + 1) if n % d == 0)
+
+
+def test_a_prime_global_batch_near_a_billion_splits_only_into_one_or_all() -> None:
+    """A prime global batch of ~1e9 used to hang the search looping over every integer."""
+    prime = 1_000_000_007
+    space = build_space(hand_profile(), SearchRequest(global_batch_size=prime))
+    assert space.micro_batch_sizes(1) == (1, prime)
+    assert {c.micro_batch_size for c in space.candidates()} == {1, prime}
