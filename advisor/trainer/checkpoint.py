@@ -169,6 +169,11 @@ def resolve_init_from(path: str) -> WeightsSource:
     ``step_N`` directory, a ``checkpoints/`` directory, a training or run directory: the latest
     checkpoint in it)."""
     given = Path(path).expanduser()
+    if given.name == LATEST_CHECKPOINT and given.is_file():
+        # checkpoints/latest, the pointer the README names: the checkpoint it points to
+        latest = CheckpointDir(given.parent, keep_last=0).latest()
+        if latest is not None:
+            given = latest
     if given.is_file():
         return weights_file(given)
     if not given.is_dir():
