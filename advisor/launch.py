@@ -9,6 +9,7 @@ elastic agent spawns the ranks, watches them, and stops the rest when one dies.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import signal
 import sys
@@ -94,19 +95,43 @@ def launch(spec: LaunchSpec, advisor_args: list[str]) -> None:
         "OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // spec.nproc_per_node))
     )
     started = time.monotonic()
+    # torchrun's agent logs each failed rank at ERROR ("failed (exitcode: 2) local_rank: 0 ...");
+    # the failure is reported below in one line, with the rank's own message.
+    agent_log = logging.getLogger("torch.distributed.elastic")
+    level = agent_log.level
+    agent_log.setLevel(logging.CRITICAL)
     try:
         run(args)
     except ChildFailedError as exc:
+        usage = _usage_problem(exc)
+        if usage is not None:
+            raise UsageProblem(usage) from None
         raise RanksFailed(_describe_failure(exc, time.monotonic() - started)) from None
     finally:
+        agent_log.setLevel(level)
         os.environ.pop(LAUNCHED_ENV, None)
 
 
-def _describe_failure(exc: object, elapsed_s: float) -> str:
-    """One line: which rank failed first, how, and why (its own message when it left one)."""
+def launched_rank() -> bool:
+    """This process is a rank of :func:`launch`, whose launcher reports the rank's error."""
+    return under_torchrun() and os.environ.get(LAUNCHED_ENV) == "1"
+
+
+def _usage_problem(exc: object) -> str | None:
+    """The message of a rank refused for bad usage (exit 2, as the CLI exits on it): the
+    launch is refused with it too, exit 2, not as a failed job."""
+    root = _root_failure(exc)
+    if root is None:
+        return None
+    _, failure, message = root
+    return message if failure.exitcode == 2 and message else None
+
+
+def _root_failure(exc: object) -> tuple[int, Any, str] | None:
+    """The rank that failed first, its failure and its own one-line message ("" if none)."""
     failures = getattr(exc, "failures", {}) or {}
     if not failures:
-        return f"the distributed job failed after {elapsed_s:.0f}s"
+        return None
 
     # The root cause, not its echoes: the agent stops the surviving ranks with SIGTERM, and a
     # rank whose peer vanished fails with "connection reset"; timestamps are whole seconds.
@@ -117,12 +142,22 @@ def _describe_failure(exc: object, elapsed_s: float) -> str:
         )
 
     rank, failure = min(failures.items(), key=lambda kv: (echo(kv[1]), kv[1].timestamp, kv[0]))
-    code = failure.exitcode
-    how = f"was killed by {signal.Signals(-code).name}" if code < 0 else f"exited with code {code}"
     message = failure.message if isinstance(failure.message, str) else ""
     if "To enable traceback" in message or message.startswith("Signal"):
         message = ""  # torchrun's placeholder, not the rank's reason
-    reason = f": {' '.join(message.split())}" if message else ""
+    return rank, failure, " ".join(message.split())
+
+
+def _describe_failure(exc: object, elapsed_s: float) -> str:
+    """One line: which rank failed first, how, and why (its own message when it left one)."""
+    failures = getattr(exc, "failures", {}) or {}
+    root = _root_failure(exc)
+    if root is None:
+        return f"the distributed job failed after {elapsed_s:.0f}s"
+    rank, failure, message = root
+    code = failure.exitcode
+    how = f"was killed by {signal.Signals(-code).name}" if code < 0 else f"exited with code {code}"
+    reason = f": {message}" if message else ""
     others = len(failures) - 1
     tail = f" ({others} other rank(s) stopped with it)" if others else ""
     return f"rank {rank} {how} after {elapsed_s:.0f}s{reason}{tail}"

@@ -16,10 +16,11 @@ from advisor.version import __version__
 
 
 def _fail(message: str, code: int) -> None:
-    from advisor.launch import write_rank_error
+    from advisor.launch import launched_rank, write_rank_error
 
     write_rank_error(message)  # a rank of a distributed job: tell the launcher why
-    click.echo(f"error: {message}", err=True)
+    if not launched_rank():  # (advisor's own launcher prints it once, for every rank)
+        click.echo(f"error: {message}", err=True)
     sys.exit(code)
 
 

@@ -389,3 +389,28 @@ def test_launcher_validator_judges_what_the_run_held_against_the_budget() -> Non
         "largest rank's allocated peak 520 MiB + the overheads predicted beyond the trace "
         "400 MiB = 920 MiB, over the 900 MiB budget",
     )
+
+
+def test_a_rank_refused_for_bad_usage_is_one_line_and_exit_2(tmp_path: Path) -> None:
+    """A DDP run resumed with another model: the rank refuses it (exit 2). Before, the rank
+    printed its error, torchrun's agent logged an ERROR line, the launcher printed the error
+    again as 'rank 0 exited with code 2', and the command exited 1."""
+    out = tmp_path / "run"
+    first = [*BASE, "--parallelism", "ddp", "--world-size", "1", "--micro-batch-size", "4"]
+    first += ["--steps", "1", "--out", str(out)]
+    done = subprocess.run(
+        [sys.executable, "-m", "advisor", "train", *first], capture_output=True, text=True
+    )
+    assert done.returncode == 0, done.stderr
+    other = [a if a != "n_layer=2" else "n_layer=3" for a in first]
+    proc = subprocess.run(
+        [sys.executable, "-m", "advisor", "train", *other, "--steps", "2", "--resume"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.splitlines() == [
+        f"error: cannot resume {out}: its checkpoint was trained with a different model_args; "
+        "resume with the same settings or choose another --out"
+    ]
