@@ -417,7 +417,8 @@ def _train_stage(request: RunRequest, out: Path, show_progress: bool) -> tuple[s
     plan = run.tuned_plan if request.tune_trials else run.plan
     code, last = _run_advisor(options.train_args(plan))
     if code != 0:
-        raise AdvisorError(f"training failed (exit {code}): {last.removeprefix('error: ')}")
+        failed = AdvisorError if code != UsageProblem.exit_code else UsageProblem
+        raise failed(f"training failed (exit {code}): {last.removeprefix('error: ')}")
     metrics = read_metrics(run.train.metrics)
     train, evals = metrics.train, metrics.evals
     if not train:
@@ -444,9 +445,10 @@ def _run_advisor(args: list[str]) -> tuple[int, str]:
     ) as child:
         assert child.stderr is not None
         for line in child.stderr:
-            sys.stderr.write(line)
             if line.strip():
                 last = line.strip()
+            if not line.startswith("error: "):  # the stage's own error line says it once
+                sys.stderr.write(line)
     return child.returncode, last
 
 

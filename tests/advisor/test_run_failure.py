@@ -140,3 +140,34 @@ def test_a_failed_training_is_reported_with_its_reason(
         "Lower --lr. Fix what the message names"
     ) in text
     assert "No training yet: run 'advisor train" not in text
+
+
+def test_a_training_child_refused_for_bad_usage_fails_the_run_with_exit_2_said_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """--init-from weights of another model are refused by the training child (exit 2): the
+    child's error line was passed through and then said again, and the run exited 1."""
+    import subprocess
+
+    out = make_hand_run(tmp_path / "run", steps=None)
+    refusal = "error: weights.pt does not fit gpt-tiny: 2 tensor(s) differ in shape"
+
+    class Child:
+        """A training child that prints progress and its one-line refusal, exit 2."""
+
+        def __init__(self, *args: object, **kwargs: object) -> None:
+            self.stderr = iter(["train: step 0\n", f"{refusal}\n"])
+            self.returncode = 2
+
+        def __enter__(self) -> Child:
+            return self
+
+        def __exit__(self, *exc: object) -> None:
+            return None
+
+    monkeypatch.setattr(subprocess, "Popen", Child)
+    result = invoke("run", *HAND_WORKLOAD, "--steps", "2", "--quiet", "--out", str(out), "--resume")
+    assert result.exit_code == 2
+    assert result.stderr.count(refusal.removeprefix("error: ")) == 1
+    assert "train: step 0" in result.stderr  # the child's other lines still pass through
+    assert result.stderr.endswith(f"error: training failed (exit 2): {refusal[7:]}\n")
