@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 from advisor.launch import LaunchSpec, under_torchrun
 from advisor.trainer.options import RunOptions
 from profilers.metrics_record import Metrics, read_metrics
-from profilers.rundir import TrainDir
+from profilers.rundir import PLAN, TrainDir
 from strategies.config import ConfigError, TrainConfig, compose_config, load_plan_config
 
 if TYPE_CHECKING:
@@ -44,7 +44,7 @@ def resolve_train_config(
     if isinstance(plan, TrainConfig):
         base = plan
     elif plan is not None:
-        base = load_plan_config(Path(plan))
+        base = _plan_config(Path(plan))
     elif resume and out is not None and TrainDir(out).train_config.is_file():
         saved_path = TrainDir(out).train_config
         try:
@@ -55,6 +55,28 @@ def resolve_train_config(
                 f"{saved_path} is damaged ({exc}): pass the flags of the original run explicitly"
             ) from None
     return compose_config(base, overrides)
+
+
+def _plan_config(path: Path) -> TrainConfig:
+    """:func:`load_plan_config`, naming the files passed to ``--plan`` by mistake as such: a
+    profile (its 17 keys were listed as unknown TrainConfig keys) or a plan without its
+    config."""
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, ValueError):
+        data = None  # load_plan_config says what is wrong with the file
+    if isinstance(data, dict) and "config" not in data:
+        if isinstance(data.get("device"), dict) and isinstance(data.get("model"), dict):
+            raise ConfigError(
+                f"{path} is a profile, not a plan: make a plan from it with 'advisor recommend "
+                f"--profile {path} --global-batch-size N --out DIR' and pass DIR/{PLAN}"
+            )
+        if "schema_version" in data:
+            raise ConfigError(
+                f"{path} is not a plan (it has no 'config'): pass the {PLAN} that 'advisor "
+                "recommend' wrote"
+            )
+    return load_plan_config(path)
 
 
 def needs_launch(config: TrainConfig) -> bool:

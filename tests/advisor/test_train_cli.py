@@ -186,3 +186,20 @@ def test_parallel_layout_without_ranks(tmp_path: Path) -> None:
         "error: parallelism 'single' runs on one device but world_size is 2: use --parallelism "
         "ddp or fsdp, or --world-size 1"
     )
+
+
+def test_a_profile_passed_as_the_plan_is_named_as_such(tmp_path: Path) -> None:
+    """Its keys were listed as 17 unknown TrainConfig keys."""
+    import json
+
+    profile = tmp_path / "profile.json"
+    profile.write_text(json.dumps({"device": {"kind": "cpu"}, "model": {"name": "gpt-tiny"}}))
+    line = one_line_error(train("--plan", str(profile), tmp_path=tmp_path))
+    assert line.startswith(f"error: {profile} is a profile, not a plan: make a plan from it")
+    bare = tmp_path / "plan.json"
+    bare.write_text(json.dumps({"schema_version": 1}))
+    line = one_line_error(train("--plan", str(bare), tmp_path=tmp_path))
+    assert line == (
+        f"error: {bare} is not a plan (it has no 'config'): pass the plan.json that 'advisor "
+        "recommend' wrote"
+    )
