@@ -140,7 +140,9 @@ def make_source(plan: Plan | str | Path, *, steps: int | None = None) -> Source:
     else:
         record = load_plan(plan)
         origin = str(plan_file(plan))
-        trained = _trained(Path(plan), record.config) if Path(plan).is_dir() else None
+        # RUN or RUN/plan.json alike: the run's training is beside its plan either way
+        root = Path(plan) if Path(plan).is_dir() else Path(plan).parent
+        trained = _trained(root, record.config)
     if steps is not None:
         if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
             raise UsageProblem(f"--steps must be a positive integer, got {steps!r}")

@@ -93,11 +93,11 @@ def workload_unmapped(source: Source, *, seq_len_mapped: bool = False) -> list[s
         + ("" if seq_len_mapped else f" in sequences of {c.seq_len} tokens"),
     ]
     init_from = getattr(c, "init_from", None)  # initial weights; None: the model's own
+    weights = _how_to_load(c.model, init_from)
     if init_from:
-        out.append(
-            f"init_from {init_from}: advisor's initial weights; load them into your model "
-            "before training (torch.load(..., weights_only=True), then load_state_dict)"
-        )
+        out.append(f"init_from {init_from}: advisor's initial weights; {weights}")
+    elif weights:  # hf:DIR with weights in it: training starts from them
+        out.append(f"initial weights: those in {c.model[3:]}, which advisor loads; {weights}")
     chunks = getattr(c, "loss_chunks", 1)  # the chunked LM loss; 1: the plain one
     out.append(
         f"loss_chunks {chunks}: the plain LM loss over the whole logits, as this stack computes it"
@@ -209,3 +209,33 @@ def toml_text(data: Mapping[str, Any]) -> str:
     for name, values in data.items():
         table(name, values)
     return "".join(out).rstrip("\n") + "\n"
+
+
+def _how_to_load(model: str, init_from: str | None) -> str:
+    """How to load the run's initial weights into your own model: the file that holds them
+    and how to read it (a training directory's are its latest checkpoint's ``state.pt``, under
+    ``"model"``). Empty for a model that starts from its own initialisation."""
+    from advisor.errors import UsageProblem
+    from advisor.trainer.checkpoint import MODEL_STATE, initial_weights
+
+    try:
+        source = initial_weights(model, init_from)
+    except UsageProblem:  # not on this machine (a plan exported elsewhere): say it generally
+        source = None
+    if source is None:
+        if not init_from:
+            return ""
+        return "load them into your model before training (load_state_dict)"
+    files = ", ".join(str(f) for f in source.files) or str(source.path)
+    if source.kind == "safetensors":
+        how = f"safetensors.torch.load_file({files})"
+    elif source.kind == "dcp":
+        how = (
+            "torch.distributed.checkpoint.load({'model': model.state_dict()}, "
+            f"checkpoint_id={source.path!r})"
+        )
+    else:
+        how = f"torch.load({files}, weights_only=True)"
+        if source.path.name == MODEL_STATE:  # a checkpoint of advisor train: model + optimizer
+            how += '["model"]'
+    return f"load them into your model before training: {how}, then load_state_dict"

@@ -248,6 +248,7 @@ def test_run_directory_takes_the_schedule_length_of_its_training(tmp_path: Path)
         json.dumps({"config": plan.config.to_dict(), "total_steps": 777})
     )
     assert schedule_steps(tmp_path) == 777
+    assert schedule_steps(tmp_path / "plan.json") == 777  # the run's plan.json: the same run
     # Its measured speed joins the header: medians after the first tenth of the steps.
     times = [9.0] + [0.2] * 5 + [0.3] * 4  # step 1 is the warm-up outlier
     (train / "metrics.jsonl").write_text(
@@ -330,3 +331,36 @@ def test_an_unbuildable_model_leaves_the_block_to_the_user_and_says_so(fmt: str)
     back = read_back(fmt, export.text, launch=export.launch)
     if back["activation_checkpointing"] != "full":  # Lightning's policy is the block class
         assert any(u.startswith("activation_checkpointing full") for u in export.unmapped)
+
+
+def test_the_header_says_which_file_holds_the_initial_weights_and_how_to_read_it(
+    tmp_path: Path,
+) -> None:
+    """init_from a training directory: the header said torch.load(...) of the directory."""
+    import torch
+
+    step = tmp_path / "trained" / "checkpoints" / "step_00000004"
+    step.mkdir(parents=True)
+    torch.save({"model": {}}, step / "state.pt")
+    torch.save({"format": 1, "step": 4}, step / "extra.pt")
+    (step.parent / "latest").write_text(step.name + "\n")
+    plan = dataclasses.replace(
+        PLANS["ddp-bf16-full"],
+        config=PLANS["ddp-bf16-full"].config.replace(init_from=str(tmp_path / "trained")),
+    )
+    lines = [line for line in export_plan(plan, "accelerate").unmapped if "init_from" in line]
+    assert lines == [
+        f"init_from {tmp_path / 'trained'}: advisor's initial weights; load them into your "
+        f'model before training: torch.load({step / "state.pt"}, weights_only=True)["model"], '
+        "then load_state_dict"
+    ]
+    elsewhere = plan.config.replace(init_from="/not/on/this/machine.safetensors")
+    lines = [
+        line
+        for line in export_plan(dataclasses.replace(plan, config=elsewhere), "hf").unmapped
+        if "init_from" in line
+    ]
+    assert lines == [
+        "init_from /not/on/this/machine.safetensors: advisor's initial weights; load them "
+        "into your model before training (load_state_dict)"
+    ]
