@@ -94,11 +94,30 @@ class RunRequest:
             raise UsageProblem("give --steps or --tokens, not both")
         if self.tune_trials < 0:
             raise UsageProblem(f"--tune-trials must be 0 (off) or more, got {self.tune_trials}")
+        self._check_only_against_the_request()
         unknown = sorted(set(self.config_overrides) - set(HYPERPARAMETER_KEYS))
         if unknown:
             raise UsageProblem(
                 f"advisor run chooses {', '.join(unknown)} itself: pass only "
                 + ", ".join(f"--{k.replace('_', '-')}" for k in HYPERPARAMETER_KEYS)
+            )
+
+    def _check_only_against_the_request(self) -> None:
+        """--only values the run's own flags already rule out, refused before the profile (the
+        search refused them after it, minutes in): precisions the profile will not measure,
+        micro-batch sizes that divide no rank's share of the global batch."""
+        precisions = self.only.get("precision")
+        if precisions and self.precisions and not set(precisions) & set(self.precisions):
+            raise UsageProblem(
+                f"--only precision={','.join(precisions)}: the profile measures --precision "
+                f"{' '.join(self.precisions)} only; ask for one of those, or profile more"
+            )
+        sizes = self.only.get("micro_batch_size")
+        if sizes and not any(self.global_batch_size % size == 0 for size in sizes):
+            raise UsageProblem(
+                f"--only micro-batch-size={','.join(map(str, sizes))}: none divides the global "
+                f"batch {self.global_batch_size} (micro-batch x accumulation x ranks = global "
+                "batch); pick sizes that divide it, or another --global-batch-size"
             )
 
     @property

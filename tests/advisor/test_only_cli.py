@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import csv
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -210,11 +211,11 @@ def test_only_decides_what_the_profile_measures_unless_told() -> None:
     assert request.profiled_precisions == ("fp32",)
     assert request.profiled_checkpointing == ("none", "full")
     told = RunRequest(
-        precisions=("bf16",),
+        precisions=("bf16", "fp32"),
         checkpointing=("full",),
         only={"precision": "fp32", "checkpointing": "none,full"},
     )
-    assert told.profiled_precisions == ("bf16",)
+    assert told.profiled_precisions == ("bf16", "fp32")
     assert told.profiled_checkpointing == ("full",)
     # Restricting other knobs leaves the profile's defaults.
     other = RunRequest(only={"compile": False, "loss_chunks": 1})
@@ -355,3 +356,27 @@ def test_a_plan_without_only_is_not_reused_by_a_restricted_run(run_dir: Path) ->
     assert not reusable_plan(
         run_dir, RunRequest(global_batch_size=8, only={"checkpointing": "none,full"})
     )
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "said"),
+    [
+        (
+            {"global_batch_size": 7, "only": {"micro_batch_size": 2}},
+            "--only micro-batch-size=2: none divides the global batch 7",
+        ),
+        (
+            {"precisions": ("bf16",), "only": {"precision": "fp32"}},
+            "--only precision=fp32: the profile measures --precision bf16 only",
+        ),
+    ],
+)
+def test_run_refuses_only_values_its_own_flags_rule_out_before_profiling(
+    kwargs: dict[str, Any], said: str
+) -> None:
+    """The search refused them after the whole profile had run."""
+    from advisor.run import RunRequest
+
+    with pytest.raises(UsageProblem, match="^" + re.escape(said)):
+        RunRequest(**kwargs)
+    RunRequest(global_batch_size=8, only={"micro_batch_size": "2,3"})  # one of them divides
