@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -17,12 +18,27 @@ from strategies.config import TrainConfig
 PEAK = 1e12  # a datasheet peak for the CPU, so the trainer computes an MFU at all
 
 
+def _tiny(model: str, model_args: dict[str, Any]) -> TrainConfig:
+    """Two steps of two sequences of 32 tokens."""
+    return TrainConfig(
+        model=model,
+        model_args=model_args,
+        seq_len=32,
+        global_batch_size=2,
+        micro_batch_size=2,
+        grad_accum_steps=1,
+        warmup_steps=1,
+    )
+
+
 def _logged_mfu(
     config: TrainConfig, out: Path, monkeypatch: pytest.MonkeyPatch
 ) -> list[TrainRecord]:
     monkeypatch.setattr(loop.Trainer, "_peak_flops_per_device", lambda self: PEAK)
     train(config, RunOptions(out=out, steps=2, progress=False, eval_every=0))
-    return read_metrics(TrainDir(out).metrics).train
+    records = read_metrics(TrainDir(out).metrics).train
+    assert len(records) == 2 and all(r.mfu is not None for r in records)
+    return records
 
 
 @pytest.mark.skipif(not hasattr(torch, "_grouped_mm"), reason="this torch has no grouped GEMM")
@@ -33,16 +49,7 @@ def test_a_mixture_of_experts_counts_the_experts_each_token_is_routed_to(
     from advisor.workload import AdvisorWorkload
     from tests.advisor.test_models import TINY_MIXTRAL
 
-    config = TrainConfig(
-        model="hf:mixtral",
-        model_args=TINY_MIXTRAL,
-        seq_len=32,
-        global_batch_size=2,
-        micro_batch_size=2,
-        grad_accum_steps=1,
-        warmup_steps=1,
-    )
-    records = _logged_mfu(config, tmp_path, monkeypatch)
+    records = _logged_mfu(_tiny("hf:mixtral", TINY_MIXTRAL), tmp_path, monkeypatch)
     facts = AdvisorWorkload("hf:mixtral", dict(TINY_MIXTRAL)).facts()
     every = formula_flops_per_token(facts, 32)
     # two of four experts per token: per layer, two experts' gate-up (64 x 192) and down
@@ -58,16 +65,7 @@ def test_a_dense_model_counts_every_parameter(
 ) -> None:
     from advisor.workload import AdvisorWorkload
 
-    config = TrainConfig(
-        model="gpt-tiny",
-        model_args={"n_layer": 1, "n_embd": 32},
-        seq_len=32,
-        global_batch_size=2,
-        micro_batch_size=2,
-        grad_accum_steps=1,
-        warmup_steps=1,
-    )
-    records = _logged_mfu(config, tmp_path, monkeypatch)
+    records = _logged_mfu(_tiny("gpt-tiny", {"n_layer": 1, "n_embd": 32}), tmp_path, monkeypatch)
     facts = AdvisorWorkload("gpt-tiny", {"n_layer": 1, "n_embd": 32}).facts()
     for r in records:
         assert r.mfu == pytest.approx(r.tokens_per_s * formula_flops_per_token(facts, 32) / PEAK)
