@@ -396,6 +396,7 @@ def predict(
     message names the probe that would add it) and ``ConfigError`` for an inconsistent config.
     """
     from advisor.recommending import predict_config, profiled_config, read_profile
+    from advisor.training import keeping_the_global_batch
     from profilers.profile_record import Profile
     from strategies.config import compose_config, load_plan_config
     from strategies.plan_records import Plan
@@ -421,6 +422,7 @@ def predict(
         )
         knobs = {k: v for k, v in chosen.to_dict().items() if k not in {"model", "model_args"}}
         base = compose_config(base, knobs)
+        config = keeping_the_global_batch(chosen, config)  # as advisor.train(plan, ...) does
     prediction, _label = predict_config(
         prof,
         compose_config(base, config),

@@ -39,12 +39,19 @@ def resolve_train_config(
     overrides: Mapping[str, Any],
 ) -> TrainConfig:
     """The plan (a plan.json path or a TrainConfig), else the resumed run's saved config, else
-    the defaults; then ``overrides`` (TrainConfig keys) over it (``compose_config``)."""
+    the defaults; then ``overrides`` (TrainConfig keys) over it (``compose_config``).
+
+    Over a plan, a new micro-batch size or world size keeps the plan's global batch (the one
+    the user chose, which the plan was searched at) and the accumulation follows, unless the
+    overrides name the global batch or the accumulation themselves: ``--micro-batch-size 4``
+    on a plan of 8 x 1 trains 4 x 2, where it trained a global batch of 4."""
     base = TrainConfig()
     if isinstance(plan, TrainConfig):
         base = plan
     elif plan is not None:
         base = _plan_config(Path(plan))
+    if plan is not None:
+        overrides = keeping_the_global_batch(base, overrides)
     elif resume and out is not None and TrainDir(out).train_config.is_file():
         saved_path = TrainDir(out).train_config
         try:
@@ -55,6 +62,19 @@ def resolve_train_config(
                 f"{saved_path} is damaged ({exc}): pass the flags of the original run explicitly"
             ) from None
     return compose_config(base, overrides)
+
+
+def keeping_the_global_batch(plan: TrainConfig, overrides: Mapping[str, Any]) -> dict[str, Any]:
+    """``overrides`` of a plan's config, with the plan's global batch added when they change
+    the micro-batch size or the world size and name neither the global batch nor the
+    accumulation: the accumulation then follows (``compose_config``), not the global batch."""
+    out = dict(overrides)
+    if out.keys() & {"micro_batch_size", "world_size"} and not out.keys() & {
+        "global_batch_size",
+        "grad_accum_steps",
+    }:
+        out["global_batch_size"] = plan.global_batch_size
+    return out
 
 
 def _plan_config(path: Path) -> TrainConfig:

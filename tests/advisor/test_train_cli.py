@@ -203,3 +203,29 @@ def test_a_profile_passed_as_the_plan_is_named_as_such(tmp_path: Path) -> None:
         f"error: {bare} is not a plan (it has no 'config'): pass the plan.json that 'advisor "
         "recommend' wrote"
     )
+
+
+def test_a_new_micro_batch_on_a_plan_keeps_its_global_batch(tmp_path: Path) -> None:
+    """The plan was searched at the global batch the user chose: --micro-batch-size 4 on a
+    plan of 8 x 1 trained a global batch of 4 (the accumulation stayed 1)."""
+    import json
+
+    from advisor.training import resolve_train_config
+    from strategies.config import ConfigError, TrainConfig
+
+    plan = tmp_path / "plan.json"
+    chosen = TrainConfig(global_batch_size=8, micro_batch_size=8, grad_accum_steps=1)
+    plan.write_text(json.dumps({"config": chosen.to_dict()}))
+
+    smaller = resolve_train_config(plan, None, False, {"micro_batch_size": 4})
+    assert (smaller.global_batch_size, smaller.micro_batch_size, smaller.grad_accum_steps) == (
+        8,
+        4,
+        2,
+    )
+    said = resolve_train_config(plan, None, False, {"micro_batch_size": 4, "grad_accum_steps": 1})
+    assert said.global_batch_size == 4  # the accumulation named: the product is the batch
+    with pytest.raises(ConfigError, match="global batch size 8 is not a multiple of micro"):
+        resolve_train_config(plan, None, False, {"micro_batch_size": 3})
+    unplanned = resolve_train_config(None, None, False, {"micro_batch_size": 4})
+    assert unplanned.global_batch_size == 4  # no plan: micro x accum x world, as before
