@@ -206,6 +206,24 @@ def _plan_profile(plan: Mapping[str, Any]) -> tuple[dict[str, Any], Path] | None
     return None
 
 
+def _plan_of_another_profile(run: RunFiles, root: Path) -> str:
+    """Why the page's plan and profile do not belong together, or "": the plan records the
+    creation time of the profile it was made from, and a later ``advisor profile --out`` into
+    the same directory replaces the profile beside it (the page then mixed the two)."""
+    if run.profile is None or run.plan is None:
+        return ""
+    info = run.plan.get("profile")
+    made_from = info.get("created") if isinstance(info, Mapping) else None
+    here = run.profile.get("created")
+    if not made_from or not here or made_from == here:
+        return ""
+    return (
+        f"{PLAN} was made from a profile created {made_from}, not from the {PROFILE} here "
+        f"(created {here}): re-run 'advisor recommend --profile {root} --global-batch-size N "
+        f"--out {root}' for a plan of this profile"
+    )
+
+
 def load_run(root: str | Path) -> RunFiles:
     """Read every run file under ``root``; ReportError when there is no run there at all."""
     root = Path(root)
@@ -240,6 +258,9 @@ def load_run(root: str | Path) -> RunFiles:
             profile, where = found
             probes = _read_csv(RunDir(where).probes, problems)
             run = dataclasses.replace(run, profile=profile, probes=probes)
+    mismatch = _plan_of_another_profile(run, root)
+    if mismatch:
+        run = dataclasses.replace(run, problems=(*run.problems, mismatch))
     run = dataclasses.replace(run, failed_stages=failed_stages(run.run_info, files, train))
     # A run stopped by Ctrl-C in its first stage has its log only: the page says how to go on
     # (a run whose input was refused has nothing to show: the error line says it all).

@@ -280,6 +280,23 @@ def test_training_dir_alone(tmp_path: Path, hand_run: Path) -> None:
     assert "summary" in notes(view) and "training" not in notes(view)
 
 
+def test_a_plan_of_an_earlier_profile_is_named_as_such(tmp_path: Path, hand_run: Path) -> None:
+    """`advisor profile --out RUN` over a finished run replaces its profile: the page paired
+    the new profile with the old plan without a word."""
+    root = tmp_path / "run"
+    shutil.copytree(hand_run, root)
+    assert not build_view(root).problems  # the hand run's plan is of its own profile
+    profile = json.loads((root / "profile.json").read_text())
+    made_from = json.loads((root / "plan.json").read_text())["profile"]["created"]
+    profile["created"] = "2030-01-01T00:00:00+00:00"
+    (root / "profile.json").write_text(json.dumps(profile))
+    (mismatch,) = build_view(root).problems
+    assert mismatch.startswith(
+        f"plan.json was made from a profile created {made_from}, not from the profile.json "
+        "here (created 2030-01-01T00:00:00+00:00): re-run 'advisor recommend --profile"
+    )
+
+
 def test_damaged_files_are_problems_not_crashes(tmp_path: Path, hand_run: Path) -> None:
     root = tmp_path / "run"
     shutil.copytree(hand_run, root)
