@@ -46,11 +46,8 @@ def resolve_train_config(
     overrides name the global batch or the accumulation themselves: ``--micro-batch-size 4``
     on a plan of 8 x 1 trains 4 x 2, where it trained a global batch of 4."""
     base = TrainConfig()
-    if isinstance(plan, TrainConfig):
-        base = plan
-    elif plan is not None:
-        base = _plan_config(Path(plan))
     if plan is not None:
+        base = plan if isinstance(plan, TrainConfig) else _plan_config(Path(plan))
         overrides = keeping_the_global_batch(base, overrides)
     elif resume and out is not None and TrainDir(out).train_config.is_file():
         saved_path = TrainDir(out).train_config
