@@ -71,6 +71,19 @@ def test_chunked_candidate_is_priced_from_its_own_memory_fit_and_the_measured_de
     assert chunked.step_time_s - plain.step_time_s == pytest.approx(0.017, rel=1e-6)
 
 
+def test_chunked_step_timed_faster_than_the_plain_one_costs_nothing_not_less() -> None:
+    """The chunks only add work: a chunked fit under the plain one (the host's noise: a busy
+    host timed -1.5 s of a 3.4 s step, and recommend promised 65x) prices the chunked step as
+    the plain one, and says it read noise."""
+    cost = cost_model_from_profile(chunked_profile(delta=(-0.5, -0.01)), 0.9)
+    plain = cost.time.compute(candidate(grad_accum_steps=1, micro_batch_size=8))
+    chunked = cost.time.compute(
+        candidate(grad_accum_steps=1, micro_batch_size=8, loss_chunks=CHUNKS)
+    )
+    assert chunked.forward_backward_s == pytest.approx(plain.forward_backward_s)
+    assert "-580.0 ms per micro-batch: noise, counted as 0" in chunked.source
+
+
 def test_chunks_smaller_than_any_timed_are_unpredictable_not_extrapolated() -> None:
     """Timed at micro-batch 2 and 8, 16 chunks of a micro-batch of 1 are half the smallest
     chunk measured: each chunk's fixed cost (the head's weight read four times) is not on the
