@@ -72,7 +72,7 @@ def profile(request: ProfileRequest, out: Path, progress: Progress | None = None
     from advisor.data import resolve_data
     from advisor.trainer.loop import check_shapes
     from advisor.workload import AdvisorWorkload
-    from profilers.profiler import ProfileOptions, run_profile
+    from profilers.profiler import ProfileInterrupted, ProfileOptions, run_profile
     from strategies.config import TrainConfig
 
     if not (0 < request.budget_s < math.inf):  # nan fails both comparisons
@@ -108,6 +108,11 @@ def profile(request: ProfileRequest, out: Path, progress: Progress | None = None
     # CLI), not after the whole budget of probes; after the cheap checks above, so a bad
     # model spec leaves no empty directory behind.
     out.mkdir(parents=True, exist_ok=True)
-    result = run_profile(workload, options, progress)
+    try:
+        result = run_profile(workload, options, progress)
+    except ProfileInterrupted as exc:  # Ctrl-C: what was measured is kept, then it goes on
+        exc.profile.save(out)
+        exc.saved_to = out
+        raise
     result.save(out)
     return result

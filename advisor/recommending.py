@@ -24,11 +24,12 @@ from advisor.validation import (
     Validator,
     validate_rounds,
 )
-from profilers.profile_record import Profile, load_profile
-from profilers.rundir import profile_path
+from profilers.profile_record import Profile, interrupted_probes, load_profile
+from profilers.rundir import RunDir, profile_path
 from strategies.budgets import DEFAULT_VALIDATE_ROUNDS, DEFAULT_VALIDATE_TOP_K
 from strategies.config import DEFAULT_STEPS, ConfigError, TrainConfig
 from strategies.cost import CostModel, Prediction, cost_model_from_profile
+from strategies.errors import StrategyError
 from strategies.plan import (
     Baseline,
     Measurement,
@@ -38,6 +39,7 @@ from strategies.plan import (
     replacement,
     top_candidates,
 )
+from strategies.plan_records import write_unplanned_trials_csv
 from strategies.search import SearchResult, default_storage, run_search, study_name_for
 from strategies.space import SearchRequest, SearchSpace, build_space
 from strategies.whatif import resolve_target, whatif_cost_model
@@ -178,6 +180,11 @@ def recommend(
     prof = read_profile(profile)
     if out is not None:  # an --out that cannot hold the plan fails now, not after the search
         out.mkdir(parents=True, exist_ok=True)
+    if cut := interrupted_probes(prof.probes):
+        say(
+            f"note: Ctrl-C stopped this profile before it finished ({cut} probes cut short): "
+            "the plan is from what it measured; 'advisor profile' again measures everything"
+        )
     base = base_config(prof, request)
     target = resolve_target(request)[0] if request.target is not None else None
     model, label = cost_model_for(prof, request)
@@ -196,16 +203,23 @@ def recommend(
         device=device,
         progress=say,
     )
-    plan = decide(
-        base=base,
-        model=model,
-        space=space,
-        result=result,
-        measurements=measurements,
-        baseline=baseline,
-        label=label,
-        profile_info=_profile_info(profile, prof, request),
-    )
+    try:
+        plan = decide(
+            base=base,
+            model=model,
+            space=space,
+            result=result,
+            measurements=measurements,
+            baseline=baseline,
+            label=label,
+            profile_info=_profile_info(profile, prof, request),
+        )
+    except StrategyError:
+        if out is not None:  # no plan: trials.csv still says why each candidate was dropped
+            write_unplanned_trials_csv(
+                RunDir(out).trials, result.evaluations, estimate=model.machine.estimate
+            )
+        raise
     if out is not None:
         plan.save(out)
     return plan
@@ -324,6 +338,11 @@ def predict_config(
 ) -> tuple[Prediction, str]:
     """(what ``config`` would cost, the cost model's label): :func:`predict`'s record."""
     prof = read_profile(profile)
+    # A setting this model cannot run (blocks:L, which is 'full'; no repeated blocks) says so,
+    # not that the profile lacks a fit a larger budget would add.
+    problem = prof.model.checkpointing_problem(config.activation_checkpointing)
+    if problem is not None:
+        raise UsageProblem(problem)
     request = SearchRequest(
         global_batch_size=config.global_batch_size,
         memory_budget=memory_budget,

@@ -266,10 +266,15 @@ def _read_json(path: Path) -> dict[str, Any] | None:
 
 
 def reusable_profile(out: Path, request: RunRequest) -> bool:
-    """RUN/profile.json exists and measured this request's workload (else UsageProblem)."""
+    """RUN/profile.json exists, finished, and measured this request's workload (else
+    UsageProblem)."""
+    from profilers.profile_record import INTERRUPTED
+
     data = _read_json(RunDir(out).profile)
     if data is None:
         return False
+    if any(row.get("reason") == INTERRUPTED for row in data.get("probes") or ()):
+        return False  # Ctrl-C cut it short (profilers.stopping): the stage runs again
     profiled = {k: data.get("workload", {}).get(k) for k in WORKLOAD_KEYS}
     profiled["model_args"] = dict(profiled["model_args"] or {})
     wanted = request.workload()

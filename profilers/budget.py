@@ -69,12 +69,18 @@ class Clock:
         self.started: set[str] = set()
         self.dropped: set[str] = set()
         self.drop_reasons: dict[str, str] = {}
+        self.stopped = False
 
     def elapsed(self) -> float:
         return self.now() - self.start
 
     def remaining(self) -> float:
-        return max(0.0, self.budget_s - self.elapsed())
+        return 0.0 if self.stopped else max(0.0, self.budget_s - self.elapsed())
+
+    def stop(self) -> None:
+        """Nothing is left from now on (the profile was asked to stop: Ctrl-C): every phase
+        not started gets no time, and one running sees none left."""
+        self.stopped = True
 
     def share(self, phase: str) -> float:
         """Seconds this phase may use: its weight's part of what is left, among the phases

@@ -25,6 +25,7 @@ import json
 import logging
 import os
 import shutil
+import signal
 import tempfile
 import threading
 import time
@@ -45,6 +46,10 @@ from profilers.comm_records import (
     fit_alpha_beta,
     predict_collective_time,
 )
+from profilers.stopping import INTERRUPTED, interrupted_here, kept_signal_handlers, stopped
+
+# What an elastic launch takes over (LaunchConfig.signals_to_handle's default).
+_LAUNCH_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT)
 
 __all__ = [
     "COLLECTIVES",
@@ -167,6 +172,17 @@ def probe_communication(
     samples: list[CommSample] = []
     runs: list[CommRun] = []
     for position, world_size in enumerate(sizes_to_probe):
+        if (why := stopped()) is not None:  # Ctrl-C: no launch starts after it
+            runs.append(
+                CommRun(
+                    backend=backend,
+                    device_type=device_type,
+                    world_size=world_size,
+                    status="error",
+                    reason=why,
+                )
+            )
+            continue
         share = max(0.0, deadline - time.time()) / (len(sizes_to_probe) - position)
         run, run_samples = _launch_world(
             backend=backend,
@@ -242,7 +258,11 @@ def _launch_world(
     fault: tuple[str, int] | None = None,
 ) -> tuple[CommRun, list[CommSample]]:
     """One elastic launch of ``world_size`` local ranks; never raises for a failed rank."""
-    from torch.distributed.elastic.multiprocessing.api import DefaultLogsSpecs, Std
+    from torch.distributed.elastic.multiprocessing.api import (
+        DefaultLogsSpecs,
+        SignalException,
+        Std,
+    )
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
@@ -284,17 +304,35 @@ def _launch_world(
         logs_specs=DefaultLogsSpecs(log_dir=str(workdir / "logs"), redirects=Std.ALL),
     )
     status, reason = "ok", ""
+    signalled: signal.Signals | None = None
     try:
-        with _ResultTail(results_path, progress) as tail, _quiet_elastic_logs():
+        # The launch takes over Ctrl-C, TERM, HUP and QUIT (it raises SignalException) and
+        # leaves its handlers behind: a Ctrl-C after it was swallowed as a failed rank, and
+        # the profile's own Ctrl-C handler (profilers.stopping) was gone for the rest.
+        with (
+            _ResultTail(results_path, progress) as tail,
+            quiet_elastic_logs(),
+            kept_signal_handlers(*_LAUNCH_SIGNALS),
+        ):
             try:
                 elastic_launch(config, run_worker)(spec)
             except ChildFailedError as error:
                 status, reason = diagnose_failure(error, workdir / "logs")
+            except SignalException as error:  # the ranks are stopped: pass the signal on
+                signalled = error.sigval
+                status = "error"
+                reason = (
+                    INTERRUPTED if signalled == signal.SIGINT else f"stopped by {signalled.name}"
+                )
             except Exception as error:  # rendezvous or launcher failure: report, don't raise
                 status, reason = "error", f"{type(error).__name__}: {error}"[:500]
         events = tail.events
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
+    if signalled == signal.SIGINT:
+        interrupted_here()  # the profile's stop, as if the Ctrl-C had reached it
+    elif signalled is not None:
+        signal.raise_signal(signalled)  # what it does here (TERM: the end of the process)
     return _summarise(
         events,
         backend=backend,
@@ -398,7 +436,7 @@ _LAUNCHER_LOGGERS = (
 
 
 @contextlib.contextmanager
-def _quiet_elastic_logs() -> Iterator[None]:
+def quiet_elastic_logs() -> Iterator[None]:
     """Silence the launcher's own logging (a failed rank is our result, not the user's error)."""
     loggers = [
         logging.getLogger(name)

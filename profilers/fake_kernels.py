@@ -48,6 +48,8 @@ import time
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
+from profilers.stopping import stopped
+
 if TYPE_CHECKING:
     import torch
 
@@ -159,6 +161,7 @@ def _check_backward_start() -> None:
         return
     if not _TOP_DEPTH or torch._C._len_torch_dispatch_stack() < _TOP_DEPTH[0]:
         return
+    _raise_if_past()  # asked to stop: no backward starts
     now = time.perf_counter()
     at, what = min(_DEADLINES)
     backward = BACKWARD_OVER_FORWARD * (now - started[0][1])
@@ -175,11 +178,15 @@ def deadline_left() -> tuple[float, str] | None:
     negative once passed; None outside :func:`fake_deadline`."""
     if not _DEADLINES:
         return None
+    if (why := stopped()) is not None:
+        return -1.0, why
     at, what = min(_DEADLINES)
     return at - time.perf_counter(), what
 
 
 def _raise_if_past() -> None:
+    if (why := stopped()) is not None:  # the profile was asked to stop (Ctrl-C)
+        raise TraceOverBudget(f"the fake-tensor trace stopped: {why}")
     at, what = min(_DEADLINES)
     if time.perf_counter() > at:
         raise TraceOverBudget(f"the fake-tensor trace ran past {what}")
@@ -190,7 +197,7 @@ def _check_between_ops(caller: Any) -> None:
     calling frame) outside any mode's handler, in a fake trace's forward."""
     import torch
 
-    if time.perf_counter() <= min(_DEADLINES)[0] or not _TOP_DEPTH:
+    if (time.perf_counter() <= min(_DEADLINES)[0] and stopped() is None) or not _TOP_DEPTH:
         return
     if caller is None or caller.f_code.co_filename.startswith(_torch_dir()):
         return

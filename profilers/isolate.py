@@ -45,6 +45,8 @@ from dataclasses import dataclass, field
 from multiprocessing.connection import Connection, wait
 from typing import TYPE_CHECKING, Any
 
+from profilers.stopping import stopped
+
 if TYPE_CHECKING:
     from multiprocessing.process import BaseProcess
 
@@ -58,6 +60,22 @@ _OOM_CLASS_NAMES = frozenset({"MemoryError", "OutOfMemoryError"})
 # initialisation, "MPS backend out of memory", ENOMEM ("Cannot allocate memory"), std::bad_alloc.
 _OOM_MESSAGES = ("out of memory", "can't allocate memory", "cannot allocate memory", "bad_alloc")
 _MAX_REASON_CHARS = 300
+
+# The exit code of a child whose import of the parent's main script (``spawn`` imports it in
+# every child) called the advisor again: advisor.api refuses that call there, and the child
+# exits with this code rather than start a profile of its own (nested profiles, the parent's
+# probes timing out, no word of why).
+MAIN_REIMPORTED_EXIT = 86
+MAIN_REIMPORTED = (
+    "a child process imported your script and it called the advisor again (the probes run "
+    "in child processes, and Python's spawn start method imports the main file in each): "
+    "put the calls under 'if __name__ == \"__main__\":'"
+)
+
+
+class MainScriptReimported(ValueError):
+    """A probe child could not start: importing the parent's main script called the advisor
+    (:data:`MAIN_REIMPORTED` says the fix). Raised, not an outcome: every child would fail."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -164,6 +182,8 @@ def run_isolated(
     """Run ``fn(*args, **kwargs)`` in a spawned child under ``isolation``; never raises for the
     child's failures (an exception, a crash, a hang, an unpicklable callable or result)."""
     start = time.perf_counter()
+    if (why := stopped()) is not None:  # the profile was asked to stop: no child starts
+        return Outcome(status="error", reason=why, wall_s=0.0)
     try:
         payload = pickle.dumps((fn, args, kwargs), protocol=pickle.HIGHEST_PROTOCOL)
     except Exception as exc:  # pickling can raise almost anything (TypeError, PicklingError, ...)
@@ -187,7 +207,7 @@ def run_isolated(
         daemon=False,  # a daemonic child may not start workers (DataLoader, the input probe)
     )
     try:
-        process.start()
+        _start(process)
     except Exception as exc:  # e.g. OSError: fork/exec failed
         receiver.close()
         sender.close()
@@ -207,6 +227,28 @@ def run_isolated(
         receiver.close()
 
 
+def _start(process: BaseProcess) -> None:
+    """Start the child with Ctrl-C blocked, a mask it inherits: while it starts up it is in
+    the terminal's process group, and a Ctrl-C then interrupted its imports with a traceback of
+    its own on the terminal. It unblocks Ctrl-C once in a group of its own (_child_main); a
+    Ctrl-C meant for this process waits until the start is over, never lost."""
+    if not hasattr(signal, "pthread_sigmask"):
+        process.start()
+        return
+    # The first start of a process also starts multiprocessing's resource tracker, and
+    # Python 3.11's unblocks SIGINT in the calling thread as it does (it does not put the mask
+    # back): started first, so the mask below holds for the child.
+    with contextlib.suppress(Exception):
+        from multiprocessing import resource_tracker
+
+        resource_tracker.ensure_running()
+    blocked = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    try:
+        process.start()
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
+
+
 def _collect(
     process: BaseProcess, receiver: Connection, isolation: Isolation, start: float
 ) -> Outcome:
@@ -218,6 +260,8 @@ def _collect(
     _kill_group(process, signal.SIGKILL)  # stragglers (workers it started), before reaping
     process.join()
     wall_s = time.perf_counter() - start
+    if timed_out and (why := stopped()) is not None:
+        return Outcome(status="error", reason=why, wall_s=wall_s, exitcode=process.exitcode)
     if timed_out:
         return Outcome(
             status="timeout",
@@ -225,6 +269,8 @@ def _collect(
             wall_s=wall_s,
             exitcode=process.exitcode,
         )
+    if data is None and process.exitcode == MAIN_REIMPORTED_EXIT:
+        raise MainScriptReimported(MAIN_REIMPORTED)  # every child would do the same
     if data is None:
         return _death_outcome(process.exitcode, isolation, wall_s)
     try:
@@ -255,8 +301,9 @@ def _collect(
 def _receive(
     process: BaseProcess, receiver: Connection, *, deadline: float
 ) -> tuple[bytes | None, bool]:
-    """(the child's message or None if it died without one, whether the deadline passed)."""
-    while (remaining := deadline - time.perf_counter()) > 0:
+    """(the child's message or None if it died without one, whether the deadline passed or
+    the profile was asked to stop: :func:`profilers.stopping.stopped`)."""
+    while (remaining := deadline - time.perf_counter()) > 0 and stopped() is None:
         # A short cap on each wait: a worker that inherited the child's pipes keeps them open
         # after the child dies, so the exit is also checked directly.
         ready = wait([receiver, process.sentinel], timeout=min(remaining, 0.5))
@@ -354,6 +401,10 @@ def _child_main(
     """Runs in the child: set up, unpickle, call, send one message, exit without teardown."""
     if hasattr(os, "setpgid"):
         os.setpgid(0, 0)  # before anything can start workers: they join this group
+    # Out of the terminal's process group now: Ctrl-C reaches the parent only, which decides
+    # what becomes of this child. Until here it was blocked (_start).
+    if hasattr(signal, "pthread_sigmask"):
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
     if num_threads is not None:
         env = {"OMP_NUM_THREADS": str(num_threads), "MKL_NUM_THREADS": str(num_threads), **env}
     os.environ.update(env)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -22,11 +22,18 @@ from profilers.flops import FlopCount
 from profilers.memory_model import MemoryModel
 from profilers.memory_records import CpuStepMemory, CudaStepMemory, MemoryTrace
 from profilers.rundir import RunDir, profile_path, write_atomically, write_csv_atomically
+from profilers.stopping import INTERRUPTED
 from profilers.throughput import StepTiming, TimeModel
 from profilers.workload import ModelFacts
 
 SCHEMA_VERSION = 1
 PROBE_STATUSES = ("ok", "oom", "timeout", "error", "skipped", "unsupported")
+# INTERRUPTED: the reason of a probe a Ctrl-C kept from finishing (profilers.stopping).
+
+
+def interrupted_probes(rows: Iterable[ProbeRow]) -> int:
+    """How many of a profile's probe rows a Ctrl-C cut short."""
+    return sum(1 for row in rows if row.reason == INTERRUPTED)
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

@@ -20,6 +20,7 @@ Names imported ``as`` themselves are re-exported: callers and tests import them 
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 import importlib.metadata
 import platform
@@ -55,6 +56,7 @@ from profilers.probe_run import CHILD_START_S as CHILD_START_S
 from profilers.probe_run import ProbeRun
 from profilers.probe_run import ProfileOptions as ProfileOptions
 from profilers.profile_record import Fits, ProbeRow, Profile
+from profilers.stopping import INTERRUPTED, stop_on_interrupt, stopped
 from profilers.workload import DataWorkload, StepSpec, Workload
 
 # Phases a profile of a model whose training state alone exceeds this device drops before its
@@ -91,14 +93,61 @@ def run_profile(
     if options.budget_s <= 0:
         raise ValueError(f"budget_s must be positive, got {options.budget_s}")
     run = ProbeRun(workload, options, progress)
+    rows_before_stop: list[int] = []
+
+    def on_stop() -> None:  # in the Ctrl-C handler: no phase gets time from now on
+        rows_before_stop.append(len(run.rows))
+        run.clock.stop()
+        run.clock.say("Ctrl-C: ending with what was measured (Ctrl-C again abandons it)")
+
     # Nothing traced in this process runs unbounded: a fake trace or count past the budget and
     # its overrun stops (profilers.fake_kernels.fake_deadline) and its probe says why.
     overrun = max(TRACE_OVERRUN_PART * options.budget_s, TRACE_OVERRUN_MIN_S)
-    with fake_deadline(
-        time.perf_counter() + run.clock.remaining() + overrun,
-        f"--budget-s {options.budget_s:g} and {overrun:.0f} s over it",
+    with (
+        stop_on_interrupt(on_stop),
+        fake_deadline(
+            time.perf_counter() + run.clock.remaining() + overrun,
+            f"--budget-s {options.budget_s:g} and {overrun:.0f} s over it",
+        ),
     ):
-        return _probe(run, workload, options)
+        profile = _probe(run, workload, options)
+        why = stopped()
+    if why is None:
+        return profile
+    # Each probe the stop cut short is a skipped row that says so (not a timeout, an error or
+    # a budget too small: a re-run with the same budget measures it).
+    first = rows_before_stop[0]
+    rows = [
+        interrupted_row(row, why) if i >= first and cut_short(row, why) else row
+        for i, row in enumerate(profile.probes)
+    ]
+    raise ProfileInterrupted(dataclasses.replace(profile, probes=tuple(rows)))
+
+
+def cut_short(row: ProbeRow, why: str) -> bool:
+    """Did the stop keep this probe (one recorded after it) from finishing? Its own reason
+    says so (a child stopped, a fake trace ended: ``why`` in it), or it was skipped or timed
+    out for the time the stopped clock no longer gave. Not a probe the options turned off
+    (``disabled``), one unsupported here, or an error or out-of-memory of its own."""
+    if why in row.reason:
+        return True
+    return row.status in ("skipped", "timeout") and "budget" in row.reason
+
+
+class ProfileInterrupted(KeyboardInterrupt):
+    """Ctrl-C stopped a profile (:mod:`profilers.stopping`); ``profile`` is what it measured
+    (its unfinished probes are skipped rows that say so), for the caller to save before it lets
+    the interrupt go on; ``saved_to``: where it did (the CLI names it)."""
+
+    def __init__(self, profile: Profile) -> None:
+        super().__init__(INTERRUPTED)
+        self.profile = profile
+        self.saved_to: object = None
+
+
+def interrupted_row(row: ProbeRow, why: str) -> ProbeRow:
+    """``row`` as a probe the profile's stop kept from finishing."""
+    return dataclasses.replace(row, status="skipped", reason=why)
 
 
 def _probe(run: ProbeRun, workload: Workload, options: ProfileOptions) -> Profile:

@@ -18,10 +18,10 @@ from pathlib import Path
 from typing import Any
 
 from profilers.metrics_record import EvalRecord, Metrics, TrainRecord, read_metrics
-from profilers.rundir import METRICS, PLAN, PROFILE, TRAIN, RunDir, TrainDir
 
-# The one-line "error" advisor run records for a stage stopped by Ctrl-C: nothing to fix.
-INTERRUPTED = "interrupted (Ctrl-C)"
+# INTERRUPTED: the one-line "error" advisor run records for a stage stopped by Ctrl-C.
+from profilers.profile_record import INTERRUPTED as INTERRUPTED
+from profilers.rundir import METRICS, PLAN, PROFILE, TRAIN, RunDir, TrainDir
 
 
 class ReportError(ValueError):

@@ -29,7 +29,7 @@ from profilers.fit import AffineFit
 from profilers.flops import FlopCount
 from profilers.memory_model import MemoryModel
 from profilers.memory_records import REAL_STEP_ROW, MemoryTrace
-from profilers.profile_record import Profile
+from profilers.profile_record import Profile, interrupted_probes
 from profilers.throughput import largest_host_share
 from profilers.workload import ModelFacts
 from strategies.config import DEFAULT_STEPS, TrainConfig
@@ -293,6 +293,9 @@ class CostModel:
     failed_traces: Mapping[tuple[str, str], str] = field(default_factory=dict)
     # The precisions the profile was restricted to (``advisor profile --precision``); None: all.
     profiled_precisions: tuple[str, ...] | None = None
+    # How many of the profile's probes a Ctrl-C cut short (profilers.stopping): what it lacks
+    # then wants the profile finished, not a larger budget.
+    interrupted_probes: int = 0
     # FSDP per-rank traces without accumulation of the groups that have no per-rank fit (one
     # micro-batch size was traced before the budget ran out; unfitted_rank_traces): a rank's
     # memory is anchored on them (one_rank_trace).
@@ -1156,6 +1159,7 @@ def cost_model_from_profile(
         compiled=tuple(profile.compile),
         failed_traces=failed_memory_traces(profile),
         profiled_precisions=profile.precisions,
+        interrupted_probes=interrupted_probes(profile.probes),
         rank_traces=unfitted_rank_traces(profile),
     )
 

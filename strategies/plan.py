@@ -15,6 +15,8 @@ predicted wins and the plan says it was not validated.
 from __future__ import annotations
 
 import dataclasses
+import math
+from collections import Counter
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -124,10 +126,27 @@ def nothing_fits(evaluations: Sequence[Evaluation], model: CostModel) -> Strateg
         unfit = _unfit_device(model)
         if unfit is not None:
             return unfit
-        reasons = sorted({e.reason for e in evaluations if e.reason})
+        # The reason most candidates share leads, the first of the search's order among equals
+        # (sorted by name, a memory fit missing for one checkpointing hid the step times
+        # missing for none, full and every blocks:K).
+        counts = Counter(e.reason for e in evaluations if e.reason)
+        reasons = [reason for reason, _ in counts.most_common()]  # ties: the search's order
+        if model.interrupted_probes:
+            return StrategyError(
+                "no candidate could be predicted from this profile: Ctrl-C stopped it before "
+                f"it measured enough ({model.interrupted_probes} probes cut short, "
+                "'interrupted (Ctrl-C)' in its probes.csv): run 'advisor profile' again and "
+                "let it finish"
+            )
+        others = (
+            f" ({counts[reasons[0]]} of {sum(counts.values())} candidates; the others' "
+            "reasons are in trials.csv)"
+            if len(reasons) > 1
+            else ""
+        )
         return StrategyError(
             "no candidate could be predicted from this profile: "
-            + (reasons[0] if reasons else "the space is empty")
+            + (reasons[0] + others if reasons else "the space is empty")
         )
     smallest = min(priced, key=lambda e: e.prediction.budgeted_bytes if e.prediction else 0)
     p = smallest.prediction
@@ -139,7 +158,9 @@ def nothing_fits(evaluations: Sequence[Evaluation], model: CostModel) -> Strateg
     hints = []
     needed_fraction = p.budgeted_bytes / machine.memory_bytes
     if needed_fraction <= 1:
-        hints.append(f"a larger --memory-budget (at least {needed_fraction:.2f})")
+        # Rounded up: 0.0219 shown as "at least 0.02" failed again at 0.02.
+        least = math.ceil(needed_fraction * 100) / 100
+        hints.append(f"a larger --memory-budget (at least {least:.2f})")
     if memory.traced_bytes - state > state:
         hints.append("a shorter sequence (--seq-len, then re-profile): activations dominate")
     elif machine.shared_host:

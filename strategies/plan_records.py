@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -268,10 +268,29 @@ def trial_rows(plan: Plan) -> list[dict[str, Any]]:
     measured = {v.candidate.key: v.measured for v in plan.validated}
     if plan.baseline and plan.baseline.candidate and plan.baseline.measured:
         measured.setdefault(plan.baseline.candidate.key, plan.baseline.measured)
-    chosen = plan.candidate.key
     baseline = plan.baseline.candidate.key if plan.baseline and plan.baseline.candidate else None
+    return evaluation_rows(
+        plan.evaluations,
+        estimate=plan.estimate,
+        measured=measured,
+        chosen=plan.candidate.key,
+        baseline=baseline,
+    )
+
+
+def evaluation_rows(
+    evaluations: Sequence[Evaluation],
+    *,
+    estimate: bool,
+    measured: Mapping[str, Measurement] | None = None,
+    chosen: str | None = None,
+    baseline: str | None = None,
+) -> list[dict[str, Any]]:
+    """trials.csv's rows of ``evaluations``: those of a plan, or of a search that found none
+    (nothing chosen, nothing measured: each row's reason is why)."""
+    measured = measured or {}
     rows = []
-    for e in plan.evaluations:
+    for e in evaluations:
         p, m = e.prediction, measured.get(e.candidate.key)
         rows.append(
             {
@@ -286,7 +305,7 @@ def trial_rows(plan: Plan) -> list[dict[str, Any]]:
                 "predicted_tokens_per_s": p.tokens_per_s if p else None,
                 "feasible": e.feasible,
                 "rejection_reason": e.reason,
-                "estimate": plan.estimate,
+                "estimate": estimate,
                 "validation_status": m.status if m else "",
                 "measured_step_time_s": m.step_time_s if m else None,
                 "measured_tokens_per_s": m.tokens_per_s if m else None,
@@ -300,3 +319,10 @@ def trial_rows(plan: Plan) -> list[dict[str, Any]]:
 
 def write_trials_csv(path: Path, plan: Plan) -> None:
     write_csv_atomically(path, TRIAL_COLUMNS, trial_rows(plan))
+
+
+def write_unplanned_trials_csv(
+    path: Path, evaluations: Sequence[Evaluation], *, estimate: bool
+) -> None:
+    """trials.csv of a search that chose nothing: every candidate with why it was dropped."""
+    write_csv_atomically(path, TRIAL_COLUMNS, evaluation_rows(evaluations, estimate=estimate))

@@ -322,9 +322,7 @@ class MeasuredTime:
                 f"micro-batch {measured:g}), where the head's per-chunk cost dominates: use a "
                 f"micro-batch of at least {measured:g}, or --loss-chunks 1"
             )
-        measured_delta = (
-            chunked.forward_backward.predict(b) - plain_fit.forward_backward.predict(b)
-        )
+        measured_delta = chunked.forward_backward.predict(b) - plain_fit.forward_backward.predict(b)
         # The chunks only add work (the head's forward again, smaller kernels): a chunked step
         # timed faster than the plain one is the host's noise, and counts as no cost, as a
         # negative recompute does. Taken as measured, -1.5 s of a 3.4 s step on a busy host
@@ -341,8 +339,7 @@ class MeasuredTime:
             plain,
             forward_backward_s=plain.forward_backward_s + delta,
             delta_se_s=math.hypot(plain.delta_se_s, chunks_se),
-            source=f"{plain.source} + the measured cost of {c.loss_chunks} loss chunks "
-            f"({shown})",
+            source=f"{plain.source} + the measured cost of {c.loss_chunks} loss chunks ({shown})",
         )
 
     def _rank_slowdown(self, model: TimeModel, world_size: int) -> tuple[float | None, str]:

@@ -654,9 +654,8 @@ def compile_settings(
     compiled step's speed-up and compile time (profilers.phases_compile); the groups it did not
     reach, or that failed to compile, are priced as unpredictable with the reason. A what-if
     has no measured speed-up for its target, and none is assumed."""
-    if what_if:
-        if not profile.compile:
-            return (False,), ()
+    if what_if:  # said whether or not this device's profile measured it (README: --target
+        # plans say why; --only compile=true named a re-profile that cannot help)
         return (False,), (f"compile: {COMPILE_UNAVAILABLE}",)
     if any(m.ok for m in profile.compile):
         return (False, True), ()

@@ -36,7 +36,7 @@ from profilers.flops import (
     traffic_precision,
 )
 from profilers.hardware import HardwareSpec, NetworkPreset, lookup_network, lookup_target
-from profilers.profile_record import Profile
+from profilers.profile_record import Profile, interrupted_probes
 from profilers.workload import ModelFacts
 from strategies import roofline
 from strategies.cost import (
@@ -575,6 +575,7 @@ def whatif_cost_model(profile: Profile, request: SearchRequest) -> tuple[CostMod
         assumptions=tuple(assumptions),
         failed_traces=failed_memory_traces(profile),
         profiled_precisions=profile.precisions,
+        interrupted_probes=interrupted_probes(profile.probes),
         rank_traces=unfitted_rank_traces(profile),
     )
     return model, label

@@ -39,9 +39,15 @@ _INTERRUPTED = {
     "tune": "the trials so far are kept in its study; the same command continues it",
     "train": "the same command plus --resume continues from the last checkpoint saved (from "
     "step 0 if none was)",
-    "profile": "a profile is written when it ends, so nothing was; run it again (--budget-s "
-    "bounds how long it takes)",
+    "profile": "nothing was saved (Ctrl-C came before the probes, or a second one abandoned "
+    "them); run it again (--budget-s bounds how long it takes)",
 }
+# A profile stopped by Ctrl-C ends with what it measured (profilers.stopping).
+_KEPT_PROFILE = (
+    "what was measured is saved in {out}/profile.json (probes.csv marks the probes it cut "
+    "short as skipped, 'interrupted (Ctrl-C)'); recommend can plan from it, and the same "
+    "command again measures everything"
+)
 
 # A path that cannot be used as named (bad usage); other OSErrors (a full disk) fail the job.
 _PATH_PROBLEMS = (
@@ -59,8 +65,12 @@ def _command_name(args: tuple[Any, ...], kwargs: dict[str, Any]) -> str:
     return next((a for a in argv if not a.startswith("-")), "")
 
 
-def _interrupted(command: str) -> str:
-    hint = _INTERRUPTED.get(command)
+def _interrupted(command: str, exc: BaseException) -> str:
+    saved = getattr(exc, "saved_to", None) or getattr(exc.__cause__, "saved_to", None)
+    if command == "profile" and saved:
+        hint: str | None = _KEPT_PROFILE.format(out=saved)
+    else:  # advisor run profiles again on --resume (advisor.run.reusable_profile)
+        hint = _INTERRUPTED.get(command)
     return f"interrupted (Ctrl-C): {hint}" if hint else "interrupted (Ctrl-C)"
 
 
@@ -97,14 +107,14 @@ class AdvisorGroup(click.Group):
         except click.UsageError as exc:
             hint = f" (see '{exc.ctx.command_path} --help')" if exc.ctx else ""
             _fail(exc.format_message() + hint, 2)
-        except click.exceptions.Abort:  # Ctrl-C: click turns KeyboardInterrupt into Abort
-            _fail(_interrupted(_command_name(args, kwargs)), 130)
+        except click.exceptions.Abort as exc:  # Ctrl-C: click makes KeyboardInterrupt Abort
+            _fail(_interrupted(_command_name(args, kwargs), exc), 130)
         except click.ClickException as exc:
             _fail(exc.format_message(), exc.exit_code)
         except AdvisorError as exc:
             _fail(str(exc), exc.exit_code)
-        except KeyboardInterrupt:
-            _fail(_interrupted(_command_name(args, kwargs)), 130)
+        except KeyboardInterrupt as exc:
+            _fail(_interrupted(_command_name(args, kwargs), exc), 130)
         except OSError as exc:
             if exc.filename is None:  # not about a path the user named: keep the traceback
                 _report_to_launcher(exc)

@@ -68,7 +68,7 @@ def test_train_and_report_name_the_path_they_cannot_write(tmp_path: Path) -> Non
 @pytest.mark.parametrize(
     ("command", "hint"),
     [
-        ("profile", "a profile is written when it ends, so nothing was; run it again"),
+        ("profile", "nothing was saved (Ctrl-C came before the probes, or a second one"),
         ("recommend", "the same command continues it"),
     ],
 )

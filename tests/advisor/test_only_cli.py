@@ -193,6 +193,21 @@ def test_bad_only_is_a_one_line_usage_error(
     assert not (out / "plan.json").exists()
 
 
+def test_only_compile_on_a_target_says_a_what_if_never_prices_it(chunked_path: Path) -> None:
+    """Not "re-run 'advisor profile'", which cannot help: a what-if assumes no speed-up; and
+    the target plan says so among what it did not consider (README: --target plans say why)."""
+    out = chunked_path.parent / "target"
+    target = ("--target", "h100-80gb", "--world-size", "8")
+    result = recommend(chunked_path, out, "--only", "compile=true", *target)
+    assert result.exit_code == 2, result.output
+    assert "no measured speed-up on a what-if target" in result.stderr
+    assert "re-run 'advisor profile' (it measures torch.compile" not in result.stderr
+    result = recommend(chunked_path, out, *target)
+    assert result.exit_code == 0, result.output
+    reasons = json.loads((out / "plan.json").read_text())["reasons"]
+    assert any("compile: torch.compile has no measured speed-up" in r for r in reasons)
+
+
 def test_run_refuses_a_bad_only_before_profiling(tmp_path: Path) -> None:
     out = tmp_path / "run"
     result = invoke("run", "--only", "foo=1", "--out", str(out), "--quiet")

@@ -222,6 +222,51 @@ def test_predict_refuses_what_the_profile_did_not_measure(profile_path: Path) ->
     assert result.stderr.startswith("error: the profile has no memory fit for fp16")
 
 
+def test_predict_refuses_a_checkpointing_the_model_cannot_run_with_its_fix(
+    profile_path: Path,
+) -> None:
+    """blocks:L is 'full' and blocks:K>L does not exist: said as such (as recommend's --only
+    does), not as a fit a larger --budget-s would add."""
+    layers = json.loads(profile_path.read_text())["model"]["num_layers"]
+    result = run("predict", "--profile", str(profile_path), "--activation-checkpointing",
+                 f"blocks:{layers}")  # fmt: skip
+    assert result.exit_code == 2
+    assert result.stderr == (
+        f"error: activation checkpointing 'blocks:{layers}' checkpoints all {layers} repeated "
+        "blocks: use 'full'\n"
+    )
+    result = run("predict", "--profile", str(profile_path), "--activation-checkpointing",
+                 f"blocks:{layers + 5}")  # fmt: skip
+    assert result.exit_code == 2
+    assert f"K in blocks:K must be 1 to {layers - 1} (or use 'full')" in result.stderr
+
+
+def test_recommend_with_nothing_predictable_still_writes_why_in_trials_csv(
+    tmp_path: Path,
+) -> None:
+    """No plan, but each candidate's reason: item 6 of issue 13 (the others' reasons, which
+    the one-line error points to, were nowhere)."""
+    import csv
+
+    profile = hand_profile()
+    untimed = tuple(m for m in profile.fits.time if m.precision != "bf16")
+    dataclasses.replace(profile, fits=dataclasses.replace(profile.fits, time=untimed)).save(
+        tmp_path
+    )
+    result = run(
+        "recommend", "--profile", str(tmp_path / "profile.json"), "--global-batch-size", "8",
+        "--validate-top", "0", "--only", "precision=bf16",
+    )  # fmt: skip
+    assert result.exit_code == 2, result.output
+    assert "no step-time fit for bf16" in result.stderr
+    assert not (tmp_path / "plan.json").exists()
+    with open(tmp_path / "trials.csv", newline="") as f:
+        rows = list(csv.DictReader(f))
+    assert rows and all(row["precision"] == "bf16" for row in rows)
+    assert all("no step-time fit for bf16" in row["rejection_reason"] for row in rows)
+    assert not any(row["chosen"] == "True" for row in rows)
+
+
 def test_predict_whatif_is_an_estimate(profile_path: Path) -> None:
     result = run(
         "predict", "--profile", str(profile_path), "--target", "a100-80gb",

@@ -383,3 +383,67 @@ def test_when_more_fsdp_ranks_cannot_help_the_error_says_so() -> None:
     # 64 ranks: 156 GiB of state a rank, 15 GiB beyond it: more ranks do help
     shardable = nothing_fits([evaluation(64, 171.2)], model)  # type: ignore[arg-type, list-item]
     assert "fsdp over more devices" in str(shardable)
+
+
+def test_the_memory_budget_the_error_suggests_is_rounded_up_so_it_fits() -> None:
+    """A need of 2.19% of the device was shown as "at least 0.02", and --memory-budget 0.02
+    failed again with the same line."""
+    from types import SimpleNamespace
+
+    from strategies.plan import nothing_fits
+    from strategies.space import Candidate
+
+    candidate = Candidate(
+        precision="fp32",
+        activation_checkpointing="full",
+        parallelism="single",
+        world_size=1,
+        micro_batch_size=1,
+        grad_accum_steps=8,
+    )
+    memory = SimpleNamespace(state_bytes=2**20, traced_bytes=2**20)
+    need = int(0.0219 * 100 * 2**30)
+    prediction = SimpleNamespace(
+        budgeted_bytes=need, budget_bytes=2**30, breakdown=SimpleNamespace(memory=memory)
+    )
+    machine = SimpleNamespace(
+        memory_bytes=100 * 2**30, shared_host=False, estimate=False, name="GPU"
+    )
+    model = SimpleNamespace(machine=machine, memory_budget=0.01)
+    error = nothing_fits(
+        [SimpleNamespace(candidate=candidate, prediction=prediction)],  # type: ignore[list-item]
+        model,  # type: ignore[arg-type]
+    )
+    assert "a larger --memory-budget (at least 0.03)" in str(error)
+
+
+def test_with_nothing_predictable_the_reason_most_candidates_share_leads() -> None:
+    """Sorted by name, one checkpointing's missing memory fit ("no memory fit ...") hid the
+    step times missing for every other ("no step-time fit ..."): the most common reason
+    leads, the search's first among equals, with how many candidates it covers."""
+    from types import SimpleNamespace
+
+    from strategies.plan import nothing_fits
+
+    def evaluation(reason: str) -> SimpleNamespace:
+        return SimpleNamespace(prediction=None, reason=reason)
+
+    evaluations = (
+        [evaluation("the profile has no step-time fit for bf16 with none")] * 4
+        + [evaluation("the profile has no memory fit for bf16 with ops")] * 4
+        + [evaluation("the profile has no step-time fit for bf16 with full")] * 2
+    )
+    machine = SimpleNamespace(memory_bytes=2**30, shared_host=True, estimate=False, name="CPU")
+    model = SimpleNamespace(machine=machine, memory_models=(), interrupted_probes=0)
+    error = nothing_fits(evaluations, model)  # type: ignore[arg-type]
+    assert str(error) == (
+        "no candidate could be predicted from this profile: the profile has no step-time fit "
+        "for bf16 with none (4 of 10 candidates; the others' reasons are in trials.csv)"
+    )
+    one = nothing_fits([evaluation("only this")], model)  # type: ignore[list-item, arg-type]
+    assert str(one) == "no candidate could be predicted from this profile: only this"
+    # A profile a Ctrl-C cut short: finish it, whatever each candidate lacks.
+    cut = SimpleNamespace(machine=machine, memory_models=(), interrupted_probes=7)
+    stopped = str(nothing_fits(evaluations, cut))  # type: ignore[arg-type]
+    assert "Ctrl-C stopped it before it measured enough (7 probes cut short" in stopped
+    assert stopped.endswith("run 'advisor profile' again and let it finish")
