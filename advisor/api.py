@@ -219,6 +219,21 @@ def load_profile(path: str | os.PathLike[str]) -> Profile:
 # -- the four steps -------------------------------------------------------------------------
 
 
+def _not_while_a_child_imports_the_script() -> None:
+    """Exit at once from a call made as a child process imports the caller's script: the
+    probes and the validation run in children started with ``spawn``, which imports the
+    parent's main file in each. An unguarded call there started a profile of its own in every
+    child, and the parent's probes timed out with no word of why; the parent now raises
+    :class:`profilers.isolate.MainScriptReimported` (a ValueError) naming the fix."""
+    import multiprocessing
+
+    if getattr(multiprocessing.current_process(), "_inheriting", False):
+        from profilers.isolate import MAIN_REIMPORTED, MAIN_REIMPORTED_EXIT
+
+        print(f"error: {MAIN_REIMPORTED}", file=sys.stderr, flush=True)
+        os._exit(MAIN_REIMPORTED_EXIT)
+
+
 def profile(
     model: ModelLike = DEFAULT_MODEL,
     *,
@@ -250,6 +265,7 @@ def profile(
 
     Returns the :class:`profilers.profile_record.Profile` also saved in ``out``.
     """
+    _not_while_a_child_imports_the_script()
     from advisor.profiling import ProfileRequest
     from advisor.profiling import profile as run_profile
     from advisor.training import default_out
@@ -325,6 +341,7 @@ def recommend(
     Returns the :class:`strategies.plan_records.Plan`; raises ``NothingFits`` (a
     StrategyError) when no candidate fits the budget.
     """
+    _not_while_a_child_imports_the_script()
     from advisor.recommending import recommend as run_recommend
     from profilers.profile_record import Profile
     from profilers.rundir import profile_path
@@ -468,6 +485,7 @@ def train(
     Returns a :class:`advisor.training.TrainSummary`; raises ``TrainingDiverged`` on a NaN/inf
     loss (the last good checkpoint is kept).
     """
+    _not_while_a_child_imports_the_script()
     from advisor.launch import LaunchSpec
     from advisor.trainer.options import RunOptions, run_steps
     from advisor.training import default_out, needs_launch, resolve_train_config
@@ -494,7 +512,7 @@ def train(
     resolved = resolve_train_config(base, directory, resume, config)
     options = RunOptions(
         out=directory or default_out("train"),
-        steps=run_steps(steps, tokens),
+        steps=run_steps(steps, tokens, resume=resume),
         tokens=tokens,
         resume=resume,
         checkpoint_every=checkpoint_every,
@@ -570,6 +588,7 @@ def tune(
     for a Plan record, which is written there as ``tune/plan.json`` first); ``seed``: the
     sampler's (default: fresh per worker). Returns a :class:`advisor.tuning.TuneResult`
     (``.plan`` is the tuned Plan, ``.trials`` every trial, ``.summary`` the study)."""
+    _not_while_a_child_imports_the_script()
     from advisor.tuning import TuneRequest
     from advisor.tuning import tune as run_tune
     from profilers.rundir import PLAN, RunDir

@@ -9,7 +9,6 @@ elastic agent spawns the ranks, watches them, and stops the rest when one dies.
 from __future__ import annotations
 
 import json
-import logging
 import os
 import signal
 import sys
@@ -19,6 +18,9 @@ from typing import Any
 
 from advisor.errors import AdvisorError, UsageProblem
 from strategies.commands import torchrun_args, torchrun_command
+
+# What torchrun's agent takes over (LaunchConfig.signals_to_handle's default).
+_AGENT_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT)
 
 # Set by our launcher in every rank it starts (ranks started by a user's own torchrun lack it).
 LAUNCHED_ENV = "ADVISOR_LAUNCHED"
@@ -50,6 +52,13 @@ class LaunchSpec:
                 "a multi-node job needs --rdzv-endpoint HOST:PORT (node 0's address, reachable "
                 "from every node)"
             )
+        if self.rdzv_endpoint:
+            host, _, port = self.rdzv_endpoint.rpartition(":")
+            if not host or not port.isdigit() or not 0 < int(port) < 65536:
+                raise UsageProblem(
+                    f"--rdzv-endpoint {self.rdzv_endpoint!r} is not HOST:PORT: name node 0's "
+                    "address and a free port, e.g. --rdzv-endpoint node0.example:29500"
+                )
 
     @property
     def nproc_per_node(self) -> int:
@@ -77,8 +86,12 @@ def node_commands(spec: LaunchSpec, advisor_args: list[str]) -> list[str]:
 
 def launch(spec: LaunchSpec, advisor_args: list[str]) -> None:
     """Run ``python -m advisor ADVISOR_ARGS`` on this node's ranks; raise if any rank fails."""
+    from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.run import get_args_parser, run
+
+    from profilers.comm import quiet_elastic_logs
+    from profilers.stopping import kept_signal_handlers
 
     argv = [
         *spec.torchrun_args(),
@@ -95,21 +108,57 @@ def launch(spec: LaunchSpec, advisor_args: list[str]) -> None:
         "OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // spec.nproc_per_node))
     )
     started = time.monotonic()
-    # torchrun's agent logs each failed rank at ERROR ("failed (exitcode: 2) local_rank: 0 ...");
-    # the failure is reported below in one line, with the rank's own message.
-    agent_log = logging.getLogger("torch.distributed.elastic")
-    level = agent_log.level
-    agent_log.setLevel(logging.CRITICAL)
     try:
-        run(args)
+        # torchrun's agent logs each failed rank at ERROR ("failed (exitcode: 2) local_rank:
+        # 0 ...") and a signal at WARNING ("Received 2 death signal, shutting down workers"):
+        # the failure is reported below in one line, with the rank's own message. (Quieting
+        # "torch.distributed.elastic" alone did not: its modules' loggers set their own
+        # level.) The agent also takes over Ctrl-C, TERM, HUP and QUIT (SignalException) and
+        # leaves its handlers behind: this process's own are put back.
+        with quiet_elastic_logs(), kept_signal_handlers(*_AGENT_SIGNALS):
+            run(args)
+    except SignalException as exc:
+        # Ctrl-C or a TERM (a scheduler's stop) reached the launcher: the agent has stopped
+        # the ranks. One line and 128 + the signal, not the agent's traceback and exit 1.
+        raise LaunchStopped(exc.sigval) from None
     except ChildFailedError as exc:
         usage = _usage_problem(exc)
         if usage is not None:
             raise UsageProblem(usage) from None
+        stopped = _stopped_by_signal(exc)
+        if stopped is not None:
+            raise LaunchStopped(*stopped) from None
         raise RanksFailed(_describe_failure(exc, time.monotonic() - started)) from None
     finally:
-        agent_log.setLevel(level)
         os.environ.pop(LAUNCHED_ENV, None)
+
+
+class LaunchStopped(AdvisorError):
+    """Ctrl-C or SIGTERM stopped the job's ranks: exit 128 + the signal, one line naming how
+    to go on (the ranks save a checkpoint when the signal reaches them between steps)."""
+
+    def __init__(self, signum: int, message: str = "") -> None:
+        name = signal.Signals(signum).name
+        super().__init__(
+            message
+            or f"{name}: the job's ranks were stopped; the same command plus --resume "
+            "continues from the last checkpoint saved"
+        )
+        self.exit_code = 128 + signum
+
+
+def _stopped_by_signal(exc: object) -> tuple[int, str] | None:
+    """(the signal, the rank's message) when the ranks stopped because Ctrl-C or SIGTERM
+    reached them (the trainer exits 128 + the signal after its checkpoint: TrainingInterrupted),
+    else None."""
+    root = _root_failure(exc)
+    if root is None:
+        return None
+    _, failure, message = root
+    signum = failure.exitcode - 128
+    if signum not in (signal.SIGINT, signal.SIGTERM):
+        return None
+    return signum, message
 
 
 def launched_rank() -> bool:

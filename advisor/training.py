@@ -9,6 +9,7 @@ Torch is imported only when training starts (``advisor --help`` stays instant).
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import time
@@ -111,6 +112,7 @@ def train(
     """Train ``config`` in this process; or, when it needs ranks (:func:`needs_launch`), run it
     once per rank through torchrun as ``launch`` says (default: one node) and return None (rank
     0 wrote the run's files). ``say`` receives the per-node commands of a multi-node job."""
+    options = resumed_options(options)
     if needs_launch(config):
         spec = launch or LaunchSpec(world_size=config.world_size)
         launch_ranks(config, options, spec, say or (lambda _message: None))
@@ -118,6 +120,32 @@ def train(
     from advisor.trainer.loop import train as run_training
 
     return run_training(config, options)
+
+
+def resumed_options(options: RunOptions) -> RunOptions:
+    """``options`` of a ``--resume`` with what the run was started with in place of what the
+    command does not say: its length (neither --steps nor --tokens: it trained on to the
+    default 300 steps, with a schedule that had ended at the original length) and its
+    evaluation and checkpoint cadence (``train_config.json``'s ``total_steps`` and
+    ``options``). Anything else, or a run not resumed, is returned as is."""
+    from advisor.trainer.options import DEFAULT_STEPS
+
+    kept: dict[str, Any] = {}
+    total = None
+    saved_path = TrainDir(options.out).train_config
+    if options.resume and saved_path.is_file():
+        try:
+            saved = json.loads(saved_path.read_text())
+            kept, total = dict(saved.get("options") or {}), saved.get("total_steps")
+        except (OSError, ValueError, AttributeError, TypeError):
+            pass  # resolve_train_config names a damaged file
+    changes: dict[str, Any] = {}
+    if options.steps is None and options.tokens is None:
+        changes["steps"] = total if isinstance(total, int) else DEFAULT_STEPS
+    for name in ("checkpoint_every", "eval_every"):
+        if getattr(options, name) is None and isinstance(kept.get(name), int):
+            changes[name] = kept[name]
+    return dataclasses.replace(options, **changes) if changes else options
 
 
 def launch_ranks(
@@ -128,6 +156,11 @@ def launch_ranks(
 
     options.out.mkdir(parents=True, exist_ok=True)
     plan = TrainDir(options.out).launch_config
+    if spec.nnodes > 1:
+        # One per node: --out is shared, and with one file the last node to write it set
+        # every node's settings (a node started with other flags trained silently on the
+        # other's). Each node's ranks read their own; the trainer makes them agree.
+        plan = plan.with_name(f"{plan.stem}.node{spec.node_rank}{plan.suffix}")
     plan.write_text(json.dumps({"config": config.to_dict()}, indent=2) + "\n")
     args = options.train_args(plan)
     if spec.nnodes > 1:

@@ -471,7 +471,7 @@ def run_options(params: Mapping[str, Any], out: Path, *, resume: bool) -> RunOpt
     :data:`train_output_options`, --device and --quiet."""
     return RunOptions(
         out=out,
-        steps=run_steps(params["steps"], params["tokens"]),
+        steps=run_steps(params["steps"], params["tokens"], resume=resume),
         tokens=params["tokens"],
         resume=resume,
         checkpoint_every=params["checkpoint_every"],

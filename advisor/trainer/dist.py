@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 from datetime import timedelta
+from typing import Any
 
 import torch
 
@@ -46,9 +47,16 @@ def init_distributed(
         )
     env_world = int(os.environ["WORLD_SIZE"])
     if env_world != world_size:
+        nodes = int(os.environ.get("GROUP_WORLD_SIZE", "1") or 1)
         raise UsageProblem(
             f"the plan asks for world_size {world_size} but torchrun started {env_world} "
-            f"processes: launch {world_size} in total or set --world-size {env_world}"
+            "processes: "
+            + (
+                f"the {nodes} nodes were started with different --world-size or --nnodes; "
+                "start every node with the same command (only --node-rank differs)"
+                if nodes > 1
+                else f"launch {world_size} in total or set --world-size {env_world}"
+            )
         )
     ctx = DistContext(
         rank=int(os.environ["RANK"]), world_size=env_world, local_rank=int(os.environ["LOCAL_RANK"])
@@ -63,6 +71,27 @@ def init_distributed(
             device_id = torch.device("cuda", ctx.local_rank)  # eager NCCL init on our GPU
         dist.init_process_group(backend, timeout=timedelta(seconds=timeout_s), device_id=device_id)
     return ctx
+
+
+def check_ranks_agree(ctx: DistContext, settings: dict[str, Any]) -> None:
+    """Every rank trains one run: a rank started with other ``settings`` than rank 0's (a node
+    launched with other flags) is refused on every rank, with the difference, before a step."""
+    if not ctx.enabled:
+        return
+    import torch.distributed as dist
+
+    gathered: list[Any] = [None] * ctx.world_size
+    dist.all_gather_object(gathered, settings)
+    first = gathered[0]
+    for rank, other in enumerate(gathered):
+        if other == first:
+            continue
+        keys = sorted(k for k in set(first) | set(other) if first.get(k) != other.get(k))
+        shown = ", ".join(f"{k} {other.get(k)!r} (rank 0: {first.get(k)!r})" for k in keys[:4])
+        raise UsageProblem(
+            f"rank {rank} was started with other settings than rank 0: {shown}: start every "
+            "node with the same command (only --node-rank differs)"
+        )
 
 
 def shutdown_distributed() -> None:

@@ -29,6 +29,7 @@ from advisor.trainer.checkpoint import CheckpointDir, initial_weights, rng_state
 from advisor.trainer.compile import check_compile_available, compile_problem
 from advisor.trainer.dist import (
     DistContext,
+    check_ranks_agree,
     init_distributed,
     launched_by_torchrun,
     shutdown_distributed,
@@ -168,6 +169,7 @@ class Trainer:
         if launched_by_torchrun():
             die_with_parent()  # a rank never outlives its launcher (kill -9 included)
         self.ctx: DistContext = init_distributed(config.world_size, _device_type(options.device))
+        check_ranks_agree(self.ctx, {**config.to_dict(), "steps": self.total_steps})
         self.device = resolve_device(options.device, self.ctx.local_rank)
         check_precision(config.precision, self.device)
         self.workload = AdvisorWorkload(
@@ -403,6 +405,13 @@ class Trainer:
                 {
                     "config": self.config.to_dict(),
                     "total_steps": self.total_steps,
+                    # What a --resume that names none of them keeps (advisor.training)
+                    "options": {
+                        "checkpoint_every": self.checkpoint_every,
+                        "eval_every": self.eval_every,
+                        "eval_batches": self.options.eval_batches,
+                        "keep_checkpoints": self.options.keep_checkpoints,
+                    },
                     "device": str(self.device),
                     "data": self.source.description,
                     "model": self.facts.to_dict(),

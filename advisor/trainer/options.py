@@ -16,9 +16,13 @@ DEFAULT_EVAL_BATCHES = 4  # global batches of the validation split per evaluatio
 DEFAULT_KEEP_CHECKPOINTS = 2
 
 
-def run_steps(steps: int | None, tokens: int | None) -> int | None:
-    """The ``steps`` of a run asked for ``steps`` or ``tokens``: DEFAULT_STEPS when neither."""
-    return DEFAULT_STEPS if steps is None and tokens is None else steps
+def run_steps(steps: int | None, tokens: int | None, *, resume: bool = False) -> int | None:
+    """The ``steps`` of a run asked for ``steps`` or ``tokens``: DEFAULT_STEPS when neither,
+    except on a resume, which keeps the run's own length (None here:
+    ``advisor.training.resumed_options`` reads it, DEFAULT_STEPS for a run not started)."""
+    if steps is None and tokens is None:
+        return None if resume else DEFAULT_STEPS
+    return steps
 
 
 @dataclass(frozen=True, kw_only=True)

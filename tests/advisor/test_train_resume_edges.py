@@ -67,3 +67,34 @@ def test_the_progress_line_shows_this_steps_eval_loss(
     }
     evals = {r.step: r.eval_loss for r in read_metrics(TrainDir(tmp_path).metrics).evals}
     assert shown and all(shown[s] == pytest.approx(evals[s], abs=5e-5) for s in shown)
+
+
+def test_a_resume_that_names_no_length_keeps_the_runs_length_and_cadence(
+    tmp_path: Path,
+) -> None:
+    """`advisor train --out RUN --resume` after a kill: it trained on to the default 300
+    steps (its learning-rate schedule over at the original length) and evaluated at the
+    default cadence. It now finishes the run it was: the same steps, evals, losses."""
+    from click.testing import CliRunner
+
+    from advisor.cli import main
+
+    args = ["train", "--model", "gpt-tiny", "--model-arg", "n_layer=1", "--model-arg",
+            "n_embd=32", "--seq-len", "16", "--global-batch-size", "2", "--micro-batch-size",
+            "2", "--quiet"]  # fmt: skip
+    whole, cut = tmp_path / "whole", tmp_path / "cut"
+    cadence = ["--steps", "6", "--eval-every", "2", "--checkpoint-every", "3"]
+    for out in (whole, cut):
+        done = CliRunner().invoke(main, [*args, *cadence, "--out", str(out)])
+        assert done.exit_code == 0, done.output
+    files = TrainDir(cut)
+    (files.checkpoints / "step_00000006").rename(tmp_path / "gone")  # killed after step 5
+    (files.checkpoints / "latest").write_text("step_00000003")
+    done = CliRunner().invoke(main, ["train", "--out", str(cut), "--resume", "--quiet"])
+    assert done.exit_code == 0, done.output
+    assert "trained 6 steps" in done.output
+    resumed, uninterrupted = read_metrics(files.metrics), read_metrics(TrainDir(whole).metrics)
+    assert [r.step for r in resumed.train] == [1, 2, 3, 4, 5, 6]
+    assert [e.step for e in resumed.evals] == [2, 4, 6]
+    assert resumed.train[-1].loss == pytest.approx(uninterrupted.train[-1].loss, rel=1e-5)
+    assert json.loads(files.train_config.read_text())["total_steps"] == 6
