@@ -96,5 +96,6 @@ def write_report(run_dir: str | Path, out: str | Path | None = None) -> Path:
     run = load_run(run_dir)
     html = render(build_view(run))
     path = Path(out) if out is not None else RunDir(run.root).report
+    path.parent.mkdir(parents=True, exist_ok=True)  # as export does: a new folder is made
     write_atomically(path, html)
     return path

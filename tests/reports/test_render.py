@@ -101,3 +101,14 @@ def test_partial_run_renders_its_notes(tmp_path: Path) -> None:
     assert "No recommendation yet" in html or "no recommendation yet" in html
     assert "No training yet" in html
     assert not (root / "report.html.tmp").exists()
+
+
+def test_out_in_a_folder_not_made_yet_is_made(tmp_path: Path) -> None:
+    """--out reports/x.html failed naming a hidden temp file; export makes the folder, and so
+    does report."""
+    from tests.reports.runs import make_hand_run
+
+    root = make_hand_run(tmp_path / "run", plan=False)
+    page = tmp_path / "pages" / "2026" / "run.html"
+    assert write_report(root, page) == page
+    assert "<html" in page.read_text()
