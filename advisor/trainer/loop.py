@@ -553,9 +553,7 @@ class Trainer:
         """Model FLOPs utilisation per device; model FLOPs exclude recompute (PaLM App. B)."""
         from profilers.flops import mfu
 
-        if not hasattr(self, "_mfu_terms"):
-            self._mfu_terms = self._model_flops_and_peak()
-        flops_per_token, peak = self._mfu_terms
+        flops_per_token, peak = self._mfu_terms  # set before the first step
         return mfu(tokens_per_s / self.config.world_size, flops_per_token, peak)
 
     def _model_flops_and_peak(self) -> tuple[float, float | None]:
@@ -570,12 +568,8 @@ class Trainer:
 
         peak = self._peak_flops_per_device()
         experts = None
-        module = self.step.adapter.module if hasattr(self, "step") else None
-        if (
-            peak is not None
-            and module is not None
-            and any(p.dim() == 3 for p in module.parameters())
-        ):
+        module = self.step.adapter.module
+        if peak is not None and any(p.dim() == 3 for p in module.parameters()):
             try:
                 experts = count_expert_gemms(self.workload, self.config.step_spec())
             except Exception:  # a utilisation metric never stops training
