@@ -340,6 +340,33 @@ class _Setup:
     storage: str
     study_name: str
     command: list[str] = field(default_factory=list)
+    asked_tokens: int | None = None  # --tokens-per-trial as given
+
+    def notes(self) -> list[str]:
+        """What the user should know before the trials: each a line, none when all is well."""
+        notes = []
+        step_tokens = self.plan.config.tokens_per_step
+        if self.asked_tokens is not None and self.asked_tokens != self.tokens_per_trial:
+            notes.append(
+                f"--tokens-per-trial {self.asked_tokens:,} is {self.steps} whole steps of "
+                f"{step_tokens:,} tokens: every trial trains {self.tokens_per_trial:,}"
+            )
+        if self.warmup > self.first_rung:
+            # Successive halving's first rung is the first eval after the longest warm-up;
+            # when that warm-up reaches the trial's end, trials are judged while ramping.
+            notes.append(
+                f"a trial's warm-up can last {self.warmup} steps, past the first pruning at "
+                f"step {self.first_rung} of {self.steps}: trials with a long warm-up are judged "
+                "while their learning rate ramps up; give --tokens-per-trial "
+                f"{5 * self.warmup * step_tokens:,} (5x the warm-up) or a shorter warm-up range "
+                f"(--params warmup=0:{max(1, self.steps // 5)})"
+            )
+        if self.plan.estimate:
+            notes.append(
+                f"the plan is an estimate for another machine ({self.plan.label}): its trials "
+                "run here, at its config"
+            )
+        return notes
 
 
 def prepare(plan_path: Path, request: TuneRequest, out: Path | None) -> _Setup:
@@ -371,6 +398,7 @@ def prepare(plan_path: Path, request: TuneRequest, out: Path | None) -> _Setup:
         storage=request.storage or default_storage(directory),
         study_name=study_name(config, ranges, steps * config.tokens_per_step),
         command=request.command(file, directory),
+        asked_tokens=request.tokens_per_trial,
     )
 
 
@@ -403,13 +431,20 @@ def tune(
         )
         reclaimed = reclaim_abandoned(study)
         base = plan_values(setup.plan.config, setup.ranges)
-        if all(r.contains(float(base[r.name])) for r in setup.ranges):
+        outside = [r for r in setup.ranges if not r.contains(float(base[r.name]))]
+        if not outside:
             # The plan's own values first: the study then never ends worse than them.
             study.enqueue_trial(base, user_attrs={BASELINE_ATTR: True}, skip_if_exists=True)
         else:
-            show.message(
-                "the plan's own values are outside --params' ranges: the study does not try them"
+            shown = ", ".join(
+                f"{r.name} {base[r.name]:g} (range {r.low:g} to {r.high:g})" for r in outside
             )
+            show.message(
+                f"the plan's own values are outside the ranges tuned: {shown}; the study does "
+                "not try them"
+            )
+        for note in setup.notes():
+            show.message(f"note: {note}")
         show.message(
             f"study {setup.study_name}: {request.trials} trials of {setup.steps} steps "
             f"({setup.tokens_per_trial:,} tokens), eval every {setup.eval_every}, "

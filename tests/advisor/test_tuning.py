@@ -253,3 +253,46 @@ def test_the_python_api_takes_a_plan_record_or_path(
     assert len(result.trials) == 3
     again = advisor.tune(tmp_path / "src", trials=2, tokens_per_trial=40 * 128, seed=1)
     assert again.out == tmp_path / "src"
+
+
+def test_before_the_trials_it_notes_what_would_surprise_a_user(tmp_path: Path) -> None:
+    """A new user's audit: a 20-step trial with the plan's 20-step warm-up was pruned at step
+    18 while ramping, a --tokens-per-trial of 3,000 trained 2,048 without a word, and the
+    plan's values outside the ranges were not named."""
+    plan = write_plan(tmp_path, warmup_steps=20)  # 128 tokens a step
+    ramping = prepare(plan, TuneRequest(trials=2, tokens_per_trial=20 * 128 + 100), None)
+    notes = ramping.notes()
+    assert notes[0] == (
+        "--tokens-per-trial 2,660 is 20 whole steps of 128 tokens: every trial trains 2,560"
+    )
+    assert notes[1].startswith("a trial's warm-up can last 20 steps, past the first pruning at")
+    assert "--tokens-per-trial 12,800 (5x the warm-up)" in notes[1]
+    assert "--params warmup=0:4" in notes[1]
+    assert len(notes) == 2  # the golden plan was measured here: not an estimate
+    quiet = prepare(plan, TuneRequest(trials=2, tokens_per_trial=200 * 128), None)
+    assert quiet.notes() == []
+
+
+def test_plan_values_outside_the_ranges_are_named(tmp_path: Path) -> None:
+    plan = write_plan(tmp_path, warmup_steps=20, lr=1e-3)
+    said: list[str] = []
+
+    class Say:
+        def message(self, text: str) -> None:
+            said.append(text)
+
+        def __getattr__(self, name: str) -> object:
+            return lambda *a, **k: None
+
+    tune(
+        plan,
+        TuneRequest(trials=1, tokens_per_trial=40 * 128, params="lr=1e-2:1e-1,warmup", seed=3),
+        progress=Say(),  # type: ignore[arg-type]
+        runner=Scripted(),
+    )
+    outside = [m for m in said if m.startswith("the plan's own values are outside")]
+    # warmup 20 is in its default range (the plan's own, within a 40-step trial): not named
+    assert outside == [
+        "the plan's own values are outside the ranges tuned: lr 0.001 (range 0.01 to 0.1); "
+        "the study does not try them"
+    ]
