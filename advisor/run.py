@@ -468,11 +468,25 @@ def _run_advisor(args: list[str]) -> tuple[int, str]:
         bufsize=1,
     ) as child:
         assert child.stderr is not None
-        for line in child.stderr:
-            if line.strip():
-                last = line.strip()
-            if not line.startswith("error: "):  # the stage's own error line says it once
-                sys.stderr.write(line)
+        interrupted = False
+        while True:
+            try:
+                for line in child.stderr:
+                    if line.strip():
+                        last = line.strip()
+                    if not line.startswith("error: "):  # the stage's error line says it once
+                        sys.stderr.write(line)
+                break
+            except KeyboardInterrupt:
+                # The child got the same Ctrl-C and checkpoints after its step: read on until
+                # it exits, so the report that follows reads whole files (it was rendered
+                # before the child's last step and checkpoint). A second Ctrl-C goes at once.
+                if interrupted:
+                    raise
+                interrupted = True
+        child.wait()
+        if interrupted:
+            raise KeyboardInterrupt
     return child.returncode, last
 
 

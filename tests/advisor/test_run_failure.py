@@ -171,3 +171,61 @@ def test_a_training_child_refused_for_bad_usage_fails_the_run_with_exit_2_said_o
     assert result.stderr.count(refusal.removeprefix("error: ")) == 1
     assert "train: step 0" in result.stderr  # the child's other lines still pass through
     assert result.stderr.endswith(f"error: training failed (exit 2): {refusal[7:]}\n")
+
+
+CHILD = """\
+import pathlib, signal, sys, time
+def stop(signum, frame):
+    time.sleep(1.0)  # the step it was in, then the checkpoint
+    pathlib.Path(sys.argv[1]).write_text("saved")
+    sys.stderr.write("error: SIGINT: stopped after step 1, checkpoint saved\\n")
+    sys.exit(130)
+signal.signal(signal.SIGINT, stop)
+pathlib.Path(sys.argv[1] + ".ready").write_text("")
+sys.stderr.write("step 1/300\\n")
+sys.stderr.flush()
+time.sleep(60)
+"""
+
+
+def test_ctrl_c_waits_for_the_training_child_to_save_before_the_report(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The run wrote its report while the child (which got the same Ctrl-C) was still
+    finishing its step and checkpoint: the page said 35 steps, the run had 36."""
+    import os
+    import signal
+    import subprocess
+    import threading
+    import time
+
+    from advisor.run import _run_advisor
+
+    saved = tmp_path / "checkpoint"
+    started: list[subprocess.Popen[str]] = []
+    real = subprocess.Popen
+
+    def child(args: list[str], **kwargs: object) -> subprocess.Popen[str]:
+        process = real([args[0], "-c", CHILD, str(saved)], **kwargs)  # type: ignore[call-overload]
+        started.append(process)
+        return process
+
+    def ctrl_c() -> None:  # the terminal's Ctrl-C reaches both, once the child runs
+        ready = tmp_path / "checkpoint.ready"
+        for _ in range(600):
+            if ready.exists():
+                break
+            time.sleep(0.05)
+        os.kill(started[0].pid, signal.SIGINT)
+        os.kill(os.getpid(), signal.SIGINT)
+
+    monkeypatch.setattr(subprocess, "Popen", child)
+    timer = threading.Timer(0.5, ctrl_c)
+    timer.start()
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            _run_advisor(["train"])
+    finally:
+        timer.cancel()
+    assert saved.read_text() == "saved"  # written before _run_advisor let the Ctrl-C go on
+    assert started[0].returncode == 130
