@@ -24,6 +24,19 @@ def _fail(message: str, code: int) -> None:
     sys.exit(code)
 
 
+# What a collective raises in a rank whose peer is gone (advisor.launch reads the same words to
+# tell a failure's echoes from its cause).
+_PEER_GONE = ("connection closed by peer", "connection reset", "broken pipe")
+
+
+def _lost_a_peer(exc: BaseException) -> bool:
+    """Is ``exc`` a collective failing because another rank died, in a rank our launcher
+    started (ranks started by hand keep their traceback)?"""
+    from advisor.launch import launched_rank
+
+    return launched_rank() and any(m in str(exc).lower() for m in _PEER_GONE)
+
+
 def _report_to_launcher(exc: BaseException) -> None:
     from advisor.errors import one_line
     from advisor.launch import write_rank_error
@@ -132,6 +145,10 @@ class AdvisorGroup(click.Group):
             raise
         except Exception as exc:  # a bug or a user model's own error: keep the traceback
             _report_to_launcher(exc)
+            if _lost_a_peer(exc):
+                # A rank whose peer died (killed, out of memory): the launcher names the rank
+                # that failed first and why; this one's 50-line gloo/NCCL traceback said nothing.
+                sys.exit(1)
             raise
         sys.exit(code or 0)
 

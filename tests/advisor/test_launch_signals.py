@@ -60,3 +60,21 @@ def test_a_signal_at_the_agent_is_one_line_and_its_handlers_do_not_stay(
     assert info.value.exit_code == 128 + sig
     assert str(info.value).startswith(f"{sig.name}: the job's ranks were stopped")
     assert {s: signal.getsignal(s) for s in before} == before
+
+
+def test_a_rank_whose_peer_died_exits_without_its_traceback(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """kill -9 of one rank: the other's gloo traceback (50 lines, 'Connection closed by peer')
+    came before the launcher's one line naming the killed rank. Ranks our launcher started
+    now exit 1 quietly on it; ranks started by hand keep their traceback."""
+    from advisor.cli import _lost_a_peer
+
+    gone = RuntimeError("[../gloo/transport/tcp/pair.cc:553] Connection closed by peer [::1]:1")
+    assert not _lost_a_peer(gone)  # not a rank of ours
+    for name, value in {"RANK": "0", "WORLD_SIZE": "2", "LOCAL_RANK": "0"}.items():
+        monkeypatch.setenv(name, value)
+    assert not _lost_a_peer(gone)  # a rank a user's own torchrun started
+    monkeypatch.setenv("ADVISOR_LAUNCHED", "1")
+    assert _lost_a_peer(gone)
+    assert not _lost_a_peer(ValueError("a bug of its own"))
