@@ -15,6 +15,7 @@ from reports.common import mapping
 from reports.fmt import num
 from reports.model import CodeBlock, Section, Table, cell
 from reports.runfiles import RunFiles
+from strategies.budgets import DEFAULT_VALIDATE_ROUNDS, DEFAULT_VALIDATE_TOP_K
 from strategies.commands import Command, torchrun_args, torchrun_command
 from strategies.config import (
     CONFIG_FLAG_KEYS,
@@ -37,6 +38,7 @@ class Commands:
     train_flags: str  # the plan's config as explicit flags (no plan file needed)
     torchrun: tuple[str, ...]
     tune: str = ""  # advisor tune's command, when the run has a study
+    world_size: int = 1
 
 
 def _workload(run: RunFiles) -> dict[str, Any]:
@@ -103,11 +105,24 @@ def commands(run: RunFiles) -> Commands:
             _with_workload("run", w)
             .option("global_batch_size", gbs)
             .option("steps", steps)
+            # a run directory tuned by hand (advisor tune): the whole job tunes too
+            .option("tune_trials", mapping(run.tuning).get("trials_asked") or None)
             .option("out", run.root)
             .shell()
         )
     budget = num(mapping(run.profile).get("budget_s"))
-    profile = _with_workload("profile", w).option("budget_s", budget or None)
+    # What advisor run asked for (run.json), else what the profile recorded: the settings the
+    # profile measured (the step-by-step profile dropped --checkpointing ops-half, and so did
+    # not measure it again) and how the plan was validated.
+    asked = mapping(info.get("request"))
+    precisions = asked.get("precisions") or mapping(run.profile).get("precisions") or ()
+    profile = (
+        _with_workload("profile", w)
+        .option("budget_s", budget or None)
+        .repeated("precision", [str(p) for p in precisions])
+        .repeated("checkpointing", [str(c) for c in asked.get("checkpointing") or ()])
+        .option("comm", asked.get("comm"), default=True)
+    )
     recommend = (
         Command("recommend")
         .option("profile", files.profile)
@@ -117,6 +132,8 @@ def commands(run: RunFiles) -> Commands:
         # The run length a compiled candidate's compile was amortised over (absent: default).
         .option("steps", request.get("run_steps"), default=DEFAULT_STEPS)
         .repeated("only", only_args(read_recorded(request.get("only")) or {}))
+        .option("validate_top", asked.get("validate_top"), default=DEFAULT_VALIDATE_TOP_K)
+        .option("validate_rounds", asked.get("validate_rounds"), default=DEFAULT_VALIDATE_ROUNDS)
     )
     recorded_tune = mapping(run.tuning).get("command")
     tune = ""
@@ -125,14 +142,23 @@ def commands(run: RunFiles) -> Commands:
     elif run.tuning is not None:
         tune = Command("tune").option("plan", files.plan).option("out", run.root).shell()
     plan_file = files.tuned_plan if run.tuned_plan is not None else files.plan
-    train = Command("train").option("plan", plan_file).option("steps", steps)
-    train.option("out", train_dir)
+    # The run's evaluation and checkpoint cadence (train_config.json keeps them since
+    # 2026-12-06): without them a re-run logged other evals.
+    kept = mapping(mapping(run.train_config).get("options"))
     explicit = (
         _with_workload("train", w)
         .options(config, keys=[k for k in CONFIG_FLAG_KEYS if k != "seq_len"])
         .option("steps", steps)
-        .option("out", train_dir)
     )
+    train = (
+        Command("train").option("plan", plan_file).option("steps", steps)
+        if plan or run.tuned_plan is not None
+        else explicit  # trained without a plan (advisor train --model ...): its flags
+    )
+    for command in {id(train): train, id(explicit): explicit}.values():
+        for key in ("eval_every", "checkpoint_every", "eval_batches"):
+            command.option(key, kept.get(key))
+        command.option("out", train_dir)
     return Commands(
         run=whole,
         steps=(
@@ -144,6 +170,7 @@ def commands(run: RunFiles) -> Commands:
         train_flags=explicit.shell(),
         torchrun=_torchrun(int(num(config.get("world_size")) or 1), train.args()),
         tune=tune,
+        world_size=int(num(config.get("world_size")) or 1),
     )
 
 
@@ -177,7 +204,12 @@ def reproduce_section(run: RunFiles) -> tuple[Section, Commands]:
             + "train → report)",
             text=c.run,
         ),
-        CodeBlock(title="Step by step", text="\n".join(c.steps)),
+        CodeBlock(
+            title="Step by step",
+            text="\n".join(c.steps),
+            hint="Each writes where this run did: give a new --out to keep this run (a run "
+            "directory that holds a run is refused, or continued with --resume).",
+        ),
     ]
     if has_plan or run.train_config:
         blocks.append(
@@ -186,7 +218,7 @@ def reproduce_section(run: RunFiles) -> tuple[Section, Commands]:
                 text=c.train_flags,
             )
         )
-    if has_plan:
+    if has_plan or c.world_size > 1:  # a ddp/fsdp run trained without a plan too
         blocks.append(
             CodeBlock(
                 title="Through torchrun (single node"

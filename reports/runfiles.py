@@ -63,7 +63,13 @@ class RunFiles:
     @property
     def empty(self) -> bool:
         return not (
-            self.profile or self.plan or self.trials or self.metrics.records or self.train_config
+            self.profile
+            or self.plan
+            or self.trials
+            or self.metrics.records
+            or self.train_config
+            or self.tuned_plan
+            or self.tuning
         )
 
 
@@ -251,6 +257,10 @@ def load_run(root: str | Path) -> RunFiles:
         tune_trials=_read_jsonl(files.tune.trials, problems),
         problems=tuple(problems),
     )
+    if run.plan is None and run.tuned_plan is not None:
+        # advisor tune --out elsewhere than the plan: the tuned plan is the plan with tuned
+        # hyper-parameters (its search, prediction and profile are the plan's).
+        run = dataclasses.replace(run, plan=run.tuned_plan)
     if run.profile is None and run.plan is not None:
         found = _plan_profile(run.plan)
         if found is not None:

@@ -253,7 +253,9 @@ def summary_section(
     plan: Mapping[str, Any] | None,
     stats: TrainingStats | None,
     has_profile: bool,
+    tuned: Mapping[str, Any] | None = None,
 ) -> Section:
+    """``tuned``: the tuned plan's config (advisor tune), whose optimizer the run trains."""
     if summary is None or not plan:
         note = (
             "Profiled, but no recommendation yet: run 'advisor recommend --profile "
@@ -324,13 +326,7 @@ def summary_section(
             else []
         ),
         *([_compile_fact(mapping(plan.get("predicted")))] if config.get("compile") else []),
-        Fact(
-            label="optimizer",
-            value=f"AdamW lr {fmt.plain(config.get('lr'))} → {fmt.plain(config.get('min_lr'))}, "
-            f"warm-up {config.get('warmup_steps')}, "
-            f"weight decay {fmt.plain(config.get('weight_decay'))}, "
-            f"clip {fmt.plain(config.get('grad_clip'))}",
-        ),
+        _optimizer_fact(config, tuned),
     ]
     return Section(
         id="summary",
@@ -341,4 +337,28 @@ def summary_section(
         bullets=summary.reasons,
         details_title="Everything the search noted" if summary.notes else "",
         details=summary.notes,
+    )
+
+
+def _optimizer(config: Mapping[str, Any]) -> str:
+    return (
+        f"AdamW lr {fmt.plain(config.get('lr'))} → {fmt.plain(config.get('min_lr'))}, "
+        f"warm-up {config.get('warmup_steps')}, "
+        f"weight decay {fmt.plain(config.get('weight_decay'))}, "
+        f"clip {fmt.plain(config.get('grad_clip'))}"
+    )
+
+
+def _optimizer_fact(config: Mapping[str, Any], tuned: Mapping[str, Any] | None) -> Fact:
+    """The optimizer the run trains: the tuned plan's when advisor tune ran (the summary showed
+    the untuned values beside a Tuning section and a Reproduce with the tuned ones)."""
+    if not tuned:
+        return Fact(label="optimizer", value=_optimizer(config))
+    own = _optimizer(config)
+    return Fact(
+        label="optimizer (tuned)",
+        value=_optimizer(tuned),
+        hint=f"advisor tune's values; the recommended plan's own: {own}"
+        if own != _optimizer(tuned)
+        else "advisor tune's values (the plan it tuned is not in this directory)",
     )

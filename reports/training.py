@@ -330,8 +330,9 @@ def training_section(
     run: RunFiles, plan: Mapping[str, Any] | None, stats: TrainingStats | None
 ) -> Section:
     if stats is None:
+        plan_file = "tuned_plan.json" if run.tuned_plan is not None else "plan.json"
         note = (
-            "No training yet: run 'advisor train --plan RUN/plan.json --out RUN/train' "
+            f"No training yet: run 'advisor train --plan RUN/{plan_file} --out RUN/train' "
             "(or 'advisor run --out RUN --resume')."
             if plan
             else "No training yet."

@@ -141,7 +141,13 @@ def build_view(run: RunFiles | str | Path, *, now: datetime.datetime | None = No
     reproduce, commands = reproduce_section(run)
     tuning, tuning_view = tuning_section(run)
     sections: tuple[Section, ...] = (
-        summary_section(summary, plan, stats, profile is not None),
+        summary_section(
+            summary,
+            plan,
+            stats,
+            profile is not None,
+            mapping(mapping(run.tuned_plan).get("config")) or None,
+        ),
         facts_section(profile, run.probes),
         memory,
         candidates,

@@ -112,3 +112,26 @@ def test_out_in_a_folder_not_made_yet_is_made(tmp_path: Path) -> None:
     page = tmp_path / "pages" / "2026" / "run.html"
     assert write_report(root, page) == page
     assert "<html" in page.read_text()
+
+
+def test_the_out_of_advisor_tune_alone_is_a_run_to_report(tmp_path: Path) -> None:
+    """advisor tune --out DIR holds tuned_plan.json and tune/ only: 'holds no run files'."""
+    import json
+    import shutil
+
+    from reports.view import build_view
+    from tests.reports.runs import make_hand_run
+
+    root = make_hand_run(tmp_path / "run", steps=None)
+    tuned = tmp_path / "tuned"
+    (tuned / "tune").mkdir(parents=True)
+    plan = json.loads((root / "plan.json").read_text())
+    plan["config"]["lr"] = 0.00125
+    (tuned / "tuned_plan.json").write_text(json.dumps(plan))
+    (tuned / "tune" / "study.json").write_text(json.dumps({"trials_asked": 2}))
+    shutil.rmtree(root / "train", ignore_errors=True)
+    page = write_report(tuned)
+    assert page.is_file()
+    summary = build_view(tuned).section("summary")
+    assert not summary.note  # the tuned plan is the recommendation shown
+    assert any(f.label == "optimizer (tuned)" for f in summary.facts)

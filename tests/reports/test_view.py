@@ -14,6 +14,7 @@ from reports import ReportError, build_view, load_run
 from reports.candidates import ValidationRow, pareto_front
 from reports.memory import CATEGORIES
 from reports.view import notes
+from strategies.config import TrainConfig
 from strategies.uncertainty import PROFILE_TO_RUN_DRIFT_SHARED
 from tests.reports.runs import make_hand_run
 
@@ -243,6 +244,61 @@ def test_reproduce_recommend_keeps_the_searchs_only(tmp_path: Path, hand_run: Pa
     plan["profile"]["request"]["only"] = {"activation_checkpointing": ["none", "full"]}
     (run / "plan.json").write_text(json.dumps(plan))
     assert build_view(run).commands.steps[1].endswith(f"--only checkpointing=none,full --out {run}")
+
+
+def test_reproduce_keeps_what_the_run_asked_and_how_it_trained(
+    tmp_path: Path, hand_run: Path
+) -> None:
+    """A new user's audit: the step-by-step profile dropped --checkpointing ops-half (so it
+    was not measured again), recommend its validation flags, train its eval/checkpoint
+    cadence; a run tuned by hand re-ran whole without tuning; the summary showed the untuned
+    optimizer and the training note the untuned plan."""
+    run = tmp_path / "run"
+    shutil.copytree(hand_run, run)
+    request = {
+        "checkpointing": ["none", "ops-half"],
+        "precisions": ["fp32"],
+        "comm": False,
+        "validate_top": 1,
+        "validate_rounds": 2,
+    }
+    (run / "run.json").write_text(json.dumps({"request": request, "stages": {}}))
+    saved = json.loads((run / "train" / "train_config.json").read_text())
+    saved["options"] = {"checkpoint_every": 7, "eval_every": 5, "eval_batches": 2}
+    (run / "train" / "train_config.json").write_text(json.dumps(saved))
+    steps = build_view(run).commands.steps
+    assert steps[0].endswith(
+        "--precision fp32 --checkpointing none --checkpointing ops-half --no-comm --out " + str(run)
+    )
+    assert "--validate-top 1 --validate-rounds 2" in steps[1]
+    assert steps[2].endswith(
+        f"--eval-every 5 --checkpoint-every 7 --eval-batches 2 --out {run}/train"
+    )
+    plan = json.loads((run / "plan.json").read_text())
+    tuned = dict(plan, config={**plan["config"], "lr": 0.00125, "warmup_steps": 3})
+    (run / "tuned_plan.json").write_text(json.dumps(tuned))
+    (run / "tune").mkdir()
+    (run / "tune" / "study.json").write_text(json.dumps({"trials_asked": 6}))
+    (run / "run.json").unlink()  # directories made by the commands one by one
+    view = build_view(run)
+    assert "--tune-trials 6" in view.commands.run
+    optimizer = next(f for f in view.section("summary").facts if f.label.startswith("optimizer"))
+    assert optimizer.label == "optimizer (tuned)" and "lr 0.00125" in optimizer.value
+    assert "the recommended plan's own: AdamW lr 0.001" in optimizer.hint
+
+
+def test_a_ddp_run_trained_without_a_plan_is_reproduced_by_its_flags(tmp_path: Path) -> None:
+    """No plan.json: the train step named one anyway, and no torchrun line was shown."""
+    from tests.reports.runs import write_training
+
+    config = TrainConfig(parallelism="ddp", world_size=2, global_batch_size=8, micro_batch_size=4)
+    write_training(tmp_path / "train", config, 20, 20)
+    c = build_view(tmp_path / "train").commands
+    assert "--plan" not in c.steps[-1]
+    assert "--parallelism ddp" in c.steps[-1] and "--world-size 2" in c.steps[-1]
+    assert c.torchrun[0].startswith("torchrun --standalone --nproc-per-node=2 -m advisor train")
+    reproduce = build_view(tmp_path / "train").section("reproduce")
+    assert any(block.title.startswith("Through torchrun") for block in reproduce.code)
 
 
 def test_profile_only_run_notes_what_is_missing(tmp_path: Path) -> None:
