@@ -68,6 +68,9 @@ def summarize(result: Any, out: Path) -> None:
         f"profiled {built} on {result.device.name} in {result.elapsed_s:.0f}s "
         f"({counts}); wrote {RunDir(out).profile} and {RunDir(out).probes}"
     )
+    stale = stale_plan(out, result.created)
+    if stale is not None:
+        click.echo(stale, err=True)
     busy = busy_while_timing(result.throughput)
     if busy is not None:
         click.echo(
@@ -75,6 +78,26 @@ def summarize(result: Any, out: Path) -> None:
             "profile timed steps: its step times read slow; re-profile when the host is quiet",
             err=True,
         )
+
+
+def stale_plan(out: Path, created: str) -> str | None:
+    """A warning when ``out`` holds a plan made from another profile than the one just written
+    there (a re-profile into a finished run replaced the profile the plan was searched on;
+    the report pairs them and flags it, but nothing said so here)."""
+    import json
+
+    try:
+        plan = json.loads(RunDir(out).plan.read_text())
+        made_from = plan["profile"]["created"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    if made_from == created:
+        return None
+    return (
+        f"warning: {RunDir(out).plan} was made from the profile this one replaced: run "
+        f"'advisor recommend --profile {RunDir(out).profile} --global-batch-size N --out {out}' "
+        "again for a plan of this profile (or profile into another --out)"
+    )
 
 
 def busy_while_timing(timings: Any) -> float | None:

@@ -299,3 +299,18 @@ def test_a_profile_timed_on_a_busy_host_is_named() -> None:
     assert busy_while_timing(timings(None, 0.02)) is None
     assert busy_while_timing(timings()) is None
     assert busy_while_timing(timings(0.1, 0.3, None)) == 0.3
+
+
+def test_a_profile_into_a_run_with_a_plan_of_another_profile_warns(tmp_path: Path) -> None:
+    """advisor profile --out over a finished run replaced the profile its plan was searched
+    on, without a word (the report flags the pair; the command now says so at once)."""
+    from advisor.cli.profile import stale_plan
+
+    assert stale_plan(tmp_path, "2026-12-06T20:00:00+00:00") is None  # no plan there
+    plan = {"profile": {"created": "2026-12-01T10:00:00+00:00"}, "config": {}}
+    (tmp_path / "plan.json").write_text(json.dumps(plan))
+    assert stale_plan(tmp_path, "2026-12-01T10:00:00+00:00") is None  # its own profile
+    warning = stale_plan(tmp_path, "2026-12-06T20:00:00+00:00")
+    assert warning is not None
+    assert warning.startswith(f"warning: {tmp_path / 'plan.json'} was made from the profile")
+    assert f"advisor recommend --profile {tmp_path / 'profile.json'}" in warning
