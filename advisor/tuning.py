@@ -564,6 +564,10 @@ def _one_trial(
         with contextlib.suppress(Exception):
             study.tell(trial, state=TrialState.FAIL)
             requeue(study, study.get_trials(deepcopy=False)[number])
+        # Its child has exited (the runner stops it before it lets the interrupt go on): the
+        # checkpoint it saved on the signal is bulk no one reads (39 MB for gpt-tiny was left).
+        with contextlib.suppress(OSError):
+            shutil.rmtree(directory.checkpoints)
         raise
     with contextlib.suppress(OSError):
         shutil.rmtree(directory.checkpoints)  # the evidence is the metrics; weights are bulk

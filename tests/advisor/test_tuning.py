@@ -71,6 +71,8 @@ class Scripted:
 
     def __call__(self, spec: TrialSpec, on_eval: OnEval) -> TrialOutcome:
         if self.interrupt_at is not None and len(self.runs) == self.interrupt_at:
+            # as a child does on the signal: a checkpoint after its step, then it exits
+            (spec.directory.checkpoints / "step_00000001").mkdir(parents=True)
             raise KeyboardInterrupt
         per_step = spec.config.tokens_per_step
         evals = []
@@ -193,6 +195,8 @@ def test_an_interrupted_study_resumes_where_it_stopped(tmp_path: Path) -> None:
         tune(plan, _request(4), runner=Scripted(interrupt_at=2))
     trials = read_trials(RunDir(tmp_path).tune.trials)  # written after each trial
     assert [t.state for t in trials] == ["complete", trials[1].state]
+    interrupted = RunDir(tmp_path).tune.root / "trial_0002"
+    assert interrupted.is_dir() and not (interrupted / "checkpoints").exists()  # no bulk left
     runner = Scripted()
     result = tune(plan, _request(4), runner=runner)
     states = {t.number: t.state for t in result.trials}
