@@ -79,6 +79,28 @@ def _single_file(spec: str, path: Path, dtype: str, vocab: int, kind: str) -> To
     )
 
 
+# Token ids a .bin's first words are checked on: enough that every second one being 0 is no
+# coincidence of real text.
+WIDTH_SAMPLE = 1 << 20
+WIDTH_SAMPLE_MIN = 64
+
+
+def _refuse_wider_ids(path: Path) -> None:
+    """A .bin of 32- or 64-bit ids (``np.uint32``/``int64``: ids under 65,536 little-endian)
+    read as uint16 has every second word 0: it trained on every other token being id 0,
+    silently. Refused, with how to write the file."""
+    words = np.memmap(path, dtype=np.uint16, mode="r") if path.stat().st_size else None
+    if words is None or len(words) < WIDTH_SAMPLE_MIN:
+        return
+    head = np.asarray(words[: min(len(words), WIDTH_SAMPLE) // 2 * 2]).reshape(-1, 2)
+    if not head[:, 1].any() and head[:, 0].any():
+        raise UsageProblem(
+            f"{path} looks like 32- or 64-bit token ids (every second 16-bit word is 0): a .bin "
+            "holds uint16 ids, as nanoGPT writes them; save it with "
+            "np.array(ids, dtype=np.uint16).tofile(...)"
+        )
+
+
 def _bin_vocab(paths: list[Path]) -> int:
     top = 0
     for path in paths:
@@ -118,6 +140,8 @@ def resolve_data(
                 raise UsageProblem(f"directory {path} needs train.bin and val.bin (uint16 ids)")
             if tokenizer:
                 raise UsageProblem("--tokenizer applies to text data, not .bin token ids: drop it")
+            for part in (train, val):
+                _refuse_wider_ids(part)
             source = TokenSource(
                 spec=spec,
                 kind="bin",
@@ -131,6 +155,7 @@ def resolve_data(
                 raise UsageProblem("--tokenizer applies to text data, not .bin token ids: drop it")
             if path.stat().st_size % 2:
                 raise UsageProblem(f"{path} has an odd size: a .bin must hold uint16 token ids")
+            _refuse_wider_ids(path)
             source = _single_file(spec, path, "uint16", _bin_vocab([path]), "bin")
         else:
             source = _single_file(spec, path, "uint8", BYTE_VOCAB, "text")

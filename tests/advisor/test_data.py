@@ -133,6 +133,25 @@ def test_bad_data_paths_are_usage_problems(tmp_path: Path) -> None:
         assert hint in one_line_problem(excinfo), spec
 
 
+@pytest.mark.parametrize("dtype", [np.uint32, np.int64])
+def test_a_bin_of_wider_ids_is_refused_with_how_to_write_it(tmp_path: Path, dtype: type) -> None:
+    """np.uint32 ids read as uint16 trained on every second token being id 0, silently."""
+    np.arange(1000, dtype=dtype).tofile(tmp_path / "wide.bin")
+    with pytest.raises(UsageProblem) as excinfo:
+        resolve_data(str(tmp_path / "wide.bin"))
+    line = one_line_problem(excinfo)
+    assert "looks like 32- or 64-bit token ids" in line and "dtype=np.uint16" in line
+    split = tmp_path / "split"
+    split.mkdir()
+    write_bin(split / "train.bin", np.arange(1000))
+    np.arange(1000, dtype=np.uint32).tofile(split / "val.bin")
+    with pytest.raises(UsageProblem, match=r"val\.bin looks like"):
+        resolve_data(str(split))
+    # uint16 ids whose every second one is 0 by chance (a tiny file) are not refused
+    write_bin(tmp_path / "small.bin", np.array([5, 0] * 10))
+    assert resolve_data(str(tmp_path / "small.bin"), min_tokens=2).vocab_size == 6
+
+
 @pytest.mark.parametrize("name", ["empty.txt", "empty.bin"])
 def test_empty_data_file_is_a_usage_problem(tmp_path: Path, name: str) -> None:
     (tmp_path / name).write_bytes(b"")
