@@ -484,8 +484,8 @@ def _run_advisor(args: list[str]) -> tuple[int, str]:
                 if interrupted:
                     raise
                 interrupted = True
-        child.wait()
         if interrupted:
+            child.wait()
             raise KeyboardInterrupt
     return child.returncode, last
 

@@ -292,9 +292,11 @@ def candidates_section(
     chart = pareto_chart(rows, budget)
     search = mapping(mapping(plan).get("search")) if plan else {}
     num_feasible = sum(r.feasible for r in rows)
+    # the plan's; a search that chose nothing has its trials' own (each row's candidate)
+    gbs = mapping(mapping(plan).get("config")).get("global_batch_size") if plan else None
+    gbs = gbs or next((r.candidate.global_batch_size for r in rows), "?")
     lead = [
-        f"{len(rows)} candidates at global batch "
-        f"{mapping(mapping(plan).get('config')).get('global_batch_size', '?') if plan else '?'}"
+        f"{len(rows)} candidates at global batch {gbs}"
         f": {num_feasible} fit the budget, "
         f"{sum(r.predicted_peak_bytes is not None and not r.feasible for r in rows)} are over "
         f"it, {sum(r.predicted_peak_bytes is None for r in rows)} could not be predicted."

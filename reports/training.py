@@ -8,7 +8,7 @@ from typing import Any
 
 import reports.fmt as fmt
 from profilers.metrics_record import EvalRecord, MetricsRecord, TrainRecord
-from profilers.rundir import TrainDir
+from profilers.rundir import PLAN, TUNED_PLAN, TrainDir
 from reports.candidates import ValidationRow
 from reports.charts import Chart, Series, nonempty
 from reports.common import (
@@ -330,7 +330,7 @@ def training_section(
     run: RunFiles, plan: Mapping[str, Any] | None, stats: TrainingStats | None
 ) -> Section:
     if stats is None:
-        plan_file = "tuned_plan.json" if run.tuned_plan is not None else "plan.json"
+        plan_file = TUNED_PLAN if run.tuned_plan is not None else PLAN
         note = (
             f"No training yet: run 'advisor train --plan RUN/{plan_file} --out RUN/train' "
             "(or 'advisor run --out RUN --resume')."

@@ -78,10 +78,15 @@ def test_the_report_says_the_stage_failed_why_and_the_fix(
         ("train", False),
     ]
     assert [f.stage for f in view.failures] == ["recommend"]
-    for section in ("memory", "candidates", "validation", "training"):
+    for section in ("memory", "validation", "training"):
         assert notes(view)[section] == (
             "Nothing to show: the recommend stage of this run failed (see Summary)."
         )
+    # The failed search still wrote trials.csv: every candidate and why it was dropped
+    assert (out / "trials.csv").is_file()
+    candidates = view.section("candidates")
+    assert "candidates" not in notes(view) and candidates.tables and candidates.tables[0].rows
+    assert "candidates at global batch 8:" in candidates.lead[0]  # the trials' own (no plan)
 
 
 def test_a_later_recommend_supersedes_the_recorded_failure(
@@ -220,6 +225,8 @@ def test_ctrl_c_waits_for_the_training_child_to_save_before_the_report(
         os.kill(os.getpid(), signal.SIGINT)
 
     monkeypatch.setattr(subprocess, "Popen", child)
+    # Python's own Ctrl-C handler, as in a terminal (a pytest-xdist worker ignores SIGINT)
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
     timer = threading.Timer(0.5, ctrl_c)
     timer.start()
     try:
@@ -227,5 +234,6 @@ def test_ctrl_c_waits_for_the_training_child_to_save_before_the_report(
             _run_advisor(["train"])
     finally:
         timer.cancel()
+        signal.signal(signal.SIGINT, previous)
     assert saved.read_text() == "saved"  # written before _run_advisor let the Ctrl-C go on
     assert started[0].returncode == 130
