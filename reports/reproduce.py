@@ -155,7 +155,7 @@ def commands(run: RunFiles) -> Commands:
         if plan or run.tuned_plan is not None
         else explicit  # trained without a plan (advisor train --model ...): its flags
     )
-    for command in {id(train): train, id(explicit): explicit}.values():
+    for command in (train,) if train is explicit else (train, explicit):
         for key in ("eval_every", "checkpoint_every", "eval_batches"):
             command.option(key, kept.get(key))
         command.option("out", train_dir)

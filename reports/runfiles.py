@@ -212,16 +212,25 @@ def _plan_profile(plan: Mapping[str, Any]) -> tuple[dict[str, Any], Path] | None
     return None
 
 
+def made_from_another_profile(plan: Mapping[str, Any], created: Any) -> str | None:
+    """The creation time of the profile ``plan`` was made from, when it is not the profile
+    created at ``created`` (a later ``advisor profile --out`` into the plan's directory
+    replaced the profile beside it); None when they belong together or either is unknown."""
+    info = plan.get("profile")
+    made_from = info.get("created") if isinstance(info, Mapping) else None
+    if not made_from or not created or made_from == created:
+        return None
+    return str(made_from)
+
+
 def _plan_of_another_profile(run: RunFiles, root: Path) -> str:
-    """Why the page's plan and profile do not belong together, or "": the plan records the
-    creation time of the profile it was made from, and a later ``advisor profile --out`` into
-    the same directory replaces the profile beside it (the page then mixed the two)."""
+    """Why the page's plan and profile do not belong together, or "" (the page then mixed
+    the two)."""
     if run.profile is None or run.plan is None:
         return ""
-    info = run.plan.get("profile")
-    made_from = info.get("created") if isinstance(info, Mapping) else None
     here = run.profile.get("created")
-    if not made_from or not here or made_from == here:
+    made_from = made_from_another_profile(run.plan, here)
+    if made_from is None:
         return ""
     return (
         f"{PLAN} was made from a profile created {made_from}, not from the {PROFILE} here "

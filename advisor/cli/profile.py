@@ -86,12 +86,13 @@ def stale_plan(out: Path, created: str) -> str | None:
     the report pairs them and flags it, but nothing said so here)."""
     import json
 
+    from reports.runfiles import made_from_another_profile
+
     try:
         plan = json.loads(RunDir(out).plan.read_text())
-        made_from = plan["profile"]["created"]
-    except (OSError, ValueError, KeyError, TypeError):
+    except (OSError, ValueError):
         return None
-    if made_from == created:
+    if not isinstance(plan, dict) or made_from_another_profile(plan, created) is None:
         return None
     return (
         f"warning: {RunDir(out).plan} was made from the profile this one replaced: run "
