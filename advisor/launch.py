@@ -17,10 +17,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from advisor.errors import AdvisorError, UsageProblem
+from profilers.comm_failure import lost_a_peer
 from strategies.commands import torchrun_args, torchrun_command
-
-# What torchrun's agent takes over (LaunchConfig.signals_to_handle's default).
-_AGENT_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT)
 
 # Set by our launcher in every rank it starts (ranks started by a user's own torchrun lack it).
 LAUNCHED_ENV = "ADVISOR_LAUNCHED"
@@ -90,7 +88,7 @@ def launch(spec: LaunchSpec, advisor_args: list[str]) -> None:
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.run import get_args_parser, run
 
-    from profilers.comm import quiet_elastic_logs
+    from profilers.comm import ELASTIC_LAUNCH_SIGNALS, quiet_elastic_logs
     from profilers.stopping import kept_signal_handlers
 
     argv = [
@@ -115,7 +113,7 @@ def launch(spec: LaunchSpec, advisor_args: list[str]) -> None:
         # "torch.distributed.elastic" alone did not: its modules' loggers set their own
         # level.) The agent also takes over Ctrl-C, TERM, HUP and QUIT (SignalException) and
         # leaves its handlers behind: this process's own are put back.
-        with quiet_elastic_logs(), kept_signal_handlers(*_AGENT_SIGNALS):
+        with quiet_elastic_logs(), kept_signal_handlers(*ELASTIC_LAUNCH_SIGNALS):
             run(args)
     except SignalException as exc:
         # Ctrl-C or a TERM (a scheduler's stop) reached the launcher: the agent has stopped
@@ -186,9 +184,7 @@ def _root_failure(exc: object) -> tuple[int, Any, str] | None:
     # rank whose peer vanished fails with "connection reset"; timestamps are whole seconds.
     def echo(failure: Any) -> bool:
         text = failure.message if isinstance(failure.message, str) else ""
-        return failure.exitcode == -signal.SIGTERM or any(
-            m in text.lower() for m in ("connection reset", "connection closed", "broken pipe")
-        )
+        return failure.exitcode == -signal.SIGTERM or lost_a_peer(text)
 
     rank, failure = min(failures.items(), key=lambda kv: (echo(kv[1]), kv[1].timestamp, kv[0]))
     message = failure.message if isinstance(failure.message, str) else ""

@@ -48,8 +48,9 @@ from profilers.comm_records import (
 )
 from profilers.stopping import INTERRUPTED, interrupted_here, kept_signal_handlers, stopped
 
-# What an elastic launch takes over (LaunchConfig.signals_to_handle's default).
-_LAUNCH_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT)
+# What an elastic launch takes over (LaunchConfig.signals_to_handle's default): the probe's launch
+# and advisor's own launcher keep their handlers across it.
+ELASTIC_LAUNCH_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT)
 
 __all__ = [
     "COLLECTIVES",
@@ -312,7 +313,7 @@ def _launch_world(
         with (
             _ResultTail(results_path, progress) as tail,
             quiet_elastic_logs(),
-            kept_signal_handlers(*_LAUNCH_SIGNALS),
+            kept_signal_handlers(*ELASTIC_LAUNCH_SIGNALS),
         ):
             try:
                 elastic_launch(config, run_worker)(spec)

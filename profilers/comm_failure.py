@@ -14,13 +14,25 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-# Messages of a rank that failed only because a peer did (a peer's timeout is a timeout).
-_PEER_FAILURE_HINTS = (
-    "Connection closed by peer",
+# What a collective raises in a rank that failed only because a peer did (a peer's timeout is a
+# timeout), lower case: gloo's "Connection closed by peer [remote worker]", "Connection reset",
+# "Broken pipe", NCCL's "communicator was aborted". The probe's diagnosis, the launcher's and a
+# launched rank's exit all read these words.
+PEER_GONE_MARKERS = (
+    "connection closed by peer",
     "remote worker",
-    "Connection reset",
+    "connection reset",
+    "broken pipe",
     "was aborted",
 )
+
+
+def lost_a_peer(text: str) -> bool:
+    """Does a rank's error ``text`` say only that another rank went away?"""
+    lowered = text.lower()
+    return any(marker in lowered for marker in PEER_GONE_MARKERS)
+
+
 # What the launcher writes when a rank left no error file (killed, os._exit, faulthandler).
 _PLACEHOLDERS = ("<N/A>", "<NONE>", "To enable traceback")
 # faulthandler.dump_traceback_later's banner: the rank hit its hard deadline.
@@ -37,7 +49,7 @@ class _RankFailure:
 
     @property
     def secondary(self) -> bool:
-        return not self.timed_out and any(hint in self.text for hint in _PEER_FAILURE_HINTS)
+        return not self.timed_out and lost_a_peer(self.text)
 
 
 def diagnose_failure(error: Any, log_dir: Path) -> tuple[str, str]:

@@ -180,7 +180,9 @@ def run_isolated(
     isolation: Isolation, fn: Callable[..., Any], /, *args: Any, **kwargs: Any
 ) -> Outcome:
     """Run ``fn(*args, **kwargs)`` in a spawned child under ``isolation``; never raises for the
-    child's failures (an exception, a crash, a hang, an unpicklable callable or result)."""
+    child's failures (an exception, a crash, a hang, an unpicklable callable or result). Raises
+    ``MainScriptReimported`` when the child re-ran the caller's unguarded ``__main__`` script:
+    every later child would do the same, so that one is the caller's to fix."""
     start = time.perf_counter()
     if (why := stopped()) is not None:  # the profile was asked to stop: no child starts
         return Outcome(status="error", reason=why, wall_s=0.0)

@@ -24,17 +24,13 @@ def _fail(message: str, code: int) -> None:
     sys.exit(code)
 
 
-# What a collective raises in a rank whose peer is gone (advisor.launch reads the same words to
-# tell a failure's echoes from its cause).
-_PEER_GONE = ("connection closed by peer", "connection reset", "broken pipe")
-
-
 def _lost_a_peer(exc: BaseException) -> bool:
     """Is ``exc`` a collective failing because another rank died, in a rank our launcher
     started (ranks started by hand keep their traceback)?"""
     from advisor.launch import launched_rank
+    from profilers.comm_failure import lost_a_peer
 
-    return launched_rank() and any(m in str(exc).lower() for m in _PEER_GONE)
+    return launched_rank() and lost_a_peer(str(exc))
 
 
 def _report_to_launcher(exc: BaseException) -> None:

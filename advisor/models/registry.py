@@ -221,6 +221,12 @@ def _build_user(spec: str, args: dict[str, Any], meta: bool) -> ModelAdapter:
     try:
         inspect.signature(factory).bind(**args)
     except TypeError as exc:
+        if not args:  # nothing was passed: the factory needs arguments (or is not a factory)
+            raise UsageProblem(
+                f"{spec} can't be called with no arguments ({one_line(exc)}): --model names a "
+                "function or class that builds the model; pass its parameters with "
+                "--model-arg KEY=VALUE"
+            ) from None
         raise UsageProblem(
             f"--model-arg does not fit {spec} ({one_line(exc)}): check its parameters"
         ) from None

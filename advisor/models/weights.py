@@ -39,6 +39,12 @@ HF_WEIGHT_FILES: tuple[str, ...] = (
 WRAPPER_PREFIXES: tuple[str, ...] = ("module.", "_orig_mod.")
 NUM_KEYS_SHOWN = 3
 FIX = "pass weights saved from this model (the same --model and --model-arg)"
+# An hf:DIR's own weights are of the model DIR/config.json describes, not one --model-arg changed.
+HF_DIR_FIX = (
+    "{directory}'s weights are of the model its config.json describes: drop the --model-arg "
+    "that change its shape, or build from the config alone (random init) with "
+    "--model hf:{directory}/config.json"
+)
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -200,18 +206,26 @@ def _read_dcp(directory: Path) -> dict[str, torch.Tensor]:
 # -- matching and loading ---------------------------------------------------------------------
 
 
-def load_weights(module: nn.Module, source: WeightsSource, name: str) -> LoadedWeights:
-    """Read ``source`` and load it into ``module`` (model ``name`` in messages), in place.
+def load_weights(
+    module: nn.Module, source: WeightsSource, name: str, *, fix: str = FIX
+) -> LoadedWeights:
+    """Read ``source`` and load it into ``module`` (model ``name`` in messages), in place;
+    ``fix`` is what a mismatch's message tells the user to do.
 
     Call after the module is on its device and in its dtype and before any wrapper (checkpoint
     wrapper, DDP, FSDP): the values are copied into the existing parameters.
     """
     state = read_state_dict(source)
-    return load_state(module, state, source=str(source.path), name=name)
+    return load_state(module, state, source=str(source.path), name=name, fix=fix)
 
 
 def load_state(
-    module: nn.Module, state: Mapping[str, torch.Tensor], *, source: str, name: str
+    module: nn.Module,
+    state: Mapping[str, torch.Tensor],
+    *,
+    source: str,
+    name: str,
+    fix: str = FIX,
 ) -> LoadedWeights:
     """Match ``state``'s keys and shapes to ``module`` and copy them in; UsageProblem if they
     do not fit (a few missing/unexpected keys, or the first shapes that differ, and the fix)."""
@@ -225,7 +239,7 @@ def load_state(
             parts.append(f"{len(missing)} model tensor(s) missing from it ({_few(missing)})")
         if unexpected:
             parts.append(f"{len(unexpected)} unexpected ({_few(unexpected)})")
-        raise UsageProblem(f"{source} does not match {name}: {' and '.join(parts)}: {FIX}")
+        raise UsageProblem(f"{source} does not match {name}: {' and '.join(parts)}: {fix}")
     differ = [  # in the model's order: its first tensors are the ones a user recognises
         f"{k} {tuple(renamed[k].shape)} in the file, {tuple(v.shape)} in the model"
         for k, v in expected.items()
@@ -234,7 +248,7 @@ def load_state(
     if differ:
         raise UsageProblem(
             f"{source} does not fit {name}: {len(differ)} tensor(s) differ in shape, e.g. "
-            f"{'; '.join(differ[:NUM_KEYS_SHOWN])}: {FIX}"
+            f"{'; '.join(differ[:NUM_KEYS_SHOWN])}: {fix}"
         )
     usable = {k: v for k, v in renamed.items() if k in expected}
     module.load_state_dict(usable, strict=False)

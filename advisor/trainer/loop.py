@@ -24,7 +24,7 @@ from advisor.data import StepSampler, TokenSource, WindowDataset, make_loader, r
 from advisor.errors import AdvisorError, TrainingDiverged, UsageProblem
 from advisor.launch import die_with_parent
 from advisor.models import ModelAdapter
-from advisor.models.weights import LoadedWeights, load_weights
+from advisor.models.weights import FIX, HF_DIR_FIX, LoadedWeights, load_weights
 from advisor.trainer.checkpoint import CheckpointDir, initial_weights, rng_state, set_rng_state
 from advisor.trainer.compile import check_compile_available, compile_problem
 from advisor.trainer.dist import (
@@ -123,7 +123,8 @@ def check_block_knobs(config: TrainConfig, facts: ModelFacts) -> None:
         raise UsageProblem(
             f"--activation-checkpointing {config.activation_checkpointing} is unavailable for "
             f"{config.model}: {NO_REPEATED_BLOCKS}; use --activation-checkpointing none "
-            "(or keep the layers in an nn.ModuleList)"
+            "(or keep the layers in an nn.ModuleList, which an advisor_blocks attribute, if the "
+            "model sets one, must name)"
         )
     why = facts.loss_chunking_unavailable()
     if config.loss_chunks > 1 and why:
@@ -219,7 +220,10 @@ class Trainer:
 
     def _load_initial_weights(self, adapter: ModelAdapter) -> None:
         assert self.weights_source is not None
-        self.weights = load_weights(adapter.module, self.weights_source, self.config.model)
+        fix = FIX
+        if self.config.init_from is None and self.config.model.startswith("hf:"):
+            fix = HF_DIR_FIX.format(directory=self.config.model[3:].rstrip("/"))
+        self.weights = load_weights(adapter.module, self.weights_source, self.config.model, fix=fix)
 
     def _check_out_dir(self) -> Path | None:
         existing = self.checkpoints.latest()

@@ -136,7 +136,7 @@ def test_training_with_checkpointing_is_refused_in_one_line(tmp_path: Path) -> N
     assert result.stderr.splitlines() == [
         f"error: --activation-checkpointing full is unavailable for {SEQUENTIAL}: "
         f"{NO_REPEATED_BLOCKS}; use --activation-checkpointing none (or keep the layers in an "
-        "nn.ModuleList)"
+        "nn.ModuleList, which an advisor_blocks attribute, if the model sets one, must name)"
     ]
     assert not (tmp_path / "run" / "metrics.jsonl").exists()
 

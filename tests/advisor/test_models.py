@@ -207,6 +207,15 @@ def test_sequence_longer_than_model_maximum_says_how_to_fix(name: str, field: st
         adapter.logits(torch.zeros(1, 9, dtype=torch.long))
 
 
+def test_a_factory_that_needs_arguments_none_were_given_says_how_to_pass_them() -> None:
+    with pytest.raises(UsageProblem) as caught:
+        build_model("os.path:join")
+    assert str(caught.value).startswith("os.path:join can't be called with no arguments (")
+    assert str(caught.value).endswith("pass its parameters with --model-arg KEY=VALUE")
+    with pytest.raises(UsageProblem, match=r"^--model-arg does not fit os.path:join \("):
+        build_model("os.path:join", {"nope": 1})
+
+
 def test_unknown_spec_lists_the_choices() -> None:
     with pytest.raises(UsageProblem) as excinfo:
         build_model("gpt-huge")

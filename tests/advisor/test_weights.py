@@ -307,6 +307,12 @@ def test_shape_mismatch_names_the_tensors(hf_dir: Path, tmp_path: Path) -> None:
     line = one_line_error(advisor("train", "--model", f"hf:{hf_dir}", *wider, *TRAIN, "--out", out))
     assert " does not fit hf:" in line
     assert "transformer.wte.weight (128, 32) in the file, (128, 64) in the model" in line
+    # DIR's own weights: the fix is to drop the shape-changing arg or build from the config
+    assert line.endswith(
+        f"{hf_dir}'s weights are of the model its config.json describes: drop the --model-arg "
+        "that change its shape, or build from the config alone (random init) with "
+        f"--model hf:{hf_dir}/config.json"
+    )
 
 
 def test_a_file_without_a_state_dict(tmp_path: Path) -> None:
