@@ -517,6 +517,12 @@ def run(request: RunRequest, out: Path, progress: RunProgress | None = None) -> 
     error after writing the (partial) report."""
     display = progress or _Silent()
     _check_out(out, request)
+    # Weights of another model fail at the first training step: refuse them before the profile.
+    from advisor.trainer.checkpoint import check_initial_weights
+
+    check_initial_weights(
+        request.model, dict(request.model_args), request.config_overrides.get("init_from")
+    )
     reuse_profile = request.resume and reusable_profile(out, request)
     out.mkdir(parents=True, exist_ok=True)
     log = _RunLog(out, request)

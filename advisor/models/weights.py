@@ -203,6 +203,79 @@ def _read_dcp(directory: Path) -> dict[str, torch.Tensor]:
     return model
 
 
+def read_shapes(source: WeightsSource) -> dict[str, torch.Tensor] | None:
+    """The tensors of ``source`` as ``meta`` tensors (names and shapes, no values), read from
+    the files' headers and metadata only: a safetensors header, a PyTorch zip file memory-mapped
+    (its storages never read), a distributed checkpoint's metadata. None where that is not
+    possible without reading everything (a PyTorch file of the legacy, non-zip format)."""
+    state: dict[str, torch.Tensor] = {}
+    if source.kind == "dcp":
+        return _dcp_shapes(source.path)
+    for file in source.files:
+        part = _safetensors_shapes(file) if source.kind == "safetensors" else _torch_shapes(file)
+        if part is None:
+            return None
+        state.update(part)
+    return state
+
+
+def _meta(shape: Any) -> torch.Tensor:
+    return torch.empty(tuple(shape), device="meta")
+
+
+def _safetensors_shapes(path: Path) -> dict[str, torch.Tensor]:
+    try:
+        from safetensors import safe_open
+    except ImportError:
+        return {k: _meta(v.shape) for k, v in _read_safetensors(path).items()}  # says to install
+    try:
+        with safe_open(str(path), framework="pt") as opened:
+            return {k: _meta(opened.get_slice(k).get_shape()) for k in opened.keys()}  # noqa: SIM118
+    except Exception as exc:
+        raise UsageProblem(
+            f"cannot read {path} as safetensors ({one_line(exc)}): is the file complete?"
+        ) from None
+
+
+def _torch_shapes(path: Path) -> dict[str, torch.Tensor] | None:
+    import zipfile
+
+    if not zipfile.is_zipfile(path):
+        return None  # the legacy format cannot be memory-mapped: checked when it is loaded
+    try:
+        data = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+    except Exception as exc:
+        raise UsageProblem(
+            f"cannot read {path} as a PyTorch weights file ({one_line(exc)}): pass a state dict "
+            "saved with torch.save(model.state_dict(), ...), a .safetensors file or a checkpoint"
+        ) from None
+    state = _find_state_dict(data)
+    if state is None:
+        raise UsageProblem(
+            f"{path} holds no state dict of tensors: save it with "
+            "torch.save(model.state_dict(), PATH)"
+        )
+    return {k: _meta(v.shape) for k, v in state.items()}
+
+
+def _dcp_shapes(directory: Path) -> dict[str, torch.Tensor]:
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.metadata import TensorStorageMetadata
+
+    try:
+        metadata = dcp.FileSystemReader(str(directory)).read_metadata()
+    except Exception as exc:
+        raise UsageProblem(
+            f"cannot read the distributed checkpoint {directory} ({one_line(exc)}): pass a "
+            "complete checkpoint directory"
+        ) from None
+    return {
+        key.removeprefix("model."): _meta(meta.size)
+        for key, meta in metadata.state_dict_metadata.items()
+        if key.startswith("model.") and isinstance(meta, TensorStorageMetadata)
+    }
+
+
 # -- matching and loading ---------------------------------------------------------------------
 
 
@@ -230,6 +303,36 @@ def load_state(
     """Match ``state``'s keys and shapes to ``module`` and copy them in; UsageProblem if they
     do not fit (a few missing/unexpected keys, or the first shapes that differ, and the fix)."""
     expected = module.state_dict(keep_vars=True)
+    usable = _matched(module, expected, state, source=source, name=name, fix=fix)
+    module.load_state_dict(usable, strict=False)
+    loaded = {id(expected[k]) for k in usable}
+    num_params = sum(p.numel() for p in module.parameters() if id(p) in loaded)
+    return LoadedWeights(source=source, num_params=num_params, num_tensors=len(usable))
+
+
+def check_shapes(module: nn.Module, source: WeightsSource, name: str, *, fix: str = FIX) -> None:
+    """Raise the UsageProblem :func:`load_weights` would, from the files' headers only
+    (:func:`read_shapes`), so a run can refuse weights of another model before it profiles.
+    ``module`` may be built on the meta device. Nothing is checked where the headers cannot be
+    read cheaply (the load checks it)."""
+    state = read_shapes(source)
+    if state is None:
+        return
+    expected = module.state_dict(keep_vars=True)
+    _matched(module, expected, state, source=str(source.path), name=name, fix=fix)
+
+
+def _matched(
+    module: nn.Module,
+    expected: Mapping[str, Any],
+    state: Mapping[str, torch.Tensor],
+    *,
+    source: str,
+    name: str,
+    fix: str,
+) -> dict[str, torch.Tensor]:
+    """The entries of ``state`` that set ``module``'s tensors, under its names; UsageProblem
+    when keys are missing or unexpected, or shapes differ."""
     renamed = _rename(state, expected, module)
     missing = _missing(module, expected, renamed)
     unexpected = [k for k in renamed if k not in expected and not _ignored(module, k, "unexpected")]
@@ -250,11 +353,7 @@ def load_state(
             f"{source} does not fit {name}: {len(differ)} tensor(s) differ in shape, e.g. "
             f"{'; '.join(differ[:NUM_KEYS_SHOWN])}: {fix}"
         )
-    usable = {k: v for k, v in renamed.items() if k in expected}
-    module.load_state_dict(usable, strict=False)
-    loaded = {id(expected[k]) for k in usable}
-    num_params = sum(p.numel() for p in module.parameters() if id(p) in loaded)
-    return LoadedWeights(source=source, num_params=num_params, num_tensors=len(usable))
+    return {k: v for k, v in renamed.items() if k in expected}
 
 
 def _rename(

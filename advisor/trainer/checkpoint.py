@@ -18,7 +18,14 @@ import numpy as np
 import torch
 
 from advisor.errors import UsageProblem
-from advisor.models.weights import WeightsSource, hf_weights, weights_file
+from advisor.models.weights import (
+    FIX,
+    HF_DIR_FIX,
+    WeightsSource,
+    check_shapes,
+    hf_weights,
+    weights_file,
+)
 from profilers.rundir import (
     CHECKPOINT_NAME,
     LATEST_CHECKPOINT,
@@ -161,6 +168,28 @@ def initial_weights(model: str, init_from: str | None) -> WeightsSource | None:
         if directory.is_dir():
             return hf_weights(directory)
     return None
+
+
+def weights_fix(model: str, init_from: str | None) -> str:
+    """What a mismatch of the initial weights tells the user to do."""
+    if init_from is None and model.startswith("hf:"):
+        return HF_DIR_FIX.format(directory=model[3:].rstrip("/"))
+    return FIX
+
+
+def check_initial_weights(
+    model: str, model_args: dict[str, Any] | None, init_from: str | None
+) -> None:
+    """Refuse, before anything is profiled, initial weights that do not fit the model as built:
+    the model is built on the meta device and the files' headers are read, not their values
+    (the UsageProblem the load would raise at the first training step)."""
+    source = initial_weights(model, init_from)
+    if source is None:
+        return
+    from advisor.models import build_model
+
+    adapter = build_model(model, model_args or {}, meta=True)
+    check_shapes(adapter.module, source, model, fix=weights_fix(model, init_from))
 
 
 def resolve_init_from(path: str) -> WeightsSource:

@@ -24,8 +24,14 @@ from advisor.data import StepSampler, TokenSource, WindowDataset, make_loader, r
 from advisor.errors import AdvisorError, TrainingDiverged, UsageProblem
 from advisor.launch import die_with_parent
 from advisor.models import ModelAdapter
-from advisor.models.weights import FIX, HF_DIR_FIX, LoadedWeights, load_weights
-from advisor.trainer.checkpoint import CheckpointDir, initial_weights, rng_state, set_rng_state
+from advisor.models.weights import LoadedWeights, load_weights
+from advisor.trainer.checkpoint import (
+    CheckpointDir,
+    initial_weights,
+    rng_state,
+    set_rng_state,
+    weights_fix,
+)
 from advisor.trainer.compile import check_compile_available, compile_problem
 from advisor.trainer.dist import (
     DistContext,
@@ -220,9 +226,7 @@ class Trainer:
 
     def _load_initial_weights(self, adapter: ModelAdapter) -> None:
         assert self.weights_source is not None
-        fix = FIX
-        if self.config.init_from is None and self.config.model.startswith("hf:"):
-            fix = HF_DIR_FIX.format(directory=self.config.model[3:].rstrip("/"))
+        fix = weights_fix(self.config.model, self.config.init_from)
         self.weights = load_weights(adapter.module, self.weights_source, self.config.model, fix=fix)
 
     def _check_out_dir(self) -> Path | None:

@@ -26,7 +26,13 @@ from advisor.errors import UsageProblem
 from advisor.models import build_model
 from advisor.models.adapter import extract_logits
 from advisor.models.objectives import lm_loss
-from advisor.models.weights import load_weights, weights_file
+from advisor.models.weights import (
+    WeightsSource,
+    check_shapes,
+    load_weights,
+    read_shapes,
+    weights_file,
+)
 from advisor.trainer.checkpoint import initial_weights, resolve_init_from
 from strategies.config import ConfigError, TrainConfig
 
@@ -182,6 +188,78 @@ def test_every_weights_layout_loads_the_same_values(save: Any, tmp_path: Path) -
     ours, theirs = adapter.module.state_dict(), saved.state_dict()
     for key, value in theirs.items():
         assert torch.equal(ours[key], value), key
+
+
+def _save_legacy_bin(model: nn.Module, directory: Path) -> None:
+    """A PyTorch file of the old, non-zip format: its header cannot be read alone."""
+    directory.mkdir()
+    torch.save(
+        model.state_dict(), directory / "pytorch_model.bin", _use_new_zipfile_serialization=False
+    )
+
+
+@pytest.mark.parametrize(
+    "save",
+    [_save_bin, _save_sharded, _save_base_model, _save_ddp_prefixed, _save_legacy_bin],
+    ids=lambda f: f.__name__,
+)
+def test_the_header_check_refuses_what_the_load_refuses(save: Any, tmp_path: Path) -> None:
+    """check_shapes (headers only, a meta model) accepts each layout the load accepts, and
+    refuses a wider model with the load's own message, without reading a value."""
+    directory = tmp_path / "model"
+    save(perturbed_gpt2(), directory)
+    source = initial_weights(f"hf:{directory}", None)
+    assert source is not None
+    check_shapes(build_model(f"hf:{HF_CONFIG}", meta=True).module, source, "tiny-gpt2")
+    wider = {"n_embd": 64}
+    if save is _save_legacy_bin:  # unreadable without loading: left to the load
+        assert read_shapes(source) is None
+        return
+    shapes = read_shapes(source)
+    assert shapes is not None and all(t.device.type == "meta" for t in shapes.values())
+    with pytest.raises(UsageProblem) as by_header:
+        check_shapes(build_model(f"hf:{HF_CONFIG}", wider, meta=True).module, source, "m")
+    with pytest.raises(UsageProblem) as by_load:
+        load_weights(build_model(f"hf:{HF_CONFIG}", wider).module, source, "m")
+    assert str(by_header.value) == str(by_load.value)
+    assert " tensor(s) differ in shape, e.g. " in str(by_header.value)
+
+
+def test_the_header_check_reads_a_distributed_checkpoint(tmp_path: Path) -> None:
+    import torch.distributed.checkpoint as dcp
+
+    model = build_model("gpt-tiny", {"n_layer": 1, "n_embd": 32}).module
+    step = tmp_path / "step_00000002"
+    dcp.save({"model": model.state_dict()}, checkpoint_id=str(step), no_dist=True)
+    source = WeightsSource(path=step, kind="dcp", files=())
+    check_shapes(
+        build_model("gpt-tiny", {"n_layer": 1, "n_embd": 32}, meta=True).module, source, "a"
+    )
+    with pytest.raises(UsageProblem, match=r"does not match b: 12 model tensor\(s\) missing"):
+        check_shapes(
+            build_model("gpt-tiny", {"n_layer": 2, "n_embd": 32}, meta=True).module, source, "b"
+        )
+
+
+def test_run_refuses_weights_of_another_model_before_it_profiles(
+    hf_dir: Path, tmp_path: Path
+) -> None:
+    """Weights that do not fit failed advisor run at its train stage, after the profile's
+    budget and the search: refused now before the first probe, with the train stage's line."""
+    out = tmp_path / "run"
+    args = ["--data", "synthetic", "--seq-len", str(SEQ_LEN), "--budget-s", "30", "--quiet"]
+    line = one_line_error(
+        advisor("run", *GPT_TINY, *args, "--init-from", str(hf_dir), "--out", str(out))
+    )
+    assert line.startswith(f"error: {hf_dir / 'model.safetensors'} does not match gpt-tiny: ")
+    assert line.endswith("pass weights saved from this model (the same --model and --model-arg)")
+    assert not (out / "profile.json").exists()
+    wide = ["--model-arg", "n_embd=64"]
+    line = one_line_error(
+        advisor("run", "--model", f"hf:{hf_dir}", *wide, *args, "--out", str(out))
+    )
+    assert " does not fit hf:" in line and line.endswith(f"--model hf:{hf_dir}/config.json")
+    assert not (out / "profile.json").exists()
 
 
 # -- --init-from --------------------------------------------------------------------------------
