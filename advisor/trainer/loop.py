@@ -311,6 +311,23 @@ class Trainer:
                 yield micro
                 micro = []
 
+    def _agree(self, loss: torch.Tensor, signum: int | None) -> tuple[float, int | None]:
+        """The mean loss over ranks, and the stop signal any rank has seen (its own first), in
+        the one all-reduce a step already makes: [loss, SIGINT seen, SIGTERM seen], summed."""
+        if not self.ctx.enabled:
+            return float(loss.item()), signum
+        import torch.distributed as dist
+
+        seen = [float(signum == signal.SIGINT), float(signum == signal.SIGTERM)]
+        flags = torch.tensor(seen, dtype=torch.float32).to(loss.device, non_blocking=True)
+        packed = torch.cat([loss.detach().float().reshape(1), flags])
+        dist.all_reduce(packed, op=dist.ReduceOp.SUM)
+        total, interrupted, terminated = packed.tolist()
+        agreed = signum
+        if agreed is None and (interrupted or terminated):
+            agreed = signal.SIGINT if interrupted else signal.SIGTERM
+        return total / self.ctx.world_size, agreed
+
     def _all_mean(self, value: torch.Tensor) -> torch.Tensor:
         if self.ctx.enabled:
             import torch.distributed as dist
@@ -382,6 +399,7 @@ class Trainer:
         self._mfu_terms = self._model_flops_and_peak()
         self._t_start = time.perf_counter()
         self.loss_value = math.nan
+        self.agreed_stop: int | None = None  # the stop signal the ranks agreed on (_agree)
         self.eval_loss: float | None = None
         try:
             with _StopFlag() as stop:
@@ -449,7 +467,7 @@ class Trainer:
         for step in range(start + 1, self.total_steps + 1):
             micro = next(batches)
             t_data = time.perf_counter() - t_prev
-            record, t_prev = self._train_step(step, micro, t_data, t_prev)
+            record, t_prev = self._train_step(step, micro, t_data, t_prev, stop)
             if self.ctx.is_main:
                 self.metrics.write(record)
             last = step == self.total_steps
@@ -459,13 +477,17 @@ class Trainer:
             progress.update(step, self.loss_value, record.tokens_per_s or 0.0)
             if last or step % self.checkpoint_every == 0:
                 self._save(step)
-            if stop.signum is not None:
-                self._stop(step, stop.signum)
+            # One process reads its flag now; ranks act on the flags they agreed on in the step's
+            # loss all-reduce, so a signal that reached them on either side of it stops every
+            # rank after the same step (a split would hang the next collective).
+            signum = self.agreed_stop if self.ctx.enabled else stop.signum
+            if signum is not None:
+                self._stop(step, signum)
             if self.last_checkpoint_step == step or progress.eval_loss_step == step:
                 t_prev = time.perf_counter()  # eval/checkpoint: not the next step's time
 
     def _train_step(
-        self, step: int, micro: list[Batch], t_data: float, t_prev: float
+        self, step: int, micro: list[Batch], t_data: float, t_prev: float, stop: _StopFlag
     ) -> tuple[TrainRecord, float]:
         """One optimizer step: its record and when its timer stopped (``t_prev``: when the
         previous one's did). Stops the run on a NaN/inf loss."""
@@ -474,7 +496,7 @@ class Trainer:
         loss, stats = self.step.step(micro)
         self.scheduler.step()
         # Host sync: one per optimizer step, for the loss, norm and the step timer.
-        self.loss_value = float(self._all_mean(loss).item())
+        self.loss_value, self.agreed_stop = self._agree(loss, stop.signum)
         grad_norm = float(stats.grad_norm.item())
         now = time.perf_counter()
         step_time = now - t_prev

@@ -184,6 +184,34 @@ def test_sigkill_of_the_launcher_then_resume_reproduces_the_losses(
     assert losses(out) == losses(reference)
 
 
+@pytest.mark.parametrize("parallelism", ["ddp", "fsdp"])
+def test_a_signal_that_reaches_one_rank_stops_every_rank_after_the_same_step(
+    tmp_path: Path, parallelism: str
+) -> None:
+    """Ranks agree on a stop in the step's loss all-reduce: a SIGTERM sent to rank 1 alone
+    stopped rank 1 after its step while rank 0 went on into the next step's collectives (FSDP's
+    checkpoint is itself collective), a hang or a peer failure. Now both checkpoint the same
+    step and the job stops as a stop (exit 143, one line naming --resume)."""
+    slow = str(Path(__file__).parent.parent / "data" / "slow_model.py") + ":factory"
+    out = tmp_path / "run"
+    proc = advisor(
+        "train", *BASE, "--model", slow, "--parallelism", parallelism, "--world-size", "2",
+        "--micro-batch-size", "1", "--grad-accum-steps", "2", "--steps", "100000",
+        "--checkpoint-every", "100000", "--out", str(out),
+    )  # fmt: skip
+    _wait_for(out / "metrics.jsonl", proc)
+    ranks = _children(proc.pid)
+    assert len(ranks) == 2
+    os.kill(max(ranks), signal.SIGTERM)  # one rank only, not the launcher
+    _, err = proc.communicate(timeout=180)
+    last = err.strip().splitlines()[-1]
+    assert proc.returncode == 128 + signal.SIGTERM, err
+    assert last.startswith("error: SIGTERM: stopped after step "), err
+    step = int(last.split("stopped after step ")[1].split(",")[0])
+    assert (out / "checkpoints" / f"step_{step:08d}").is_dir()
+    assert losses(out)[-1] is not None and len(losses(out)) == step
+
+
 def test_a_rank_that_raises_ends_the_job_with_its_reason(tmp_path: Path) -> None:
     factory = Path(__file__).parent.parent / "data" / "rank_failure_model.py"
     proc = advisor(
