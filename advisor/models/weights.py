@@ -147,9 +147,10 @@ def _read_safetensors(path: Path) -> dict[str, torch.Tensor]:
         ) from None
 
 
-def _read_torch(path: Path) -> dict[str, torch.Tensor]:
+def _read_torch(path: Path, *, mmap: bool = False) -> dict[str, torch.Tensor]:
+    """The state dict in a PyTorch file; ``mmap``: its storages mapped, not read (zip files)."""
     try:
-        data = torch.load(path, map_location="cpu", weights_only=True)
+        data = torch.load(path, map_location="cpu", weights_only=True, mmap=mmap)
     except Exception as exc:
         raise UsageProblem(
             f"cannot read {path} as a PyTorch weights file ({one_line(exc)}): pass a state dict "
@@ -178,9 +179,9 @@ def _find_state_dict(data: Any) -> dict[str, torch.Tensor] | None:
     return None
 
 
-def _read_dcp(directory: Path) -> dict[str, torch.Tensor]:
-    """The ``model`` entries of a ``torch.distributed.checkpoint`` directory (an FSDP
-    checkpoint of ours), gathered into whole tensors in this one process."""
+def _dcp_model_entries(directory: Path) -> dict[str, Any]:
+    """The ``model`` tensors a ``torch.distributed.checkpoint`` directory's metadata lists, by
+    name under the model (``TensorStorageMetadata``: size and dtype)."""
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 
@@ -191,10 +192,22 @@ def _read_dcp(directory: Path) -> dict[str, torch.Tensor]:
             f"cannot read the distributed checkpoint {directory} ({one_line(exc)}): pass a "
             "complete checkpoint directory"
         ) from None
-    model: dict[str, torch.Tensor] = {}
-    for key, meta in metadata.state_dict_metadata.items():
-        if key.startswith("model.") and isinstance(meta, TensorStorageMetadata):
-            model[key.removeprefix("model.")] = torch.empty(meta.size, dtype=meta.properties.dtype)
+    return {
+        key.removeprefix("model."): meta
+        for key, meta in metadata.state_dict_metadata.items()
+        if key.startswith("model.") and isinstance(meta, TensorStorageMetadata)
+    }
+
+
+def _read_dcp(directory: Path) -> dict[str, torch.Tensor]:
+    """The ``model`` entries of a ``torch.distributed.checkpoint`` directory (an FSDP
+    checkpoint of ours), gathered into whole tensors in this one process."""
+    import torch.distributed.checkpoint as dcp
+
+    model = {
+        key: torch.empty(meta.size, dtype=meta.properties.dtype)
+        for key, meta in _dcp_model_entries(directory).items()
+    }
     if not model:
         raise UsageProblem(
             f"{directory} holds no model tensors: pass a checkpoint that 'advisor train' wrote"
@@ -242,38 +255,12 @@ def _torch_shapes(path: Path) -> dict[str, torch.Tensor] | None:
 
     if not zipfile.is_zipfile(path):
         return None  # the legacy format cannot be memory-mapped: checked when it is loaded
-    try:
-        data = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
-    except Exception as exc:
-        raise UsageProblem(
-            f"cannot read {path} as a PyTorch weights file ({one_line(exc)}): pass a state dict "
-            "saved with torch.save(model.state_dict(), ...), a .safetensors file or a checkpoint"
-        ) from None
-    state = _find_state_dict(data)
-    if state is None:
-        raise UsageProblem(
-            f"{path} holds no state dict of tensors: save it with "
-            "torch.save(model.state_dict(), PATH)"
-        )
+    state = _read_torch(path, mmap=True)
     return {k: _meta(v.shape) for k, v in state.items()}
 
 
 def _dcp_shapes(directory: Path) -> dict[str, torch.Tensor]:
-    import torch.distributed.checkpoint as dcp
-    from torch.distributed.checkpoint.metadata import TensorStorageMetadata
-
-    try:
-        metadata = dcp.FileSystemReader(str(directory)).read_metadata()
-    except Exception as exc:
-        raise UsageProblem(
-            f"cannot read the distributed checkpoint {directory} ({one_line(exc)}): pass a "
-            "complete checkpoint directory"
-        ) from None
-    return {
-        key.removeprefix("model."): _meta(meta.size)
-        for key, meta in metadata.state_dict_metadata.items()
-        if key.startswith("model.") and isinstance(meta, TensorStorageMetadata)
-    }
+    return {key: _meta(meta.size) for key, meta in _dcp_model_entries(directory).items()}
 
 
 # -- matching and loading ---------------------------------------------------------------------
