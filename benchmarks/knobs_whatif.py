@@ -18,7 +18,7 @@ Then the search's question at the row's global batch over its 8 GPUs: the best p
 config that fits the GPU's memory (:data:`MEMORY_BUDGET`), over micro-batch ×
 accumulation, with the founding knobs only (checkpointing none/full) against all of them
 (ops, ops-half, blocks:K for K = L/4, L/2, 3L/4, chunked loss, kept gathered). These are
-predictions of the what-if model (median |error| 4.8% on 26 held-out rows of the same tables,
+predictions of the what-if model (median |error| 4.9% on 26 held-out rows of the same tables,
 ``whatif_published.py``), not measurements: no GPU ran them.
 
 Profiles are the trace-only profiles of ``whatif_published.py`` (meta facts, 1-/2-layer fake

@@ -14,7 +14,8 @@ This measures both instruments on the same configs, alternating which goes first
 config it reports the median over rounds of each instrument's per-visit median step time and
 their ratio child / train (1.0: they agree), and the per-visit spread of the ratio. Each
 visit also logs the share of the host's CPU time other processes took meanwhile
-(``host_others_share``, profilers.host_activity; the 2026-12-04 results predate it).
+(``host_others_share``, profilers.host_activity; ``results/validation_agreement/``, gbs 16 of
+2026-12-04, predates it; ``results/validation_agreement_gbs8/`` logs it at every visit).
 
     python benchmarks/validation_agreement.py          # bert-tiny and hf-gpt2, gbs 16, 4 rounds
     python benchmarks/validation_agreement.py --out benchmarks/results/validation_agreement

@@ -53,8 +53,9 @@ def whole_trace_factor(scaling: DepthScaling | None) -> float:
     first run, before the first iteration was primed), under the ratio at each (1.6x, 3.2x,
     6.4x). Until that day the tracer walked every module it had met at each op
     (:class:`profilers.memory_tracing.GlobalPeakOnly`), a whole trace grew with the square of
-    the depth (2.0x, 5.9x and 21.2x; an 80-block 70B model's ran past 2.5 minutes unbounded,
-    against 3.5 s for a scaled trace), and the estimate was the square of the ratio."""
+    the depth (hand timings on llama-tiny, not kept; an 80-block 70B model's ran past 2.5
+    minutes unbounded, against 3.5 s for a scaled trace), and the estimate was the square of
+    the ratio."""
     if scaling is None:
         return 1.0
     return max(1.0, scaling.layers / sum(scaling.depths))
