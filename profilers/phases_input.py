@@ -6,16 +6,17 @@ throughput phase timed (4 when none was); a workload without a data loader is a 
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 from profilers import probe_rows
-from profilers.probe_run import CHILD_START_S, ProbeRun
+from profilers.probe_run import ProbeRun
 from profilers.profile_record import InputSample
 from profilers.workload import DataWorkload, StepSpec
 
 # Under this share there is no time to start the child at all: recorded as skipped.
 MIN_INPUT_SHARE_S = 2
-# What the loader gets to deliver batches even when the child's start-up eats its share: the
+# What the loader gets to deliver batches even when the child's start-up ate its share: the
 # last phase may overrun a little rather than measure nothing.
 MIN_INPUT_BUDGET_S = 1.0
 # The loader's clock starts after its first batch (profilers.input): worker start-up and the
@@ -44,7 +45,7 @@ def input_phase(run: ProbeRun, micro_batch: int) -> list[InputSample]:
         run.workload,
         spec,
         run.options.input_workers,
-        max(MIN_INPUT_BUDGET_S, share - CHILD_START_S),
+        time.time() + share,  # wall clock: the child's start-up (imports) comes out of the share
         timeout_s=share + INPUT_TIMEOUT_MARGIN_S,
     )
     if not outcome.ok:
@@ -70,8 +71,9 @@ def input_phase(run: ProbeRun, micro_batch: int) -> list[InputSample]:
 
 
 def _input_child(
-    workload: DataWorkload, spec: StepSpec, workers: tuple[int, ...], budget_s: float
+    workload: DataWorkload, spec: StepSpec, workers: tuple[int, ...], deadline: float
 ) -> list[dict[str, Any]]:
     from profilers.input import probe_input
 
+    budget_s = max(MIN_INPUT_BUDGET_S, deadline - time.time())
     return [s.to_dict() for s in probe_input(workload, spec, workers, budget_s=budget_s)]
