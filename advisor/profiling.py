@@ -89,6 +89,7 @@ def profile(request: ProfileRequest, out: Path, progress: Progress | None = None
         tokenizer=request.tokenizer,
         model_vocab=facts.vocab_size,
         min_tokens=request.seq_len + 1,
+        model=request.model,
     )
     check_shapes(
         TrainConfig(model=request.model, data=request.data, seq_len=request.seq_len), facts, source

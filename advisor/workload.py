@@ -94,6 +94,7 @@ class AdvisorWorkload:
             tokenizer=self.tokenizer,
             model_vocab=adapter.vocab_size,
             min_tokens=spec.seq_len + 1,
+            model=self.model,
         )
         dataset = WindowDataset(
             source, "train", spec.seq_len, 0, adapter.make_objective(source.vocab_size)

@@ -24,7 +24,7 @@ from pathlib import Path
 import numpy as np
 
 from advisor.data.token_source import BYTE_VOCAB, VAL_FRACTION, TokenSource, cache_dir
-from advisor.data.tokenized import tokenize_source
+from advisor.data.tokenized import model_tokenizer, tokenize_source
 from advisor.errors import UsageProblem
 from profilers.rundir import write_atomically
 
@@ -113,9 +113,16 @@ def _bin_vocab(paths: list[Path]) -> int:
 
 
 def resolve_data(
-    spec: str, *, tokenizer: str | None = None, model_vocab: int = BYTE_VOCAB, min_tokens: int = 2
+    spec: str,
+    *,
+    tokenizer: str | None = None,
+    model_vocab: int = BYTE_VOCAB,
+    min_tokens: int = 2,
+    model: str | None = None,
 ) -> TokenSource:
-    """The token source named by ``--data`` (``min_tokens``: each split must hold a window)."""
+    """The token source named by ``--data`` (``min_tokens``: each split must hold a window).
+    Text for an ``hf:DIR`` ``model`` that ships a tokenizer is tokenized with it when
+    ``tokenizer`` is None (:func:`advisor.data.tokenized.model_tokenizer`)."""
     if spec == "synthetic":
         if tokenizer:
             raise UsageProblem("--tokenizer has no effect on synthetic data: drop it")
@@ -161,6 +168,8 @@ def resolve_data(
             source = _single_file(spec, path, "uint8", BYTE_VOCAB, "text")
     if tokenizer:
         source = tokenize_source(source, tokenizer)
+    elif source.kind in ("stdlib", "text") and (own := model_tokenizer(model)) is not None:
+        source = tokenize_source(source, own, own=True)
     for split in ("train", "val"):
         if source.num_tokens(split) < min_tokens:
             raise UsageProblem(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -29,11 +30,33 @@ def _load_tokenizer(path: str) -> Any:
         ) from None
 
 
+# Files that say a directory holds a Hugging Face tokenizer (what AutoTokenizer reads).
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model")
+# Weights beside a tokenizer in a model directory: not the tokenizer's, never hashed (GBs).
+_WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".ckpt", ".gguf", ".h5", ".msgpack")
+
+
+def model_tokenizer(model: str | None) -> str | None:
+    """The tokenizer an ``hf:DIR`` model ships in DIR, if it has one: text data for a model
+    with its own tokenizer is tokenized with it unless ``--tokenizer`` names another (fed
+    byte values as ids, a pretrained model would fine-tune on unrelated tokens)."""
+    if not model or not model.startswith("hf:"):
+        return None
+    directory = Path(model[3:]).expanduser()
+    if directory.is_dir() and any((directory / name).is_file() for name in TOKENIZER_FILES):
+        return model[3:]
+    return None
+
+
 def _tokenizer_fingerprint(path: str) -> str:
     """Content hash of the tokenizer's files: a different tokenizer saved at the same path
-    must not reuse cached ids."""
+    must not reuse cached ids (a model directory's weights are not the tokenizer's)."""
     root = Path(path).expanduser().resolve()
-    files = sorted(p for p in root.rglob("*") if p.is_file()) if root.is_dir() else [root]
+    files = (
+        sorted(p for p in root.rglob("*") if p.is_file() and p.suffix not in _WEIGHT_SUFFIXES)
+        if root.is_dir()
+        else [root]
+    )
     digest = hashlib.sha1()
     for file in files:
         digest.update(str(file.relative_to(root) if root.is_dir() else file.name).encode())
@@ -48,7 +71,9 @@ def _encode(tokenizer: Any, text: str) -> list[int]:
     return ids
 
 
-def tokenize_source(source: TokenSource, tokenizer_path: str) -> TokenSource:
+def tokenize_source(source: TokenSource, tokenizer_path: str, *, own: bool = False) -> TokenSource:
+    """``source`` tokenized by the tokenizer at ``tokenizer_path`` (``own``: the model
+    directory's own tokenizer, taken by default), the ids cached on disk."""
     if source.kind not in ("stdlib", "text"):
         raise UsageProblem(f"--tokenizer applies to text data, not {source.kind}: drop it")
     tokenizer = _load_tokenizer(tokenizer_path)
@@ -63,6 +88,13 @@ def tokenize_source(source: TokenSource, tokenizer_path: str) -> TokenSource:
     train_path = cache_dir() / f"tok-{key}.train.{dtype}"
     val_path = cache_dir() / f"tok-{key}.val.{dtype}"
     if not (train_path.exists() and val_path.exists()):
+        # Once per text and tokenizer (the stdlib: minutes with a small BPE on two cores).
+        print(
+            f"tokenizing {source.description} with {tokenizer_path} (once: the ids are cached "
+            f"in {cache_dir()})",
+            file=sys.stderr,
+            flush=True,
+        )
         if source.split_at is not None:
             text = Path(source.paths[0]).read_bytes().decode("utf-8", errors="replace")
             ids = _encode(tokenizer, text)
@@ -83,5 +115,5 @@ def tokenize_source(source: TokenSource, tokenizer_path: str) -> TokenSource:
         dtype=dtype,
         mask_token_id=getattr(tokenizer, "mask_token_id", None),
         description=f"{source.description}, tokenized by {Path(tokenizer_path).name} "
-        f"(vocab {vocab})",
+        f"(vocab {vocab}{', the model directory’s own' if own else ''})",
     )

@@ -194,6 +194,7 @@ class Trainer:
             tokenizer=config.tokenizer,
             model_vocab=self.facts.vocab_size,
             min_tokens=config.seq_len + 1,
+            model=config.model,
         )
         check_shapes(config, self.facts, self.source)
         self.out = options.out
@@ -226,7 +227,7 @@ class Trainer:
 
     def _load_initial_weights(self, adapter: ModelAdapter) -> None:
         assert self.weights_source is not None
-        fix = weights_fix(self.config.model, self.config.init_from)
+        fix = weights_fix(self.config.model, self.config.init_from, self.config.model_args)
         self.weights = load_weights(adapter.module, self.weights_source, self.config.model, fix=fix)
 
     def _check_out_dir(self) -> Path | None:

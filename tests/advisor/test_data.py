@@ -214,6 +214,38 @@ def test_text_through_a_local_tokenizer(tokenizer_dir: Path, tmp_path: Path) -> 
     assert resolve_data(str(text), tokenizer=str(tokenizer_dir), min_tokens=17) == source
 
 
+def test_an_hf_model_directory_tokenizes_text_with_its_own_tokenizer(
+    tokenizer_dir: Path, tmp_path: Path
+) -> None:
+    """Fine-tuning hf:DIR without --tokenizer fed a pretrained model byte values as token ids
+    (ids 0-255 of its vocabulary: unrelated tokens), silently; DIR's own tokenizer is the
+    default now, for text data only, and --tokenizer still names another."""
+    import shutil
+
+    model_dir = tmp_path / "model"
+    shutil.copytree(tokenizer_dir, model_dir)
+    (model_dir / "model.safetensors").write_bytes(b"x" * 64)  # weights: never hashed
+    text = tmp_path / "code.txt"
+    text.write_text("".join(SNIPPETS) * 30)
+    by_default = resolve_data(str(text), min_tokens=17, model=f"hf:{model_dir}")
+    named = resolve_data(str(text), tokenizer=str(tokenizer_dir), min_tokens=17)
+    assert by_default.kind == "tokenized" and by_default.vocab_size == named.vocab_size
+    assert np.array_equal(by_default.tokens("train"), named.tokens("train"))
+    assert by_default.description.endswith("the model directory’s own)")
+    (model_dir / "model.safetensors").write_bytes(b"y" * 64)  # new weights, same tokenizer
+    assert resolve_data(str(text), min_tokens=17, model=f"hf:{model_dir}").paths == (
+        by_default.paths
+    )
+    # not for other models, a config file, token ids or synthetic data
+    assert resolve_data(str(text), min_tokens=17, model="gpt-tiny").kind == "text"
+    config_only = f"hf:{model_dir / 'tokenizer_config.json'}"
+    assert resolve_data(str(text), min_tokens=17, model=config_only).kind == "text"
+    assert resolve_data("synthetic", model=f"hf:{model_dir}").kind == "synthetic"
+    ids = tmp_path / "ids.bin"
+    np.arange(64, dtype=np.uint16).tofile(ids)
+    assert resolve_data(str(ids), model=f"hf:{model_dir}").kind == "bin"
+
+
 def test_missing_or_invalid_tokenizer(tmp_path: Path) -> None:
     text = tmp_path / "code.txt"
     text.write_text("".join(SNIPPETS) * 30)
