@@ -12,6 +12,7 @@ from __future__ import annotations
 import importlib
 import inspect
 import json
+import math
 import os
 import re
 from pathlib import Path
@@ -99,16 +100,32 @@ def _fields_read_by_model(config_class: type) -> set[str]:
     return {a or b for a, b in _CONFIG_READ.findall(source)}
 
 
+# How transformers (5.x) writes a non-finite float into config.json, and reads it back
+# (Mamba-2 families' time_step_limit (0.0, inf)): {"__float__": "Infinity"}.
+_FLOAT_TAGS = {"Infinity": math.inf, "-Infinity": -math.inf, "NaN": math.nan}
+
+
+def _float_tag(obj: dict[str, Any]) -> Any:
+    """json object hook: a tagged non-finite float as the float, anything else as it is."""
+    if len(obj) == 1 and obj.get("__float__") in _FLOAT_TAGS:
+        return _FLOAT_TAGS[obj["__float__"]]
+    return obj
+
+
+def _read_config(path: Path) -> Any:
+    return json.loads(path.read_text(), object_hook=_float_tag)
+
+
 def _config_source(tf: Any, name_or_path: str) -> tuple[str, dict[str, Any]]:
     """(model type, the fields a config file gives: none for a bare model type)."""
     path = Path(name_or_path).expanduser()
     if path.is_dir():
         if not (path / "config.json").is_file():
             raise UsageProblem(f"{path} has no config.json: point hf: at a model's config dir")
-        data = json.loads((path / "config.json").read_text())
+        data = _read_config(path / "config.json")
     elif path.is_file():
         try:
-            data = json.loads(path.read_text())
+            data = _read_config(path)
         except json.JSONDecodeError as exc:
             raise UsageProblem(
                 f"{path} is not valid JSON ({one_line(exc)}): pass a config.json"

@@ -216,6 +216,20 @@ def test_a_factory_that_needs_arguments_none_were_given_says_how_to_pass_them() 
         build_model("os.path:join", {"nope": 1})
 
 
+def test_a_config_saved_by_transformers_with_an_infinite_field_builds(tmp_path: Path) -> None:
+    """transformers writes float('inf') as {"__float__": "Infinity"} (Mamba-2 families'
+    time_step_limit) and reads it back; passed on raw, the config did not validate."""
+    transformers = pytest.importorskip("transformers")
+    config = transformers.AutoConfig.for_model(
+        "mamba2", vocab_size=256, hidden_size=64, num_hidden_layers=2, num_heads=4,
+        head_dim=32, n_groups=1, state_size=16,
+    )  # fmt: skip
+    config.save_pretrained(tmp_path)
+    assert '"__float__": "Infinity"' in (tmp_path / "config.json").read_text()
+    adapter = build_model(f"hf:{tmp_path}", meta=True)
+    assert adapter.module.config.time_step_limit[1] == math.inf
+
+
 def test_unknown_spec_lists_the_choices() -> None:
     with pytest.raises(UsageProblem) as excinfo:
         build_model("gpt-huge")
