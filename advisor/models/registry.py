@@ -216,6 +216,23 @@ def _first_attr(objs: list[Any], names: tuple[str, ...]) -> Any:
     return None
 
 
+def _check_forward_takes_input_ids(spec: str, module: nn.Module) -> None:
+    """The contract is ``model(input_ids)``: a forward that needs more (an attention mask, a
+    labels tensor) failed at every probe and step with a TypeError; say it once, here."""
+    try:
+        signature = inspect.signature(module.forward)
+    except (TypeError, ValueError):  # a builtin or C forward: nothing to read
+        return
+    try:
+        signature.bind(None)
+    except TypeError as exc:
+        raise UsageProblem(
+            f"{spec}: its forward{signature} cannot be called with input_ids alone "
+            f"({one_line(exc)}): the advisor calls model(input_ids); give the other "
+            "parameters defaults"
+        ) from None
+
+
 def _build_user(spec: str, args: dict[str, Any], meta: bool) -> ModelAdapter:
     factory = load_factory(spec)
     try:
@@ -239,6 +256,7 @@ def _build_user(spec: str, args: dict[str, Any], meta: bool) -> ModelAdapter:
         raise UsageProblem(
             f"{spec} returned {type(module).__name__}, not a torch.nn.Module: return the model"
         )
+    _check_forward_takes_input_ids(spec, module)
     try:
         blocks_path = find_repeated_blocks(module)
     except ValueError as exc:

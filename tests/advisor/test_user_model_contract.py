@@ -49,8 +49,26 @@ class Loss(TinyLM):
         return {"loss": self.logits(input_ids).mean()}  # no logits in it
 
 
+class MaskRequired(TinyLM):
+    def forward(self, input_ids, attention_mask):  # the contract is forward(input_ids)
+        return self.logits(input_ids)
+
+
+class MaskOptional(TinyLM):
+    def forward(self, input_ids, attention_mask=None):
+        return self.logits(input_ids)
+
+
 def scalar():
     return Scalar()
+
+
+def mask_required():
+    return MaskRequired()
+
+
+def mask_optional():
+    return MaskOptional()
 
 
 def shifted():
@@ -119,6 +137,35 @@ def test_profile_stops_at_the_first_step_instead_of_recording_an_error_per_probe
     )  # fmt: skip
     line = one_line(result)
     assert line.startswith("error: the model returned logits of shape () for input_ids"), line
+
+
+@pytest.mark.parametrize("command", ["train", "profile"])
+def test_a_forward_that_needs_more_than_input_ids_is_one_line_before_any_step(
+    model_file: Path, tmp_path: Path, command: str
+) -> None:
+    """train printed a TypeError traceback (exit 1), profile exited 0 with every probe an
+    error, and recommend then blamed the fake-tensor tracer."""
+    extra = ["--steps", "1"] if command == "train" else ["--budget-s", "20", "--no-comm"]
+    result = CliRunner().invoke(
+        main,
+        [command, "--model", f"{model_file}:mask_required", "--seq-len", "16", *extra,
+         "--quiet", "--out", str(tmp_path / "run")],
+        prog_name="advisor",
+    )  # fmt: skip
+    assert one_line(result) == (
+        f"error: {model_file}:mask_required: its forward(input_ids, attention_mask) cannot be "
+        "called with input_ids alone (TypeError: missing a required argument: "
+        "'attention_mask'): the advisor calls model(input_ids); give the other parameters "
+        "defaults"
+    )
+    assert not (tmp_path / "run" / "profile.json").exists()
+    optional = CliRunner().invoke(
+        main,
+        ["train", "--model", f"{model_file}:mask_optional", "--seq-len", "16", "--steps", "1",
+         "--quiet", "--out", str(tmp_path / "ok")],
+        prog_name="advisor",
+    )  # fmt: skip
+    assert optional.exit_code == 0, optional.output
 
 
 SIBLING = """
