@@ -192,6 +192,27 @@ def _check_int(name: str, value: int | None, minimum: int) -> None:
         raise UsageProblem(f"{name} must be {kind}, got {value!r}")
 
 
+def _say_on_stderr(message: str, *_: Any) -> None:
+    print(message, file=sys.stderr, flush=True)
+
+
+def _progress(name: str, progress: Any, *, takes: str) -> Any:
+    """``progress`` as one rule for every function: None or False, silent; True, lines on
+    stderr; else the callback the function documents (``takes`` names its form)."""
+    if progress is None or progress is False:
+        return None
+    if progress is True:
+        return _say_on_stderr
+    if name == "tune" and all(hasattr(progress, m) for m in ("message", "trial_finished")):
+        return progress
+    if callable(progress) and name != "tune":
+        return progress
+    raise UsageProblem(
+        f"{name}(progress={progress!r}): pass True (lines on stderr), False or None (silent), "
+        f"or {takes}"
+    )
+
+
 def _check_config_keys(config: Mapping[str, Any]) -> None:
     """Keyword arguments meant as TrainConfig keys: a UsageProblem listing the valid ones."""
     unknown = sorted(set(config) - {f.name for f in dataclasses.fields(TrainConfig)})
@@ -248,7 +269,7 @@ def profile(
     comm: bool = True,
     trace_for: str | None = None,
     out: str | os.PathLike[str] | None = None,
-    progress: Callable[[str, float], None] | None = None,
+    progress: Callable[[str, float], None] | bool | None = None,
 ) -> Profile:
     """Measure ``model`` with short probes on this machine (``advisor profile``).
 
@@ -261,7 +282,8 @@ def profile(
     run the communication probe. ``trace_for``: ``"cuda"`` traces memory as a CUDA GPU holds
     it whatever device probes (a CPU profile for a what-if, ``--target``); default: the probed
     device's kind. ``out``: where profile.json and probes.csv are written
-    (default ``runs/profile-TIMESTAMP``). ``progress(message, fraction_of_budget)``.
+    (default ``runs/profile-TIMESTAMP``). ``progress``: True prints each probe's line on
+    stderr, or a callback ``progress(message, fraction_of_budget)``.
 
     Returns the :class:`profilers.profile_record.Profile` also saved in ``out``.
     """
@@ -294,7 +316,8 @@ def profile(
         comm=comm,
         trace_for=trace_for,
     )
-    return run_profile(request, _path(out) or default_out("profile"), progress)
+    say = _progress("profile", progress, takes="a callable(message, fraction_of_budget)")
+    return run_profile(request, _path(out) or default_out("profile"), say)
 
 
 def recommend(
@@ -315,7 +338,7 @@ def recommend(
     only: Mapping[str, Any] | None = None,
     device: str = "auto",
     out: str | os.PathLike[str] | None = None,
-    progress: Callable[[str], None] | None = None,
+    progress: Callable[[str], None] | bool | None = None,
 ) -> Plan:
     """Pick the fastest config that fits at ``global_batch_size`` (``advisor recommend``):
     cost model + Optuna search over precision, checkpointing, micro-batch × accumulation and
@@ -336,7 +359,8 @@ def recommend(
     ``out``: where plan.json, trials.csv and the study (study.db) go; default: the profile's
     directory when ``profile`` is a path, else nothing is saved and the study lives in a
     temporary directory for this call (pass ``out`` or ``storage`` to resume it). Re-running
-    with the same ``out``/``storage`` resumes the study. ``progress(message)``.
+    with the same ``out``/``storage`` resumes the study. ``progress``: True prints its lines on
+    stderr, or a callback ``progress(message)``.
 
     Returns the :class:`strategies.plan_records.Plan`; raises ``NothingFits`` (a
     StrategyError) when no candidate fits the budget.
@@ -351,6 +375,7 @@ def recommend(
     _check_choice("device", device, DEVICES)
     _check_int("validate_top", validate_top, 0)
     _check_int("validate_rounds", validate_rounds, 1)
+    say = _progress("recommend", progress, takes="a callable(message)")
     request = SearchRequest(
         global_batch_size=global_batch_size,
         memory_budget=memory_budget,
@@ -380,7 +405,7 @@ def recommend(
             storage=storage,
             out=directory,
             device=device,
-            progress=progress,
+            progress=say,
         )
 
 
@@ -467,7 +492,7 @@ def train(
     nnodes: int = 1,
     node_rank: int = 0,
     rdzv_endpoint: str | None = None,
-    progress: bool = False,
+    progress: Callable[[str], None] | bool = False,
     **config: Any,
 ) -> TrainSummary:
     """Train a plan end to end (``advisor train``): metrics.jsonl and checkpoints in ``out``.
@@ -480,7 +505,8 @@ def train(
     (default ``runs/train-TIMESTAMP``); ``resume``: continue the run in ``out`` from its last
     checkpoint. ``checkpoint_every``/``keep_checkpoints``/``eval_every``/``eval_batches``: as the
     CLI's flags. ddp/fsdp plans run through torchrun (``nnodes``, ``node_rank``,
-    ``rdzv_endpoint`` for several machines). ``progress``: draw the per-step progress on stderr.
+    ``rdzv_endpoint`` for several machines). ``progress``: True prints the per-step lines on stderr,
+    or a callback ``progress(message)`` receives them.
 
     Returns a :class:`advisor.training.TrainSummary`; raises ``TrainingDiverged`` on a NaN/inf
     loss (the last good checkpoint is kept).
@@ -530,7 +556,7 @@ def train(
             node_rank=node_rank,
             rdzv_endpoint=rdzv_endpoint,
         )
-    say = (lambda message: print(message, file=sys.stderr)) if progress else None
+    say = _progress("train", progress, takes="a callable(message)")
     result = run_training(resolved, options, launch=spec, say=say)
     if result is None:
         return TrainSummary.from_run_dir(resolved, options.out)
@@ -576,7 +602,7 @@ def tune(
     out: str | os.PathLike[str] | None = None,
     device: str = "auto",
     seed: int | None = None,
-    progress: TuneProgress | None = None,
+    progress: TuneProgress | bool | None = None,
 ) -> TuneResult:
     """Tune lr / warm-up / weight decay at the plan's config (``advisor tune``).
 
@@ -586,7 +612,8 @@ def tune(
     ``storage``: an Optuna RDB URL (default ``sqlite:///OUT/study.db``), shared by workers;
     ``out``: where ``tuned_plan.json`` and ``tune/`` go (default: the plan's directory; needed
     for a Plan record, which is written there as ``tune/plan.json`` first); ``seed``: the
-    sampler's (default: fresh per worker). Returns a :class:`advisor.tuning.TuneResult`
+    sampler's (default: fresh per worker); ``progress``: True prints a line per trial on
+    stderr, or an :class:`advisor.tuning.TuneProgress`. Returns a :class:`advisor.tuning.TuneResult`
     (``.plan`` is the tuned Plan, ``.trials`` every trial, ``.summary`` the study)."""
     _not_while_a_child_imports_the_script()
     from advisor.tuning import TuneRequest
@@ -615,4 +642,9 @@ def tune(
         device=device,
         seed=seed,
     )
-    return run_tune(source, request, out=directory, progress=progress)
+    shown = _progress("tune", progress, takes="an advisor.tuning.TuneProgress")
+    if shown is _say_on_stderr:  # the CLI's lines, without its bar: one per trial
+        from advisor.cli.tune import CliTuneProgress
+
+        shown = CliTuneProgress(quiet=False, trials=trials)
+    return run_tune(source, request, out=directory, progress=shown)

@@ -286,6 +286,31 @@ def test_recommend_a_profile_path_writes_beside_it_and_resumes(tmp_path: Path) -
     assert again.search["trials_before"] == plan.search["num_evaluated"]
 
 
+def test_progress_means_one_thing_in_every_function(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """profile(progress=False) raised a bare TypeError from its budget clock after it had
+    started; progress was a callable in profile/recommend, a bool in train, an object in tune.
+    Now each takes True (lines on stderr), False/None (silent) or its callback; anything else
+    is a UsageProblem before work starts."""
+    advisor.recommend(hand_profile(), global_batch_size=8, validate_top=0, progress=True)
+    assert "search: " in capsys.readouterr().err
+    advisor.recommend(hand_profile(), global_batch_size=8, validate_top=0, progress=False)
+    assert capsys.readouterr().err == ""
+    for function, args in [
+        (advisor.profile, {"out": tmp_path / "p"}),
+        (advisor.recommend, {"profile": hand_profile(), "global_batch_size": 8}),
+        (advisor.train, {"plan": TINY, "out": tmp_path / "t"}),
+        (advisor.tune, {"plan": tmp_path / "plan.json"}),
+    ]:
+        with pytest.raises(UsageProblem) as caught:
+            function(**args, progress="yes")
+        assert str(caught.value).startswith(f"{function.__name__}(progress='yes'): pass True ")
+    assert not (tmp_path / "p").exists() and not (tmp_path / "t").exists()
+    with pytest.raises(UsageProblem, match=r"or an advisor.tuning.TuneProgress$"):
+        advisor.tune(tmp_path / "plan.json", progress=print)
+
+
 def test_recommend_carries_the_hyperparameters(tmp_path: Path) -> None:
     plan = advisor.recommend(
         hand_profile(), global_batch_size=8, validate_top=0, hyperparameters={"lr": 3e-4}
