@@ -52,6 +52,13 @@ COMPILE_UNAVAILABLE = (
 )
 
 
+# --network prices the links between nodes: on one node no collective crosses it.
+NETWORK_NEEDS_NODES = (
+    "--network prices the links between nodes, and with --nodes 1 no collective crosses one: "
+    "add --nodes N (the world size split over N nodes) or drop --network"
+)
+
+
 @dataclass(frozen=True, kw_only=True, slots=True, order=True)
 class Candidate:
     """One point of the search space (a slice of TrainConfig)."""
@@ -199,6 +206,8 @@ class SearchRequest:
                 "--nodes and --network plan for hardware you don't have: they need --target "
                 "(e.g. --target h100-80gb --world-size 16 --nodes 2)"
             )
+        if self.target is not None and self.nodes == 1 and self.network is not None:
+            raise StrategyError(NETWORK_NEEDS_NODES)
         if self.target is not None:
             world = self.world_size or 1
             if world % self.nodes:

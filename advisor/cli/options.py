@@ -419,6 +419,10 @@ whatif_options = _stack(
 def check_whatif(params: Mapping[str, Any]) -> None:
     if params["target"] is None and (params["nodes"] != 1 or params["network"]):
         raise click.UsageError("--nodes and --network plan for other hardware: add --target")
+    if params["nodes"] == 1 and params["network"]:
+        from strategies.space import NETWORK_NEEDS_NODES
+
+        raise click.UsageError(NETWORK_NEEDS_NODES)
 
 
 # -- train ----------------------------------------------------------------------------------------

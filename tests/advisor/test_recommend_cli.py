@@ -134,6 +134,16 @@ def test_nodes_without_a_target(profile_path: Path) -> None:
     )
 
 
+@pytest.mark.parametrize("command", ["recommend", "predict"])
+def test_a_network_on_one_node_is_a_usage_error(profile_path: Path, command: str) -> None:
+    result = run(
+        command, "--profile", str(profile_path), "--global-batch-size", "8",
+        "--target", "h100-80gb", "--world-size", "8", "--network", "eth-10",
+    )  # fmt: skip
+    assert result.exit_code == 2
+    assert result.stderr.startswith("error: --network prices the links between nodes")
+
+
 def test_nothing_fits_exits_2_naming_the_need(tmp_path: Path) -> None:
     hand_profile(memory_bytes=16 * 2**20).save(tmp_path)
     result = run(
