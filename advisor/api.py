@@ -546,7 +546,7 @@ def train(
         eval_batches=eval_batches,
         keep_checkpoints=keep_checkpoints,
         device=device,
-        progress=progress,
+        progress=progress is True,  # the per-step display; a callback gets the lines alone
     )
     spec = None
     if needs_launch(resolved):

@@ -9,9 +9,13 @@ from local files: nothing here can reach the network.
 Loading is strict with the few exceptions every real checkpoint needs: a tied weight saved under
 one of its names (GPT-2 saves ``transformer.wte.weight``, not ``lm_head.weight``), the key
 prefix of a Hugging Face base model (``h.0...`` for ``transformer.h.0...``), a ``module.`` or
-``_orig_mod.`` prefix left by DDP or ``torch.compile``, and the keys a Hugging Face class says
-to ignore. Anything else that does not match is a one-line :class:`UsageProblem` naming a few of
-the keys and the fix.
+``_orig_mod.`` prefix left by DDP or ``torch.compile``, the keys a Hugging Face class says
+to ignore, and saved copies of non-persistent buffers (``rotary_emb.inv_freq`` in older Llama
+files: the model computes them). A Hugging Face model's checkpoint layout is converted as
+``from_pretrained`` converts it (transformers 5 renames keys, e.g. GPT-NeoX's ``embed_out``, and
+stacks per-expert MoE tensors into fused ones): with transformers' own conversion mapping, so
+every family it knows is covered. Anything else that does not match, and two different tensors
+for one tied weight, is a one-line :class:`UsageProblem` naming a few of the keys and the fix.
 """
 
 from __future__ import annotations
@@ -27,6 +31,7 @@ import torch
 from torch import nn
 
 from advisor.errors import UsageProblem, one_line
+from advisor.models.hf_layout import convert_hf_layout
 
 # Hugging Face weight files in a model directory, in the order from_pretrained prefers them.
 HF_WEIGHT_FILES: tuple[str, ...] = (
@@ -43,6 +48,12 @@ FIX = "pass weights saved from this model (the same --model and --model-arg)"
 HF_DIR_FIX = (
     "{directory}'s weights are of the model its config.json describes: drop the --model-arg "
     "that change its shape, or build from the config alone (random init) with "
+    "--model hf:{directory}/config.json"
+)
+# No --model-arg was given: DIR's config.json itself does not describe the weights beside it.
+HF_DIR_MISMATCH_FIX = (
+    "{directory}/config.json and the weights in {directory} disagree: put the config.json the "
+    "weights were saved with beside them, or build from the config alone (random init) with "
     "--model hf:{directory}/config.json"
 )
 
@@ -319,10 +330,17 @@ def _matched(
     fix: str,
 ) -> dict[str, torch.Tensor]:
     """The entries of ``state`` that set ``module``'s tensors, under its names; UsageProblem
-    when keys are missing or unexpected, or shapes differ."""
-    renamed = _rename(state, expected, module)
+    when keys are missing or unexpected, shapes differ, or a tied tensor gets two values."""
+    renamed = _rename(state, expected, module, source=source)
     missing = _missing(module, expected, renamed)
-    unexpected = [k for k in renamed if k not in expected and not _ignored(module, k, "unexpected")]
+    computed = _computed_buffers(module, expected)
+    unexpected = [
+        k
+        for k in renamed
+        if k not in expected
+        and not _ignored(module, k, "unexpected")
+        and not ({k, _tail(k)} & computed)
+    ]
     if missing or unexpected:
         parts = []
         if missing:
@@ -340,19 +358,64 @@ def _matched(
             f"{source} does not fit {name}: {len(differ)} tensor(s) differ in shape, e.g. "
             f"{'; '.join(differ[:NUM_KEYS_SHOWN])}: {fix}"
         )
-    return {k: v for k, v in renamed.items() if k in expected}
+    usable = {k: v for k, v in renamed.items() if k in expected}
+    _check_tied(module, expected, usable, source=source, name=name)
+    return usable
+
+
+def _check_tied(
+    module: nn.Module,
+    expected: Mapping[str, Any],
+    usable: Mapping[str, torch.Tensor],
+    *,
+    source: str,
+    name: str,
+) -> None:
+    """Refuse two different file tensors for one tied tensor of ``module``: loading both would
+    keep whichever comes last (untied weights into a tied model lose the input embedding).
+    Equal values are a tied model saved under both names. Headers (meta tensors) have no
+    values: the load checks them."""
+    first: dict[int, str] = {}
+    for key in (k for k in expected if k in usable):  # the model's order: embedding, then head
+        other, value = first.setdefault(id(expected[key]), key), usable[key]
+        if other == key or value.is_meta or usable[other].is_meta:
+            continue
+        if not torch.equal(usable[other], value.to(usable[other].dtype)):
+            raise UsageProblem(
+                f"{source} holds two different tensors, {other} and {key}, for one tensor that "
+                f"{name} ties (shares): build the model untied ({_untie_hint(module)}) to load "
+                "both, or pass weights saved from a tied model"
+            )
+
+
+def _untie_hint(module: nn.Module) -> str:
+    """The --model-arg that builds ``module``'s model without tied weights."""
+    config = getattr(module, "config", None)
+    if hasattr(config, "tie_word_embeddings"):  # a Hugging Face config
+        return "--model-arg tie_word_embeddings=false"
+    if hasattr(config, "tie_weights"):  # ours: gpt, llama
+        return "--model-arg tie_weights=false"
+    return "a factory argument that does not share the embedding and the output head"
 
 
 def _rename(
-    state: Mapping[str, torch.Tensor], expected: Mapping[str, Any], module: nn.Module
+    state: Mapping[str, torch.Tensor],
+    expected: Mapping[str, Any],
+    module: nn.Module,
+    *,
+    source: str,
 ) -> dict[str, torch.Tensor]:
-    """``state``'s keys as ``module`` names them: wrapper prefixes off; a Hugging Face base
-    model's keys under its ``base_model_prefix`` (or off it), when that is what matches."""
+    """``state``'s keys as ``module`` names them: wrapper prefixes off; a Hugging Face
+    checkpoint layout converted (:func:`advisor.models.hf_layout.convert_hf_layout`); a
+    Hugging Face base model's keys under its ``base_model_prefix`` (or off it), when that is
+    what matches."""
     keys = list(state)
     for prefix in WRAPPER_PREFIXES:
         if keys and all(k.startswith(prefix) for k in keys):
             keys = [k.removeprefix(prefix) for k in keys]
     out = dict(zip(keys, state.values(), strict=True))
+    if not all(k in expected for k in out):
+        out = convert_hf_layout(module, out, expected, source=source)
     base = getattr(module, "base_model_prefix", "")
     if isinstance(base, str) and base:
         head = base + "."
@@ -381,6 +444,20 @@ def _ignored(module: nn.Module, key: str, which: str) -> bool:
     ``_keys_to_ignore_on_load_missing`` / ``_keys_to_ignore_on_load_unexpected``: regexes)."""
     patterns = getattr(module, f"_keys_to_ignore_on_load_{which}", None) or ()
     return any(re.search(p, key) for p in patterns)
+
+
+def _computed_buffers(module: nn.Module, expected: Mapping[str, Any]) -> set[str]:
+    """The names a file may hold a copy of a non-persistent buffer under, left unloaded: such
+    a buffer is not in the state dict because the model computes it. Older files keep it one
+    module deeper than the model does now (``model.layers.0.self_attn.rotary_emb.inv_freq``
+    for ``model.rotary_emb.inv_freq``), so its last two name parts count too, as they do in
+    transformers' own exception for it (``_adjust_missing_and_unexpected_keys``)."""
+    names = {k for k, _ in module.named_buffers() if k not in expected}
+    return names | {_tail(k) for k in names}
+
+
+def _tail(key: str) -> str:
+    return ".".join(key.split(".")[-2:])
 
 
 def _few(keys: list[str]) -> str:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import random
 import shutil
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -21,6 +22,7 @@ from advisor.errors import UsageProblem
 from advisor.models.weights import (
     FIX,
     HF_DIR_FIX,
+    HF_DIR_MISMATCH_FIX,
     WeightsSource,
     check_shapes,
     hf_weights,
@@ -170,10 +172,12 @@ def initial_weights(model: str, init_from: str | None) -> WeightsSource | None:
     return None
 
 
-def weights_fix(model: str, init_from: str | None) -> str:
-    """What a mismatch of the initial weights tells the user to do."""
+def weights_fix(model: str, init_from: str | None, model_args: Mapping[str, Any] | None) -> str:
+    """What a mismatch of the initial weights tells the user to do. An ``hf:DIR``'s own
+    weights: drop the --model-arg when some were given, else DIR's config.json is the culprit."""
     if init_from is None and model.startswith("hf:"):
-        return HF_DIR_FIX.format(directory=model[3:].rstrip("/"))
+        text = HF_DIR_FIX if model_args else HF_DIR_MISMATCH_FIX
+        return text.format(directory=model[3:].rstrip("/"))
     return FIX
 
 
@@ -189,7 +193,7 @@ def check_initial_weights(
     from advisor.models import build_model
 
     adapter = build_model(model, model_args or {}, meta=True)
-    check_shapes(adapter.module, source, model, fix=weights_fix(model, init_from))
+    check_shapes(adapter.module, source, model, fix=weights_fix(model, init_from, model_args))
 
 
 def resolve_init_from(path: str) -> WeightsSource:
