@@ -75,7 +75,7 @@ def lerp_fit(low: AffineFit, high: AffineFit, w: float) -> AffineFit:
     floor = None
     if low.floor is not None or high.floor is not None:
         floored = low if low.floor is not None else high
-        at = min(floored.xs) if floored.xs else 1.0
+        at = floor_at(floored)
         low_floor = low.floor if low.floor is not None else low.predict(at)
         high_floor = high.floor if high.floor is not None else high.predict(at)
         floor = low_floor + w * (high_floor - low_floor)
@@ -86,6 +86,21 @@ def lerp_fit(low: AffineFit, high: AffineFit, w: float) -> AffineFit:
         ys=(),
         floor=floor,
     )
+
+
+def floor_at(fit: AffineFit) -> float:
+    """The micro-batch a floored fit's floor stands for: its smallest traced size when the
+    floor is the peak traced there (:func:`profilers.fit.fit_hinged`), else 1 (a floor from
+    the step's windows at micro-batch 1, the smallest size untraced:
+    profilers.memory_model.floored_by_windows). Reading the other anchor at the smallest
+    traced size instead put fp32/none's peak at micro-batch 4 into blocks:1's floor at 1 (a
+    Llama-3-8B shape at sequence 8192, traced at 4 and 8: 1,512 GiB against none's 458)."""
+    if fit.xs:
+        smallest = min(fit.xs)
+        at_smallest = [y for x, y in zip(fit.xs, fit.ys, strict=False) if x == smallest]
+        if smallest <= 1 or (at_smallest and fit.floor == max(at_smallest)):
+            return smallest
+    return 1.0
 
 
 def _anchors(lookup: Callable[[str], _M | None], num_layers: int, full_at: int) -> dict[int, _M]:
@@ -274,6 +289,26 @@ def blocks_time_span(
     scales in proportion to b), and the coefficient-wise line has no timed sizes to do that
     with. The 8th regret session advised blocks:3 at micro-batch 1 as 1.6% faster than none
     for that reason alone (none's guarded 0.0856 s against the bare line's 0.0841 s)."""
+    return blocks_span(lookup, setting, num_layers)
+
+
+def blocks_memory_span(
+    lookup: Callable[[str], MemoryModel | None], setting: str, num_layers: int
+) -> tuple[MemoryModel, MemoryModel, float] | None:
+    """:func:`blocks_span` of memory fits: the anchors a ``blocks:K`` fit without a trace of
+    its own stands between, for a caller that interpolates what it derives from each anchor
+    (strategies.cost: an FSDP rank's activations from each one's windows) rather than their
+    coefficients, which keep no windows."""
+    return blocks_span(lookup, setting, num_layers)
+
+
+def blocks_span(
+    lookup: Callable[[str], _M | None], setting: str, num_layers: int
+) -> tuple[_M, _M, float] | None:
+    """The measured settings around ``blocks:K`` (``lookup``: a setting's fit in one layout,
+    or None) and how far between them K lies, ``(low, high, w)``; the same setting twice
+    (w = 0) when K itself was measured; None when ``setting`` is not ``blocks:K`` with
+    0 < K < L or a side has no anchor."""
     parsed = parse_checkpointing(setting)
     if parsed.kind != "blocks" or not 0 < parsed.blocks < num_layers:
         return None

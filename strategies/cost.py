@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from profilers.checkpointing import block_fraction, parse_checkpointing
-from profilers.checkpointing_fits import blocks_memory_model
+from profilers.checkpointing_fits import blocks_memory_model, blocks_memory_span
 from profilers.compile_records import CompileMeasurement, find_compile
 from profilers.fit import AffineFit
 from profilers.flops import FlopCount
@@ -597,6 +597,7 @@ class CostModel:
                 "fp16",
             ):
                 assumptions.append(self._single_device_activations_note(c, windowed))
+            traced, fsdp = self._within_anchors(c, traced, fsdp, assumptions)
         compile_extra = self._compile_extra_bytes(c, assumptions) if c.compile else None
         traced += self.rounding_allowance_bytes + (compile_extra or 0)
         fragmentation = traced * self.machine.fragmentation_fraction
@@ -629,6 +630,47 @@ class CostModel:
             optimizer_state_bytes=model.optimizer_state_bytes * shards,
             compile_extra_bytes=compile_extra,
         )
+
+    def _within_anchors(
+        self, c: Candidate, traced: float, fsdp: FsdpMemory, assumptions: list[str]
+    ) -> tuple[float, FsdpMemory]:
+        """A ``blocks:K`` FSDP rank priced by the formula (``traced``, terms ``fsdp``) held
+        between ``full``'s and ``none``'s ranks of the same candidate, as each of them is
+        priced: checkpointing more blocks never holds more, and a rank of none or full may be
+        priced from its own traces (a per-rank fit, one traced rank) where blocks:K has only
+        the formula, which need not agree with them. Where it moves, the activations take up
+        the difference, and the assumptions say so. Unchanged for any other setting, or when
+        an anchor cannot be priced."""
+        if parse_checkpointing(c.activation_checkpointing).kind != "blocks":
+            return traced, fsdp
+        bounds: dict[str, float] = {}
+        for setting in ("none", "full"):
+            anchor = dataclasses.replace(c, activation_checkpointing=setting, compile=False)
+            try:
+                priced = self._memory(anchor, [])
+            except Unpredictable:
+                continue
+            bounds[setting] = priced.traced_bytes - self.rounding_allowance_bytes
+        low, high = bounds.get("full"), bounds.get("none")
+        if low is not None and high is not None and low > high:
+            return traced, fsdp  # no order to keep
+        bounded, said = traced, None
+        if high is not None and traced > high:
+            bounded, said = high, "above none's: taken as none's"
+        elif low is not None and traced < low:
+            bounded, said = low, "below full's: taken as full's"
+        if said is None:
+            return traced, fsdp
+        rest = fsdp.sharded_state_bytes + fsdp.gathered_units_bytes
+        rest += fsdp.reduce_scatter_buffer_bytes
+        assumptions.append(
+            f"FSDP memory of {c.activation_checkpointing}: the formula from one device read "
+            f"{traced / GiB:.2f} GiB a rank, {said} ({bounded / GiB:.2f} GiB; none and full "
+            "are priced from the profile's own per-rank traces where it has them, and "
+            "checkpointing blocks never holds more than none or less than full)"
+        )
+        terms = dataclasses.replace(fsdp, activation_bytes=int(max(bounded - rest, 0.0)))
+        return bounded, terms
 
     def _blocks_memory_note(
         self, c: Candidate, model: MemoryModel, layout: tuple[str, int]
@@ -911,6 +953,10 @@ class CostModel:
         b = c.micro_batch_size
         persistent = model.parameter_bytes + model.optimizer_state_bytes
         windows = step_windows(model)
+        if not windows:
+            between = self._blocks_activations_line(c)
+            if between is not None:
+                return between
         if not {"A", "B"} <= windows.keys():
             return max(model.forward_backward.predict(b) - persistent, 0.0)
         parts = [
@@ -929,6 +975,36 @@ class CostModel:
         if "F" in windows:
             parts.append(windows["F"].predict(b) - persistent - copies)
         return max(*parts, 0.0)
+
+    def _blocks_activations_line(self, c: Candidate) -> float | None:
+        """A ``blocks:K`` rank's activations when its single-device fit is derived from the
+        measured settings around K (profilers.checkpointing_fits: the line in K, or the
+        envelope of the windows' model, neither of which keeps windows): the line in K
+        between those settings' own activations, each from its windows as
+        :meth:`single_device_activations` reads a measured setting. None when K was measured
+        itself or has no anchors on both sides. The derived fit's whole peak less the
+        parameters and optimizer state counted every gradient and autocast's copy of every
+        weight that the anchors' windows leave out, so K between them read above both: a
+        Llama-3-8B shape at sequence 8192 without per-rank traces, 8 H100s, micro-batch 1,
+        bf16 blocks:1 116.1 GiB against none's 102.3 (fp32, with a floor read at micro-batch
+        4: 1,631.8 against 441.6)."""
+        span = blocks_memory_span(
+            lambda setting: self._find_memory_model(
+                c.precision, setting, "single", 1, c.loss_chunks, derive=False
+            ),
+            c.activation_checkpointing,
+            self.facts.num_layers,
+        )
+        if span is None or span[0].activation_checkpointing == c.activation_checkpointing:
+            return None
+        low, high, w = span
+        at_low, at_high = (
+            self.single_device_activations(
+                m, dataclasses.replace(c, activation_checkpointing=m.activation_checkpointing)
+            )
+            for m in (low, high)
+        )
+        return at_low + w * (at_high - at_low)
 
     # -- time --------------------------------------------------------------------------------
     def _time(self, c: Candidate, compute: ComputeTime, assumptions: list[str]) -> TimeTerms:
