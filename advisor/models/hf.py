@@ -152,6 +152,14 @@ def build_hf(spec: str, args: dict[str, Any], meta: bool) -> ModelAdapter:
     config = load_hf_config(spec[3:], args)
     config.use_cache = False  # training: no KV cache
     model_type = config.model_type
+    if getattr(config, "is_encoder_decoder", False):
+        # BART has a masked-LM mapping (its seq2seq model) and trained as an "encoder" with
+        # its decoder fed the masked input, silently; T5 was refused for want of a head.
+        raise UsageProblem(
+            f"hf model type {model_type!r} is an encoder-decoder (seq2seq) model: the advisor "
+            "trains decoder-only (causal LM) and encoder-only (masked LM) models; use one of "
+            "those"
+        )
     causal = model_type in modeling_auto.MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
     masked = model_type in modeling_auto.MODEL_FOR_MASKED_LM_MAPPING_NAMES
     if masked and (not causal or not getattr(config, "is_decoder", False)):

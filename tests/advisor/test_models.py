@@ -230,6 +230,19 @@ def test_a_config_saved_by_transformers_with_an_infinite_field_builds(tmp_path: 
     assert adapter.module.config.time_step_limit[1] == math.inf
 
 
+@pytest.mark.parametrize("model_type", ["bart", "t5"])
+def test_an_encoder_decoder_model_is_refused_not_trained_as_a_masked_lm(model_type: str) -> None:
+    """BART has a masked-LM mapping (its seq2seq model): it trained as an "encoder" with its
+    decoder fed the masked input, silently; T5 was refused for want of a head."""
+    pytest.importorskip("transformers")
+    with pytest.raises(UsageProblem) as caught:
+        build_model(f"hf:{model_type}", meta=True)
+    assert str(caught.value) == (
+        f"hf model type {model_type!r} is an encoder-decoder (seq2seq) model: the advisor "
+        "trains decoder-only (causal LM) and encoder-only (masked LM) models; use one of those"
+    )
+
+
 def test_unknown_spec_lists_the_choices() -> None:
     with pytest.raises(UsageProblem) as excinfo:
         build_model("gpt-huge")
