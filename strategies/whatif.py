@@ -139,6 +139,8 @@ class FlopsTime:
         if candidate.loss_chunks > 1:  # the head's forward again in backward: 2·h·V per token
             per_token += 2.0 * self.facts.hidden_size * self.facts.vocab_size
         fb = per_token * tokens / (peak * efficiency)
+        kernels = self.launch_floor_kernels(candidate)
+        fb = max(fb, kernels * roofline.LAUNCH_S)  # no step beats its kernels' launches
         bandwidth = self.target.memory_bandwidth_gbs * 1e9 * MEMORY_BANDWIDTH_EFFICIENCY
         optimizer = ADAMW_BYTES_PER_PARAM * self.facts.num_params / bandwidth
         counted = "counted" if self.flops else "PaLM-formula"
@@ -149,10 +151,41 @@ class FlopsTime:
                 "estimate (fallback: the model's facts describe no standard Transformer block, "
                 f"so no per-op roofline): {counted} FLOPs at {efficiency:.0%} of "
                 f"{self.target.name}'s "
-                f"{candidate.precision} datasheet peak; AdamW as {ADAMW_BYTES_PER_PARAM} B/param "
-                f"at {MEMORY_BANDWIDTH_EFFICIENCY:.0%} of its memory bandwidth"
+                f"{candidate.precision} datasheet peak, and no less than the launch floor of "
+                f"a standard block's {kernels} kernels at this depth "
+                f"({roofline.LAUNCH_S * 1e6:.0f} us each); AdamW as {ADAMW_BYTES_PER_PARAM} "
+                f"B/param at {MEMORY_BANDWIDTH_EFFICIENCY:.0%} of its memory bandwidth. "
+                "Give the module an n_head (or num_heads) attribute for the per-op roofline"
             ),
         )
+
+    def launch_floor_kernels(self, candidate: Candidate) -> int:
+        """Kernels of one forward+backward of a standard Transformer block stack as deep as
+        this model (one head, the model's width): a floor on what a step launches, which the
+        FLOPs alone do not give (a small model's fallback read 2 us a step, 241M tokens/s on
+        one H100, where the roofline of a same-size Llama reads 0.38 ms)."""
+        h, layers = max(self.facts.hidden_size, 1), max(self.facts.num_layers, 1)
+        stand_in = roofline.BlockShape(
+            num_layers=layers,
+            hidden=h,
+            num_heads=1,
+            num_kv_heads=1,
+            ffn_hidden=4 * h,
+            ffn_matrices=2,
+            vocab=max(self.facts.vocab_size, 1),
+            causal=self.facts.objective != "mlm",
+            matmul_params=self.facts.num_params,
+            num_params=self.facts.num_params,
+        )
+        ops = roofline.step_ops(
+            stand_in,
+            tokens=candidate.micro_batch_size * self.seq_len,
+            seq_len=self.seq_len,
+            precision=candidate.precision,
+            checkpointing="none",
+            casts_weights=False,
+        )
+        return sum(op.count for op in ops)
 
 
 # Counted GEMM FLOPs that differ from the analytic op list's by more than this scale the op

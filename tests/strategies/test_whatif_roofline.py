@@ -174,6 +174,24 @@ def test_facts_without_a_transformer_block_fall_back_to_flops_at_one_efficiency(
     assert "fallback" in source.compute(cand(2)).source
 
 
+def test_the_fallback_keeps_a_launch_floor_and_names_the_attribute_that_avoids_it() -> None:
+    """A small model without a head count in its facts: FLOPs at one efficiency priced its
+    step at 2 us (241M tokens/s on one H100) where the roofline of a same-size model with
+    heads charges ~0.3 ms of kernel launches."""
+    with_heads = gpt_facts(64, 2, 4, 64, vocab=256)
+    facts = dataclasses.replace(with_heads, num_heads=0)
+    source = time_source(H100, facts, 64, None)
+    assert isinstance(source, FlopsTime)
+    compute = source.compute(cand(8))
+    kernels = source.launch_floor_kernels(cand(8))
+    assert kernels > 20 * facts.num_layers  # every op of a block, forward and backward
+    assert compute.forward_backward_s == pytest.approx(kernels * roofline.LAUNCH_S)
+    assert "launch floor" in compute.source and "n_head" in compute.source
+    roofline_time = time_source(H100, with_heads, 64, None).compute(cand(8))
+    ratio = compute.forward_backward_s / roofline_time.forward_backward_s
+    assert 0.5 < ratio < 2.0  # the same order as the roofline's, not 1/180 of it
+
+
 def test_counted_gemm_flops_rescale_a_model_that_is_not_the_standard_block() -> None:
     from profilers.flops import FlopCount
 
