@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from advisor.errors import UsageProblem
 from advisor.launch import LaunchSpec, under_torchrun
 from advisor.trainer.options import RunOptions
 from profilers.metrics_record import Metrics, read_metrics
@@ -113,6 +114,7 @@ def train(
     once per rank through torchrun as ``launch`` says (default: one node) and return None (rank
     0 wrote the run's files). ``say`` receives the per-node commands of a multi-node job."""
     options = resumed_options(options)
+    check_host_memory(config, options)
     if needs_launch(config):
         spec = launch or LaunchSpec(world_size=config.world_size)
         launch_ranks(config, options, spec, say or (lambda _message: None))
@@ -120,6 +122,49 @@ def train(
     from advisor.trainer.loop import train as run_training
 
     return run_training(config, options)
+
+
+# fp32 weights, their gradients and AdamW's two moments: what training holds per parameter
+# before a single activation.
+TRAINING_STATE_BYTES_PER_PARAM = 16
+
+
+def check_host_memory(config: TrainConfig, options: RunOptions) -> None:
+    """On a CPU, refuse a model whose training state alone exceeds the RAM available, before
+    it is built: an 8B model's 128 GB on a 23 GiB host allocated until the allocator gave up
+    ("can't allocate memory", no fix named) or the kernel killed a neighbour. ``profile`` and
+    ``run`` know this up front already. DDP ranks each hold the whole state; FSDP ranks each
+    build the whole fp32 model before sharding it, and hold a share of the rest."""
+    import torch
+
+    from advisor.models import build_model
+    from profilers.device import read_host_memory
+
+    if options.device == "cuda" or (options.device == "auto" and torch.cuda.is_available()):
+        return
+    if under_torchrun():
+        return  # the launcher checked the job; a rank would see its peers' allocations
+    _, available = read_host_memory()
+    if available <= 0:
+        return  # unknown: nothing to hold it against
+    module = build_model(config.model, config.model_args, meta=True).module
+    params = sum(p.numel() for p in module.parameters())
+    state = TRAINING_STATE_BYTES_PER_PARAM * params
+    if config.parallelism == "ddp":
+        need = state * config.world_size
+    elif config.parallelism == "fsdp":
+        need = state + 4 * params * config.world_size
+    else:
+        need = state
+    if need > available:
+        gib = 2**30
+        raise UsageProblem(
+            f"{config.model} has {params / 1e9:.2f}B parameters: training it here needs at "
+            f"least {need / gib:.1f} GiB for its fp32 weights, gradients and AdamW state, and "
+            f"this host has {available / gib:.1f} GiB available: plan it for GPUs with "
+            "'advisor profile' then 'advisor recommend --target GPU', or train a smaller "
+            "--model-arg here"
+        )
 
 
 def resumed_options(options: RunOptions) -> RunOptions:

@@ -229,3 +229,25 @@ def test_a_new_micro_batch_on_a_plan_keeps_its_global_batch(tmp_path: Path) -> N
         resolve_train_config(plan, None, False, {"micro_batch_size": 3})
     unplanned = resolve_train_config(None, None, False, {"micro_batch_size": 4})
     assert unplanned.global_batch_size == 4  # no plan: micro x accum x world, as before
+
+
+def test_a_model_whose_training_state_exceeds_the_host_is_refused_before_it_is_built(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An 8B model on a 23 GiB host allocated until the allocator gave up ("can't allocate
+    memory", no fix named); now one line before anything is built, naming the GPU plan."""
+    import profilers.device
+
+    monkeypatch.setattr(profilers.device, "read_host_memory", lambda: (2**33, 2**30))
+    line = one_line_error(train("--model", "gpt-medium", "--out", str(tmp_path / "r")))
+    assert line.startswith("error: gpt-medium has 0.35B parameters: training it here needs ")
+    assert "this host has 1.0 GiB available: plan it for GPUs with 'advisor profile' then " in line
+    assert not (tmp_path / "r").exists()
+    ddp = ["--parallelism", "ddp", "--world-size", "2", "--model-arg", "n_layer=2"]
+    line = one_line_error(train("--model", "gpt-small", *ddp, "--out", str(tmp_path / "d")))
+    assert "needs at least " in line  # each DDP rank holds the whole state
+    monkeypatch.setattr(profilers.device, "read_host_memory", lambda: (2**35, 2**34))
+    ok = train(
+        "--model", "gpt-tiny", "--model-arg", "n_layer=1", "--seq-len", "16", tmp_path=tmp_path
+    )
+    assert ok.exit_code == 0, ok.output
