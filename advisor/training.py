@@ -124,11 +124,6 @@ def train(
     return run_training(config, options)
 
 
-# fp32 weights, their gradients and AdamW's two moments: what training holds per parameter
-# before a single activation.
-TRAINING_STATE_BYTES_PER_PARAM = 16
-
-
 def check_host_memory(config: TrainConfig, options: RunOptions) -> None:
     """On a CPU, refuse a model whose training state alone exceeds the RAM available, before
     it is built: an 8B model's 128 GB on a 23 GiB host allocated until the allocator gave up
@@ -139,6 +134,7 @@ def check_host_memory(config: TrainConfig, options: RunOptions) -> None:
 
     from advisor.models import build_model
     from profilers.device import read_host_memory
+    from profilers.memory_measured import WEIGHT_BYTES_PER_PARAM, training_state_bytes
 
     if options.device == "cuda" or (options.device == "auto" and torch.cuda.is_available()):
         return
@@ -149,11 +145,12 @@ def check_host_memory(config: TrainConfig, options: RunOptions) -> None:
         return  # unknown: nothing to hold it against
     module = build_model(config.model, config.model_args, meta=True).module
     params = sum(p.numel() for p in module.parameters())
-    state = TRAINING_STATE_BYTES_PER_PARAM * params
+    trainable = sum(p.numel() for p in module.parameters() if p.requires_grad)
+    state = training_state_bytes(params, trainable)
     if config.parallelism == "ddp":
         need = state * config.world_size
     elif config.parallelism == "fsdp":
-        need = state + 4 * params * config.world_size
+        need = state + WEIGHT_BYTES_PER_PARAM * params * config.world_size
     else:
         need = state
     if need > available:
