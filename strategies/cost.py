@@ -625,9 +625,10 @@ class CostModel:
             ranks_sharing_memory=ranks_sharing,
             budgeted_bytes=per_rank * ranks_sharing,
             budget_bytes=self.budget_bytes,
-            parameter_bytes=model.parameter_bytes * shards,
-            gradient_bytes=model.gradient_bytes * shards,
-            optimizer_state_bytes=model.optimizer_state_bytes * shards,
+            model_parameter_bytes=model.parameter_bytes * shards,
+            model_gradient_bytes=model.gradient_bytes * shards,
+            model_optimizer_state_bytes=model.optimizer_state_bytes * shards,
+            state_shards=world if c.parallelism == "fsdp" else 1,
             compile_extra_bytes=compile_extra,
         )
 

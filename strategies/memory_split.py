@@ -95,8 +95,8 @@ def split_memory(
     total = peak_bytes
     traced = memory.traced_bytes or total
     world = max(candidate.world_size, 1)
-    params = float(memory.parameter_bytes)
-    optimizer = float(memory.optimizer_state_bytes)
+    params = float(memory.model_parameter_bytes)
+    optimizer = float(memory.model_optimizer_state_bytes)
     overhead = max(total - traced, 0)
     split = "traced"
     if memory.fsdp is not None:
@@ -104,7 +104,7 @@ def split_memory(
         # are transient (temporaries), the reduce-scatter buffer holds gradients, activations
         # as on one device.
         params, optimizer = params / world, optimizer / world
-        grads = memory.gradient_bytes / world + memory.fsdp.reduce_scatter_buffer_bytes
+        grads = memory.model_gradient_bytes / world + memory.fsdp.reduce_scatter_buffer_bytes
         activations = float(memory.fsdp.activation_bytes)
         temporaries = max(traced - params - optimizer - grads - activations, 0.0)
     else:
@@ -123,7 +123,7 @@ def split_memory(
         if shares is None or sum(shares.values()) <= 0:
             split = "estimated"
             live = memory.phase == "optimizer_step" or candidate.grad_accum_steps > 1
-            grads = min(rest, float(memory.gradient_bytes) / shards) if live else 0.0
+            grads = min(rest, float(memory.model_gradient_bytes) / shards) if live else 0.0
             shares = {"gradients": grads, "activations": rest - grads, "temporaries": 0.0}
         else:
             shares = {**shares, "gradients": shares["gradients"] / shards}

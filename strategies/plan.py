@@ -153,7 +153,7 @@ def nothing_fits(evaluations: Sequence[Evaluation], model: CostModel) -> Strateg
     assert p is not None
     memory = p.breakdown.memory
     assert memory is not None  # the cost model's predictions carry their terms
-    state = memory.state_bytes
+    state = memory.model_state_bytes
     machine = model.machine
     hints = []
     needed_fraction = p.budgeted_bytes / machine.memory_bytes

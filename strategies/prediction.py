@@ -26,7 +26,10 @@ def _float(data: Mapping[str, Any], key: str) -> float:
     return finite_number(data.get(key)) or 0.0
 
 
-def _int(data: Mapping[str, Any], key: str) -> int:
+def _int(data: Mapping[str, Any], key: str, old_key: str | None = None) -> int:
+    """``key``'s number, or ``old_key``'s (the name an older file used) when ``key`` is absent."""
+    if key not in data and old_key is not None:
+        key = old_key
     return int(_float(data, key))
 
 
@@ -143,9 +146,12 @@ class MemoryTerms:
     ranks_sharing_memory: int
     budgeted_bytes: int
     budget_bytes: int
-    parameter_bytes: int
-    gradient_bytes: int
-    optimizer_state_bytes: int
+    # The WHOLE model's parameters, gradients and optimizer state (JSON: ``model_…``); a rank
+    # holds 1/``state_shards`` of them (JSON: ``rank_…``): FSDP shards them over its ranks.
+    model_parameter_bytes: int
+    model_gradient_bytes: int
+    model_optimizer_state_bytes: int
+    state_shards: int = 1
     source: str | None = None
     ddp_gradient_buckets_bytes: int | None = None
     fsdp: FsdpMemory | None = None
@@ -166,6 +172,11 @@ class MemoryTerms:
             out["compile_extra_bytes"] = self.compile_extra_bytes
         for name in _MEMORY_TOTALS:
             out[name] = getattr(self, name)
+        # What a rank holds of the state beside the whole model's: read together with
+        # per_rank_bytes, a 70B model's 282 GB of parameters are 4.4 GB on each of 64 ranks.
+        out["state_shards"] = self.state_shards
+        for part in _STATE_PARTS:
+            out[f"rank_{part}"] = getattr(self, f"rank_{part}")
         return out
 
     @classmethod
@@ -184,9 +195,9 @@ class MemoryTerms:
             ranks_sharing_memory=_int(data, "ranks_sharing_memory") or 1,
             budgeted_bytes=_int(data, "budgeted_bytes"),
             budget_bytes=_int(data, "budget_bytes"),
-            parameter_bytes=_int(data, "parameter_bytes"),
-            gradient_bytes=_int(data, "gradient_bytes"),
-            optimizer_state_bytes=_int(data, "optimizer_state_bytes"),
+            # Files written before 2026-12-07 name the whole model's state without "model_".
+            **{f"model_{part}": _int(data, f"model_{part}", part) for part in _STATE_PARTS},
+            state_shards=_int(data, "state_shards") or 1,
             source=str(data["source"]) if data.get("source") is not None else None,
             ddp_gradient_buckets_bytes=int(buckets) if buckets is not None else None,
             fsdp=FsdpMemory.from_dict(fsdp) if isinstance(fsdp, Mapping) else None,
@@ -198,9 +209,28 @@ class MemoryTerms:
         )
 
     @property
-    def state_bytes(self) -> int:
+    def model_state_bytes(self) -> int:
         """Parameters, gradients and optimizer state of the whole (unsharded) model."""
-        return self.parameter_bytes + self.gradient_bytes + self.optimizer_state_bytes
+        return (
+            self.model_parameter_bytes
+            + self.model_gradient_bytes
+            + self.model_optimizer_state_bytes
+        )
+
+    @property
+    def rank_parameter_bytes(self) -> int:
+        """A rank's share of the parameters (their fp32 master copy; 1/N under FSDP)."""
+        return self.model_parameter_bytes // self.state_shards
+
+    @property
+    def rank_gradient_bytes(self) -> int:
+        """A rank's share of the gradients, once reduced (1/N under FSDP)."""
+        return self.model_gradient_bytes // self.state_shards
+
+    @property
+    def rank_optimizer_state_bytes(self) -> int:
+        """A rank's share of the optimizer state (1/N under FSDP)."""
+        return self.model_optimizer_state_bytes // self.state_shards
 
 
 _MEMORY_TOTALS = (
@@ -214,10 +244,11 @@ _MEMORY_TOTALS = (
     "ranks_sharing_memory",
     "budgeted_bytes",
     "budget_bytes",
-    "parameter_bytes",
-    "gradient_bytes",
-    "optimizer_state_bytes",
+    "model_parameter_bytes",
+    "model_gradient_bytes",
+    "model_optimizer_state_bytes",
 )
+_STATE_PARTS = ("parameter_bytes", "gradient_bytes", "optimizer_state_bytes")
 
 
 # -- communication and time -----------------------------------------------------------------------

@@ -380,9 +380,9 @@ def test_launcher_validator_judges_what_the_run_held_against_the_budget() -> Non
         ranks_sharing_memory=2,
         budgeted_bytes=1000 * mib,
         budget_bytes=1000 * mib,
-        parameter_bytes=0,
-        gradient_bytes=0,
-        optimizer_state_bytes=0,
+        model_parameter_bytes=0,
+        model_gradient_bytes=0,
+        model_optimizer_state_bytes=0,
     )
     predicted = Prediction(
         peak_memory_bytes=500 * mib,

@@ -51,9 +51,9 @@ def predicted(traced_mib: int, overhead_mib: int, budget_mib: int) -> Prediction
         ranks_sharing_memory=1,
         budgeted_bytes=budgeted,
         budget_bytes=budget_mib * MIB,
-        parameter_bytes=0,
-        gradient_bytes=0,
-        optimizer_state_bytes=0,
+        model_parameter_bytes=0,
+        model_gradient_bytes=0,
+        model_optimizer_state_bytes=0,
     )
     return Prediction(
         peak_memory_bytes=budgeted,

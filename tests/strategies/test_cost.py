@@ -557,8 +557,12 @@ def test_a_rank_fit_prices_its_layout_when_one_device_has_no_fit_of_that_setting
         terms = model.predict(cand(micro=4, ckpt="full", parallelism="fsdp", world=world))
         memory = terms.breakdown.to_dict()["memory"]
         assert memory["traced_bytes"] == fit.predict(4, 1)
-        assert memory["parameter_bytes"] == fit.parameter_bytes * world
-        assert memory["optimizer_state_bytes"] == fit.optimizer_state_bytes * world
+        assert memory["model_parameter_bytes"] == fit.parameter_bytes * world
+        assert memory["model_optimizer_state_bytes"] == fit.optimizer_state_bytes * world
+        # What each rank holds of it: its 1/N share.
+        assert memory["state_shards"] == world
+        assert memory["rank_parameter_bytes"] == fit.parameter_bytes * world // world
+        assert memory["rank_optimizer_state_bytes"] == fit.optimizer_state_bytes
         assert memory["phase"] == "forward_backward"  # 3 MiB + 4 × 1 MiB > the 4 MiB step
     assert "resharded to 4 ranks" in str(
         model.predict(cand(micro=4, ckpt="full", parallelism="fsdp", world=4)).breakdown.to_dict()[
@@ -570,7 +574,8 @@ def test_a_rank_fit_prices_its_layout_when_one_device_has_no_fit_of_that_setting
             model.predict(cand(micro=4, ckpt="full", parallelism=parallelism, world=world))
     # The setting with a single-device fit still reads its state from that fit.
     none = model.predict(cand(micro=4, parallelism="fsdp", world=2)).breakdown.to_dict()
-    assert none["memory"]["parameter_bytes"] == PARAM_BYTES
+    assert none["memory"]["model_parameter_bytes"] == PARAM_BYTES
+    assert none["memory"]["rank_parameter_bytes"] == PARAM_BYTES // 2
 
 
 def test_a_negative_slope_never_makes_larger_batches_free() -> None:

@@ -26,9 +26,9 @@ def _terms(traced: int, total: int, **kwargs: object) -> MemoryTerms:
         ranks_sharing_memory=1,
         budgeted_bytes=total,
         budget_bytes=72 * GiB,
-        parameter_bytes=26_953_662_464,
-        gradient_bytes=26_953_662_464,
-        optimizer_state_bytes=53_907_326_092,
+        model_parameter_bytes=26_953_662_464,
+        model_gradient_bytes=26_953_662_464,
+        model_optimizer_state_bytes=53_907_326_092,
         **kwargs,  # type: ignore[arg-type]
     )
 
@@ -62,8 +62,8 @@ def test_a_traced_rank_splits_into_parts_that_add_up_to_its_peak(parallelism: st
     assert tuple(split.parts) == CATEGORIES
     assert sum(split.parts.values()) == total and min(split.parts.values()) >= 0
     shards = world if parallelism == "fsdp" else 1
-    assert split.parts["parameters"] == round(memory.parameter_bytes / shards)
-    assert split.parts["optimizer state"] == round(memory.optimizer_state_bytes / shards)
+    assert split.parts["parameters"] == round(memory.model_parameter_bytes / shards)
+    assert split.parts["optimizer state"] == round(memory.model_optimizer_state_bytes / shards)
     assert split.parts["overhead"] == total - traced
 
 
@@ -92,19 +92,47 @@ def test_a_traced_fsdp_rank_holds_a_shard_of_the_gradients_the_single_device_tra
         forward_backward_peak_bytes=0,
         optimizer_step_peak_bytes=0,
         forward_backward_breakdown=MemoryBreakdown(
-            gradients=memory.gradient_bytes, activations=20 * GiB, temporaries=2 * GiB
+            gradients=memory.model_gradient_bytes, activations=20 * GiB, temporaries=2 * GiB
         ),
         optimizer_step_breakdown=MemoryBreakdown(),
-        parameter_bytes=memory.parameter_bytes,
-        gradient_bytes=memory.gradient_bytes,
-        optimizer_state_bytes=memory.optimizer_state_bytes,
+        parameter_bytes=memory.model_parameter_bytes,
+        gradient_bytes=memory.model_gradient_bytes,
+        optimizer_state_bytes=memory.model_optimizer_state_bytes,
         resident_bytes=0,
         trace_seconds=1.0,
     )
     parts = split_memory(memory, total, Candidate.from_config(config), [single]).parts
     assert sum(parts.values()) == total
-    rest = traced - (memory.parameter_bytes + memory.optimizer_state_bytes) / world
-    shares = memory.gradient_bytes / world + 22 * GiB
-    assert parts["gradients"] == pytest.approx(memory.gradient_bytes / world * rest / shares, 1e-6)
+    rest = traced - (memory.model_parameter_bytes + memory.model_optimizer_state_bytes) / world
+    shares = memory.model_gradient_bytes / world + 22 * GiB
+    assert parts["gradients"] == pytest.approx(
+        memory.model_gradient_bytes / world * rest / shares, 1e-6
+    )
     assert parts["activations"] == pytest.approx(20 * GiB * rest / shares, rel=1e-6)
     assert parts["gradients"] < 0.2 * parts["activations"]  # 25 GiB of them before the fix
+
+
+def test_the_record_names_the_whole_models_state_and_a_ranks_share() -> None:
+    # An FSDP rank over 64 GPUs: the whole model's state is 64× what the rank holds; the JSON
+    # says which is which (a 70B model's "parameter_bytes" of 282 GB beside a 75 GB peak read
+    # as part of that peak until 2026-12-07).
+    memory = _terms(60 * GiB, 70 * GiB, state_shards=64)
+    data = memory.to_dict()
+    assert "parameter_bytes" not in data
+    assert data["model_parameter_bytes"] == 26_953_662_464
+    assert data["rank_parameter_bytes"] == 26_953_662_464 // 64
+    assert data["rank_optimizer_state_bytes"] == 53_907_326_092 // 64
+    assert data["state_shards"] == 64
+    assert MemoryTerms.from_dict(data) == memory
+
+
+def test_a_file_written_before_the_rename_still_reads() -> None:
+    data = _terms(60 * GiB, 70 * GiB).to_dict()
+    for part in ("parameter_bytes", "gradient_bytes", "optimizer_state_bytes"):
+        data[part] = data.pop(f"model_{part}")
+        del data[f"rank_{part}"]
+    del data["state_shards"]
+    old = MemoryTerms.from_dict(data)
+    assert old.model_parameter_bytes == 26_953_662_464
+    assert old.model_optimizer_state_bytes == 53_907_326_092
+    assert old.state_shards == 1

@@ -364,7 +364,7 @@ def test_when_more_fsdp_ranks_cannot_help_the_error_says_so() -> None:
             grad_accum_steps=2,
         )
         state = 10_000 * 2**30
-        memory = SimpleNamespace(state_bytes=state, traced_bytes=int(budgeted * 2**30))
+        memory = SimpleNamespace(model_state_bytes=state, traced_bytes=int(budgeted * 2**30))
         prediction = SimpleNamespace(
             budgeted_bytes=int(budgeted * 2**30),
             budget_bytes=72 * 2**30,
@@ -401,7 +401,7 @@ def test_the_memory_budget_the_error_suggests_is_rounded_up_so_it_fits() -> None
         micro_batch_size=1,
         grad_accum_steps=8,
     )
-    memory = SimpleNamespace(state_bytes=2**20, traced_bytes=2**20)
+    memory = SimpleNamespace(model_state_bytes=2**20, traced_bytes=2**20)
     need = int(0.0219 * 100 * 2**30)
     prediction = SimpleNamespace(
         budgeted_bytes=need, budget_bytes=2**30, breakdown=SimpleNamespace(memory=memory)
