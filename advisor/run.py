@@ -18,6 +18,8 @@ from __future__ import annotations
 import contextlib
 import json
 import math
+import signal
+import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import asdict, dataclass, field
@@ -454,10 +456,46 @@ def _train_stage(request: RunRequest, out: Path, show_progress: bool) -> tuple[s
     return text, metrics
 
 
+class Terminated(KeyboardInterrupt):
+    """SIGTERM stopped ``advisor run``: handled as Ctrl-C is (the partial run gets its report),
+    exit 128 + 15."""
+
+    signum = signal.SIGTERM
+
+
+# The stage's ``python -m advisor`` child while one runs: SIGTERM to this process goes on to it.
+_CHILDREN: list[Any] = []
+
+
+@contextlib.contextmanager
+def _sigterm_stops_the_run() -> Iterator[None]:
+    """SIGTERM (``kill PID``, a scheduler's preemption) stops the run as Ctrl-C does, and goes
+    on to the training child, which checkpoints after its step. Until 2026-12-07 it killed
+    this process alone: the child trained on as an orphan with nobody reading its output and
+    no report was written. Main thread only (signal handlers can be set nowhere else)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def handle(signum: int, frame: Any) -> None:
+        for child in _CHILDREN:
+            with contextlib.suppress(OSError):
+                child.send_signal(signal.SIGTERM)
+        raise Terminated
+
+    previous = signal.signal(signal.SIGTERM, handle)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
 def _run_advisor(args: list[str]) -> tuple[int, str]:
     """Run ``python -m advisor ARGS``; stream its stderr through; return (exit code, last line)."""
     import subprocess
     import sys
+
+    from advisor.tuning import term_with_parent
 
     last = ""
     with subprocess.Popen(
@@ -466,27 +504,33 @@ def _run_advisor(args: list[str]) -> tuple[int, str]:
         stderr=subprocess.PIPE,
         text=True,
         bufsize=1,
+        preexec_fn=term_with_parent,  # SIGKILL of this process: the child still checkpoints
     ) as child:
         assert child.stderr is not None
-        interrupted = False
-        while True:
-            try:
-                for line in child.stderr:
-                    if line.strip():
-                        last = line.strip()
-                    if not line.startswith("error: "):  # the stage's error line says it once
-                        sys.stderr.write(line)
-                break
-            except KeyboardInterrupt:
-                # The child got the same Ctrl-C and checkpoints after its step: read on until
-                # it exits, so the report that follows reads whole files (it was rendered
-                # before the child's last step and checkpoint). A second Ctrl-C goes at once.
-                if interrupted:
-                    raise
-                interrupted = True
-        if interrupted:
+        _CHILDREN.append(child)
+        stopped: KeyboardInterrupt | None = None
+        try:
+            while True:
+                try:
+                    for line in child.stderr:
+                        if line.strip():
+                            last = line.strip()
+                        if not line.startswith("error: "):  # the stage's error line says it once
+                            sys.stderr.write(line)
+                    break
+                except KeyboardInterrupt as exc:
+                    # The child got the same Ctrl-C (or SIGTERM, sent on by
+                    # _sigterm_stops_the_run) and checkpoints after its step: read on until it
+                    # exits, so the report that follows reads whole files (it was rendered
+                    # before the child's last step and checkpoint). A second one goes at once.
+                    if stopped is not None:
+                        raise
+                    stopped = exc
+        finally:
+            _CHILDREN.remove(child)
+        if stopped is not None:
             child.wait()
-            raise KeyboardInterrupt
+            raise stopped
     return child.returncode, last
 
 
@@ -579,39 +623,42 @@ def run(request: RunRequest, out: Path, progress: RunProgress | None = None) -> 
         return detail
 
     failure: BaseException | None = None
-    try:
-        if reuse_profile:
-            skipped("profile", f"reusing {RunDir(out).profile}")
-        else:
-            stage(
-                1,
-                "profile",
-                f"short probes of {request.model} (budget {request.budget_s:g} s)",
-                lambda say: _profile_stage(request, out, say),
+    with _sigterm_stops_the_run():
+        try:
+            if reuse_profile:
+                skipped("profile", f"reusing {RunDir(out).profile}")
+            else:
+                stage(
+                    1,
+                    "profile",
+                    f"short probes of {request.model} (budget {request.budget_s:g} s)",
+                    lambda say: _profile_stage(request, out, say),
+                )
+            if request.resume and reusable_plan(out, request):
+                skipped("recommend", f"reusing {RunDir(out).plan}")
+            else:
+                stage(
+                    2,
+                    "recommend",
+                    f"search at global batch {request.global_batch_size}, validate the top "
+                    f"{request.validate_top}",
+                    do_recommend,
+                )
+            steps = (
+                f"{request.tokens:,} tokens" if request.tokens else f"{request.train_steps} steps"
             )
-        if request.resume and reusable_plan(out, request):
-            skipped("recommend", f"reusing {RunDir(out).plan}")
-        else:
-            stage(
-                2,
-                "recommend",
-                f"search at global batch {request.global_batch_size}, validate the top "
-                f"{request.validate_top}",
-                do_recommend,
-            )
-        steps = f"{request.tokens:,} tokens" if request.tokens else f"{request.train_steps} steps"
-        if request.tune_trials:
-            stage(
-                3,
-                "tune",
-                f"{request.tune_trials} trials of lr / warm-up / weight decay, {steps} each",
-                do_tune,
-            )
-        which = "the tuned plan's" if request.tune_trials else "the plan's"
-        stage(total - 1, "train", f"{which} config for {steps}", do_train)
-    except BaseException as exc:  # Ctrl-C included: the partial run still gets its report
-        failure = exc
-    report = _report(out, stage, failure, total)
+            if request.tune_trials:
+                stage(
+                    3,
+                    "tune",
+                    f"{request.tune_trials} trials of lr / warm-up / weight decay, {steps} each",
+                    do_tune,
+                )
+            which = "the tuned plan's" if request.tune_trials else "the plan's"
+            stage(total - 1, "train", f"{which} config for {steps}", do_train)
+        except BaseException as exc:  # Ctrl-C included: the partial run still gets its report
+            failure = exc
+        report = _report(out, stage, failure, total)
     if failure is not None:
         raise failure
     return RunResult(

@@ -171,8 +171,9 @@ class TrialRunner(Protocol):
     def __call__(self, spec: TrialSpec, on_eval: OnEval) -> TrialOutcome: ...
 
 
-def _die_with_parent() -> None:  # pragma: no cover - runs in the child before exec
-    """Linux: the trial gets SIGTERM (and saves, then exits) when the tuning process dies."""
+def term_with_parent() -> None:  # pragma: no cover - runs in the child before exec
+    """Linux: the child (a trial, ``advisor run``'s training) gets SIGTERM (and saves, then
+    exits) when the process that started it dies."""
     if not sys.platform.startswith("linux"):
         return
     import ctypes
@@ -205,7 +206,7 @@ class ChildTrainer:
                 [sys.executable, "-m", "advisor", *options.train_args(spec.plan)],
                 stdout=subprocess.DEVNULL,
                 stderr=err,
-                preexec_fn=_die_with_parent,
+                preexec_fn=term_with_parent,
             )
             try:
                 while True:

@@ -7,6 +7,7 @@ live inside the command functions.
 
 from __future__ import annotations
 
+import signal
 import sys
 from typing import Any
 
@@ -74,13 +75,27 @@ def _command_name(args: tuple[Any, ...], kwargs: dict[str, Any]) -> str:
     return next((a for a in argv if not a.startswith("-")), "")
 
 
+def _signum(exc: BaseException) -> int:
+    """The signal that stopped the command: SIGTERM for advisor.run.Terminated (possibly as
+    the cause of click's Abort), else SIGINT (Ctrl-C)."""
+    for e in (exc, exc.__cause__):
+        if getattr(e, "signum", None) == signal.SIGTERM:
+            return int(signal.SIGTERM)
+    return int(signal.SIGINT)
+
+
+def _interrupt_code(exc: BaseException) -> int:
+    return 128 + _signum(exc)
+
+
 def _interrupted(command: str, exc: BaseException) -> str:
     saved = getattr(exc, "saved_to", None) or getattr(exc.__cause__, "saved_to", None)
     if command == "profile" and saved:
         hint: str | None = _KEPT_PROFILE.format(out=saved)
     else:  # advisor run profiles again on --resume (advisor.run.reusable_profile)
         hint = _INTERRUPTED.get(command)
-    return f"interrupted (Ctrl-C): {hint}" if hint else "interrupted (Ctrl-C)"
+    how = "SIGTERM" if _signum(exc) == signal.SIGTERM else "Ctrl-C"
+    return f"interrupted ({how}): {hint}" if hint else f"interrupted ({how})"
 
 
 def _cannot_use_path(exc: OSError) -> str:
@@ -117,13 +132,13 @@ class AdvisorGroup(click.Group):
             hint = f" (see '{exc.ctx.command_path} --help')" if exc.ctx else ""
             _fail(exc.format_message() + hint, 2)
         except click.exceptions.Abort as exc:  # Ctrl-C: click makes KeyboardInterrupt Abort
-            _fail(_interrupted(_command_name(args, kwargs), exc), 130)
+            _fail(_interrupted(_command_name(args, kwargs), exc), _interrupt_code(exc))
         except click.ClickException as exc:
             _fail(exc.format_message(), exc.exit_code)
         except AdvisorError as exc:
             _fail(str(exc), exc.exit_code)
         except KeyboardInterrupt as exc:
-            _fail(_interrupted(_command_name(args, kwargs), exc), 130)
+            _fail(_interrupted(_command_name(args, kwargs), exc), _interrupt_code(exc))
         except OSError as exc:
             if exc.filename is None:  # not about a path the user named: keep the traceback
                 _report_to_launcher(exc)

@@ -145,7 +145,10 @@ def _jsonable(x: float) -> float | None:
 
 
 class _StopFlag:
-    """SIGTERM/SIGINT set a flag checked between steps; a second signal interrupts at once."""
+    """SIGTERM/SIGINT set a flag checked between steps; a second Ctrl-C interrupts at once. A
+    second SIGTERM does not: it is the same request delivered twice (a scheduler signals the
+    whole process group while ``advisor run`` passes its own SIGTERM on to this child), and a
+    scheduler's SIGKILL ends its grace period anyway."""
 
     def __init__(self) -> None:
         self.signum: int | None = None
@@ -159,6 +162,8 @@ class _StopFlag:
 
     def _handle(self, signum: int, frame: FrameType | None) -> None:
         if self.signum is not None:
+            if signum == signal.SIGTERM:
+                return  # the checkpoint goes on
             self.__exit__()
             raise KeyboardInterrupt
         self.signum = signum

@@ -237,3 +237,83 @@ def test_ctrl_c_waits_for_the_training_child_to_save_before_the_report(
         signal.signal(signal.SIGINT, previous)
     assert saved.read_text() == "saved"  # written before _run_advisor let the Ctrl-C go on
     assert started[0].returncode == 130
+
+
+TERM_CHILD = """\
+import pathlib, signal, sys, time
+seen = []
+def stop(signum, frame):
+    seen.append(signum)
+    if len(seen) > 1:
+        return  # a repeated SIGTERM is the same request (advisor.trainer.loop._StopFlag)
+    time.sleep(1.0)  # the step it was in, then the checkpoint
+    pathlib.Path(sys.argv[1]).write_text("saved")
+    sys.stderr.write("error: SIGTERM: stopped after step 1, checkpoint saved\\n")
+    sys.exit(143)
+signal.signal(signal.SIGTERM, stop)
+pathlib.Path(sys.argv[1] + ".ready").write_text("")
+sys.stderr.write("step 1/300\\n")
+sys.stderr.flush()
+time.sleep(60)
+"""
+
+
+def test_sigterm_to_the_run_alone_reaches_the_training_child_which_saves(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`kill PID` of `advisor run` killed it alone: its training child trained on as an orphan
+    (nobody reading its output, no report). SIGTERM now goes on to the child, which saves, and
+    the run stops as on Ctrl-C (advisor.run.Terminated: exit 143)."""
+    import signal
+    import subprocess
+    import threading
+    import time
+
+    from advisor.run import Terminated, _run_advisor, _sigterm_stops_the_run
+
+    saved = tmp_path / "checkpoint"
+    started: list[subprocess.Popen[str]] = []
+    real = subprocess.Popen
+
+    def child(args: list[str], **kwargs: object) -> subprocess.Popen[str]:
+        process = real([args[0], "-c", TERM_CHILD, str(saved)], **kwargs)  # type: ignore[call-overload]
+        started.append(process)
+        return process
+
+    def kill_the_run_only() -> None:
+        ready = tmp_path / "checkpoint.ready"
+        for _ in range(600):
+            if ready.exists():
+                break
+            time.sleep(0.05)
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    monkeypatch.setattr(subprocess, "Popen", child)
+    timer = threading.Timer(0.5, kill_the_run_only)
+    timer.start()
+    try:
+        with pytest.raises(Terminated), _sigterm_stops_the_run():
+            _run_advisor(["train"])
+    finally:
+        timer.cancel()
+    assert saved.read_text() == "saved"  # the child saved before the run let SIGTERM go on
+    assert started[0].returncode == 143
+    assert signal.getsignal(signal.SIGTERM) is not None  # the previous handler is back
+    assert not getattr(signal.getsignal(signal.SIGTERM), "__qualname__", "").startswith(
+        "_sigterm_stops_the_run"
+    )
+
+
+def test_a_run_stopped_by_sigterm_exits_143_naming_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import advisor.run
+    from advisor.run import Terminated
+
+    def stopped(*args: object, **kwargs: object) -> None:
+        raise Terminated
+
+    monkeypatch.setattr(advisor.run, "run", stopped)
+    result = invoke("run", *HAND_WORKLOAD, "--quiet", "--out", str(tmp_path / "r"))
+    assert result.exit_code == 143
+    assert result.stderr.strip().startswith("error: interrupted (SIGTERM): the run directory keeps")

@@ -1,4 +1,5 @@
-"""README promises of ``advisor train``: Ctrl-C saves and exits 130 (a second one stops at once),
+"""README promises of ``advisor train``: Ctrl-C saves and exits 130 (a second one stops at once;
+a second SIGTERM does not),
 ``--keep-checkpoints N`` keeps the newest N, and a multi-node job prints each node's command."""
 
 from __future__ import annotations
@@ -103,6 +104,27 @@ def test_a_second_ctrl_c_stops_at_once(tmp_path: Path) -> None:
     assert "stopped after step" not in err and "Traceback" not in err
     assert train_lines(out) == logged  # the step under way was not finished
     assert CheckpointDir(out / "checkpoints", keep_last=100).steps() == []  # nor checkpointed
+
+
+def test_a_second_sigterm_still_saves(tmp_path: Path) -> None:
+    """A scheduler signals the whole process group while `advisor run` passes its own SIGTERM
+    on to its training child: the child gets SIGTERM twice. The second is the same request,
+    not a second Ctrl-C: the step ends and its checkpoint is saved (it stopped at once, saving
+    nothing, until 2026-12-07)."""
+    out = tmp_path / "run"
+    args = ["train", *slow(0.6), "--steps", str(STEPS), "--checkpoint-every", "100"]
+    proc = advisor(*args, "--out", str(out))
+    wait_for_a_step(out, proc)
+    proc.send_signal(signal.SIGTERM)
+    time.sleep(0.4)  # apart, so that the two are not merged into one pending signal
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=120)
+    if proc.returncode == 0:
+        pytest.skip("the run finished before SIGTERM arrived")
+    assert proc.returncode == 143, err
+    last = err.strip().splitlines()[-1]
+    assert re.fullmatch(r"error: SIGTERM: stopped after step (\d+), checkpoint saved in .+", last)
+    assert len(CheckpointDir(out / "checkpoints", keep_last=100).steps()) == 1
 
 
 def test_keep_checkpoints_keeps_the_newest(tmp_path: Path) -> None:
