@@ -44,6 +44,7 @@ from strategies.cost import (
     CostModel,
     Machine,
     failed_memory_traces,
+    single_device_traces,
     unfitted_rank_traces,
 )
 from strategies.errors import StrategyError, Unpredictable
@@ -610,5 +611,6 @@ def whatif_cost_model(profile: Profile, request: SearchRequest) -> tuple[CostMod
         profiled_precisions=profile.precisions,
         interrupted_probes=interrupted_probes(profile.probes),
         rank_traces=unfitted_rank_traces(profile),
+        single_traces=single_device_traces(profile),
     )
     return model, label
