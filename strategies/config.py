@@ -206,11 +206,18 @@ def compose_config(base: TrainConfig, overrides: Mapping[str, Any]) -> TrainConf
             changes["global_batch_size"] = micro * accum * world
         elif "grad_accum_steps" not in changes:
             per_step = micro * world
-            if changes["global_batch_size"] % per_step:
-                raise ConfigError(
-                    f"global batch size {changes['global_batch_size']} is not a multiple of "
-                    f"micro_batch_size {micro} x world_size {world}: pick a micro-batch size "
+            gbs = changes["global_batch_size"]
+            if gbs % per_step:
+                # A micro-batch fixes it only where the world size divides the global batch.
+                fix = (
+                    "pick a micro-batch size that divides it"
+                    if gbs % world == 0
+                    else f"pick a multiple of {world} for --global-batch-size or a world size "
                     "that divides it"
+                )
+                raise ConfigError(
+                    f"global batch size {gbs} is not a multiple of micro_batch_size {micro} x "
+                    f"world_size {world}: {fix}"
                 )
             changes["grad_accum_steps"] = changes["global_batch_size"] // per_step
     try:

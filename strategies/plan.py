@@ -95,7 +95,7 @@ def naive_baseline(model: CostModel, global_batch_size: int) -> Baseline:
     reason = (
         f"the naive fp32 loop could not be priced ({why})"
         if last is not None and last.prediction is None
-        else f"the naive fp32 loop fits at no accumulation ({why})"
+        else f"the naive fp32 loop does not fit at any accumulation ({why})"
     )
     return Baseline(candidate=None, predicted=None, reason=reason)
 

@@ -154,6 +154,22 @@ def test_global_batch_that_the_split_cannot_make(tmp_path: Path) -> None:
     )
 
 
+def test_a_world_size_that_does_not_divide_the_global_batch_names_that_fix() -> None:
+    """No micro-batch size fixes it (the auditor's --world-size 8 --global-batch-size 4 at
+    micro-batch 1 was told to pick a micro-batch size)."""
+    from strategies.config import ConfigError, TrainConfig, compose_config
+
+    with pytest.raises(ConfigError) as caught:
+        compose_config(
+            TrainConfig(),
+            {"global_batch_size": 4, "micro_batch_size": 1, "world_size": 8, "parallelism": "ddp"},
+        )
+    assert str(caught.value) == (
+        "global batch size 4 is not a multiple of micro_batch_size 1 x world_size 8: pick a "
+        "multiple of 8 for --global-batch-size or a world size that divides it"
+    )
+
+
 def test_sequence_longer_than_the_model_allows(tmp_path: Path) -> None:
     line = one_line_error(train("--seq-len", "4096", tmp_path=tmp_path))
     assert line == (

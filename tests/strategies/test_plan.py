@@ -122,7 +122,7 @@ def test_a_baseline_that_cannot_be_priced_says_so_apart_from_one_that_does_not_f
     tiny = cost_model_from_profile(hand_profile(memory_bytes=2**20), 0.9)
     baseline = naive_baseline(tiny, 8)
     assert baseline.candidate is None
-    assert baseline.reason.startswith("the naive fp32 loop fits at no accumulation (")
+    assert baseline.reason.startswith("the naive fp32 loop does not fit at any accumulation (")
 
 
 def test_the_baseline_is_the_naive_loop_with_the_smallest_accumulation_that_fits() -> None:
