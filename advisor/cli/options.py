@@ -110,8 +110,9 @@ model_options = _stack(
     click.option(
         "--data",
         default=None,
-        help="stdlib (default: Python's own sources, byte-level), synthetic, a text file, a .bin "
-        "of uint16 token ids, or a directory with train.bin/val.bin.",
+        help="stdlib (default: Python's own sources, byte-level), synthetic, a text file, "
+        'FILE.jsonl[:FIELD] (JSON lines, the "text" field), a .bin of uint16 token ids, a .npy '
+        "of integer token ids, or a directory with train.bin/val.bin.",
     ),
     click.option(
         "--tokenizer",

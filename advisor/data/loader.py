@@ -10,7 +10,7 @@ into micro-batches, accumulation steps or ranks.
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import torch
@@ -138,3 +138,52 @@ def make_loader(
 
 def _already_batched(batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     return batch  # WindowDataset.__getitems__ returns a collated micro-batch
+
+
+class DataUse(NamedTuple):
+    """How much of its data a run draws: windows are drawn at hashed positions, with
+    replacement, so a run that draws more tokens than its train split holds repeats them."""
+
+    train_tokens: int  # tokens in the train split
+    drawn_tokens: int  # steps x global batch x seq_len: the tokens the run trains on
+    passes: float  # drawn_tokens / train_tokens
+    val_windows: int  # distinct validation windows (one per start position)
+    eval_windows: int  # windows one evaluation draws (eval batches x global batch)
+
+
+def data_use(
+    source: TokenSource, *, steps: int, global_batch_size: int, seq_len: int, eval_batches: int = 0
+) -> DataUse | None:
+    """What a run of ``steps`` steps draws from ``source`` (None for synthetic data, which
+    never repeats)."""
+    if source.kind == "synthetic":
+        return None
+    train = source.num_tokens("train")
+    drawn = steps * global_batch_size * seq_len
+    return DataUse(
+        train_tokens=train,
+        drawn_tokens=drawn,
+        passes=drawn / max(train, 1),
+        val_windows=max(source.num_tokens("val") - seq_len, 0),
+        eval_windows=eval_batches * global_batch_size,
+    )
+
+
+def repetition_notice(source: TokenSource, use: DataUse | None) -> str | None:
+    """One line for stderr when the run repeats its data (more than one pass over the train
+    split, or evaluations that draw more windows than the validation split has); else None."""
+    if use is None:
+        return None
+    parts = []
+    if use.passes > 1:
+        parts.append(
+            f"the run draws {use.drawn_tokens:,} tokens from {use.train_tokens:,} train tokens, "
+            f"about {use.passes:,.1f} passes (windows at random positions, with replacement; "
+            "more data or fewer --steps repeat less)"
+        )
+    if use.eval_windows > use.val_windows:
+        parts.append(
+            f"each evaluation draws {use.eval_windows:,} windows from {use.val_windows:,} "
+            "distinct validation windows (fewer --eval-batches repeat less)"
+        )
+    return f"data {source.label or source.spec}: {'; '.join(parts)}" if parts else None

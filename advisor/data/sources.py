@@ -4,8 +4,11 @@
   machine with no download — as byte-level tokens (vocab 256). Files are assigned to train or
   val by a hash of their relative path, so the split is deterministic for a Python version.
 * a text file: its bytes are the tokens (vocab 256); the last 10% is the validation split.
+  A file that is not text (NUL bytes, an archive's magic ...) is refused (advisor.data.formats).
+* ``FILE.jsonl`` (or ``.json`` lines, ``FILE.jsonl:FIELD``): the documents of each line's
+  ``"text"`` field, read as a text file is.
 * ``FILE.bin``: uint16 token ids (nanoGPT format); last 10% is val. A directory holding
-  ``train.bin`` and ``val.bin`` uses those two files.
+  ``train.bin`` and ``val.bin`` uses those two files. ``FILE.npy``: integer token ids.
 * ``synthetic``: random tokens over the model's vocabulary, for probes and smoke tests.
 * with ``--tokenizer DIR`` (a local Hugging Face tokenizer, extra ``hf``), text sources are
   tokenized once and cached as token-id files.
@@ -23,8 +26,16 @@ from pathlib import Path
 
 import numpy as np
 
+from advisor.data.formats import (
+    id_range,
+    is_npy,
+    jsonl_source,
+    jsonl_spec,
+    npy_source,
+    refuse_binary,
+)
 from advisor.data.token_source import BYTE_VOCAB, VAL_FRACTION, TokenSource, cache_dir
-from advisor.data.tokenized import model_tokenizer, tokenize_source
+from advisor.data.tokenized import TEXT_KINDS, model_tokenizer, tokenize_source
 from advisor.errors import UsageProblem
 from profilers.rundir import write_atomically
 
@@ -55,13 +66,14 @@ def _stdlib_source() -> TokenSource:
             parts["val" if bucket == 0 else "train"].append(path.read_bytes() + b"\n\n")
         write_atomically(train_path, b"".join(parts["train"]))
         write_atomically(val_path, b"".join(parts["val"]))
+    label = f"Python {sysconfig.get_python_version()} standard library sources"
     return TokenSource(
         spec="stdlib",
         kind="stdlib",
         vocab_size=BYTE_VOCAB,
         paths=(str(train_path), str(val_path)),
-        description=f"Python {sysconfig.get_python_version()} standard library sources "
-        f"({len(files)} files, byte-level)",
+        description=f"{label} ({len(files)} files, byte-level)",
+        label=f"{label} ({len(files)} files)",
     )
 
 
@@ -76,6 +88,7 @@ def _single_file(spec: str, path: Path, dtype: str, vocab: int, kind: str) -> To
         split_at=split_at,
         dtype=dtype,
         description=f"{path.name} ({n:,} tokens)",
+        label=path.name,
     )
 
 
@@ -106,9 +119,7 @@ def _bin_vocab(paths: list[Path]) -> int:
     for path in paths:
         if path.stat().st_size == 0:
             continue
-        data = np.memmap(path, dtype=np.uint16, mode="r")
-        for start in range(0, len(data), 1 << 24):  # chunked: a .bin may be many GB
-            top = max(top, int(data[start : start + (1 << 24)].max(initial=0)))
+        top = max(top, id_range(np.memmap(path, dtype=np.uint16, mode="r"))[1])
     return top + 1
 
 
@@ -116,60 +127,35 @@ def resolve_data(
     spec: str,
     *,
     tokenizer: str | None = None,
-    model_vocab: int = BYTE_VOCAB,
+    model_vocab: int | None = None,
     min_tokens: int = 2,
     model: str | None = None,
 ) -> TokenSource:
     """The token source named by ``--data`` (``min_tokens``: each split must hold a window).
     Text for an ``hf:DIR`` ``model`` that ships a tokenizer is tokenized with it when
-    ``tokenizer`` is None (:func:`advisor.data.tokenized.model_tokenizer`)."""
+    ``tokenizer`` is None (:func:`advisor.data.tokenized.model_tokenizer`). ``model_vocab``
+    (the model's vocabulary; synthetic data draws from it, 256 if None): a tokenizer larger
+    than it is refused before it tokenizes anything."""
     if spec == "synthetic":
         if tokenizer:
             raise UsageProblem("--tokenizer has no effect on synthetic data: drop it")
+        vocab = BYTE_VOCAB if model_vocab is None else model_vocab
         return TokenSource(
             spec=spec,
             kind="synthetic",
-            vocab_size=model_vocab,
-            description=f"random tokens over {model_vocab} ids",
+            vocab_size=vocab,
+            description=f"random tokens over {vocab} ids",
         )
-    if spec == "stdlib":
-        source = _stdlib_source()
-    else:
-        path = Path(spec).expanduser()
-        if not path.exists():
-            raise UsageProblem(
-                f"data {spec!r} does not exist: pass stdlib, synthetic, a text file, a .bin of "
-                "uint16 token ids, or a directory with train.bin and val.bin"
-            )
-        if path.is_dir():
-            train, val = path / "train.bin", path / "val.bin"
-            if not (train.is_file() and val.is_file()):
-                raise UsageProblem(f"directory {path} needs train.bin and val.bin (uint16 ids)")
-            if tokenizer:
-                raise UsageProblem("--tokenizer applies to text data, not .bin token ids: drop it")
-            for part in (train, val):
-                _refuse_wider_ids(part)
-            source = TokenSource(
-                spec=spec,
-                kind="bin",
-                vocab_size=_bin_vocab([train, val]),
-                paths=(str(train), str(val)),
-                dtype="uint16",
-                description=f"{path}/{{train,val}}.bin",
-            )
-        elif path.suffix == ".bin":
-            if tokenizer:
-                raise UsageProblem("--tokenizer applies to text data, not .bin token ids: drop it")
-            if path.stat().st_size % 2:
-                raise UsageProblem(f"{path} has an odd size: a .bin must hold uint16 token ids")
-            _refuse_wider_ids(path)
-            source = _single_file(spec, path, "uint16", _bin_vocab([path]), "bin")
-        else:
-            source = _single_file(spec, path, "uint8", BYTE_VOCAB, "text")
-    if tokenizer:
-        source = tokenize_source(source, tokenizer)
-    elif source.kind in ("stdlib", "text") and (own := model_tokenizer(model)) is not None:
-        source = tokenize_source(source, own, own=True)
+    source = _stdlib_source() if spec == "stdlib" else _file_source(spec)
+    if tokenizer and source.kind not in TEXT_KINDS:
+        raise UsageProblem(
+            f"--tokenizer applies to text data, not .{source.kind} token ids: drop it"
+        )
+    name = tokenizer or model_tokenizer(model)  # the model directory's own, by default
+    if name and source.kind in TEXT_KINDS:
+        source = tokenize_source(
+            source, name, own=not tokenizer, model_vocab=model_vocab, model=model
+        )
     for split in ("train", "val"):
         if source.num_tokens(split) < min_tokens:
             raise UsageProblem(
@@ -177,3 +163,41 @@ def resolve_data(
                 f"window of {min_tokens}: use more text or a shorter --seq-len"
             )
     return source
+
+
+def _file_source(spec: str) -> TokenSource:
+    """A file or directory named by ``--data``, by its suffix (``.bin``, ``.npy``, ``.jsonl``
+    in any case) or else as text."""
+    if (jsonl := jsonl_spec(spec)) is not None:
+        refuse_binary(jsonl[0])
+        return jsonl_source(spec, *jsonl)
+    path = Path(spec).expanduser()
+    if not path.exists():
+        raise UsageProblem(
+            f"data {spec!r} does not exist: pass stdlib, synthetic, a text file, a .jsonl of "
+            '"text" lines, a .bin of uint16 token ids, a .npy of integer token ids, or a '
+            "directory with train.bin and val.bin"
+        )
+    if path.is_dir():
+        train, val = path / "train.bin", path / "val.bin"
+        if not (train.is_file() and val.is_file()):
+            raise UsageProblem(f"directory {path} needs train.bin and val.bin (uint16 ids)")
+        for part in (train, val):
+            _refuse_wider_ids(part)
+        return TokenSource(
+            spec=spec,
+            kind="bin",
+            vocab_size=_bin_vocab([train, val]),
+            paths=(str(train), str(val)),
+            dtype="uint16",
+            description=f"{path}/{{train,val}}.bin",
+        )
+    if path.suffix.lower() == ".bin":
+        if path.stat().st_size % 2:
+            raise UsageProblem(f"{path} has an odd size: a .bin must hold uint16 token ids")
+        _refuse_wider_ids(path)
+        return _single_file(spec, path, "uint16", _bin_vocab([path]), "bin")
+    if is_npy(path):
+        return npy_source(spec, path)
+    refuse_binary(path)
+    return _single_file(spec, path, "uint8", BYTE_VOCAB, "text")

@@ -6,9 +6,12 @@ neither of which imports the other's internals.
 
 from __future__ import annotations
 
+import contextlib
 import os
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import BinaryIO
 
 import numpy as np
 
@@ -21,25 +24,27 @@ class TokenSource:
     """Picklable description of a token stream; ``tokens(split)`` memory-maps it."""
 
     spec: str
-    kind: str  # stdlib | text | bin | synthetic | tokenized
+    kind: str  # stdlib | text | jsonl | bin | npy | synthetic | tokenized
     vocab_size: int
     paths: tuple[str, str] | None = None  # (train, val) files, or None for synthetic
     split_at: int | None = None  # single-file sources: first val token
     dtype: str = "uint8"
     mask_token_id: int | None = None
     description: str = ""
+    offset: int = 0  # bytes before the first id (a .npy file's header)
+    label: str = ""  # what the data is, without its size (a tokenized description starts so)
 
     def tokens(self, split: str) -> np.ndarray:
         assert split in ("train", "val"), split
         assert self.paths is not None, "synthetic data has no token file"
         train_path, val_path = self.paths
         path = train_path if split == "train" or self.split_at is not None else val_path
-        if os.path.getsize(path) == 0:  # numpy cannot memory-map an empty file
+        if os.path.getsize(path) <= self.offset:  # numpy cannot memory-map an empty file
             return np.empty(0, dtype=self.dtype)
+        data = np.memmap(path, dtype=self.dtype, mode="r", offset=self.offset)
         if self.split_at is not None:  # one file, split by position
-            data = np.memmap(train_path, dtype=self.dtype, mode="r")
             return data[: self.split_at] if split == "train" else data[self.split_at :]
-        return np.memmap(train_path if split == "train" else val_path, dtype=self.dtype, mode="r")
+        return data
 
     def num_tokens(self, split: str) -> int:
         return 0 if self.kind == "synthetic" else len(self.tokens(split))
@@ -52,3 +57,16 @@ def cache_dir() -> Path:
     path = Path(root)
     path.mkdir(parents=True, exist_ok=True)
     return path
+
+
+@contextlib.contextmanager
+def atomic_output(path: Path) -> Iterator[BinaryIO]:
+    """A file written piece by piece that appears at ``path`` complete or not at all: a
+    temporary file beside it (named per process), renamed on success, removed on failure."""
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    try:
+        with open(tmp, "wb") as f:
+            yield f
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)

@@ -194,7 +194,8 @@ def run(out: Path, *args: str) -> Result:
         (
             ("--data", "/nonexistent/corpus.txt"),
             "error: data '/nonexistent/corpus.txt' does not exist: pass stdlib, synthetic, a text "
-            "file, a .bin of uint16 token ids, or a directory with train.bin and val.bin\n",
+            'file, a .jsonl of "text" lines, a .bin of uint16 token ids, a .npy of integer token '
+            "ids, or a directory with train.bin and val.bin\n",
         ),
         (
             ("--seq-len", "4096"),
