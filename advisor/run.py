@@ -585,13 +585,15 @@ def run(request: RunRequest, out: Path, progress: RunProgress | None = None) -> 
                 detail = body(say)
             status = "done"
         except BaseException as exc:
-            from reports.runfiles import INTERRUPTED
+            from reports.runfiles import INTERRUPTED_STATUS, interruption
 
-            detail = (
-                INTERRUPTED
-                if isinstance(exc, KeyboardInterrupt)
-                else " ".join(str(exc).split()) or type(exc).__name__
-            )
+            if isinstance(exc, KeyboardInterrupt):
+                # Ctrl-C, or SIGTERM (Terminated): the stage was stopped, not failed; until
+                # 2026-12-07 both were recorded as failed with "interrupted (Ctrl-C)".
+                status = INTERRUPTED_STATUS
+                detail = interruption(getattr(exc, "signum", None))
+            else:
+                detail = " ".join(str(exc).split()) or type(exc).__name__
             raise
         finally:
             result = StageResult(

@@ -544,12 +544,20 @@ def validation_section(rows: Sequence[ValidationRow], plan: Mapping[str, Any] | 
         else:
             note = "No plan yet: validation runs the best predicted configs for a few real steps."
         return Section(id="validation", title="Predicted vs measured", note=note)
-    errors = [abs(e) for r in rows if (e := r.throughput_error) is not None]
+    errors = [e for r in rows if (e := r.throughput_error) is not None]
     lead = []
     if errors:
+        # Signed, as the table's error column: the range of absolute errors beside a sign
+        # note read "38.3%" for the training row's -38.3% (audit 41, D14).
+        low, high = min(errors), max(errors)
+        span = (
+            fmt.percent(low, signed=True)
+            if low == high
+            else f"{fmt.percent(low, signed=True)} to {fmt.percent(high, signed=True)}"
+        )
         lead.append(
-            f"Throughput predictions were off by {fmt.percent(min(errors))} to "
-            f"{fmt.percent(max(errors))} (positive: predicted faster than measured)."
+            f"Throughput prediction errors: {span} (positive: predicted faster than "
+            "measured; negative: slower)."
         )
     inside = [r.inside_interval for r in rows if r.inside_interval is not None]
     if inside:

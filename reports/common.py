@@ -10,6 +10,7 @@ from typing import Any
 
 from profilers.metrics_record import TrainRecord
 from reports.fmt import num
+from strategies.config import HYPERPARAMETER_KEYS
 from strategies.prediction import Prediction
 from strategies.space import KNOBS, Candidate
 
@@ -64,3 +65,27 @@ def steady_state(records: Sequence[TrainRecord], key: str) -> list[float]:
     if len(kept) > 3:
         kept = kept[max(1, len(kept) // 10) :]
     return kept
+
+
+def setting_differences(planned: Mapping[str, Any], trained: Mapping[str, Any]) -> tuple[str, ...]:
+    """The hyper-parameters a training run was given other values of than its plan's
+    (``advisor train --plan P --lr X``): ``"lr 1e+30 (the plan's 0.001)"`` each. Until
+    2026-12-07 the page showed the plan's values as what trained (audit 41, D3)."""
+    if not planned or not trained:
+        return ()
+    out = []
+    for key in HYPERPARAMETER_KEYS:
+        if key not in trained or key not in planned:
+            continue
+        a, b = planned[key], trained[key]
+        x, y = num(a), num(b)
+        same = (
+            abs(x - y) <= 1e-12 * max(abs(x), abs(y)) if x is not None and y is not None else a == b
+        )
+        if not same:
+            out.append(f"{key} {_plain(b)} (the plan's {_plain(a)})")
+    return tuple(out)
+
+
+def _plain(value: Any) -> str:
+    return "none" if value is None else f"{value:g}" if isinstance(value, float) else str(value)

@@ -248,7 +248,10 @@ def facts_section(
         return Section(
             id="facts",
             title="Device and model",
-            note="No profile yet: run 'advisor profile --out RUN' (or 'advisor run').",
+            # The workload flags matter: a bare --out profiled gpt-tiny whatever the run
+            # trained, and 'advisor run' alone started a new directory (audit 41, D12).
+            note="No profile yet: 'advisor profile --out RUN' with this run's workload flags "
+            "(--model, --seq-len ... as in Reproduce) measures one.",
         )
     device = mapping(profile.get("device"))
     facts = (

@@ -15,12 +15,15 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from reports.model import Section
-from reports.runfiles import INTERRUPTED, RunFiles
+from reports.runfiles import RunFiles, is_interruption
 
 # stage → (how the page names it, the section it fills, the sections that need its output)
 STAGE_SECTIONS: dict[str, tuple[str, str, tuple[str, ...]]] = {
     "profile": ("Profiling", "facts", ("summary", "memory", "candidates", "validation")),
     "recommend": ("Recommendation", "summary", ("memory", "candidates", "validation", "training")),
+    # advisor run --tune-trials: training waits for the tuned plan (until 2026-12-07 a stopped
+    # tune stage showed only in the header, and Training said to train the untuned plan).
+    "tune": ("Tuning", "tuning", ("training",)),
     "train": ("Training", "training", ()),
 }
 RESUME_FLAG = "--resume"
@@ -28,14 +31,27 @@ RESUME_FLAG = "--resume"
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class StageFailure:
-    stage: str  # profile | recommend | train
-    message: str  # the stage's one-line error, as run.json keeps it
+    stage: str  # profile | recommend | tune | train
+    message: str  # the stage's one-line error, as run.json keeps it, or "interrupted (SIGTERM)"
     fix: str  # how to continue the run once the cause is fixed
 
     @property
+    def interrupted(self) -> bool:
+        """Ctrl-C or SIGTERM stopped the stage: it did not fail."""
+        return is_interruption(self.message)
+
+    @property
+    def outcome(self) -> str:
+        """What happened to the stage, for the page's header and pointers."""
+        return self.message if self.interrupted else "failed"
+
+    @property
     def headline(self) -> str:
-        """``Recommendation failed: <message>`` (the message alone when it says so itself)."""
+        """``Recommendation failed: <message>`` (the message alone when it says so itself);
+        ``Training was interrupted (SIGTERM)`` for a stage a signal stopped."""
         title = STAGE_SECTIONS[self.stage][0]
+        if self.interrupted:
+            return f"{title} was {self.message}"
         if self.message.lower().startswith(f"{title.lower()} failed"):
             return self.message[:1].upper() + self.message[1:]
         return f"{title} failed: {self.message}"
@@ -65,7 +81,7 @@ def stage_failures(run: RunFiles) -> tuple[StageFailure, ...]:
     )
     go_on = f"Continue this run; the stages that finished are reused: {resume_command(run)}"
     return tuple(
-        StageFailure(stage=stage, message=message, fix=go_on if message == INTERRUPTED else fix)
+        StageFailure(stage=stage, message=message, fix=go_on if is_interruption(message) else fix)
         for stage, message in run.failed_stages.items()
         if stage in STAGE_SECTIONS
     )
@@ -82,10 +98,14 @@ def with_failure_notes(
         _, own, waiting = STAGE_SECTIONS[failure.stage]
         notes[own] = failure.note
         for section_id in waiting:
+            where = _title(sections, own)
             pointers.setdefault(
                 section_id,
-                f"Nothing to show: the {failure.stage} stage of this run failed "
-                f"(see {_title(sections, own)}).",
+                f"Nothing to show: the {failure.stage} stage of this run was {failure.outcome}; "
+                f"see {where}."
+                if failure.interrupted
+                else f"Nothing to show: the {failure.stage} stage of this run failed "
+                f"(see {where}).",
             )
     out = []
     for section in sections:

@@ -7,11 +7,13 @@ import shlex
 from collections.abc import Mapping
 from dataclasses import dataclass
 from importlib import metadata
+from pathlib import Path
 from typing import Any
 
 from profilers.defaults import DEFAULT_MEMORY_BUDGET
-from profilers.rundir import RunDir
-from reports.common import mapping
+from profilers.rundir import PLAN, PROFILE, RunDir
+from reports.common import mapping, setting_differences
+from reports.fmt import count as fmt_count
 from reports.fmt import num
 from reports.model import CodeBlock, Section, Table, cell
 from reports.runfiles import RunFiles
@@ -23,6 +25,7 @@ from strategies.config import (
     DEFAULT_GLOBAL_BATCH_SIZE,
     DEFAULT_MODEL,
     DEFAULT_STEPS,
+    HYPERPARAMETER_KEYS,
     WORKLOAD_KEYS,
 )
 from strategies.restrict import only_args, read_recorded
@@ -39,6 +42,10 @@ class Commands:
     torchrun: tuple[str, ...]
     tune: str = ""  # advisor tune's command, when the run has a study
     world_size: int = 1
+    # What trained, as explicit flags, when the training run overrode the plan's settings
+    # (``overrides``: "lr 1e+30 (the plan's 0.001)" ...)
+    trained_flags: str = ""
+    overrides: tuple[str, ...] = ()
 
 
 def _workload(run: RunFiles) -> dict[str, Any]:
@@ -80,19 +87,40 @@ def _torchrun(world: int, train_args: list[str]) -> tuple[str, ...]:
     return tuple(out)
 
 
+def _where(run: RunFiles) -> tuple[Path, Path]:
+    """(the profile file, the plan's directory) the step-by-step commands use: this run's own,
+    or, for a plan or study made away from them, the files the plan and the study name. Until
+    2026-12-07 a tune directory's page told 'advisor recommend --profile RUN/profile.json', a
+    file that did not exist (audit 41, D11a)."""
+    files = RunDir(run.root)
+    profile = files.profile
+    recorded = Path(str(mapping(mapping(run.plan).get("profile")).get("path") or ""))
+    if not profile.is_file() and str(recorded) not in ("", "."):
+        found = next((p for p in (recorded, recorded / PROFILE) if p.is_file()), None)
+        if found is not None and run.profile is not None:
+            profile = found
+    plan_dir = run.root
+    studied = str(mapping(run.tuning).get("plan") or "")
+    if not files.plan.is_file() and studied and Path(studied).is_file():
+        plan_dir = Path(studied).parent
+    return profile, plan_dir
+
+
 def commands(run: RunFiles) -> Commands:
     files = RunDir(run.root)
     train_dir = run.train_dir or files.train.root
     w = _workload(run)
     plan = mapping(run.plan)
     tuned = mapping(run.tuned_plan)
-    config = (
-        mapping(tuned.get("config"))
-        or mapping(plan.get("config"))
-        or mapping(mapping(run.train_config).get("config"))
-    )
-    request = mapping(mapping(plan.get("profile")).get("request"))
+    planned = mapping(tuned.get("config")) or mapping(plan.get("config"))
+    trained = mapping(mapping(run.train_config).get("config"))
+    config = planned or trained
     info = mapping(run.run_info)
+    asked = mapping(info.get("request"))
+    # What the search was asked: the plan's record, else (recommend failed or never ran)
+    # what advisor run was asked (the steps dropped a failed run's --memory-budget 0.0001).
+    request = mapping(mapping(plan.get("profile")).get("request")) or asked
+    profile_file, plan_dir = _where(run)
     total = num(mapping(run.train_config).get("total_steps"))
     steps = int(total if total is not None else info.get("steps") or DEFAULT_STEPS)
     gbs = config.get("global_batch_size") or request.get("global_batch_size")
@@ -114,7 +142,6 @@ def commands(run: RunFiles) -> Commands:
     # What advisor run asked for (run.json), else what the profile recorded: the settings the
     # profile measured (the step-by-step profile dropped --checkpointing ops-half, and so did
     # not measure it again) and how the plan was validated.
-    asked = mapping(info.get("request"))
     precisions = asked.get("precisions") or mapping(run.profile).get("precisions") or ()
     profile = (
         _with_workload("profile", w)
@@ -125,7 +152,7 @@ def commands(run: RunFiles) -> Commands:
     )
     recommend = (
         Command("recommend")
-        .option("profile", files.profile)
+        .option("profile", profile_file)
         .option("global_batch_size", gbs)
         .option("memory_budget", num(request.get("memory_budget")), default=DEFAULT_MEMORY_BUDGET)
         .option("world_size", request.get("world_size") or None)
@@ -141,7 +168,7 @@ def commands(run: RunFiles) -> Commands:
         tune = shlex.join([str(a) for a in recorded_tune])
     elif run.tuning is not None:
         tune = Command("tune").option("plan", files.plan).option("out", run.root).shell()
-    plan_file = files.tuned_plan if run.tuned_plan is not None else files.plan
+    plan_file = files.tuned_plan if run.tuned_plan is not None else plan_dir / PLAN
     # The run's evaluation and checkpoint cadence (train_config.json keeps them since
     # 2026-12-06): without them a re-run logged other evals.
     kept = mapping(mapping(run.train_config).get("options"))
@@ -150,20 +177,41 @@ def commands(run: RunFiles) -> Commands:
         .options(config, keys=[k for k in CONFIG_FLAG_KEYS if k != "seq_len"])
         .option("steps", steps)
     )
-    train = (
-        Command("train").option("plan", plan_file).option("steps", steps)
-        if plan or run.tuned_plan is not None
-        else explicit  # trained without a plan (advisor train --model ...): its flags
+    # What trained, when it was not the plan ('advisor train --plan P --lr X'): until
+    # 2026-12-07 only the plan's values were given as the run's exact commands (audit 41, D3).
+    overrides = setting_differences(planned, trained) if planned and trained else ()
+    as_trained = (
+        _with_workload("train", {k: trained[k] for k in WORKLOAD_KEYS if k in trained} or w)
+        .options(trained, keys=[k for k in CONFIG_FLAG_KEYS if k != "seq_len"])
+        .option("steps", steps)
+        if overrides
+        else None
     )
-    for command in (train,) if train is explicit else (train, explicit):
+    # Profile and plan only (or a failed recommend): the plan the step before writes.
+    planned_run = bool(plan or run.tuned_plan is not None or not trained)
+    train = Command("train").option("plan", plan_file) if planned_run else explicit
+    if planned_run:
+        # The hyper-parameters the run was given on top of its plan, as it was given them.
+        for key in HYPERPARAMETER_KEYS:
+            if trained and key in trained and planned.get(key) != trained.get(key):
+                train.option(key, trained[key])
+        train.option("steps", steps)
+    for command in (train,) if train is explicit else (train, explicit, as_trained):
+        if command is None:
+            continue
         for key in ("eval_every", "checkpoint_every", "eval_batches"):
             command.option(key, kept.get(key))
         command.option("out", train_dir)
+    # A training run alone (advisor train --model ... --out): its own command is the recipe;
+    # a profile and a plan it never read are no steps of it (audit 41, D11f).
+    alone = not planned_run and run.profile is None
     return Commands(
         run=whole,
-        steps=(
-            profile.option("out", run.root).shell(),
-            recommend.option("out", run.root).shell(),
+        steps=(train.shell(),)
+        if alone
+        else (
+            profile.option("out", profile_file.parent).shell(),
+            recommend.option("out", plan_dir).shell(),
             *((tune,) if tune else ()),
             train.shell(),
         ),
@@ -171,6 +219,8 @@ def commands(run: RunFiles) -> Commands:
         torchrun=_torchrun(int(num(config.get("world_size")) or 1), train.args()),
         tune=tune,
         world_size=int(num(config.get("world_size")) or 1),
+        trained_flags=as_trained.shell() if as_trained is not None else "",
+        overrides=overrides,
     )
 
 
@@ -197,25 +247,49 @@ def versions(run: RunFiles) -> dict[str, str]:
 def reproduce_section(run: RunFiles) -> tuple[Section, Commands]:
     c = commands(run)
     has_plan = run.plan is not None
+    study = mapping(run.tuning)
+    whole_hint = ""
+    if run.run_info is None and study.get("steps_per_trial"):
+        # advisor run --tune-trials gives each trial the training's length (audit 41, D11d)
+        whole_hint = (
+            "advisor run gives each tuning trial the training's length; this study's trials "
+            f"were {study['steps_per_trial']} steps ({fmt_count(study.get('tokens_per_trial'))} "
+            "tokens): the 'advisor tune' line of Step by step repeats the study as it ran."
+        )
     blocks = [
         CodeBlock(
             title="The whole job again (profile → recommend → "
             + ("tune → " if c.tune else "")
             + "train → report)",
             text=c.run,
+            hint=whole_hint,
         ),
         CodeBlock(
             title="Step by step",
             text="\n".join(c.steps),
-            hint="Each writes where this run did: give a new --out to keep this run (a run "
-            "directory that holds a run is refused, or continued with --resume).",
+            # 'advisor profile --out' into a finished run replaces its profile (it is not
+            # refused, as this hint said until 2026-12-07), orphaning the plan.
+            hint="Each writes where this run did, over its files ('advisor profile' replaces "
+            "the profile its plan was made from): give each a new --out, and the next its "
+            "new paths, to keep this run.",
         ),
     ]
-    if has_plan or run.train_config:
+    if (has_plan or run.train_config) and c.steps != (c.train_flags,):
+        title = (
+            "Train the recommended config with explicit flags (no plan file needed)"
+            if has_plan
+            else "Train what this run trained with explicit flags"
+        )
+        blocks.append(CodeBlock(title=title, text=c.train_flags))
+    if c.trained_flags:
         blocks.append(
             CodeBlock(
-                title="Train the recommended config with explicit flags (no plan file needed)",
-                text=c.train_flags,
+                title="Train what this run trained (the plan with the training's own "
+                "settings) with explicit flags",
+                text=c.trained_flags,
+                hint="The training run was given other settings than the plan's: "
+                + "; ".join(c.overrides)
+                + ". The Step by step train line gives them too.",
             )
         )
     if has_plan or c.world_size > 1:  # a ddp/fsdp run trained without a plan too

@@ -12,6 +12,7 @@ import csv
 import dataclasses
 import json
 import math
+import signal
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -22,6 +23,29 @@ from profilers.metrics_record import EvalRecord, Metrics, TrainRecord, read_metr
 # INTERRUPTED: the one-line "error" advisor run records for a stage stopped by Ctrl-C.
 from profilers.profile_record import INTERRUPTED as INTERRUPTED
 from profilers.rundir import METRICS, PLAN, PROFILE, TRAIN, RunDir, TrainDir
+
+# run.json's status of a stage that Ctrl-C or SIGTERM stopped (its detail: :func:`interruption`).
+# Until 2026-12-07 such a stage was recorded "failed" with the detail "interrupted (Ctrl-C)"
+# whatever the signal: :func:`is_interruption` reads both.
+INTERRUPTED_STATUS = "interrupted"
+
+
+def interruption(signum: int | None) -> str:
+    """run.json's detail of a stage stopped by ``signum``: SIGINT (or None, a plain
+    KeyboardInterrupt) is :data:`INTERRUPTED`, "interrupted (Ctrl-C)"; SIGTERM is
+    "interrupted (SIGTERM)", as the CLI's error line says it."""
+    if signum is None or signum == signal.SIGINT:
+        return INTERRUPTED
+    try:
+        name = signal.Signals(signum).name
+    except ValueError:
+        name = f"signal {signum}"
+    return f"interrupted ({name})"
+
+
+def is_interruption(detail: str) -> bool:
+    """Whether a stage's recorded detail says a signal stopped it (:func:`interruption`)."""
+    return detail == INTERRUPTED or (detail.startswith("interrupted (") and detail.endswith(")"))
 
 
 class ReportError(ValueError):
@@ -47,8 +71,9 @@ class RunFiles:
     tuning: Mapping[str, Any] | None = None
     tune_trials: tuple[Mapping[str, Any], ...] = ()
     problems: tuple[str, ...] = field(default_factory=tuple)
-    # Stages run.json records as failed (stage → its one-line error), unless a later command
-    # redid the stage: its output is newer than run.json.
+    # Stages run.json records as failed or interrupted (stage → its one-line error, or
+    # :func:`interruption`'s detail), unless a later command redid the stage: its output is
+    # newer than run.json.
     failed_stages: Mapping[str, str] = field(default_factory=dict)
 
     @property
@@ -170,9 +195,10 @@ def _mtime(path: Path) -> float | None:
 def failed_stages(
     run_info: Mapping[str, Any] | None, files: RunDir, train: TrainDir | None
 ) -> dict[str, str]:
-    """The stages of ``advisor run`` that failed (stage → the one-line error run.json keeps),
-    in run order. A failure is dropped when the stage's output is newer than run.json: a later
-    command (``advisor recommend``, ``advisor train --resume``) redid it since."""
+    """The stages of ``advisor run`` that failed or were interrupted (stage → the one-line
+    error run.json keeps, or "interrupted (SIGTERM)" ...), in run order. One is dropped when the
+    stage's output is newer than run.json: a later command (``advisor recommend``, ``advisor
+    train --resume``) redid it since."""
     stages = (run_info or {}).get("stages")
     if not isinstance(stages, Mapping):
         return {}
@@ -186,7 +212,10 @@ def failed_stages(
     out: dict[str, str] = {}
     for name, output in outputs.items():
         record = stages.get(name)
-        if not isinstance(record, Mapping) or record.get("status") != "failed":
+        if not isinstance(record, Mapping) or record.get("status") not in (
+            "failed",
+            INTERRUPTED_STATUS,
+        ):
             continue
         made = _mtime(output)
         if made is not None and (logged is None or made > logged):
@@ -283,7 +312,8 @@ def load_run(root: str | Path) -> RunFiles:
     run = dataclasses.replace(run, failed_stages=failed_stages(run.run_info, files, train))
     # A run stopped by Ctrl-C in its first stage has its log only: the page says how to go on
     # (a run whose input was refused has nothing to show: the error line says it all).
-    if run.empty and not problems and INTERRUPTED not in run.failed_stages.values():
+    stopped = any(is_interruption(d) for d in run.failed_stages.values())
+    if run.empty and not problems and not stopped:
         raise ReportError(
             f"{root} holds no run files ({PROFILE}, {PLAN}, {TRAIN}/{METRICS}): run "
             f"'advisor run --out {root}' (or 'advisor profile --out {root}') first"

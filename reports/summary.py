@@ -7,11 +7,18 @@ from dataclasses import dataclass
 from typing import Any
 
 import reports.fmt as fmt
-from reports.common import candidate, mapping, ok_measurement, plan_candidate, same_candidate
+from reports.common import (
+    candidate,
+    mapping,
+    ok_measurement,
+    plan_candidate,
+    same_candidate,
+    setting_differences,
+)
 from reports.common import prediction as read_prediction
 from reports.fmt import num
 from reports.model import Fact, Section, Table, cell, num_cell
-from reports.training import MEMORY_KINDS, TrainingStats
+from reports.training import MEMORY_KINDS, TrainingStats, diverged_sentence
 
 KNOB_PREFIXES = (
     "precision ",
@@ -115,11 +122,32 @@ def _headline(
             "The prediction and the measurement disagree on whether it beats the naive loop: "
             "the measurement decided (see Predicted vs measured)."
         )
-    if stats is not None:
+    if measured is not None and measured < 1 and not same_candidate(baseline, plan_candidate(plan)):
+        # A recommendation slower than the measured baseline needs its reason on the page,
+        # not only in the search notes (audit 41, D8).
+        only = mapping(mapping(mapping(plan.get("profile")).get("request")).get("only"))
+        limits = " ".join(
+            f"--only {str(k).replace('_', '-')}={','.join(str(v) for v in vs)}"
+            for k, vs in only.items()
+            if isinstance(vs, list | tuple)
+        )
+        out.append(
+            f"The naive fp32 loop measured faster, but {limits} left it out of the search: "
+            "the recommendation is the fastest config the search could choose."
+            if limits
+            else "The naive fp32 loop measured faster; the recommendation is the fastest of "
+            "the validated candidates (the search notes say why the loop was not one)."
+        )
+    if stats is not None and stats.diverged_step is not None:
+        out.append(diverged_sentence(stats) + " See Training.")
+    elif stats is not None:
         text = f"Training ran {stats.steps}"
         if stats.total_steps:
             text += f" of {stats.total_steps}"
-        text += f" steps at a median {fmt.rate(stats.median_tokens_per_s)}"
+        unfinished = (
+            " (unfinished: see Training)" if stats.total_steps and not stats.complete else ""
+        )
+        text += f" steps{unfinished} at a median {fmt.rate(stats.median_tokens_per_s)}"
         if stats.first_loss is not None and stats.last_loss is not None:
             text += f"; loss {stats.first_loss:.2f} → {stats.last_loss:.2f}"
         if stats.last_eval_loss is not None:
@@ -135,6 +163,10 @@ def build_summary(plan: Mapping[str, Any] | None, stats: TrainingStats | None) -
     baseline_measured = num(mapping(ok_measurement(baseline.get("measured"))).get("tokens_per_s"))
     measured = ok_measurement(plan.get("measured"))
     training_tps = stats.median_tokens_per_s if stats else None
+    if same_candidate(candidate(baseline.get("config")), plan_candidate(plan)):
+        # The chosen config is the naive loop: a "speed-up" of its training over its own
+        # validation is the host's load, not the config (audit 41, D10).
+        training_tps = None
     values: dict[str, Any] = {
         "expected_speedup": num(baseline.get("expected_speedup")),
         "measured_speedup": num(baseline.get("measured_speedup")),
@@ -254,8 +286,10 @@ def summary_section(
     stats: TrainingStats | None,
     has_profile: bool,
     tuned: Mapping[str, Any] | None = None,
+    trained: Mapping[str, Any] | None = None,
 ) -> Section:
-    """``tuned``: the tuned plan's config (advisor tune), whose optimizer the run trains."""
+    """``tuned``: the tuned plan's config (advisor tune), whose optimizer the run trains;
+    ``trained``: train_config.json's config, what the training run actually used."""
     if summary is None or not plan:
         note = (
             "Profiled, but no recommendation yet: run 'advisor recommend --profile "
@@ -326,12 +360,21 @@ def summary_section(
             else []
         ),
         *([_compile_fact(mapping(plan.get("predicted")))] if config.get("compile") else []),
-        _optimizer_fact(config, tuned),
+        _optimizer_fact(config, tuned, trained),
     ]
+    lead = summary.headline
+    changed = setting_differences(tuned or config, trained or {})
+    if changed:
+        lead = (
+            *lead,
+            "The training run was given other settings than the plan's: "
+            + "; ".join(changed)
+            + ". Its numbers are of those settings (see Training).",
+        )
     return Section(
         id="summary",
         title="Summary",
-        lead=summary.headline,
+        lead=lead,
         facts=tuple(facts),
         tables=(_comparison(plan, stats),),
         bullets=summary.reasons,
@@ -349,9 +392,20 @@ def _optimizer(config: Mapping[str, Any]) -> str:
     )
 
 
-def _optimizer_fact(config: Mapping[str, Any], tuned: Mapping[str, Any] | None) -> Fact:
+def _optimizer_fact(
+    config: Mapping[str, Any],
+    tuned: Mapping[str, Any] | None,
+    trained: Mapping[str, Any] | None = None,
+) -> Fact:
     """The optimizer the run trains: the tuned plan's when advisor tune ran (the summary showed
-    the untuned values beside a Tuning section and a Reproduce with the tuned ones)."""
+    the untuned values beside a Tuning section and a Reproduce with the tuned ones); the
+    training run's own when it was given other values (advisor train --plan P --lr X)."""
+    if trained and setting_differences(tuned or config, trained):
+        return Fact(
+            label="optimizer (as trained)",
+            value=_optimizer(trained),
+            hint=f"the training run's flags overrode the plan's: {_optimizer(tuned or config)}",
+        )
     if not tuned:
         return Fact(label="optimizer", value=_optimizer(config))
     own = _optimizer(config)

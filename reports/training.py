@@ -18,6 +18,7 @@ from reports.common import (
     plan_candidate,
     prediction,
     same_candidate,
+    setting_differences,
     steady_state,
 )
 from reports.fmt import GiB, MiB, num
@@ -49,16 +50,47 @@ class TrainingStats:
     skipped_steps: int
     median_mfu: float | None
     num_checkpoints: int
+    # The step whose loss became NaN/inf: the trainer logs it (loss not finite) and stops.
+    diverged_step: int | None = None
 
     @property
     def complete(self) -> bool:
         return self.total_steps is not None and self.steps >= self.total_steps
 
 
+def diverged_step(run: RunFiles) -> int | None:
+    """The step at which the run's loss became NaN/inf: its last step line has no finite loss
+    (the trainer writes that line, then stops; since 2026-12-07)."""
+    steps = run.metrics.train
+    if steps and steps[-1].loss is None and steps[-1].step:
+        return steps[-1].step
+    return None
+
+
 def training_stats(run: RunFiles) -> TrainingStats | None:
     train = run.train_records
+    diverged = diverged_step(run)
     if not train:
-        return None
+        if diverged is None:
+            return None
+        total = num(mapping(run.train_config).get("total_steps"))
+        return TrainingStats(  # diverged at its first step: nothing was measured before it
+            steps=0,
+            total_steps=int(total) if total is not None else None,
+            tokens=0,
+            first_loss=None,
+            last_loss=None,
+            last_eval_loss=None,
+            median_tokens_per_s=None,
+            median_step_time_s=None,
+            peak_memory_bytes=None,
+            memory_kind="",
+            elapsed_s=None,
+            skipped_steps=0,
+            median_mfu=None,
+            num_checkpoints=0,
+            diverged_step=diverged,
+        )
     last = train[-1]
     evals = run.eval_records
     memory = [r.peak_memory_bytes for r in train if r.peak_memory_bytes is not None]
@@ -79,6 +111,18 @@ def training_stats(run: RunFiles) -> TrainingStats | None:
         skipped_steps=last.skipped_steps or 0,
         median_mfu=median(steady_state(train, "mfu")),
         num_checkpoints=checkpoints,
+        diverged_step=diverged,
+    )
+
+
+def diverged_sentence(stats: TrainingStats) -> str:
+    """What the page says of a diverged run (empty when it did not diverge)."""
+    if stats.diverged_step is None:
+        return ""
+    return (
+        f"Training diverged: the loss became NaN or inf at step {stats.diverged_step}"
+        + (f" of {stats.total_steps}" if stats.total_steps else "")
+        + ", and the trainer stopped there."
     )
 
 
@@ -139,8 +183,8 @@ def _series(
 
 
 def _flat(label: str, role: str, steps: Sequence[float], value: float | None) -> Series | None:
-    if value is None or not steps:
-        return None
+    if value is None or not steps or min(steps) == max(steps):
+        return None  # a one-step run: a line of no length, only a legend entry
     return Series(label=label, role=role, points=((min(steps), value), (max(steps), value)))
 
 
@@ -200,10 +244,14 @@ def _loss_chart(run: _Run) -> Chart:
         "train-loss",
         "Loss",
         "loss",
-        (
-            _series(run.train, "loss", "train", "train"),
-            _series(run.evals, "eval_loss", "eval (held-out)", "eval"),
-        ),
+        [
+            s
+            for s in (
+                _series(run.train, "loss", "train", "train"),
+                _series(run.evals, "eval_loss", "eval (held-out)", "eval"),
+            )
+            if s.points  # no evaluation yet: no legend entry with nothing behind it
+        ],
     )
 
 
@@ -218,14 +266,15 @@ def _throughput_chart(run: _Run) -> Chart:
 
 def _mfu_chart(
     run: _Run, profile: Mapping[str, Any] | None, config: Mapping[str, Any]
-) -> tuple[Chart | None, bool]:
+) -> tuple[Chart | None, float | None]:
     """(MFU against the datasheet peak, or model FLOP/s over the measured GEMM rate where the
-    peak is unknown; whether that ratio exceeded 1 anywhere)."""
+    peak is unknown; that ratio's largest value where it exceeded 1, else None)."""
     series = [s for s in (_series(run.train, "mfu", "MFU (datasheet peak)", "mfu"),) if s.points]
-    above_one = False
+    above_one: float | None = None
     if (gemm := gemm_utilisation(run.train, profile, config)) is not None and gemm.points:
         series.append(gemm)
-        above_one = any((y or 0.0) > 1 for _x, y in gemm.points)
+        top = max((y or 0.0) for _x, y in gemm.points)
+        above_one = top if top > 1 else None
     if not series:
         return None, above_one
     note = ""
@@ -268,12 +317,18 @@ def _lr_chart(run: _Run) -> Chart:
     return _step_chart("train-lr", "Learning rate", "lr", (lr,), y_min=0)
 
 
+def _steps_hint(stats: TrainingStats) -> str:
+    if stats.diverged_step is not None:
+        return f"diverged: the loss became NaN or inf at step {stats.diverged_step}"
+    return "" if stats.complete or stats.total_steps is None else "incomplete: resume it"
+
+
 def _facts(stats: TrainingStats, data: Any) -> tuple[Fact, ...]:
     facts = [
         Fact(
             label="steps",
             value=f"{stats.steps}" + (f" of {stats.total_steps}" if stats.total_steps else ""),
-            hint="" if stats.complete or stats.total_steps is None else "incomplete: resume it",
+            hint=_steps_hint(stats),
         ),
         Fact(label="tokens", value=fmt.count(stats.tokens)),
         Fact(
@@ -308,22 +363,36 @@ def _facts(stats: TrainingStats, data: Any) -> tuple[Fact, ...]:
     return tuple(facts)
 
 
-def _bullets(profile: Mapping[str, Any] | None, above_one: bool, has_mfu: bool) -> list[str]:
+def _bullets(profile: Mapping[str, Any] | None, above: float | None, has_mfu: bool) -> list[str]:
+    """``above``: the largest model FLOP/s ÷ measured GEMM rate, when it exceeds 1."""
     bullets = []
-    if above_one:
-        load = num(mapping(mapping(profile).get("device")).get("host_load_1m"))
+    if above is not None:
+        # Until 2026-12-07 this blamed a busier host at profiling time, which the files did
+        # not show (load 1.06 on 2 cores); what they show is the ratio itself.
         bullets.append(
-            "Model FLOP/s exceed the profile's GEMM rate at some steps: the benchmark ran while "
-            "the host was busier"
-            + (f" (load {load:.2f} when profiled)" if load is not None else "")
-            + ": the ratio overstates how much of the device the model used."
+            f"Model FLOP/s exceed the GEMM rate the profile measured (up to {above:.1f}×): "
+            "that benchmark, one matrix size timed during the profile, measured less than "
+            "this training reached, so the ratio is no utilisation; read its trend only."
         )
     if not has_mfu:
         bullets.append(
             "MFU is unknown: it needs the device's datasheet peak (none for CPUs and unlisted "
-            "GPUs), and the profile measured no GEMM rate to compare with instead."
+            "GPUs), and "
+            + (
+                "the profile measured no GEMM rate to compare with instead."
+                if profile
+                else "with no profile in this run there is no measured GEMM rate to compare "
+                "with instead."
+            )
         )
     return bullets
+
+
+def trained_differences(plan: Mapping[str, Any] | None, run: RunFiles) -> tuple[str, ...]:
+    """The hyper-parameters the training run was given other values of than the plan it
+    trained (the tuned plan's when advisor tune ran)."""
+    planned = mapping(mapping(run.tuned_plan).get("config")) or mapping(mapping(plan).get("config"))
+    return setting_differences(planned, mapping(mapping(run.train_config).get("config")))
 
 
 def training_section(
@@ -357,9 +426,22 @@ def training_section(
         _lr_chart(curves),
     ]
     lead = []
+    if stats.diverged_step is not None:
+        lead.append(
+            diverged_sentence(stats)
+            + " Resuming would diverge again: lower --lr, raise --warmup-steps, keep "
+            "--grad-clip on, or use bf16 instead of fp16, and train afresh (or resume from a "
+            "checkpoint before the divergence)."
+        )
     if not same_config and plan is not None:
         lead.append(
             "This training run used other knobs than the plan chose: no prediction is drawn."
+        )
+    elif plan is not None and (changed := trained_differences(plan, run)):
+        lead.append(
+            "This training run was given other settings than the plan's: "
+            + "; ".join(changed)
+            + " (train_config.json). The charts show what trained."
         )
     return Section(
         id="training",

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from profilers.rundir import RunDir
 from reports.charts import Chart, Series, nonempty
 from reports.model import Cell, Fact, Section, Table, cell, num_cell
 from reports.runfiles import RunFiles
@@ -17,6 +18,12 @@ from strategies.tuning import TrialRecord, TuningSummary
 NO_STUDY = (
     "No hyper-parameter study in this run: 'advisor tune --plan RUN/plan.json' (or 'advisor "
     "run --tune-trials N') tunes the learning rate, warm-up and weight decay at the plan's config."
+)
+# A run with no plan.json: the note named RUN/plan.json all the same until 2026-12-07.
+NO_STUDY_NO_PLAN = (
+    "No hyper-parameter study in this run, and no plan to tune yet: 'advisor tune --plan "
+    "PLAN' (or 'advisor run --tune-trials N') tunes the learning rate, warm-up and weight decay "
+    "of a plan's config once there is one."
 )
 
 
@@ -101,7 +108,7 @@ def curves(summary: TuningSummary, trials: list[TrialRecord]) -> Chart:
 def tuning_section(run: RunFiles) -> tuple[Section, TuningView | None]:
     view = tuning_view(run)
     if view is None:
-        note = NO_STUDY
+        note = NO_STUDY if RunDir(run.root).plan.is_file() else NO_STUDY_NO_PLAN
         if run.tuning is not None:
             note = "tune/study.json could not be read as a study: re-run 'advisor tune'."
         return Section(id="tuning", title="Tuning", note=note), None

@@ -31,7 +31,7 @@ from reports.fmt import model_label
 from reports.memory import MemoryBar, memory_section
 from reports.model import Section
 from reports.reproduce import Commands, reproduce_section
-from reports.runfiles import RunFiles, load_run
+from reports.runfiles import RunFiles, is_interruption, load_run
 from reports.summary import Summary, build_summary, summary_section
 from reports.training import (
     TrainingStats,
@@ -48,6 +48,7 @@ class Stage:
     done: bool
     detail: str
     failed: bool = False  # run.json says this stage of ``advisor run`` failed
+    interrupted: bool = False  # ... or that Ctrl-C / SIGTERM stopped it
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -89,6 +90,8 @@ def _stages(run: RunFiles, stats: TrainingStats | None) -> tuple[Stage, ...]:
         training = (
             f"{stats.steps}" + (f"/{stats.total_steps}" if stats.total_steps else "") + " steps"
         )
+        if stats.diverged_step is not None:
+            training = f"diverged at step {stats.diverged_step} ({training})"
     failed = run.failed_stages
     stages: tuple[Stage, ...] = (
         Stage(
@@ -109,17 +112,20 @@ def _stages(run: RunFiles, stats: TrainingStats | None) -> tuple[Stage, ...]:
         trials = len(run.tune_trials)
         tune = Stage(name="tune", done=run.tuned_plan is not None, detail=f"{trials} trials")
         stages = (*stages[:2], tune, stages[2])
-    return tuple(
-        dataclasses.replace(
-            s,
-            done=False,
-            failed=True,
-            detail="failed" + (f" after {s.detail}" if s.name == "train" and stats else ""),
-        )
-        if s.name in failed
-        else s
-        for s in stages
-    )
+    out = []
+    for s in stages:
+        if s.name in failed:
+            stopped = is_interruption(failed[s.name])
+            what = failed[s.name] if stopped else "failed"
+            s = dataclasses.replace(
+                s,
+                done=False,
+                failed=not stopped,
+                interrupted=stopped,
+                detail=what + (f" after {s.detail}" if s.name == "train" and stats else ""),
+            )
+        out.append(s)
+    return tuple(out)
 
 
 def build_view(run: RunFiles | str | Path, *, now: datetime.datetime | None = None) -> ReportView:
@@ -147,6 +153,7 @@ def build_view(run: RunFiles | str | Path, *, now: datetime.datetime | None = No
             stats,
             profile is not None,
             mapping(mapping(run.tuned_plan).get("config")) or None,
+            config or None,
         ),
         facts_section(profile, run.probes),
         memory,

@@ -40,8 +40,11 @@ class MemorySplit:
 def _traces_for(traces: Sequence[MemoryTrace], c: Candidate) -> list[MemoryTrace]:
     """Single-device traces of the candidate's (precision, checkpointing), those with (or
     without) accumulation as the candidate has it when there are any."""
-    accumulating = c.grad_accum_steps > 1
-    group = [
+    return _same_accumulation(_group(traces, c), c) or _group(traces, c)
+
+
+def _group(traces: Sequence[MemoryTrace], c: Candidate) -> list[MemoryTrace]:
+    return [
         t
         for t in traces
         if t.spec.precision == c.precision
@@ -49,8 +52,31 @@ def _traces_for(traces: Sequence[MemoryTrace], c: Candidate) -> list[MemoryTrace
         and t.spec.parallelism == "single"
         and t.spec.loss_chunks == c.loss_chunks
     ]
-    same = [t for t in group if (t.spec.grad_accum_steps > 1) == accumulating]
-    return same or group
+
+
+def _same_accumulation(group: Sequence[MemoryTrace], c: Candidate) -> list[MemoryTrace]:
+    accumulating = c.grad_accum_steps > 1
+    return [t for t in group if (t.spec.grad_accum_steps > 1) == accumulating]
+
+
+def _untraced_gradient_copy(
+    memory: MemoryTerms, c: Candidate, traces: Sequence[MemoryTrace], rest: float
+) -> float:
+    """The gradient copy an accumulating single-device or DDP candidate holds at its
+    forward/backward peak when the profile has no accumulating trace of its group: the cost
+    model then prices that peak as the non-accumulating fit plus every gradient's bytes
+    (profilers.memory_model, README "a missing accumulation trace is priced by adding every
+    gradient's bytes"), and the non-accumulating traces' shares hold no gradients at their
+    peak. Until 2026-12-07 those bytes were split by those shares: a gpt-tiny 1×8 showed 4.79
+    KiB of gradients and 12.8 MiB more activations."""
+    if (
+        c.grad_accum_steps <= 1
+        or c.parallelism == "fsdp"
+        or memory.phase == "optimizer_step"
+        or _same_accumulation(_group(traces, c), c)
+    ):
+        return 0.0
+    return min(rest, float(memory.model_gradient_bytes))
 
 
 def _phase_parts(trace: MemoryTrace, phase: str) -> dict[str, float]:
@@ -120,6 +146,7 @@ def split_memory(
         shares = _interpolated_shares(
             _traces_for(traces, candidate), candidate.micro_batch_size, memory.phase
         )
+        copy = 0.0
         if shares is None or sum(shares.values()) <= 0:
             split = "estimated"
             live = memory.phase == "optimizer_step" or candidate.grad_accum_steps > 1
@@ -127,8 +154,10 @@ def split_memory(
             shares = {"gradients": grads, "activations": rest - grads, "temporaries": 0.0}
         else:
             shares = {**shares, "gradients": shares["gradients"] / shards}
+            copy = _untraced_gradient_copy(memory, candidate, traces, rest)
+            rest -= copy
         scale = rest / sum(shares.values()) if sum(shares.values()) > 0 else 0.0
-        grads = shares["gradients"] * scale + buckets
+        grads = shares["gradients"] * scale + buckets + copy
         activations = shares["activations"] * scale
         temporaries = shares["temporaries"] * scale
     parts = {

@@ -106,10 +106,10 @@ def test_a_run_stopped_by_ctrl_c_keeps_a_report_that_says_how_to_continue(
     line = one_line(invoke("run", "--quiet", "--out", str(out)), 130)
     assert "the same command plus --resume continues it" in line
     stages = json.loads((out / "run.json").read_text())["stages"]
-    assert stages["profile"] == {**stages["profile"], "status": "failed"}
+    assert stages["profile"] == {**stages["profile"], "status": "interrupted"}
     assert stages["profile"]["detail"] == "interrupted (Ctrl-C)"
     text = html.unescape((out / "report.html").read_text())
-    assert "Profiling failed: interrupted (Ctrl-C). Continue this run" in text
+    assert "Profiling was interrupted (Ctrl-C). Continue this run" in text
     assert "Fix what the message names" not in text
     again = invoke("report", str(out))  # the page renders again from run.json alone
     assert again.exit_code == 0, again.output

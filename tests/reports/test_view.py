@@ -277,6 +277,9 @@ def test_reproduce_keeps_what_the_run_asked_and_how_it_trained(
     plan = json.loads((run / "plan.json").read_text())
     tuned = dict(plan, config={**plan["config"], "lr": 0.00125, "warmup_steps": 3})
     (run / "tuned_plan.json").write_text(json.dumps(tuned))
+    trained = json.loads((run / "train" / "train_config.json").read_text())
+    trained["config"] = tuned["config"]  # the training ran the tuned plan
+    (run / "train" / "train_config.json").write_text(json.dumps(trained))
     (run / "tune").mkdir()
     (run / "tune" / "study.json").write_text(json.dumps({"trials_asked": 6}))
     (run / "run.json").unlink()  # directories made by the commands one by one

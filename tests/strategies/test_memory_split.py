@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
+from profilers.memory_records import MemoryBreakdown, MemoryTrace
+from profilers.workload import StepSpec
 from strategies.config import TrainConfig
 from strategies.memory_split import CATEGORIES, split_memory
 from strategies.prediction import MemoryTerms
@@ -136,3 +140,58 @@ def test_a_file_written_before_the_rename_still_reads() -> None:
     assert old.model_parameter_bytes == 26_953_662_464
     assert old.model_optimizer_state_bytes == 53_907_326_092
     assert old.state_shards == 1
+
+
+def _single_trace(
+    b: int, activations: int, *, accum: int = 1, gradients: int = 2048
+) -> MemoryTrace:
+    return MemoryTrace(
+        spec=StepSpec(seq_len=128, micro_batch_size=b, grad_accum_steps=accum, precision="fp32"),
+        target_device_type="cpu",
+        peak_bytes=0,
+        forward_backward_peak_bytes=0,
+        optimizer_step_peak_bytes=0,
+        forward_backward_breakdown=MemoryBreakdown(
+            gradients=gradients, activations=activations, temporaries=activations // 10
+        ),
+        optimizer_step_breakdown=MemoryBreakdown(),
+        parameter_bytes=MiB_13,
+        gradient_bytes=MiB_13,
+        optimizer_state_bytes=2 * MiB_13,
+        resident_bytes=0,
+        trace_seconds=1.0,
+    )
+
+
+MiB = 2**20
+MiB_13 = 13_424_640  # gpt-tiny's fp32 parameters (and gradients)
+
+
+@pytest.mark.parametrize("accumulating_trace", [False, True])
+def test_an_accumulating_config_shows_its_gradient_copy_as_gradients(
+    accumulating_trace: bool,
+) -> None:
+    """gpt-tiny fp32 1×8 priced from the non-accumulating traces plus every gradient's bytes:
+    the page showed 4.79 KiB of gradients and the 12.8 MiB copy as activations (audit 41, D1)."""
+    config = TrainConfig(
+        model="gpt-tiny", seq_len=128, micro_batch_size=1, grad_accum_steps=8, global_batch_size=8
+    )
+    acts_b1 = 8 * MiB
+    # the non-accumulating fit at micro-batch 1 plus the gradient copy (params + grads + Adam)
+    traced = 4 * MiB_13 + acts_b1 + acts_b1 // 10 + 2048
+    total = traced + 400 * MiB
+    memory = dataclasses.replace(
+        _terms(traced, total),
+        fragmentation_bytes=0,
+        fixed_overhead_bytes=total - traced,
+        model_parameter_bytes=MiB_13,
+        model_gradient_bytes=MiB_13,
+        model_optimizer_state_bytes=2 * MiB_13,
+    )
+    traces = [_single_trace(4, 4 * acts_b1), _single_trace(8, 8 * acts_b1)]
+    if accumulating_trace:  # the profile traced accumulation: its own shares hold the copy
+        traces.append(_single_trace(1, acts_b1, accum=8, gradients=MiB_13))
+    parts = split_memory(memory, total, Candidate.from_config(config), traces).parts
+    assert sum(parts.values()) == total
+    assert parts["gradients"] >= MiB_13 * 0.99
+    assert parts["activations"] <= acts_b1 * 1.25
