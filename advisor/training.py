@@ -9,11 +9,12 @@ Torch is imported only when training starts (``advisor --help`` stays instant).
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import os
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -117,11 +118,58 @@ def train(
     check_host_memory(config, options)
     if needs_launch(config):
         spec = launch or LaunchSpec(world_size=config.world_size)
-        launch_ranks(config, options, spec, say or (lambda _message: None))
+        with _steps_to(options.on_line, options.out):
+            launch_ranks(config, options, spec, say or (lambda _message: None))
         return None
     from advisor.trainer.loop import train as run_training
 
     return run_training(config, options)
+
+
+@contextlib.contextmanager
+def _steps_to(on_line: Callable[[str], None] | None, out: Path) -> Iterator[None]:
+    """While launched ranks train into ``out``, each step rank 0 logs in metrics.jsonl goes to
+    ``on_line`` as a line (the ranks' own progress goes to their stderr, not to a caller's
+    callback). Nothing without a callback."""
+    if on_line is None:
+        yield
+        return
+    import threading
+
+    from profilers.metrics_record import TrainRecord, parse_record
+
+    done = threading.Event()
+    path = TrainDir(out).metrics
+    offset = path.stat().st_size if path.exists() else 0  # a resumed run's earlier steps
+
+    def follow() -> None:
+        nonlocal offset
+        while True:
+            finished = done.is_set()
+            if path.exists():
+                with open(path, "rb") as f:
+                    f.seek(offset)
+                    chunk = f.read()
+                whole = chunk[: chunk.rfind(b"\n") + 1]
+                offset += len(whole)
+                for line in whole.decode(errors="replace").splitlines():
+                    try:
+                        record = parse_record(json.loads(line))
+                    except ValueError:
+                        continue
+                    if isinstance(record, TrainRecord) and record.loss is not None:
+                        on_line(f"step {record.step}  loss {record.loss:.4f}")
+            if finished:
+                return
+            done.wait(0.5)
+
+    thread = threading.Thread(target=follow, name="advisor-train-steps", daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        done.set()
+        thread.join(timeout=5)
 
 
 def check_host_memory(config: TrainConfig, options: RunOptions) -> None:

@@ -11,6 +11,7 @@ import contextlib
 import json
 import math
 import signal
+import sys
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -20,7 +21,15 @@ from typing import Any
 
 import torch
 
-from advisor.data import StepSampler, TokenSource, WindowDataset, make_loader, resolve_data
+from advisor.data import (
+    StepSampler,
+    TokenSource,
+    WindowDataset,
+    data_use,
+    make_loader,
+    repetition_notice,
+    resolve_data,
+)
 from advisor.errors import AdvisorError, TrainingDiverged, UsageProblem
 from advisor.launch import die_with_parent
 from advisor.models import ModelAdapter
@@ -393,9 +402,17 @@ class Trainer:
             if afresh:
                 self.metrics.truncate_after(0)
             self._write_run_files(start, resumed=resume_from is not None)
+        wanted = self.options.progress or self.options.on_line is not None
         progress = Progress(
-            self.total_steps, start, enabled=self.options.progress and self.ctx.is_main
+            self.total_steps,
+            start,
+            enabled=wanted and self.ctx.is_main,
+            sink=self.options.on_line,
         )
+        if self.ctx.is_main and start == 0 and (notice := self._repetition_notice()):
+            # Said whatever --quiet says: a run that repeats its data should know (a 33-token
+            # file was trained 58 times over without a word until 2026-12-07).
+            print(f"note: {notice}", file=sys.stderr, flush=True)
         if afresh:
             progress.message(f"no checkpoint in {self.out} to resume from: training from step 0")
         if resume_from is not None:
@@ -423,6 +440,18 @@ class Trainer:
             metrics_path=self.metrics.path,
             skipped_steps=self.skipped,
         )
+
+    def _repetition_notice(self) -> str | None:
+        """A line when the run draws more tokens than the train split holds, or an evaluation
+        more windows than the validation split has (advisor.data.repetition_notice)."""
+        use = data_use(
+            self.source,
+            steps=self.total_steps,
+            global_batch_size=self.config.global_batch_size,
+            seq_len=self.config.seq_len,
+            eval_batches=self.options.eval_batches,
+        )
+        return repetition_notice(self.source, use)
 
     def _write_run_files(self, start: int, *, resumed: bool) -> None:
         """Rank 0: the run directory, metrics cut back to the checkpoint, train_config.json."""
@@ -532,6 +561,21 @@ class Trainer:
         return record, now
 
     def _diverged(self, step: int) -> None:
+        # The step's line, its loss NaN/inf (null where the step did not get so far): without
+        # it metrics.jsonl ended at the last good step and the report called a diverged run
+        # merely incomplete, "resume it" (audit 41, D4). A resume from an earlier checkpoint
+        # cuts it off with the steps after that checkpoint (MetricsLog.truncate_after).
+        if self.ctx.is_main:
+            self.metrics.write(
+                TrainRecord(
+                    step=step,
+                    loss=self.loss_value,
+                    tokens=self.tokens + self.config.tokens_per_step,
+                    elapsed_s=self._elapsed(),
+                    skipped_steps=self.skipped,
+                )
+            )
+            self.metrics.sync()
         where = (
             f"the last good checkpoint is {self.last_checkpoint}"
             if self.last_checkpoint

@@ -9,6 +9,7 @@ import os
 import resource
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -123,10 +124,13 @@ class Progress:
         *,
         enabled: bool = True,
         stream: TextIO | None = None,
+        sink: Callable[[str], None] | None = None,
     ) -> None:
         self.total, self.enabled = total_steps, enabled
         self.stream = stream or sys.stderr
-        self.interactive = enabled and self.stream.isatty()
+        # A caller's callback takes the plain lines (no bar) instead of the stream.
+        self.sink = sink
+        self.interactive = enabled and sink is None and self.stream.isatty()
         self.log_every = max(1, total_steps // 20)
         self.eval_loss: float | None = None
         self.eval_loss_step = -1
@@ -173,15 +177,19 @@ class Progress:
             self._bar.update(self._task, completed=step, status=status)
         elif step % self.log_every == 0 or step == self.total:
             elapsed = time.perf_counter() - self._started
-            print(
-                f"step {step}/{self.total}  {status}  {elapsed:.0f}s", file=self.stream, flush=True
-            )
+            self._line(f"step {step}/{self.total}  {status}  {elapsed:.0f}s")
 
     def message(self, text: str) -> None:
         if not self.enabled:
             return
         if self._bar is not None:
             self._bar.console.print(text)
+        else:
+            self._line(text)
+
+    def _line(self, text: str) -> None:
+        if self.sink is not None:
+            self.sink(text)
         else:
             print(text, file=self.stream, flush=True)
 

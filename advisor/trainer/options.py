@@ -6,7 +6,8 @@ launcher or a parent process can build the ``advisor train`` command of a run fr
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from strategies.commands import Command
@@ -37,6 +38,9 @@ class RunOptions:
     keep_checkpoints: int = DEFAULT_KEEP_CHECKPOINTS
     device: str = "auto"
     progress: bool = True
+    # The per-step lines for a caller (advisor.train(progress=callback)) instead of stderr:
+    # this process's only (not passed to a launched rank).
+    on_line: Callable[[str], None] | None = field(default=None, compare=False, repr=False)
 
     def train_args(self, plan: Path) -> list[str]:
         """``advisor train`` arguments that run ``plan`` with these options (for a launcher or

@@ -189,3 +189,28 @@ def test_tokens_budget_sets_the_number_of_steps(tmp_path: Path) -> None:
         TINY_CONFIG, RunOptions(out=tmp_path, tokens=3 * 128 + 1, progress=False, eval_batches=1)
     )
     assert result.steps == 4  # ceil(385 / 128)
+
+
+def test_a_run_that_repeats_its_data_says_so_even_when_quiet(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A 33-token dataset was trained 58 times over without a word (audit of 2026-12-07)."""
+    import dataclasses
+
+    import numpy as np
+
+    data = tmp_path / "tiny"
+    data.mkdir()
+    for split in ("train", "val"):
+        np.arange(40, dtype=np.uint16).tofile(data / f"{split}.bin")
+    config = dataclasses.replace(TINY_CONFIG, data=str(data))
+    train(config, RunOptions(out=tmp_path / "run", steps=3, progress=False, eval_batches=1))
+    err = capsys.readouterr().err
+    assert "note: data " in err and "12 tokens" not in err
+    assert "384 tokens from 40 train tokens, about 9.6 passes" in err, err
+    # Enough data for the run: nothing said.
+    big = tmp_path / "big.bin"
+    np.resize(np.arange(200, dtype=np.uint16), 50_000).tofile(big)
+    config = dataclasses.replace(TINY_CONFIG, data=str(big))
+    train(config, RunOptions(out=tmp_path / "run2", steps=3, progress=False, eval_batches=1))
+    assert "note: data" not in capsys.readouterr().err
