@@ -29,6 +29,7 @@ import importlib
 import importlib.util
 import json
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -227,6 +228,52 @@ def _path(value: str | os.PathLike[str] | None) -> Path | None:
     return None if value is None else Path(value)
 
 
+# The CLI flags that messages of the layers below name, as this API's keyword arguments.
+_KEYWORDS = {
+    "--only": "only",
+    "--model-arg": "model_args",
+    "--nodes": "nodes",
+    "--network": "network",
+    "--target": "target",
+    "--world-size": "world_size",
+    "--budget-s": "budget_s",
+    "--seq-len": "seq_len",
+    "--global-batch-size": "global_batch_size",
+    "--memory-budget": "memory_budget",
+    "--steps": "steps",
+}
+_FLAG = re.compile(r"--[a-z][a-z-]*(?: [^\s(]+)?")
+
+
+def _keyword(match: re.Match[str]) -> str:
+    flag, _, value = match.group(0).partition(" ")
+    name = _KEYWORDS.get(flag)
+    if name is None:
+        return match.group(0)
+    if name in ("only", "model_args"):  # a mapping: the message names one of its keys
+        return f"{name} key {value}" if value else name
+    if any(ch.isdigit() for ch in value):  # --target h100-80gb, --nodes 2: a value
+        return f"{name}={value}"
+    return f"{name} {value}" if value else name
+
+
+@contextlib.contextmanager
+def _in_api_terms() -> Any:
+    """Errors of the layers below that open with a CLI flag (``--only X: ...``, ``--budget-s
+    must ...``) say it with this API's keyword arguments (``only key X: ...``, ``budget_s
+    must ...``); the exception and its type are kept."""
+    from strategies.config import ConfigError
+    from strategies.errors import StrategyError
+
+    try:
+        yield
+    except (UsageProblem, StrategyError, ConfigError) as exc:
+        message = str(exc)
+        if message.startswith("--") and len(exc.args) == 1:
+            exc.args = (_FLAG.sub(_keyword, message),)
+        raise
+
+
 # -- loading records ------------------------------------------------------------------------
 
 
@@ -317,7 +364,8 @@ def profile(
         trace_for=trace_for,
     )
     say = _progress("profile", progress, takes="a callable(message, fraction_of_budget)")
-    return run_profile(request, _path(out) or default_out("profile"), say)
+    with _in_api_terms():
+        return run_profile(request, _path(out) or default_out("profile"), say)
 
 
 def recommend(
@@ -337,6 +385,7 @@ def recommend(
     hyperparameters: Mapping[str, Any] | None = None,
     only: Mapping[str, Any] | None = None,
     device: str = "auto",
+    steps: int | None = None,
     out: str | os.PathLike[str] | None = None,
     progress: Callable[[str], None] | bool | None = None,
 ) -> Plan:
@@ -354,7 +403,9 @@ def recommend(
     min_lr, warmup_steps, weight_decay, grad_clip, seed ...). ``only``: per knob, the values
     the search may turn (``--only``; e.g. ``{"checkpointing": ["none", "full"], "compile":
     False}``; knobs in ``strategies.restrict.KNOB_NAMES``). ``device``: where validation
-    runs (auto: the profiled device).
+    runs (auto: the profiled device). ``steps``: the optimizer steps the plan will train
+    (``--steps``; default advisor train's 300): a compiled candidate's compile time is amortised
+    over them when ranking.
 
     ``out``: where plan.json, trials.csv and the study (study.db) go; default: the profile's
     directory when ``profile`` is a path, else nothing is saved and the study lives in a
@@ -369,25 +420,30 @@ def recommend(
     from advisor.recommending import recommend as run_recommend
     from profilers.profile_record import Profile
     from profilers.rundir import profile_path
+    from strategies.config import DEFAULT_STEPS
     from strategies.search import default_storage
     from strategies.space import SearchRequest
 
     _check_choice("device", device, DEVICES)
+    _check_int("global_batch_size", global_batch_size, 1)
     _check_int("validate_top", validate_top, 0)
     _check_int("validate_rounds", validate_rounds, 1)
+    _check_int("steps", steps, 1)
     say = _progress("recommend", progress, takes="a callable(message)")
-    request = SearchRequest(
-        global_batch_size=global_batch_size,
-        memory_budget=memory_budget,
-        world_size=world_size,
-        trials=trials,
-        target=target,
-        nodes=nodes,
-        network=network,
-        study_name=study_name,
-        config_overrides=dict(hyperparameters or {}),
-        only=dict(only or {}),
-    )
+    with _in_api_terms():
+        request = SearchRequest(
+            global_batch_size=global_batch_size,
+            memory_budget=memory_budget,
+            world_size=world_size,
+            trials=trials,
+            target=target,
+            nodes=nodes,
+            network=network,
+            study_name=study_name,
+            config_overrides=dict(hyperparameters or {}),
+            only=dict(only or {}),
+            run_steps=DEFAULT_STEPS if steps is None else steps,
+        )
     source: Profile | Path = profile if isinstance(profile, Profile) else Path(profile)
     directory = _path(out)
     with contextlib.ExitStack() as stack:
@@ -397,16 +453,17 @@ def recommend(
                 storage = default_storage(Path(temporary))
             else:
                 directory = profile_path(source).parent
-        return run_recommend(
-            source,
-            request,
-            validate_top_k=validate_top,
-            validation_rounds=validate_rounds,
-            storage=storage,
-            out=directory,
-            device=device,
-            progress=say,
-        )
+        with _in_api_terms():
+            return run_recommend(
+                source,
+                request,
+                validate_top_k=validate_top,
+                validation_rounds=validate_rounds,
+                storage=storage,
+                out=directory,
+                device=device,
+                progress=say,
+            )
 
 
 def predict(
@@ -547,6 +604,7 @@ def train(
         keep_checkpoints=keep_checkpoints,
         device=device,
         progress=progress is True,  # the per-step display; a callback gets the lines alone
+        on_line=progress if callable(progress) else None,
     )
     spec = None
     if needs_launch(resolved):
@@ -564,7 +622,7 @@ def train(
 
 
 def export(
-    plan: Plan | str | os.PathLike[str],
+    plan: Plan | Mapping[str, Any] | str | os.PathLike[str],
     to: str,
     *,
     steps: int | None = None,
@@ -572,23 +630,40 @@ def export(
 ) -> Export:
     """The plan's config in another training stack's own format (``advisor export``).
 
-    ``plan``: a Plan, or the path of a plan.json or of its run directory. ``to``: one of
-    ``advisor.exporters.FORMATS`` (hf, accelerate, lightning, deepspeed, torchtitan).
-    ``steps``: the optimizer steps the lr schedule spans (default: the run's training length,
-    else advisor train's default). Returns an ``Export``: ``settings`` (the native keyword
-    arguments / config as a dict), ``text`` (the file, with a header naming the plan),
-    ``unmapped`` (knobs the stack cannot express), ``launch`` (its launch line, where it has
-    one). ``out``: also write the file there (a directory: under the export's own file name),
-    and the header beside it as ``FILE.advisor.txt`` when the file cannot hold one (hf's JSON).
+    ``plan``: a Plan (or its ``to_dict()``), or the path of a plan.json or of its run
+    directory. ``to``: one of ``advisor.exporters.FORMATS`` (hf, accelerate, lightning,
+    deepspeed, torchtitan). ``steps``: the optimizer steps the lr schedule spans (default: for
+    a path, the length of the run's own training when RUN/train trained this plan; else, and
+    for a Plan record, which carries no run, advisor train's default 300). Returns an
+    ``Export``: ``settings`` (the native keyword arguments / config as a dict), ``text`` (the
+    file, with a header naming the plan), ``unmapped`` (knobs the stack cannot express),
+    ``launch`` (its launch line, where it has one). ``out``: also write the file there (an
+    existing directory, or a path ending in ``/``: under the export's own file name), and the
+    header beside it as ``FILE.advisor.txt`` when the file cannot hold one (hf's JSON).
     """
     from advisor.exporters import export_plan, write_export
     from strategies.plan_records import Plan
 
     _check_int("steps", steps, 1)
-    result = export_plan(plan if isinstance(plan, Plan) else Path(plan), to, steps=steps)
-    target = _path(out)
-    if target is not None:
-        write_export(result, target)
+    if isinstance(plan, Mapping):
+        try:
+            plan = Plan.from_dict(plan)
+        except (ValueError, KeyError, TypeError) as exc:
+            raise UsageProblem(
+                f"plan is a mapping but not a plan's to_dict() ({' '.join(str(exc).split())}): "
+                "pass a Plan, its to_dict(), or the path of a plan.json"
+            ) from None
+    elif not isinstance(plan, (Plan, str, os.PathLike)):
+        raise UsageProblem(
+            f"plan must be a Plan, its to_dict(), or the path of a plan.json or run directory, "
+            f"not {type(plan).__name__}"
+        )
+    with _in_api_terms():
+        result = export_plan(plan if isinstance(plan, Plan) else Path(plan), to, steps=steps)
+    if out is not None:
+        # A trailing separator names a directory (made if missing), as the CLI's --out DIR/.
+        into_directory = str(out).endswith(("/", os.sep))
+        write_export(result, Path(out), into_directory=into_directory)
     return result
 
 

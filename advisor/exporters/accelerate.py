@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 from advisor.exporters.record import Export
-from advisor.exporters.source import MASTER_ENDPOINT, TRAIN_SCRIPT, Source, block_class
+from advisor.exporters.source import MASTER_ENDPOINT, TRAIN_SCRIPT, Source, stack_blocks
 from advisor.exporters.text import (
     comment_block,
     header_lines,
@@ -23,6 +23,7 @@ from advisor.exporters.text import (
 
 FILENAME = "accelerate_config.yaml"
 MIXED_PRECISION = {"fp32": "no", "bf16": "bf16", "fp16": "fp16"}
+_TORCH_DTYPE = {"bf16": "bfloat16", "fp16": "float16"}
 PRECISIONS = {v: k for k, v in MIXED_PRECISION.items()}
 # The TrainConfig keys this file sets natively; every other key is named by an unmapped line.
 MAPPED = frozenset(
@@ -37,13 +38,24 @@ MAPPED = frozenset(
 )
 
 
+# CPU ranks: `accelerate launch` starts MULTI_CPU with its one-process launcher unless under
+# mpirun, so a CPU plan of several ranks takes the multi-process (torchrun) launcher that
+# MULTI_GPU and FSDP select, with use_cpu false (true forces the one-process launcher) and
+# ACCELERATE_USE_CPU=true in the environment, which makes each process a CPU rank on gloo
+# (Accelerate's MULTI_CPU). Checked with accelerate 1.16: 2 processes, num_processes 2.
+CPU_RANKS_ENV = "ACCELERATE_USE_CPU=true"
+
+
 def _distributed_type(source: Source) -> str:
     c = source.config
     if c.parallelism == "fsdp":
         return "FSDP"
-    if c.world_size > 1:
-        return "MULTI_GPU" if source.on_gpu else "MULTI_CPU"
-    return "NO"
+    return "MULTI_GPU" if c.world_size > 1 else "NO"
+
+
+def _cpu_ranks(source: Source) -> bool:
+    """Several ranks on CPU: the launch line sets ACCELERATE_USE_CPU (see CPU_RANKS_ENV)."""
+    return not source.on_gpu and source.config.world_size > 1
 
 
 def build(source: Source) -> Export:
@@ -55,7 +67,7 @@ def build(source: Source) -> Export:
         "num_processes": c.world_size,  # every process over every machine
         "num_machines": source.nodes,
         "machine_rank": 0,
-        "use_cpu": not source.on_gpu,
+        "use_cpu": not source.on_gpu and not _cpu_ranks(source),
         "debug": False,
     }
     unmapped = workload_unmapped(source)
@@ -84,12 +96,34 @@ def build(source: Source) -> Export:
             "fsdp_offload_params": False,
             "fsdp_cpu_ram_efficient_loading": False,
         }
-        block = block_class(c)
-        if isinstance(block, tuple):
-            fsdp["fsdp_transformer_layer_cls_to_wrap"] = ",".join(name for _, name in block)
+        blocks = stack_blocks(c)
+        if blocks.classes:
+            fsdp["fsdp_transformer_layer_cls_to_wrap"] = ",".join(blocks.names)
+            if blocks.note:
+                unmapped.append(
+                    f"parallelism fsdp: {blocks.note} in fsdp_transformer_layer_cls_to_wrap "
+                    "(Accelerate raises 'Could not find the transformer layer class' until then)"
+                )
         else:
-            unmapped.append(f"parallelism fsdp: the repeated block to wrap is unknown ({block})")
+            unmapped.append(
+                f"parallelism fsdp: the repeated block to wrap is unknown ({blocks.unknown})"
+            )
         settings["fsdp_config"] = fsdp
+        if c.precision != "fp32":
+            unmapped.append(
+                f"precision {c.precision} under FSDP: Accelerate's FSDP plugin reduces gradients "
+                f"in {c.precision}, advisor in fp32, and its config file has no key for it: pass "
+                "Accelerator(fsdp_plugin=FullyShardedDataParallelPlugin(fsdp_version=2, "
+                "mixed_precision_policy=MixedPrecisionPolicy(param_dtype="
+                f"torch.{_TORCH_DTYPE[c.precision]}, reduce_dtype=torch.float32))) for advisor's"
+            )
+        if not source.on_gpu:
+            unmapped.append(
+                "parallelism fsdp on CPU: Accelerate applies its FSDP plugin on GPUs only; on "
+                "CPU its ranks run as DDP (MULTI_CPU), every rank holding the whole model: "
+                "shard it yourself with torch.distributed.fsdp.fully_shard on each repeated "
+                "block and then the model"
+            )
     elif full:
         unmapped.append(
             "activation_checkpointing full: Accelerate's config checkpoints only under FSDP; "
@@ -116,6 +150,15 @@ def build(source: Source) -> Export:
         f"num_workers {c.num_workers}: DataLoader(num_workers={c.num_workers})",
     ]
     launch = f"accelerate launch --config_file {FILENAME} {TRAIN_SCRIPT}"
+    if _cpu_ranks(source):
+        launch = f"{CPU_RANKS_ENV} {launch}"
+        unmapped.append(
+            f"world_size {c.world_size} on CPU: Accelerate's MULTI_CPU starts one process "
+            "unless under mpirun, so the file asks for its multi-process launcher "
+            f"(distributed_type {settings['distributed_type']}, use_cpu false) and the launch "
+            f"line sets {CPU_RANKS_ENV}, which makes each of the {c.world_size} processes a CPU "
+            "rank on gloo; keep it in the environment"
+        )
     header = header_lines(source, "accelerate", unmapped, launch)
     return Export(
         format="accelerate",

@@ -59,16 +59,15 @@ MAPPED = frozenset(
         "grad_clip",
     }
 )
-# torch.amp.GradScaler's defaults (advisor's fp16 loss scaling): initial scale 2**16, doubled
-# after 2000 overflow-free steps, halved at the first overflow (DeepSpeed's hysteresis 1).
-FP16 = {
-    "enabled": True,
-    "loss_scale": 0,  # 0: dynamic
-    "initial_scale_power": 16,
-    "loss_scale_window": 2000,
-    "hysteresis": 1,
-    "min_loss_scale": 1,
-}
+# advisor's bf16/fp16 is torch.autocast over fp32 weights, gradients reduced in fp32, fp16 with
+# torch.amp.GradScaler's defaults. DeepSpeed's "bf16"/"fp16" sections instead cast every
+# parameter to 16 bits (engine._configure_distributed_model); its "torch_autocast" section
+# (DeepSpeed >= 0.16.5; read back by 0.19.8) is advisor's mode: the engine runs forward under
+# torch.autocast and, for fp16, creates a torch.amp.GradScaler with its defaults (ZeRO stage 0
+# in the engine, stages 1-3 in their optimizers). "lower_precision_safe_modules" lists the
+# modules whose parameters DeepSpeed communicates in the 16-bit dtype (default: nn.Linear and
+# nn.Conv*): empty, every gradient is reduced in fp32, as advisor reduces them.
+AUTOCAST_DTYPE = {"bf16": "bfloat16", "fp16": "float16"}
 
 
 def build(source: Source) -> Export:
@@ -97,16 +96,29 @@ def build(source: Source) -> Export:
                 # WarmupCosineLR refuses 0 and warms up over at least 2 steps.
                 "warmup_num_steps": max(2, c.warmup_steps),
                 "warmup_type": "linear",
-                "warmup_min_ratio": 0.0,
+                # Its first step() gives warmup_min_ratio: advisor's lr at step 0 (1/W), so
+                # that after DeepSpeed's step at lr 0 the warm-up runs one step behind, not two.
+                "warmup_min_ratio": 1.0 / max(1, c.warmup_steps),
                 "cos_min_ratio": c.min_lr / c.lr,
             },
         },
     }
-    if c.precision == "bf16":
-        config["bf16"] = {"enabled": True}
-    elif c.precision == "fp16":
-        config["fp16"] = dict(FP16)
     unmapped = workload_unmapped(source) + kept
+    if c.precision in AUTOCAST_DTYPE:
+        config["torch_autocast"] = {
+            "enabled": True,
+            "dtype": AUTOCAST_DTYPE[c.precision],
+            "lower_precision_safe_modules": [],
+        }
+        if c.parallelism == "fsdp":
+            unmapped.append(
+                f"precision {c.precision} under ZeRO-{config['zero_optimization']['stage']}: "
+                "torch_autocast keeps the weights in fp32 and reduces gradients in fp32, as "
+                "advisor does, so DeepSpeed also all-gathers the fp32 weights (advisor's FSDP "
+                f"gathers them in {c.precision}: half the bytes); listing "
+                "'torch.nn.modules.linear.Linear' in lower_precision_safe_modules gathers "
+                f"and reduces the Linear weights in {c.precision} instead"
+            )
     unmapped += compile_unmapped(
         c.compile,
         "DeepSpeed's config",
@@ -132,11 +144,7 @@ def build(source: Source) -> Export:
         f"num_workers {c.num_workers}: DataLoader(num_workers={c.num_workers}) (DeepSpeed's "
         "config has no loader workers)",
     ]
-    if c.warmup_steps < 2:
-        unmapped.append(
-            f"warmup_steps {c.warmup_steps}: WarmupCosineLR warms up over at least 2 steps "
-            "(written as 2)"
-        )
+    unmapped.append(_warmup_line(c.warmup_steps))
     launch = _launch(source)
     header = header_lines(source, "deepspeed", unmapped, launch)
     # ASCII (× as \u00d7): DeepSpeed opens the file in the locale's encoding.
@@ -148,6 +156,29 @@ def build(source: Source) -> Export:
         filename=FILENAME,
         unmapped=tuple(unmapped),
         launch=launch,
+    )
+
+
+def _warmup_line(warmup: int) -> str:
+    """How DeepSpeed's WarmupCosineLR, as written, differs from advisor's WarmupCosine: it sets
+    lr 0 before its first step() (the first optimizer step) and takes warmup_num_steps >= 2."""
+    if warmup < 2:
+        return (
+            f"warmup_steps {warmup}: WarmupCosineLR warms up over at least 2 steps (written as "
+            "2, starting at the full lr) and trains the first optimizer step at lr 0; its "
+            "cosine then runs a step or two behind advisor's"
+        )
+    # Step s >= 1 trains at DeepSpeed's ratio for iteration s - 1: 1/W + (1 - 1/W)(s - 1)/W.
+    last = 1 / warmup + (1 - 1 / warmup) * (warmup - 1) / warmup
+    return (
+        f"warmup_steps {warmup}: WarmupCosineLR trains the first optimizer step at lr 0 "
+        f"(advisor: lr/{warmup}; DeepSpeed sets lr 0 before its first step()), then warms up "
+        f"linearly from lr/{warmup} at step 1 to {last:.3g} of lr at step {warmup}, about a "
+        f"step behind advisor's lr*(s+1)/{warmup}; from step {warmup + 1} on the two "
+        "schedules are equal. For advisor's exact schedule pass "
+        "lr_scheduler=torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: (s + 1) / "
+        f"{warmup} if s < {warmup} else the cosine) to deepspeed.initialize and drop "
+        "'scheduler'"
     )
 
 
@@ -168,11 +199,14 @@ def read_back(text: str, launch: str | None) -> dict[str, Any]:
     total = config["train_batch_size"]
     stage = (config.get("zero_optimization") or {}).get("stage", 0)
     world = total // (micro * accum)
+    autocast = config.get("torch_autocast") or {}
     precision = (
         "bf16"
         if (config.get("bf16") or {}).get("enabled")
         else "fp16"
         if (config.get("fp16") or {}).get("enabled")
+        else {v: k for k, v in AUTOCAST_DTYPE.items()}.get(str(autocast.get("dtype")), "bf16")
+        if autocast.get("enabled")
         else "fp32"
     )
     return {

@@ -17,7 +17,7 @@ from advisor.exporters.source import (
     TRAIN_SCRIPT,
     Source,
     adam_hyperparameters,
-    block_class,
+    stack_blocks,
     torchrun_line,
     torchrun_world_size,
 )
@@ -60,7 +60,7 @@ def build(source: Source) -> Export:
         "gradient_accumulation_steps": c.grad_accum_steps,
         "max_steps": source.steps,
         "learning_rate": c.lr,
-        "lr_scheduler_type": "cosine_with_min_lr",
+        "lr_scheduler_type": _scheduler_type(c.warmup_steps),
         "lr_scheduler_kwargs": {"min_lr": c.min_lr},
         "warmup_steps": c.warmup_steps,
         "optim": "adamw_torch",
@@ -92,13 +92,25 @@ def build(source: Source) -> Export:
             "activation_checkpointing": full,
             "auto_wrap_policy": "TRANSFORMER_BASED_WRAP",
         }
-        block = block_class(c)
-        if isinstance(block, tuple):
-            fsdp_config["transformer_layer_cls_to_wrap"] = [name for _, name in block]
+        blocks = stack_blocks(c)
+        if blocks.classes:
+            fsdp_config["transformer_layer_cls_to_wrap"] = blocks.names
+            if blocks.note:
+                unmapped.append(
+                    f"parallelism fsdp: {blocks.note} in fsdp_config.transformer_layer_cls_to_wrap "
+                    "(or drop the key: the Trainer then wraps a transformers model's "
+                    "_no_split_modules)"
+                )
         else:
             unmapped.append(
-                f"parallelism fsdp: the repeated block to wrap is unknown ({block}); the Trainer "
-                "falls back to the model's _no_split_modules"
+                f"parallelism fsdp: the repeated block to wrap is unknown ({blocks.unknown}); "
+                "the Trainer falls back to the model's _no_split_modules"
+            )
+        if c.precision != "fp32":
+            unmapped.append(
+                f"precision {c.precision} under FSDP: the Trainer's FSDP (Accelerate's plugin) "
+                f"reduces gradients in {c.precision}, advisor in fp32; no TrainingArguments "
+                "key sets the reduce dtype"
             )
         kw["fsdp"] = True
         kw["fsdp_config"] = fsdp_config
@@ -114,6 +126,14 @@ def build(source: Source) -> Export:
         "nn.LayerNorm by type; advisor exempts every parameter with fewer than 2 dimensions "
         "(the same set for the usual Transformer, but not by the same rule)"
     )
+    if c.warmup_steps > 0:
+        unmapped.append(
+            f"warmup_steps {c.warmup_steps}: written as lr_scheduler_type "
+            f"{_scheduler_type(c.warmup_steps)}, whose warm-up is advisor's (lr·(s+1)/"
+            f"{c.warmup_steps} at optimizer step s) but whose cosine runs one step ahead of "
+            "advisor's (it reaches min_lr at the last step); cosine_with_min_lr would keep "
+            "the cosine and start the warm-up at lr 0, one step behind"
+        )
     launch = torchrun_line(source, TRAIN_SCRIPT)
     header = header_lines(source, "hf", unmapped, launch)
     return Export(
@@ -125,6 +145,14 @@ def build(source: Source) -> Export:
         launch=launch,
         sidecar="\n".join(header) + "\n",
     )
+
+
+def _scheduler_type(warmup_steps: int) -> str:
+    """The Trainer's schedule nearest advisor's WarmupCosine (advisor.trainer.schedule): with a
+    warm-up, cosine_warmup_with_min_lr, whose warm-up is advisor's (lr·(s+1)/W; the
+    cosine_with_min_lr warm-up is lr·s/W: lr 0 at the first step), its cosine one step ahead;
+    without one, cosine_with_min_lr, which is advisor's at every step."""
+    return "cosine_warmup_with_min_lr" if warmup_steps > 0 else "cosine_with_min_lr"
 
 
 def read_back(text: str, launch: str | None) -> dict[str, Any]:

@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from advisor.exporters.record import Export
-from advisor.exporters.source import TRAIN_SCRIPT, Source, block_class, torchrun_line
+from advisor.exporters.source import TRAIN_SCRIPT, Source, stack_blocks, torchrun_line
 from advisor.exporters.text import (
     comment_block,
     compile_unmapped,
@@ -54,24 +54,75 @@ def _strategy(source: Source, unmapped: list[str]) -> Any:
         init: dict[str, Any] = {
             "sharding_strategy": "FULL_SHARD" if c.fsdp_reshard_after_forward else "SHARD_GRAD_OP"
         }
-        block = block_class(c)
-        if isinstance(block, tuple):
-            paths = [".".join(cls) for cls in block]
-            init["auto_wrap_policy"] = paths
+        blocks = stack_blocks(c)
+        if blocks.classes:
+            init["auto_wrap_policy"] = blocks.paths
             if c.activation_checkpointing == "full":
-                init["activation_checkpointing_policy"] = list(paths)
+                init["activation_checkpointing_policy"] = blocks.paths
+            if blocks.note:
+                unmapped.append(
+                    f"parallelism fsdp: {blocks.note}, as its import path (module.Class), in "
+                    "FSDPStrategy's auto_wrap_policy"
+                    + (
+                        " and activation_checkpointing_policy"
+                        if c.activation_checkpointing == "full"
+                        else ""
+                    )
+                    + ": a class your model lacks wraps and checkpoints nothing, with no error"
+                )
         else:
             unmapped.append(
-                f"parallelism fsdp: the repeated block is unknown ({block}): pass your block "
-                "class as FSDPStrategy's auto_wrap_policy"
+                f"parallelism fsdp: the repeated block is unknown ({blocks.unknown}): pass your "
+                "block class as FSDPStrategy's auto_wrap_policy"
             )
             if c.activation_checkpointing == "full":
                 unmapped.append(
                     "activation_checkpointing full: pass your block class as FSDPStrategy's "
                     "activation_checkpointing_policy"
                 )
+        unmapped.append(
+            "parallelism fsdp: Lightning's FSDPStrategy is FSDP1 (FullyShardedDataParallel, "
+            "flat parameters); advisor planned and measured FSDP2 (fully_shard), so memory and "
+            "step time can differ from the prediction; Lightning's FSDP2 is ModelParallelStrategy "
+            "with fully_shard applied in configure_model"
+        )
+        if c.precision != "fp32":
+            dtype = "bfloat16" if c.precision == "bf16" else "float16"
+            unmapped.append(
+                f"precision {c.precision} under FSDPStrategy: Lightning reduces gradients in "
+                f"{c.precision}, advisor in fp32; for advisor's, construct the strategy in code "
+                f"with mixed_precision=MixedPrecision(param_dtype=torch.{dtype}, "
+                f"reduce_dtype=torch.float32, buffer_dtype=torch.{dtype}) "
+                "(torch.distributed.fsdp.MixedPrecision; a YAML file cannot hold a torch dtype)"
+            )
+        if not source.on_gpu:
+            unmapped.append(
+                "parallelism fsdp on CPU: Lightning's FSDPStrategy runs on GPUs only (the "
+                "Trainer refuses accelerator 'cpu' with it)"
+            )
         return {"class_path": FSDP, "init_args": init}
     return "auto"
+
+
+def _clipping(source: Source, unmapped: list[str]) -> dict[str, Any]:
+    """The Trainer's clipping: gradient_clip_val with algorithm "norm", but not under
+    FSDPStrategy, whose precision plugin (FSDPPrecision.clip_grad_by_norm) raises at the first
+    optimizer step for "norm": there the user's LightningModule clips through the FSDP root
+    module (lightning 2.6: configure_gradient_clipping is called every step, with
+    gradient_clip_val None when the Trainer has none)."""
+    c = source.config
+    if c.grad_clip <= 0:
+        return {"gradient_clip_val": None}
+    if c.parallelism != "fsdp":
+        return {"gradient_clip_val": c.grad_clip, "gradient_clip_algorithm": "norm"}
+    unmapped.append(
+        f"grad_clip {c.grad_clip:g}: Lightning's FSDPStrategy refuses gradient_clip_algorithm "
+        "'norm' (FSDPPrecision raises at the first optimizer step), so gradient_clip_val is "
+        "null here; clip in your LightningModule: def configure_gradient_clipping(self, "
+        "optimizer, gradient_clip_val=None, gradient_clip_algorithm=None): "
+        f"self.trainer.strategy.model.clip_grad_norm_({c.grad_clip:g})"
+    )
+    return {"gradient_clip_val": None}
 
 
 def build(source: Source) -> Export:
@@ -92,8 +143,7 @@ def build(source: Source) -> Export:
         "strategy": strategy,
         "precision": PRECISION[c.precision],
         "accumulate_grad_batches": c.grad_accum_steps,
-        "gradient_clip_val": c.grad_clip if c.grad_clip > 0 else None,
-        "gradient_clip_algorithm": "norm",
+        **_clipping(source, unmapped),
         "max_steps": source.steps,
     }
     settings = {"seed_everything": c.seed, "trainer": trainer}

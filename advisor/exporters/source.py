@@ -198,6 +198,63 @@ def block_class(config: TrainConfig) -> tuple[tuple[str, str], ...] | str:
     return _block_class(config.model, json.dumps(dict(config.model_args), sort_keys=True))
 
 
+# What an export writes for the block class when the plan's model is one of advisor's own
+# presets, which the user's model is not: FSDP's auto-wrap and checkpointing policies match
+# blocks by class, and a class the user's model lacks makes Accelerate and the HF Trainer raise
+# but Lightning's FSDPStrategy wrap and checkpoint nothing, silently (audit 41, D5).
+PLACEHOLDER_MODULE = "your_model"
+PLACEHOLDER_BLOCK = "YourBlock"
+# The transformers class that plays the part of each advisor preset family's block.
+_TRANSFORMERS_COUNTERPART = {
+    "advisor.models.gpt": "GPT2Block (GPT2LMHeadModel)",
+    "advisor.models.llama": "LlamaDecoderLayer (LlamaForCausalLM)",
+    "advisor.models.bert": "BertLayer (BertForMaskedLM)",
+}
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class StackBlocks:
+    """The block classes an export's FSDP wrap / checkpointing policy names, as (module,
+    name): the model's own when the user's stack can have them (an ``hf:`` model's transformers
+    layer, a user's factory's class), else the placeholder ``your_model.YourBlock``. ``note``:
+    the header line (after "parallelism fsdp: ") that says what to write there; None when the
+    classes are the model's own. ``unknown``: why the blocks could not be found (then
+    ``classes`` is empty)."""
+
+    classes: tuple[tuple[str, str], ...]
+    note: str | None = None
+    unknown: str | None = None
+
+    @property
+    def names(self) -> list[str]:
+        return [name for _, name in self.classes]
+
+    @property
+    def paths(self) -> list[str]:
+        return [".".join(cls) for cls in self.classes]
+
+
+def stack_blocks(config: TrainConfig) -> StackBlocks:
+    """What an export names as the repeated block (see :class:`StackBlocks`)."""
+    found = block_class(config)
+    if isinstance(found, str):
+        return StackBlocks(classes=(), unknown=found)
+    ours = [cls for cls in found if cls[0] == "advisor" or cls[0].startswith("advisor.")]
+    if not ours:
+        return StackBlocks(classes=found)
+    module, name = ours[0]
+    counterpart = _TRANSFORMERS_COUNTERPART.get(module)
+    example = f" (e.g. transformers' {counterpart})" if counterpart else ""
+    return StackBlocks(
+        classes=((PLACEHOLDER_MODULE, PLACEHOLDER_BLOCK),),
+        note=(
+            f"the repeated block of model {config.model} is {module}.{name}, advisor's own "
+            f"class, which your model does not have: replace the placeholder "
+            f"{PLACEHOLDER_BLOCK} with your model's block class{example}"
+        ),
+    )
+
+
 def torchrun_line(source: Source, *program: str) -> str:
     """``torchrun ... PROGRAM``: standalone on one node, else a c10d rendezvous at node 0 with
     each node's rank from ``$NODE_RANK`` (strategies.commands.torchrun_args writes the options)."""

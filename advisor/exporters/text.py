@@ -44,13 +44,19 @@ def header_lines(
         f"planned for: {plan.machine.get('name') or source.device_kind}",
         ("predicted (ESTIMATE): " if p.estimate or plan.estimate else "predicted: ")
         + f"step {fmt.seconds(p.step_time_s)}, {fmt.rate(p.tokens_per_s)}, "
-        f"peak memory {fmt.size(p.peak_memory_bytes)} per rank",
+        f"peak memory {fmt.size(p.peak_memory_bytes)} per rank (process overheads included)",
     ]
     m = plan.measured
     if m is not None and m.ok:
+        # The measured peak is the allocator's (on CPU without the process overhead): set it
+        # beside the prediction's traced peak, the same basis (Validation.memory_error's pair).
+        traced = p.traced_bytes
+        basis = [m.memory_kind] if m.memory_kind else []
+        basis += [f"predicted on this basis {fmt.size(traced)}"] if traced else []
         lines.append(
             f"measured: step {fmt.seconds(m.step_time_s)}, {fmt.rate(m.tokens_per_s)}, "
             f"peak memory {fmt.size(m.peak_memory_bytes)}"
+            + (f" ({'; '.join(basis)})" if basis else "")
             + (f" ({m.device}, {m.visits} visit(s))" if m.device else "")
         )
     else:

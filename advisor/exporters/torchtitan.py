@@ -3,7 +3,9 @@
 torchtitan holds the whole batch arithmetic (local and global batch: it derives the
 accumulation), the layout as data-parallel degrees (replicate = DDP, shard = FSDP2), the
 checkpointing mode, AdamW and a warm-up + cosine schedule with a floor (``min_lr_factor``).
-Its mixed precision is bfloat16 or float32 only: an fp16 plan cannot be expressed and says so.
+Its mixed precision is bfloat16 or float32 only: an fp16 plan is refused (one line naming the
+fix), since a float32 file would need far more memory and time than the fp16 plan's prediction
+that its header would show.
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from advisor.errors import UsageProblem
 from advisor.exporters.record import Export
 from advisor.exporters.source import Source, adam_hyperparameters, torchrun_line
 from advisor.exporters.text import comment_block, header_lines, toml_text, workload_unmapped
@@ -48,11 +51,23 @@ def build(source: Source) -> Export:
     unmapped = workload_unmapped(source, seq_len_mapped=True)
     precision = MIXED_PRECISION.get(c.precision)
     if precision is None:
-        precision = "float32"
+        raise UsageProblem(
+            f"torchtitan has no {c.precision} mixed precision (bfloat16 or float32 only, no loss "
+            "scaling), and the plan's predictions hold for fp16 alone: plan again with "
+            "'advisor recommend --only precision=bf16' (or fp32; in Python "
+            "only={'precision': ['bf16']}) and export that plan, or export this one to hf, "
+            "accelerate, lightning or deepspeed"
+        )
+    unmapped.append(
+        f"model {c.model}: torchtitan trains the model its [model] section names (name and "
+        "flavor of a registered TrainSpec; without one, its own llama3 debugmodel): register "
+        "your model with torchtitan and set [model] name and flavor in this file"
+    )
+    if not source.on_gpu:
         unmapped.append(
-            f"precision {c.precision}: torchtitan's mixed precision is bfloat16 or float32 (no "
-            "fp16, no loss scaling); written as float32: compare bf16 with 'advisor predict "
-            "--precision bf16' before switching"
+            f"parallelism {c.parallelism} on CPU: torchtitan trains on GPUs only (its device "
+            "falls back to cuda), so this plan's machine cannot run the file: re-plan for the "
+            "GPUs with 'advisor recommend --target ...'"
         )
     world = c.world_size
     degrees = {

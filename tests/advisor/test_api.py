@@ -201,7 +201,17 @@ def test_profile_raises_the_cli_message(
     out = tmp_path / "p"
     with pytest.raises(UsageProblem) as caught:
         advisor.profile(**kwargs, comm=False, out=out)
-    assert str(caught.value) == cli_error("profile", *flags, "--no-comm", "--out", str(out))
+    # The same message, naming the keyword argument where the CLI's names its flag.
+    cli = cli_error("profile", *flags, "--no-comm", "--out", str(out))
+    if cli.startswith("--"):
+        for flag, keyword in (
+            ("--model-arg n_layers", "model_args key n_layers"),
+            ("--seq-len 100000", "seq_len=100000"),
+            ("--seq-len", "seq_len"),
+            ("--model-arg", "model_args"),
+        ):
+            cli = cli.replace(flag, keyword)
+    assert str(caught.value) == cli
     assert not (out / "profile.json").exists()
 
 
@@ -382,6 +392,36 @@ def test_train_returns_a_summary_of_its_run(tmp_path: Path) -> None:
     assert again.already_complete and again.steps == 2 and again.config == result.config
 
 
+def test_train_progress_callback_gets_the_step_lines(tmp_path: Path) -> None:
+    """advisor.train(progress=callback) gave the callback nothing (the audit of 2026-12-07: 0
+    messages over 12 steps), though the docstring promises the per-step lines."""
+    lines: list[str] = []
+    advisor.train(TINY, steps=4, out=tmp_path / "run", eval_every=0, progress=lines.append)
+    steps = [line for line in lines if line.startswith("step ")]
+    assert steps and steps[-1].startswith("step 4/4  loss "), lines
+
+
+def test_train_progress_callback_follows_launched_ranks(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A ddp plan's ranks print to their own stderr: the callback gets rank 0's steps from
+    metrics.jsonl as they are written."""
+    config = TINY.replace(parallelism="ddp", world_size=2, micro_batch_size=1)
+    out = tmp_path / "run"
+
+    def fake_launch(spec: Any, args: list[str]) -> None:
+        write_training(out, config, 3, 3)
+
+    monkeypatch.setattr("advisor.launch.launch", fake_launch)
+    lines: list[str] = []
+    advisor.train(config, steps=3, out=out, progress=lines.append)
+    assert [line.split("  ")[0] for line in lines if line.startswith("step ")] == [
+        "step 1",
+        "step 2",
+        "step 3",
+    ], lines
+
+
 def test_train_a_model_class_with_its_arguments(tmp_path: Path) -> None:
     result = advisor.train(
         TINY,
@@ -458,3 +498,56 @@ def test_export_raises_the_cli_message(tmp_path: Path) -> None:
     assert str(caught.value) == cli_error("export", str(missing), "--to", "hf")
     with pytest.raises(UsageProblem, match=r"^unknown export format 'keras': use one of hf, "):
         advisor.export(missing, "keras")
+
+
+def test_export_out_ending_in_a_slash_is_a_new_directory(tmp_path: Path, saved_plan: Plan) -> None:
+    """As the CLI's --out DIR/: a trailing slash names a directory, made if missing."""
+    result = advisor.export(saved_plan, "deepspeed", out=f"{tmp_path / 'newdir'}/")
+    assert (tmp_path / "newdir").is_dir()
+    assert (tmp_path / "newdir" / result.filename).read_text() == result.text
+
+
+def test_export_takes_a_plans_dict_and_refuses_anything_else(saved_plan: Plan) -> None:
+    from_dict = advisor.export(saved_plan.to_dict(), "hf")
+    assert from_dict.settings == advisor.export(saved_plan, "hf").settings
+    with pytest.raises(UsageProblem, match=r"^plan is a mapping but not a plan's to_dict\(\)"):
+        advisor.export({"config": {}}, "hf")
+    with pytest.raises(UsageProblem, match=r"^plan must be a Plan, its to_dict\(\), or the path"):
+        advisor.export(42, "hf")  # type: ignore[arg-type]
+
+
+def test_recommend_steps_is_the_clis_steps(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """--steps N ranks compiled candidates over N steps; steps= does the same."""
+    import advisor.recommending
+
+    seen: list[int] = []
+
+    def fake(source: Any, request: Any, **kwargs: Any) -> None:
+        seen.append(request.run_steps)
+
+    monkeypatch.setattr(advisor.recommending, "recommend", fake)
+    hand_profile().save(tmp_path)
+    advisor.recommend(tmp_path, global_batch_size=8, steps=40)
+    advisor.recommend(tmp_path, global_batch_size=8)
+    assert seen == [40, 300]
+    with pytest.raises(UsageProblem, match=r"^steps must be a positive integer, got 0"):
+        advisor.recommend(tmp_path, global_batch_size=8, steps=0)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"nodes": 2}, "nodes and network plan for hardware you don't have: they need target "),
+        ({"only": {"precisionn": ["bf16"]}}, "only key precisionn: not a knob the search turns"),
+        ({"global_batch_size": "8"}, "global_batch_size must be a positive integer, got '8'"),
+        ({"global_batch_size": 0}, "global_batch_size must be a positive integer, got 0"),
+    ],
+)
+def test_recommend_errors_name_its_keywords_not_cli_flags(
+    kwargs: dict[str, Any], message: str, tmp_path: Path
+) -> None:
+    hand_profile().save(tmp_path)
+    with pytest.raises((UsageProblem, ValueError)) as caught:
+        advisor.recommend(tmp_path, **{"global_batch_size": 8, **kwargs})
+    assert str(caught.value).startswith(message)
+    assert "--" not in str(caught.value).split(":")[0]

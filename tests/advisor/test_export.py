@@ -78,14 +78,17 @@ GAP_KNOB = {
 }
 
 
+def exportable(fmt: str, plan: Plan) -> bool:
+    """torchtitan has no fp16: such a plan is refused (test_torchtitan_refuses_an_fp16_plan)."""
+    return not (fmt == "torchtitan" and plan.config.precision == "fp16")
+
+
 def expected_gaps(fmt: str, plan: Plan) -> set[str]:
     """What each stack cannot express, written out by hand (README's mapping table)."""
     c = plan.config
     gaps = set()
     if fmt in ("accelerate", "lightning"):  # the per-device batch is the DataLoader's
         gaps.add("global_batch_size")
-    if fmt == "torchtitan" and c.precision == "fp16":
-        gaps.add("precision")
     # Only their FSDP plugins take a checkpointing policy.
     full = c.activation_checkpointing == "full"
     if fmt in ("accelerate", "lightning") and full and c.parallelism != "fsdp":
@@ -101,6 +104,8 @@ def plan_values(plan: Plan) -> dict[str, object]:
 @pytest.mark.parametrize("name", sorted(PLANS))
 def test_round_trip_keeps_the_plan_or_names_the_knob(fmt: str, name: str) -> None:
     plan = PLANS[name]
+    if not exportable(fmt, plan):
+        pytest.skip("refused: see test_torchtitan_refuses_an_fp16_plan")
     export = export_plan(plan, fmt)
     back = read_back(fmt, export.text, launch=export.launch)
     assert set(back) == set(READ_BACK_KEYS)
@@ -118,7 +123,7 @@ def test_round_trip_keeps_the_plan_or_names_the_knob(fmt: str, name: str) -> Non
 def test_every_export_states_the_same_global_batch(name: str) -> None:
     plan = PLANS[name]
     c = plan.config
-    for fmt in FORMATS:
+    for fmt in (f for f in FORMATS if exportable(f, plan)):
         export = export_plan(plan, fmt)
         back = read_back(fmt, export.text, launch=export.launch)
         if back["global_batch_size"] is not None:
@@ -186,18 +191,28 @@ def test_fsdp_maps_to_zero_3_and_shard_degree_and_the_block_class() -> None:
     plan = PLANS["fsdp-fp16-2nodes"]
     ds = export_plan(plan, "deepspeed").settings
     assert ds["zero_optimization"]["stage"] == 3
-    assert ds["fp16"]["loss_scale"] == 0  # dynamic loss scaling, as GradScaler
-    titan = export_plan(plan, "torchtitan").settings
+    # advisor's fp16: autocast over fp32 weights, gradients reduced in fp32 (GradScaler: the
+    # engine's own for torch_autocast), not DeepSpeed's "fp16" section, which casts the weights.
+    assert "fp16" not in ds and "bf16" not in ds
+    assert ds["torch_autocast"] == {
+        "enabled": True,
+        "dtype": "float16",
+        "lower_precision_safe_modules": [],
+    }
+    bf16 = dataclasses.replace(plan, config=plan.config.replace(precision="bf16"))
+    titan = export_plan(bf16, "torchtitan").settings
     assert titan["parallelism"] == {
         "data_parallel_replicate_degree": 1,
         "data_parallel_shard_degree": 4,
         "fsdp_reshard_after_forward": "always",  # every block, as advisor's trainer
     }
     assert titan["training"]["dataloader"]["num_workers"] == 3
+    # gpt-tiny's block is advisor's own class, which the user's model does not have: a
+    # placeholder that fails loudly where a stack checks it, and a header line saying so.
     strategy = export_plan(plan, "lightning").settings["trainer"]["strategy"]
-    assert strategy["init_args"]["activation_checkpointing_policy"] == ["advisor.models.gpt.Block"]
+    assert strategy["init_args"]["activation_checkpointing_policy"] == ["your_model.YourBlock"]
     assert export_plan(plan, "hf").settings["fsdp_config"]["transformer_layer_cls_to_wrap"] == [
-        "Block"
+        "YourBlock"
     ]
 
 
@@ -364,3 +379,106 @@ def test_the_header_says_which_file_holds_the_initial_weights_and_how_to_read_it
         "init_from /not/on/this/machine.safetensors: advisor's initial weights; load them "
         "into your model before training (load_state_dict)"
     ]
+
+
+def test_torchtitan_refuses_an_fp16_plan_naming_the_fix() -> None:
+    """torchtitan has no fp16: a float32 file under the fp16 plan's predicted speed and memory
+    (audit 41, D6: 115 GB for a plan predicted at 68 GiB) is refused with the way out."""
+    with pytest.raises(UsageProblem, match=r"^torchtitan has no fp16 .*--only precision=bf16"):
+        export_plan(PLANS["fsdp-fp16-2nodes"], "torchtitan")
+
+
+def test_torchtitan_says_to_set_its_model_and_that_it_needs_a_gpu() -> None:
+    cpu = export_plan(PLANS["ddp-bf16-full"], "torchtitan")
+    assert any("set [model] name and flavor" in u for u in cpu.unmapped)
+    assert any(
+        u.startswith("parallelism ddp on CPU: torchtitan trains on GPUs only") for u in cpu.unmapped
+    )
+    gpu = export_plan(PLANS["fsdp-bf16-golden"], "torchtitan")
+    assert not any("on CPU" in u for u in gpu.unmapped)
+
+
+def test_the_measured_peak_is_set_beside_a_prediction_on_the_same_basis() -> None:
+    """The predicted peak includes the process overheads; the measured one is the allocator's:
+    the header says which is which, and gives the prediction on the measurement's basis."""
+    plan = PLANS["ddp-bf16-full"]
+    header = export_plan(plan, "lightning").text
+    assert "per rank (process overheads included)" in header
+    measured = next(line for line in header.splitlines() if line.startswith("# measured:"))
+    assert plan.measured is not None and plan.measured.memory_kind in measured
+    traced = plan.predicted.traced_bytes
+    if traced:
+        from reports import fmt
+
+        assert f"predicted on this basis {fmt.size(traced)}" in measured
+
+
+def test_accelerate_starts_every_cpu_rank_through_its_multi_process_launcher() -> None:
+    """Accelerate's MULTI_CPU starts one process unless under mpirun (audit 41, D1): a CPU DDP
+    plan takes the torchrun launcher, with ACCELERATE_USE_CPU=true on the launch line."""
+    export = export_plan(PLANS["ddp-bf16-full"], "accelerate")
+    assert export.settings["distributed_type"] == "MULTI_GPU"
+    assert export.settings["use_cpu"] is False and export.settings["num_processes"] == 2
+    assert export.launch is not None and export.launch.startswith("ACCELERATE_USE_CPU=true ")
+    assert any(u.startswith("world_size 2 on CPU:") for u in export.unmapped)
+    single = export_plan(PLANS["single-fp32"], "accelerate")
+    assert single.settings["use_cpu"] is True and single.settings["distributed_type"] == "NO"
+    assert single.launch == "accelerate launch --config_file accelerate_config.yaml train.py"
+
+
+@pytest.mark.parametrize("fmt", ["hf", "accelerate", "lightning"])
+def test_an_advisor_preset_block_is_a_placeholder_the_header_says_to_set(fmt: str) -> None:
+    """advisor's own block class matches nothing in the user's model (Lightning then wraps
+    and checkpoints nothing, silently): the file names a placeholder and the header says
+    what to put there."""
+    plan = PLANS["fsdp-fp16-2nodes"]  # gpt-tiny
+    export = export_plan(plan, fmt)
+    written = json.dumps(export.settings)  # the file's settings, not its header
+    assert "advisor.models" not in written and 'Block"' not in written.replace("YourBlock", "")
+    assert "YourBlock" in written
+    line = next(u for u in export.unmapped if u.startswith("parallelism fsdp: the repeated"))
+    assert "advisor.models.gpt.Block" in line and "GPT2Block" in line
+
+
+@pytest.mark.parametrize("fmt", ["hf", "accelerate", "lightning"])
+def test_an_hf_model_is_wrapped_by_its_transformers_layer_class(fmt: str) -> None:
+    pytest.importorskip("transformers")
+    plan = PLANS["fsdp-fp16-2nodes"]
+    hf_model = "hf:" + str(Path(__file__).resolve().parents[1] / "data" / "hf_tiny_gpt2")
+    plan = dataclasses.replace(plan, config=plan.config.replace(model=hf_model, model_args={}))
+    export = export_plan(plan, fmt)
+    assert "GPT2Block" in export.text and "YourBlock" not in export.text
+    assert not any("YourBlock" in u for u in export.unmapped)
+
+
+def test_fsdp_exports_name_where_gradients_are_reduced_in_16_bits() -> None:
+    """advisor's FSDP reduces gradients in fp32; stacks whose files cannot say so are named."""
+    plan = PLANS["fsdp-fp16-2nodes"]
+    for fmt in ("hf", "accelerate", "lightning"):
+        unmapped = export_plan(plan, fmt).unmapped
+        assert any(
+            u.startswith("precision fp16 under FSDP") and "reduce" in u and "fp32" in u
+            for u in unmapped
+        ), (fmt, unmapped)
+    lightning = export_plan(plan, "lightning").unmapped
+    assert any("FSDP1" in u for u in lightning)
+
+
+def test_lightning_fsdp_leaves_norm_clipping_to_the_module_and_says_how() -> None:
+    plan = PLANS["fsdp-fp16-2nodes"]
+    export = export_plan(plan, "lightning")
+    trainer = export.settings["trainer"]
+    assert trainer["gradient_clip_val"] is None and "gradient_clip_algorithm" not in trainer
+    line = next(u for u in export.unmapped if u.startswith("grad_clip"))
+    assert f"clip_grad_norm_({plan.config.grad_clip:g})" in line
+    ddp = export_plan(PLANS["ddp-bf16-full"], "lightning").settings["trainer"]
+    assert (ddp["gradient_clip_val"], ddp["gradient_clip_algorithm"]) == (1.0, "norm")
+
+
+def test_hf_warm_up_is_advisors_from_the_first_step() -> None:
+    """cosine_with_min_lr trains the first step at lr 0; advisor's warm-up starts at lr/W."""
+    plan = PLANS["ddp-bf16-full"]
+    assert plan.config.warmup_steps > 0
+    assert export_plan(plan, "hf").settings["lr_scheduler_type"] == "cosine_warmup_with_min_lr"
+    flat = dataclasses.replace(plan, config=plan.config.replace(warmup_steps=0))
+    assert export_plan(flat, "hf").settings["lr_scheduler_type"] == "cosine_with_min_lr"

@@ -20,10 +20,21 @@ from typing import Any
 import pytest
 
 from advisor.exporters import Export, export_plan
+from advisor.exporters.source import PLACEHOLDER_BLOCK, PLACEHOLDER_MODULE
 from strategies.plan_records import Plan
-from tests.advisor.test_export import PLANS
+from tests.advisor.test_export import PLANS, exportable
 
 NAMES = sorted(PLANS)
+# What the user writes over the block-class placeholder of an advisor preset's export (the
+# header says to): a class their model has. Here any importable one.
+USER_BLOCK = "torch.nn.Linear"
+
+
+def _user_block(text: str) -> str:
+    """The export's text with the placeholder replaced, as the header asks the user to."""
+    return text.replace(f"{PLACEHOLDER_MODULE}.{PLACEHOLDER_BLOCK}", USER_BLOCK).replace(
+        PLACEHOLDER_BLOCK, USER_BLOCK.rsplit(".", 1)[1]
+    )
 
 
 @pytest.fixture(autouse=True)
@@ -38,8 +49,31 @@ def _keep_environment() -> Iterator[None]:
 
 def _write(tmp_path: Path, export: Export) -> Path:
     path = tmp_path / export.filename
-    path.write_text(export.text)
+    path.write_text(_user_block(export.text))
     return path
+
+
+def _advisor_lrs(plan: Plan, steps: int) -> list[float]:
+    """advisor's own lr at each optimizer step (the trainer's WarmupCosine)."""
+    from advisor.trainer.schedule import WarmupCosine
+
+    c = plan.config
+    schedule = WarmupCosine(c.lr, c.min_lr, c.warmup_steps, steps)
+    return [schedule.lr_at(s) for s in range(steps)]
+
+
+def _stack_lrs(make: Any, lr: float, steps: int) -> list[float]:
+    """The lr each optimizer step trains at under a stack's scheduler (stepped after it)."""
+    import torch
+
+    optimizer = torch.optim.AdamW([torch.nn.Parameter(torch.zeros(2))], lr=lr)
+    scheduler = make(optimizer)
+    lrs = []
+    for _ in range(steps):
+        lrs.append(float(optimizer.param_groups[0]["lr"]))
+        optimizer.step()
+        scheduler.step()
+    return lrs
 
 
 @pytest.mark.parametrize("name", NAMES)
@@ -59,7 +93,7 @@ def test_transformers_training_arguments_construct(
     assert args.per_device_train_batch_size == c.micro_batch_size
     assert args.gradient_accumulation_steps == c.grad_accum_steps
     assert (args.bf16, args.fp16) == (c.precision == "bf16", c.precision == "fp16")
-    assert args.lr_scheduler_type.value == "cosine_with_min_lr"
+    assert args.lr_scheduler_type.value in ("cosine_with_min_lr", "cosine_warmup_with_min_lr")
     assert args.max_steps == 300 and args.warmup_steps == c.warmup_steps
     if c.parallelism == "fsdp":
         assert args.fsdp and args.fsdp_config["version"] == 2
@@ -68,22 +102,26 @@ def test_transformers_training_arguments_construct(
         )
     else:
         assert args.activation_checkpointing == (c.activation_checkpointing == "full")
-    # The Trainer's scheduler from these arguments ends at min_lr, as advisor's does.
-    import torch
+    # The Trainer's scheduler from these arguments: advisor's warm-up step for step (no step
+    # at lr 0), its cosine one step ahead (said in the header), min_lr at the last step.
     from transformers import get_scheduler
 
-    optimizer = torch.optim.AdamW([torch.nn.Parameter(torch.zeros(2))], lr=args.learning_rate)
-    scheduler = get_scheduler(
-        args.lr_scheduler_type,
-        optimizer,
-        num_warmup_steps=args.get_warmup_steps(args.max_steps),
-        num_training_steps=args.max_steps,
-        scheduler_specific_kwargs=args.lr_scheduler_kwargs,
-    )
-    for _ in range(args.max_steps):
-        optimizer.step()
-        scheduler.step()
-    assert optimizer.param_groups[0]["lr"] == pytest.approx(c.min_lr)
+    def make(optimizer: Any) -> Any:
+        return get_scheduler(
+            args.lr_scheduler_type,
+            optimizer,
+            num_warmup_steps=args.get_warmup_steps(args.max_steps),
+            num_training_steps=args.max_steps,
+            scheduler_specific_kwargs=args.lr_scheduler_kwargs,
+        )
+
+    theirs = _stack_lrs(make, args.learning_rate, args.max_steps)
+    ours = _advisor_lrs(plan, args.max_steps)
+    w = c.warmup_steps
+    assert theirs[:w] == pytest.approx(ours[:w], rel=1e-12)
+    assert theirs[w:-1] == pytest.approx(ours[w + 1 :], rel=1e-12)
+    assert theirs[-1] == pytest.approx(c.min_lr)
+    assert min(theirs) > 0
     # Why the header is a sidecar file: the arguments take no extra key.
     with pytest.raises(TypeError):
         training_args.TrainingArguments(**kw, _advisor=["header"])
@@ -133,7 +171,7 @@ def test_lightning_trainer_constructs_with_the_strategy(
     export = export_plan(plan, "lightning")
     settings = yaml.safe_load(export.text)
     assert settings == export.settings  # the file is what the settings say
-    kw: dict[str, Any] = trainer_kwargs(settings)
+    kw: dict[str, Any] = trainer_kwargs(yaml.safe_load(_user_block(export.text)))
     if kw["accelerator"] == "gpu":
         _pretend_gpus(monkeypatch, kw["devices"])
     trainer = lightning.Trainer(
@@ -182,18 +220,29 @@ def test_deepspeed_config_parser_accepts_the_json(
     assert config.gradient_accumulation_steps == c.grad_accum_steps
     assert config.zero_optimization_stage == (3 if c.parallelism == "fsdp" else 0)
     assert config.optimizer_name == "adamw" and config.scheduler_name == "WarmupCosineLR"
-    assert config.bfloat16_config.enabled == (c.precision == "bf16")
-    assert config.float16_config.enabled == (c.precision == "fp16")
-    # The scheduler DeepSpeed builds from "scheduler" runs warm-up then cosine down to min_lr.
+    # advisor's mixed precision is autocast over fp32 weights with gradients reduced in fp32:
+    # DeepSpeed's torch_autocast with no module's parameters communicated in 16 bits, never its
+    # bf16/fp16 sections, which cast the weights.
+    assert not config.bfloat16_config.enabled and not config.float16_config.enabled
+    assert config.torch_autocast_enabled == (c.precision != "fp32")
+    if c.precision != "fp32":
+        dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}[c.precision]
+        assert config.torch_autocast_dtype == dtype
+        assert config.torch_autocast_lower_precision_safe_modules == []
+    # The scheduler DeepSpeed builds from "scheduler": lr 0 at the first step (DeepSpeed's
+    # own), then advisor's warm-up one step late (said in the header), equal from step W + 1.
     from deepspeed.runtime.lr_schedules import WarmupCosineLR
 
     params = config.scheduler_params
-    optimizer = torch.optim.AdamW([torch.nn.Parameter(torch.zeros(2))], lr=c.lr)
-    scheduler = WarmupCosineLR(optimizer, **params)
-    for _ in range(params["total_num_steps"]):
-        optimizer.step()
-        scheduler.step()
-    assert optimizer.param_groups[0]["lr"] == pytest.approx(c.min_lr)
+    steps = params["total_num_steps"]
+    theirs = _stack_lrs(lambda o: WarmupCosineLR(o, **params), c.lr, steps)
+    ours = _advisor_lrs(plan, steps)
+    w = c.warmup_steps
+    assert theirs[0] == 0
+    if w >= 2:
+        assert theirs[1] == pytest.approx(ours[0], rel=1e-12)
+        assert theirs[1 : w + 1] == pytest.approx(ours[:w], rel=1 / w)
+        assert theirs[w + 1 :] == pytest.approx(ours[w + 1 :], rel=1e-12)
     # DeepSpeed's own batch check: a wrong world size is refused.
     with pytest.raises(AssertionError, match="train_batch_size is not equal"):
         ds_config.DeepSpeedConfig(str(path), mpu=_DataParallel(c.world_size * 2 + 1))
@@ -203,6 +252,8 @@ def test_deepspeed_config_parser_accepts_the_json(
 def test_torchtitan_config_manager_parses_the_toml(name: str, tmp_path: Path) -> None:
     manager = pytest.importorskip("torchtitan.config.manager")
     plan = PLANS[name]
+    if not exportable("torchtitan", plan):
+        pytest.skip("torchtitan has no fp16: the export is refused")
     c = plan.config
     path = _write(tmp_path, export_plan(plan, "torchtitan"))
     job = manager.ConfigManager().parse_args(["--job.config_file", str(path)])
@@ -266,7 +317,8 @@ def test_lightning_cli_reads_the_file_as_its_config(
     assert trainer.world_size == c.world_size
     assert trainer.accumulate_grad_batches == c.grad_accum_steps
     assert trainer.max_steps == 300
-    assert trainer.gradient_clip_val == (c.grad_clip or None)
+    # FSDPStrategy refuses norm clipping at the first step: the header says how to clip.
+    assert trainer.gradient_clip_val == (None if c.parallelism == "fsdp" else c.grad_clip or None)
     if c.parallelism == "fsdp":
         checkpointing = trainer.strategy._activation_checkpointing_kwargs
         assert bool(checkpointing) == (c.activation_checkpointing == "full")
@@ -338,10 +390,109 @@ def test_lightning_reads_kept_gathered_blocks_as_shard_grad_op(
     from advisor.exporters.lightning import trainer_kwargs
 
     kw: dict[str, Any] = trainer_kwargs(
-        yaml.safe_load(export_plan(_kept_and_compiled(), "lightning").text)
+        yaml.safe_load(_user_block(export_plan(_kept_and_compiled(), "lightning").text))
     )
     _pretend_gpus(monkeypatch, kw["devices"])
     trainer = lightning.Trainer(
         **kw, logger=False, enable_checkpointing=False, default_root_dir=str(tmp_path)
     )
     assert trainer.strategy.sharding_strategy.name == "SHARD_GRAD_OP"
+
+
+PROBE = """\
+from pathlib import Path
+
+from accelerate import Accelerator
+
+state = Accelerator()
+seen = f"rank {state.process_index} of {state.num_processes} {state.distributed_type}"
+Path(f"rank{state.process_index}.txt").write_text(seen)
+"""
+
+
+def test_accelerate_launch_starts_every_rank_of_a_cpu_ddp_plan(tmp_path: Path) -> None:
+    """audit 41, D1: `accelerate launch` of a MULTI_CPU file started one process (global
+    batch halved). The file and launch line as exported, launched for real on this CPU."""
+    pytest.importorskip("accelerate.commands.launch")
+    import shlex
+    import subprocess
+    import sys
+
+    plan = PLANS["ddp-bf16-full"]
+    export = export_plan(plan, "accelerate")
+    _write(tmp_path, export)
+    (tmp_path / "train.py").write_text(PROBE)
+    assert export.launch is not None
+    words = shlex.split(export.launch)
+    env = dict(os.environ)
+    while "=" in words[0]:  # the launch line's environment (ACCELERATE_USE_CPU=true)
+        key, _, value = words.pop(0).partition("=")
+        env[key] = value
+    assert words[:2] == ["accelerate", "launch"]
+    env["OMP_NUM_THREADS"] = "1"
+    done = subprocess.run(
+        [sys.executable, "-m", "accelerate.commands.launch", *words[2:]],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=240,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    ranks = sorted(path.read_text() for path in tmp_path.glob("rank*.txt"))
+    world = plan.config.world_size
+    assert ranks == [f"rank {r} of {world} DistributedType.MULTI_CPU" for r in range(world)]
+
+
+def test_lightning_fsdp_export_clips_without_the_refused_norm_algorithm(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """audit 41, D2: FSDPPrecision raises at the first optimizer step for gradient_clip_algorithm
+    'norm'. The Trainer built from the export runs Lightning's clipping hook as a step does."""
+    lightning = pytest.importorskip("lightning")
+    yaml = pytest.importorskip("yaml")
+    import torch
+    from lightning.pytorch.plugins.precision.fsdp import FSDPPrecision
+
+    from advisor.exporters.lightning import trainer_kwargs
+
+    export = export_plan(PLANS["fsdp-fp16-2nodes"], "lightning")
+    kw: dict[str, Any] = trainer_kwargs(yaml.safe_load(_user_block(export.text)))
+    _pretend_gpus(monkeypatch, kw["devices"])
+    trainer = lightning.Trainer(
+        **kw, logger=False, enable_checkpointing=False, default_root_dir=str(tmp_path)
+    )
+    assert isinstance(trainer.strategy.precision_plugin, FSDPPrecision)
+    module = lightning.LightningModule()
+    module.trainer = trainer
+    trainer.strategy.connect(module)
+    parameter = torch.nn.Parameter(torch.ones(2))
+    parameter.grad = torch.ones(2)
+    optimizer = torch.optim.AdamW([parameter])
+    # What the precision plugin does before each optimizer step (Precision._after_closure).
+    trainer.strategy.precision_plugin._clip_gradients(
+        module, optimizer, trainer.gradient_clip_val, trainer.gradient_clip_algorithm
+    )
+
+
+def test_lightning_cli_refuses_the_block_placeholder_until_it_is_set(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """An advisor preset's block class would wrap nothing in the user's model, silently; the
+    placeholder stops LightningCLI at once, naming it."""
+    lightning = pytest.importorskip("lightning")
+    pytest.importorskip("jsonargparse")
+    from lightning.pytorch.cli import LightningCLI
+
+    export = export_plan(PLANS["fsdp-bf16-golden"], "lightning")
+    path = tmp_path / export.filename
+    path.write_text(export.text)  # as exported: the placeholder left in
+    _pretend_gpus(monkeypatch, export.settings["trainer"]["devices"])
+    monkeypatch.setattr("sys.argv", ["train.py"])
+
+    class Module(lightning.LightningModule):
+        pass
+
+    with pytest.raises(SystemExit):
+        LightningCLI(Module, run=False, args=["--config", str(path)], save_config_callback=None)

@@ -194,7 +194,9 @@ def test_each_stack_gets_its_own_setting_for_the_kept_blocks() -> None:
     assert export_plan(kept, "hf").settings["fsdp_config"]["reshard_after_forward"] is False
     strategy = export_plan(kept, "lightning").settings["trainer"]["strategy"]
     assert strategy["init_args"]["sharding_strategy"] == "SHARD_GRAD_OP"
-    titan = export_plan(kept, "torchtitan").settings["parallelism"]
+    # torchtitan has no fp16 mixed precision: the same plan in bf16 (an fp16 one is refused).
+    bf16 = dataclasses.replace(kept, config=kept.config.replace(precision="bf16"))
+    titan = export_plan(bf16, "torchtitan").settings["parallelism"]
     assert titan["fsdp_reshard_after_forward"] == "never"
     ds = export_plan(kept, "deepspeed")
     assert ds.settings["zero_optimization"]["stage"] == 2
