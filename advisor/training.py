@@ -110,12 +110,13 @@ def train(
     *,
     launch: LaunchSpec | None = None,
     say: Callable[[str], None] | None = None,
+    planned_for: str | None = None,
 ) -> TrainResult | None:
     """Train ``config`` in this process; or, when it needs ranks (:func:`needs_launch`), run it
     once per rank through torchrun as ``launch`` says (default: one node) and return None (rank
     0 wrote the run's files). ``say`` receives the per-node commands of a multi-node job."""
     options = resumed_options(options)
-    check_host_memory(config, options)
+    check_host_memory(config, options, planned_for=planned_for)
     if needs_launch(config):
         spec = launch or LaunchSpec(world_size=config.world_size)
         with _steps_to(options.on_line, options.out):
@@ -172,7 +173,29 @@ def _steps_to(on_line: Callable[[str], None] | None, out: Path) -> Iterator[None
         thread.join(timeout=5)
 
 
-def check_host_memory(config: TrainConfig, options: RunOptions) -> None:
+def whatif_plan(plan: str | os.PathLike[str] | None) -> str | None:
+    """The hardware a what-if plan (``recommend --target``: ``"estimate": true``) was made for,
+    as its label names it ("8× NVIDIA H100 SXM5 80GB"); None for a plan of this kind of host,
+    a run directory's own plan, or no plan."""
+    if plan is None:
+        return None
+    path = Path(plan)
+    if path.is_dir():
+        path = path / PLAN
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    if not isinstance(data, Mapping) or data.get("estimate") is not True:
+        return None
+    label = str(data.get("label") or "")
+    where = label.removeprefix("ESTIMATE for ").split(":")[0].strip()
+    return where or "other hardware"
+
+
+def check_host_memory(
+    config: TrainConfig, options: RunOptions, *, planned_for: str | None = None
+) -> None:
     """On a CPU, refuse a model whose training state alone exceeds the RAM available, before
     it is built: an 8B model's 128 GB on a 23 GiB host allocated until the allocator gave up
     ("can't allocate memory", no fix named) or the kernel killed a neighbour. ``profile`` and
@@ -203,12 +226,25 @@ def check_host_memory(config: TrainConfig, options: RunOptions) -> None:
         need = state
     if need > available:
         gib = 2**30
+        what = f"{state / gib:.1f} GiB for its fp32 weights, gradients and AdamW state"
+        if config.world_size > 1:
+            # 64 FSDP ranks of a 7B each building the whole fp32 model here read "1707 GiB
+            # for its fp32 weights, gradients and AdamW state" (its state is 100 GiB).
+            build = "the whole state" if config.parallelism == "ddp" else "the whole fp32 model"
+            what += (
+                f", and its {config.world_size} {config.parallelism} ranks each build "
+                f"{build} on this host: {need / gib:.1f} GiB in all"
+            )
+        fix = (
+            f"this plan is a what-if for {planned_for}: run it there, or plan for this host "
+            "with 'advisor recommend' without --target"
+            if planned_for
+            else "plan it for GPUs with 'advisor profile' then 'advisor recommend --target "
+            "GPU', or train a smaller --model-arg here"
+        )
         raise UsageProblem(
-            f"{config.model} has {params / 1e9:.2f}B parameters: training it here needs at "
-            f"least {need / gib:.1f} GiB for its fp32 weights, gradients and AdamW state, and "
-            f"this host has {available / gib:.1f} GiB available: plan it for GPUs with "
-            "'advisor profile' then 'advisor recommend --target GPU', or train a smaller "
-            "--model-arg here"
+            f"{config.model} has {params / 1e9:.2f}B parameters: training it here needs {what}, "
+            f"and this host has {available / gib:.1f} GiB available: {fix}"
         )
 
 

@@ -210,10 +210,16 @@ class SearchRequest:
             raise StrategyError(NETWORK_NEEDS_NODES)
         if self.target is not None:
             world = self.world_size or 1
+            if self.world_size is None and self.nodes > 1:
+                raise StrategyError(
+                    f"--nodes {self.nodes} needs --world-size, the GPUs in all (e.g. "
+                    f"--world-size {8 * self.nodes} for 8 a node)"
+                )
             if world % self.nodes:
                 raise StrategyError(
                     f"world size {world} does not split evenly over {self.nodes} nodes: pick a "
-                    "multiple of --nodes"
+                    f"--world-size that is a multiple of --nodes (e.g. {8 * self.nodes} for 8 a "
+                    "node)"
                 )
         unknown = sorted(
             set(self.config_overrides) - {f.name for f in dataclasses.fields(TrainConfig)}

@@ -73,6 +73,9 @@ MEMORY_BANDWIDTH_EFFICIENCY = 0.8
 LINK_EFFICIENCY = 0.8
 ALPHA_INTRA_NODE_S = 10e-6
 ALPHA_INTER_NODE_S = 20e-6
+# The largest world size among the published runs the what-if is checked against
+# (benchmarks/whatif_published.py: FSDP over 8-128 A100/H100s).
+VALIDATED_MAX_GPUS = 128
 
 # Per process outside the allocator: CUDA context (~0.3-0.6 GiB on Hopper with CUDA 12 lazy
 # module loading), cuBLAS workspaces and NCCL buffers; the upper end of 0.5-1 GiB is taken.
@@ -514,8 +517,19 @@ def one_node_caveat(target: HardwareSpec, world_size: int, nodes: int) -> str:
     """What a what-if assumes when more GPUs than a node usually holds are asked for without
     ``--nodes``: all of them in one node, every collective on its NVLink/PCIe (the 70B and
     Mixtral examples asked for 64 H100s so, and their collectives were priced at NVLink's
-    450 GB/s); "" otherwise."""
-    if nodes > 1 or world_size <= USUAL_GPUS_PER_NODE:
+    450 GB/s), or more per node than that with ``--nodes`` (64 over 2 nodes priced 32 GPUs a
+    node on one NVLink switch without a word until 2026-12-07); "" otherwise."""
+    per_node = world_size // max(nodes, 1)
+    if nodes > 1:
+        if per_node <= USUAL_GPUS_PER_NODE:
+            return ""
+        spread = math.ceil(world_size / USUAL_GPUS_PER_NODE)
+        return (
+            f"{per_node} GPUs assumed in each of the {nodes} nodes, every collective within a "
+            f"node on its links; a node of {target.name} usually holds {USUAL_GPUS_PER_NODE}: "
+            f"pass --nodes {spread} for {spread} nodes"
+        )
+    if world_size <= USUAL_GPUS_PER_NODE:
         return ""
     spread = math.ceil(world_size / USUAL_GPUS_PER_NODE)
     return (
@@ -588,6 +602,12 @@ def whatif_cost_model(profile: Profile, request: SearchRequest) -> tuple[CostMod
     if crowded:
         assumptions.append(crowded)
         label = f"{label}; {crowded}"
+    if world > VALIDATED_MAX_GPUS:
+        assumptions.append(
+            f"{world} GPUs: beyond the published runs this what-if was checked against (8-"
+            f"{VALIDATED_MAX_GPUS} GPUs); each collective is charged one latency, not a ring's "
+            f"{world - 1} steps of it, so small collectives at this scale are priced optimistic"
+        )
     model = CostModel(
         machine=Machine(
             kind="cuda",

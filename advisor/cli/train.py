@@ -20,9 +20,9 @@ from advisor.cli.options import (
     run_options,
     train_output_options,
 )
-from advisor.launch import LaunchSpec
+from advisor.launch import LaunchSpec, under_torchrun
 from advisor.training import default_out as default_out
-from advisor.training import needs_launch, resolve_train_config
+from advisor.training import needs_launch, resolve_train_config, whatif_plan
 from advisor.training import train as run_training
 
 
@@ -77,7 +77,20 @@ def train(**params: Any) -> None:
             node_rank=params["node_rank"],
             rdzv_endpoint=params["rdzv_endpoint"],
         )
-    result = run_training(config, options, launch=spec, say=lambda m: click.echo(m, err=True))
+    planned_for = None if params["resume"] else whatif_plan(params["plan"])
+    if planned_for and not under_torchrun():
+        click.echo(
+            f"note: {params['plan']} is a what-if plan for {planned_for}: its speed and memory "
+            "were predicted there, not here; this trains its layout on this host",
+            err=True,
+        )
+    result = run_training(
+        config,
+        options,
+        launch=spec,
+        say=lambda m: click.echo(m, err=True),
+        planned_for=planned_for,
+    )
     if result is None:
         return  # the ranks trained (torchrun); rank 0 reported for the job
     if os.environ.get("RANK", "0") != "0":

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import numpy as np
@@ -261,7 +262,31 @@ def test_a_model_whose_training_state_exceeds_the_host_is_refused_before_it_is_b
     assert not (tmp_path / "r").exists()
     ddp = ["--parallelism", "ddp", "--world-size", "2", "--model-arg", "n_layer=2"]
     line = one_line_error(train("--model", "gpt-small", *ddp, "--out", str(tmp_path / "d")))
-    assert "needs at least " in line  # each DDP rank holds the whole state
+    # Each DDP rank holds the whole state: said, with what the ranks need in all.
+    assert "and its 2 ddp ranks each build the whole state on this host: " in line
+    # A what-if plan for GPUs trained here: the refusal says so (it asked to plan with
+    # --target, which the user had done).
+    plan = tmp_path / "plan.json"
+    config = {"model": "gpt-small", "model_args": {"n_layer": 2}, "parallelism": "fsdp"}
+    config |= {"world_size": 8, "global_batch_size": 8, "micro_batch_size": 1}
+    plan.write_text(
+        json.dumps(
+            {
+                "estimate": True,
+                "label": "ESTIMATE for 8× NVIDIA H100 SXM5 80GB: memory from …",
+                "config": config,
+            }
+        )
+    )
+    result = train("--plan", str(plan), "--out", str(tmp_path / "w"))
+    assert result.exit_code == 2 and "Traceback" not in result.stderr
+    note, line = result.stderr.splitlines()
+    assert note.startswith("note: ") and "is a what-if plan for 8× NVIDIA H100 SXM5 80GB" in note
+    assert "its 8 fsdp ranks each build the whole fp32 model on this host" in line
+    assert line.endswith(
+        "this plan is a what-if for 8× NVIDIA H100 SXM5 80GB: run it there, or plan for this "
+        "host with 'advisor recommend' without --target"
+    )
     monkeypatch.setattr(profilers.device, "read_host_memory", lambda: (2**35, 2**34))
     ok = train(
         "--model", "gpt-tiny", "--model-arg", "n_layer=1", "--seq-len", "16", tmp_path=tmp_path

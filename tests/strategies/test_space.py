@@ -133,6 +133,10 @@ def test_a_whatif_world_size_must_divide_the_global_batch() -> None:
             "does not split evenly over 2 nodes",
         ),
         (
+            {"global_batch_size": 16, "target": "h100-80gb", "nodes": 2},
+            r"--nodes 2 needs --world-size, the GPUs in all \(e.g. --world-size 16 for 8 a node\)",
+        ),
+        (
             {"global_batch_size": 8, "config_overrides": {"precision": "bf16"}},
             "chosen by the search",
         ),

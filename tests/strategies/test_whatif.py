@@ -161,3 +161,25 @@ def test_more_gpus_than_a_node_holds_without_nodes_says_what_it_assumes() -> Non
     assert not any("assumed in one node" in a for a in model.assumptions)
     node = SearchRequest(global_batch_size=64, world_size=8, target="h100-80gb")
     assert "assumed in one node" not in whatif_cost_model(hand_profile(), node)[1]
+
+
+def test_more_gpus_a_node_than_a_node_holds_with_nodes_says_so() -> None:
+    """64 GPUs over 2 nodes priced 32 a node on one NVLink switch without a word."""
+    crowded = SearchRequest(global_batch_size=64, world_size=64, target="h100-80gb", nodes=2)
+    model, label = whatif_cost_model(hand_profile(), crowded)
+    hint = "32 GPUs assumed in each of the 2 nodes"
+    assert hint in label and "pass --nodes 8 for 8 nodes" in label
+    assert any(hint in a for a in model.assumptions)
+    usual = dataclasses.replace(crowded, nodes=8)
+    assert "GPUs assumed" not in whatif_cost_model(hand_profile(), usual)[1]
+
+
+def test_a_world_beyond_the_validated_runs_says_its_latency_is_not_modelled() -> None:
+    big = SearchRequest(global_batch_size=1024, world_size=1024, target="h100-80gb", nodes=128)
+    model, _ = whatif_cost_model(hand_profile(), big)
+    assert any("beyond the published runs" in a and "1023 steps" in a for a in model.assumptions)
+    small = dataclasses.replace(big, world_size=64, nodes=8, global_batch_size=64)
+    assert not any(
+        "beyond the published runs" in a
+        for a in whatif_cost_model(hand_profile(), small)[0].assumptions
+    )
