@@ -606,6 +606,8 @@ class CostModel:
                 "fp16",
             ):
                 assumptions.append(self._single_device_activations_note(c, windowed))
+            if anchor is None:
+                traced, fsdp = self._from_traced_sibling(c, model, traced, fsdp, assumptions)
             traced, fsdp = self._within_anchors(c, traced, fsdp, assumptions)
         compile_extra = self._compile_extra_bytes(c, assumptions) if c.compile else None
         traced += self.rounding_allowance_bytes + (compile_extra or 0)
@@ -693,6 +695,54 @@ class CostModel:
             return points[b]
         nearest = sorted(points, key=lambda x: (abs(x - b), x))[:2]
         return min(points[x] for x in nearest) if nearest else None
+
+    def _from_traced_sibling(
+        self,
+        c: Candidate,
+        model: MemoryModel,
+        traced: float,
+        fsdp: FsdpMemory,
+        assumptions: list[str],
+    ) -> tuple[float, FsdpMemory]:
+        """An FSDP rank with the loss in chunks, or in fp16, that the profile did not trace,
+        while it traced the same rank with the plain loss (bf16 for fp16): that rank's price
+        plus what one device's peak differs by between the two settings (the logits the chunks
+        save are not sharded; fp16 adds its loss scaler), not the formula from one device,
+        which reads high beside the traced sibling (a 7B over 64 GPUs, ops at micro-batch 4:
+        the 2-chunk rank 70.3 GiB beside the plain loss's traced 65.9). Unchanged otherwise."""
+        if c.loss_chunks > 1:
+            sibling = dataclasses.replace(c, loss_chunks=1)
+            what = f"the loss in {c.loss_chunks} chunks"
+        elif c.precision == "fp16":
+            sibling = dataclasses.replace(c, precision="bf16")
+            what = "fp16"
+        else:
+            return traced, fsdp
+        if self._traced_rank_model(sibling)[0] is None and self.one_rank_trace(sibling) is None:
+            return traced, fsdp
+        single = self._find_memory_model(
+            sibling.precision, sibling.activation_checkpointing, "single", 1, sibling.loss_chunks
+        )
+        if single is None or model.parallelism != "single":
+            return traced, fsdp
+        try:
+            priced = self._memory(sibling, [])
+        except Unpredictable:
+            return traced, fsdp
+        b, accum = c.micro_batch_size, c.grad_accum_steps
+        delta = float(model.predict(b, accum) - single.predict(b, accum))
+        rank = priced.traced_bytes - self.rounding_allowance_bytes + delta
+        assumptions.append(
+            f"FSDP memory of {what}: no rank of it was traced; the traced rank of "
+            f"{'the plain loss' if c.loss_chunks > 1 else 'bf16'} "
+            f"({(rank - delta) / GiB:.2f} GiB) plus what one device's peak differs by "
+            f"({delta / GiB:+.2f} GiB), in place of the formula from one device "
+            f"({traced / GiB:.2f} GiB)"
+        )
+        rest = fsdp.sharded_state_bytes + fsdp.gathered_units_bytes
+        rest += fsdp.reduce_scatter_buffer_bytes
+        terms = dataclasses.replace(fsdp, activation_bytes=int(max(rank - rest, 0.0)))
+        return rank, terms
 
     def _within_anchors(
         self, c: Candidate, traced: float, fsdp: FsdpMemory, assumptions: list[str]
