@@ -1,5 +1,5 @@
 """The Python API on one page: profile a model, pick its fastest config, price it elsewhere,
-export it, train it.
+train it, export it.
 
 Tiny settings, so that it runs in about a minute on a laptop CPU; for a real model drop them
 (the default profile budget is 120 s). In a script keep the calls under
@@ -30,12 +30,14 @@ def main() -> None:
     h100 = advisor.predict(profile, plan, target="h100-80gb")
     print(f"on an H100: {h100.tokens_per_s:,.0f} tokens/s (estimate)")
 
-    # The same config for the Hugging Face Trainer (also: accelerate, lightning, deepspeed,
-    # torchtitan); with out= it is written to runs/quickstart/training_args.json too.
-    hf = advisor.export(plan, "hf", out="runs/quickstart")
-    print("TrainingArguments:", hf.settings)
-
     result = advisor.train(plan, steps=5, out="runs/quickstart/train")
+
+    # The same config for the Hugging Face Trainer (also: accelerate, lightning, deepspeed,
+    # torchtitan); with out= it is written to runs/quickstart/training_args.json too. Exported
+    # from the run directory, its schedule spans the run's own 5 steps (as `advisor export
+    # runs/quickstart` writes); a Plan record carries no run, so export(plan) would span 300.
+    hf = advisor.export("runs/quickstart", "hf", out="runs/quickstart")
+    print("TrainingArguments:", hf.settings)
     print(f"trained {result.steps} steps: loss {result.final_loss:.3f}")
     # The run directory now reads like one of `advisor run`: `advisor report runs/quickstart`
 
