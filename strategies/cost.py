@@ -676,18 +676,15 @@ class CostModel:
         nearest traced sizes' (where the peak moves, fewer live gradients price the rank
         higher). None when no trace of the setting says."""
         points: dict[int, float] = {}
-        for t in self.single_traces:
+        for t in self.single_traces:  # single device, no accumulation (single_device_traces)
             spec = t.spec
             if (
-                spec.parallelism == "single"
-                and spec.grad_accum_steps == 1
-                and spec.micro_batch_size > 0
+                spec.micro_batch_size > 0
                 and spec.precision == c.precision
                 and spec.activation_checkpointing == c.activation_checkpointing
                 and spec.loss_chunks == c.loss_chunks
                 and spec.seq_len == self.seq_len
                 and t.target_device_type == model.target_device_type
-                and t.forward_backward_breakdown is not None
             ):
                 points[spec.micro_batch_size] = float(t.forward_backward_breakdown.gradients)
         b = c.micro_batch_size

@@ -508,6 +508,34 @@ def resolve_target(request: SearchRequest) -> tuple[HardwareSpec, NetworkPreset 
     return target, network
 
 
+# The network a DGX/HGX server of these parts ships with, named in the plan when --network was
+# not given (the default, one NDR port a node, is 8x slower between nodes than their 8 ports).
+SERVER_NETWORKS = {
+    "b200": "ib-ndr-400-x8",
+    "h200": "ib-ndr-400-x8",
+    "h100-sxm": "ib-ndr-400-x8",
+    "a100-sxm-80gb": "ib-hdr-200-x8",
+    "a100-sxm-40gb": "ib-hdr-200-x8",
+}
+
+
+def default_network_caveat(target: HardwareSpec, request: SearchRequest) -> str:
+    """What a multi-node what-if assumes of the network when ``--network`` was not given: one
+    NDR 400 Gb/s port a node, and (for a part that ships in DGX/HGX servers) the ``--network``
+    of those servers' eight ports; "" on one node or with ``--network``."""
+    if request.nodes <= 1 or request.network:
+        return ""
+    default = lookup_network(DEFAULT_NETWORK)
+    text = f"no --network: one {default.name} port a node assumed between nodes"
+    server = SERVER_NETWORKS.get(target.key)
+    if server:
+        text += (
+            f"; a DGX/HGX node of {target.name} has {lookup_network(server).name}: pass "
+            f"--network {server}"
+        )
+    return text
+
+
 # GPUs one node of the table's parts holds in the servers they ship in: an HGX/DGX board's 8
 # (A100, H100, H200, B200 SXM), and a common PCIe server's 8.
 USUAL_GPUS_PER_NODE = 8
@@ -598,6 +626,9 @@ def whatif_cost_model(profile: Profile, request: SearchRequest) -> tuple[CostMod
         + (" (measured on the profiled GPU)" if measured_on_cuda else " (assumed, documented)")
     )
     label = whatif_label(target, world, nodes, network)
+    network_default = default_network_caveat(target, request)
+    if network_default:
+        assumptions.append(network_default)
     crowded = one_node_caveat(target, world, nodes)
     if crowded:
         assumptions.append(crowded)

@@ -183,3 +183,31 @@ def test_a_world_beyond_the_validated_runs_says_its_latency_is_not_modelled() ->
         "beyond the published runs" in a
         for a in whatif_cost_model(hand_profile(), small)[0].assumptions
     )
+
+
+def test_the_default_network_across_nodes_is_named_with_the_servers_own() -> None:
+    """Two H100 nodes without --network were priced on one NDR port a node, 8x less than a
+    DGX/HGX H100 has, without a word: the assumptions name the default and the server's."""
+    request = SearchRequest(global_batch_size=16, world_size=16, target="h100-80gb", nodes=2)
+    model, _ = whatif_cost_model(hand_profile(), request)
+    said = [a for a in model.assumptions if a.startswith("no --network")]
+    assert said == [
+        "no --network: one InfiniBand NDR 400 Gb/s port a node assumed between nodes; a "
+        "DGX/HGX node of NVIDIA H100 SXM5 80GB has 8x InfiniBand NDR 400 Gb/s (DGX H100/H200): "
+        "pass --network ib-ndr-400-x8"
+    ]
+    a100 = dataclasses.replace(request, target="a100-40gb")
+    assert any(
+        "pass --network ib-hdr-200-x8" in a
+        for a in whatif_cost_model(hand_profile(), a100)[0].assumptions
+    )
+    l40s = dataclasses.replace(request, target="l40s")
+    said = [a for a in whatif_cost_model(hand_profile(), l40s)[0].assumptions if "--network" in a]
+    assert said == ["no --network: one InfiniBand NDR 400 Gb/s port a node assumed between nodes"]
+    for quiet in (
+        dataclasses.replace(request, network="ib-ndr-400-x8"),
+        dataclasses.replace(request, world_size=8, nodes=1, global_batch_size=8),
+    ):
+        assert not any(
+            "no --network" in a for a in whatif_cost_model(hand_profile(), quiet)[0].assumptions
+        )
