@@ -274,6 +274,8 @@ class CostModel:
     memory_budget: float
     flops: FlopCount | None = None
     input_tokens_per_s: Mapping[int, float] = field(default_factory=dict)
+    # Said where no loader speed prices a step (input 0 s): why none was measured.
+    input_unmeasured: str = ""
     rounding_allowance_bytes: int = 0
     ddp_bucket_cap_bytes: int = DDP_BUCKET_CAP_BYTES
     assumptions: tuple[str, ...] = ()
@@ -1284,6 +1286,8 @@ class CostModel:
         if not rate:
             if self.input_tokens_per_s:
                 assumptions.append(f"input speed with {c.num_workers} workers not measured: 0 s")
+            elif self.input_unmeasured:
+                assumptions.append(self.input_unmeasured)
             return 0.0, compute_s
         tokens = c.micro_batch_size * c.grad_accum_steps * self.seq_len
         input_s = tokens / rate * share
@@ -1302,6 +1306,19 @@ def input_rates(profile: Profile) -> dict[int, float]:
         if sample.status == "ok" and sample.batches_per_s > 0:
             rates.setdefault(sample.num_workers, []).append(sample.tokens_per_s)
     return {w: statistics.fmean(v) for w, v in rates.items()}
+
+
+def input_unmeasured(profile: Profile) -> str:
+    """Why the profile holds no data-loader speed ("" when it holds one): each step is then
+    priced with no loading time, which the prediction says."""
+    if input_rates(profile):
+        return ""
+    reasons = sorted({row.reason for row in profile.probes if row.probe == "input" and row.reason})
+    why = f" ({'; '.join(reasons)})" if reasons else ""
+    return (
+        f"data loading not measured{why}: priced at 0 s a step; a longer 'advisor profile' "
+        "(--budget-s) times the loader"
+    )
 
 
 def machine_from_profile(profile: Profile) -> Machine:
@@ -1364,6 +1381,7 @@ def cost_model_from_profile(
         memory_budget=memory_budget,
         flops=profile.flops,
         input_tokens_per_s=input_rates(profile),
+        input_unmeasured=input_unmeasured(profile),
         host_load_1m=profile.device.host_load_1m,
         host_cpus=profile.device.cpu.num_usable_cores,
         host_others_share=largest_host_share(profile.throughput),

@@ -625,6 +625,10 @@ def whatif_cost_model(profile: Profile, request: SearchRequest) -> tuple[CostMod
         f"fixed overhead {fixed / GiB:.2f} GiB per process and {fragmentation:.0%} fragmentation"
         + (" (measured on the profiled GPU)" if measured_on_cuda else " (assumed, documented)")
     )
+    assumptions.append(
+        "data loading priced at 0 s a step: the target's hosts were not measured (loading in "
+        "worker processes overlaps a GPU's step; 'advisor profile' on such a host times it)"
+    )
     label = whatif_label(target, world, nodes, network)
     network_default = default_network_caveat(target, request)
     if network_default:

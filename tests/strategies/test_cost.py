@@ -458,6 +458,25 @@ def test_input_loading_adds_in_process_and_overlaps_with_gpu_workers() -> None:
     assert cpu.predict(cand(micro=8, workers=2)).step_time_s == pytest.approx(base + 1 / 400)
 
 
+def test_a_profile_without_a_loader_speed_says_its_steps_load_in_no_time() -> None:
+    """A short profile skips the input probe; its predictions priced loading at 0 s without
+    a word."""
+    from profilers.profile_record import ProbeRow
+
+    skipped = ProbeRow(probe="input", name="input", status="skipped", reason="time budget spent")
+    profile = dataclasses.replace(hand_profile(), probes=(skipped,))
+    prediction = cost_model_from_profile(profile, 0.9).predict(cand(micro=8))
+    assert prediction.breakdown.to_dict()["time"]["input_s"] == 0.0
+    assert (
+        "data loading not measured (time budget spent): priced at 0 s a step; a longer "
+        "'advisor profile' (--budget-s) times the loader"
+    ) in prediction.breakdown.assumptions
+    inputs = [InputSample(num_workers=0, micro_batch_size=8, seq_len=SEQ_LEN, batches_per_s=9.0)]
+    measured = dataclasses.replace(profile, input=tuple(inputs))
+    said = cost_model_from_profile(measured, 0.9).predict(cand(micro=8)).breakdown.assumptions
+    assert not any("data loading" in a for a in said)
+
+
 def test_a_time_fit_with_negative_intercept_stays_positive_below_its_range() -> None:
     fit = line(-0.05, 0.1, xs=(2.0, 8.0))
     assert affine_seconds(fit, 4) == pytest.approx(0.35)

@@ -41,6 +41,9 @@ def test_whatif_predictions_are_labelled_estimates_from_a_roofline_and_datasheet
     p = model.predict(_cand())
     assert p.estimate
     assert any("estimate" in a for a in p.breakdown.to_dict()["assumptions"])
+    # Its steps load in no time: the target's hosts were not measured, and it says so.
+    assert p.breakdown.to_dict()["time"]["input_s"] == 0.0
+    assert any(a.startswith("data loading priced at 0 s") for a in p.breakdown.assumptions)
     h100 = lookup_target("h100-80gb")
     assert isinstance(model.time, RooflineTime)
     time = p.breakdown.to_dict()["time"]
