@@ -76,7 +76,7 @@ class LocalValidator:
         specs = [c.step_spec() for c in configs]
         together = sum(p.budgeted_bytes for p in predictions) <= self.budget_bytes
         say(
-            f"validating {len(configs)} configs on {self.device} "
+            f"validating {len(configs)} config{'' if len(configs) == 1 else 's'} on {self.device} "
             f"({'interleaved' if together else 'one after the other'}, {self.warmup} warm-up + "
             f"{self.rounds} timed steps each)"
         )

@@ -199,8 +199,9 @@ def validate_rounds(
             )
         if busy:
             why.append(f"{len(busy)} measured while others took a busy share of the host")
+        configs_close = f"{len(close)} config{'' if len(close) == 1 else 's'}"
         say(
-            f"validation round {r + 1}/{rounds}: {len(close)} configs within {margin:.0%} of "
+            f"validation round {r + 1}/{rounds}: {configs_close} within {margin:.0%} of "
             "the fastest" + "".join(f" and {w}" for w in why) + ", measuring them again"
         )
         again = route([configs[i] for i in order], [predictions[i] for i in order], validators)
