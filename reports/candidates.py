@@ -7,6 +7,7 @@ predicted breakdowns.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -49,6 +50,7 @@ class TrialRow:
     measured_peak_bytes: float | None
     chosen: bool
     baseline: bool
+    in_space: bool = True  # False: the plan's baseline, shown though the search left it out
 
     @property
     def key(self) -> str:
@@ -99,6 +101,22 @@ def _plan_entries(plan: Mapping[str, Any]) -> list[dict[str, Any]]:
     return rows
 
 
+# strategies.search.evaluate's reason for a candidate over the budget, in GiB to 2 decimals
+_OVER_BUDGET = re.compile(r"needs [0-9.]+ GiB(?P<whose>.*?) > budget [0-9.]+ GiB")
+
+
+def _budget_reason(row: Mapping[str, Any]) -> str:
+    """trials.csv's rejection reason, an over-budget one with its sizes in the page's units:
+    in GiB to two decimals a 2.3 MiB budget (--memory-budget 0.0001) read "budget 0.00 GiB"
+    (audit 42, D17); the row's own byte counts say it exactly."""
+    reason = str(row.get("rejection_reason") or "")
+    needed, budget = num(row.get("predicted_budgeted_bytes")), num(row.get("budget_bytes"))
+    match = _OVER_BUDGET.fullmatch(reason)
+    if match is None or needed is None or budget is None:
+        return reason
+    return f"needs {fmt.size(needed)}{match['whose']} > budget {fmt.size(budget)}"
+
+
 def trial_rows(
     trials: Sequence[Mapping[str, Any]], plan: Mapping[str, Any] | None
 ) -> tuple[TrialRow, ...]:
@@ -118,7 +136,7 @@ def trial_rows(
                 predicted_tokens_per_s=num(r.get("predicted_tokens_per_s")),
                 predicted_step_time_s=num(r.get("predicted_step_time_s")),
                 feasible=bool(r.get("feasible")),
-                rejection_reason=str(r.get("rejection_reason") or ""),
+                rejection_reason=_budget_reason(r),
                 validation_status=str(r.get("validation_status") or ""),
                 measured_tokens_per_s=num(r.get("measured_tokens_per_s")),
                 measured_peak_bytes=num(r.get("measured_peak_memory_bytes")),
@@ -135,7 +153,10 @@ def pareto_front(rows: Sequence[TrialRow]) -> list[TrialRow]:
     feasible = [
         r
         for r in rows
-        if r.feasible and r.predicted_peak_bytes is not None and r.predicted_tokens_per_s
+        if r.feasible
+        and r.in_space  # a baseline the search could not choose is on no frontier of it
+        and r.predicted_peak_bytes is not None
+        and r.predicted_tokens_per_s
     ]
     feasible.sort(key=lambda r: (r.predicted_peak_bytes, -(r.predicted_tokens_per_s or 0.0)))
     front, best = [], -1.0
@@ -274,9 +295,42 @@ def trials_table(rows: Sequence[TrialRow]) -> Table:
     )
 
 
+OUTSIDE_SPACE = (
+    "not a candidate of this search (outside its space): shown as the reference the "
+    "speed-ups are taken against"
+)
+
+
+def baseline_row(plan: Mapping[str, Any] | None, rows: Sequence[TrialRow]) -> TrialRow | None:
+    """The plan's naive fp32 baseline as a row, when no trial is it: a search whose space
+    leaves it out (--world-size 8 of a what-if, --only ...) still takes its speed-ups against
+    it, and the Memory section draws it (audit 42, D9: the table had no row of it)."""
+    baseline = mapping(mapping(plan).get("baseline"))
+    c, p = candidate(baseline.get("config")), prediction(baseline.get("predicted"))
+    if c is None or p is None or any(same_candidate(r.candidate, c) for r in rows):
+        return None
+    measured = mapping(ok_measurement(baseline.get("measured")))
+    return TrialRow(
+        trial=None,
+        candidate=c,
+        predicted_peak_bytes=float(p.peak_memory_bytes),
+        predicted_tokens_per_s=p.tokens_per_s,
+        predicted_step_time_s=p.step_time_s,
+        feasible=bool(p.fits),
+        rejection_reason=OUTSIDE_SPACE,
+        validation_status=str(mapping(baseline.get("measured")).get("status") or ""),
+        measured_tokens_per_s=num(measured.get("tokens_per_s")),
+        measured_peak_bytes=num(measured.get("peak_memory_bytes")),
+        chosen=False,
+        baseline=True,
+        in_space=False,
+    )
+
+
 def candidates_section(
     trials: Sequence[Mapping[str, Any]], plan: Mapping[str, Any] | None
 ) -> tuple[Section, tuple[TrialRow, ...]]:
+    """The section and its rows: every trial, then the baseline when it is no trial."""
     rows = trial_rows(trials, plan)
     if not rows:
         return (
@@ -289,7 +343,11 @@ def candidates_section(
             (),
         )
     budget = num(mapping(mapping(plan).get("predicted")).get("budget_bytes")) if plan else None
-    chart = pareto_chart(rows, budget)
+    # a search that chose nothing: its rows' own (trials.csv's budget_bytes)
+    budget = budget or next((b for r in trials if (b := num(r.get("budget_bytes")))), None)
+    outside = baseline_row(plan, rows)
+    shown = (*rows, outside) if outside is not None else rows
+    chart = pareto_chart(shown, budget)
     search = mapping(mapping(plan).get("search")) if plan else {}
     num_feasible = sum(r.feasible for r in rows)
     # the plan's; a search that chose nothing has its trials' own (each row's candidate)
@@ -297,10 +355,15 @@ def candidates_section(
     gbs = gbs or next((r.candidate.global_batch_size for r in rows), "?")
     lead = [
         f"{len(rows)} candidates at global batch {gbs}"
-        f": {num_feasible} fit the budget, "
+        f": {num_feasible} fit the budget" + (f" of {fmt.size(budget)}" if budget else "") + ", "
         f"{sum(r.predicted_peak_bytes is not None and not r.feasible for r in rows)} are over "
         f"it, {sum(r.predicted_peak_bytes is None for r in rows)} could not be predicted."
     ]
+    if outside is not None:
+        lead.append(
+            f"The naive fp32 baseline ({outside.candidate.label()}) is not in the search's "
+            "space; its row is added for reference, and counted in none of these numbers."
+        )
     if search.get("mode"):
         how = SEARCH_MODES.get(str(search.get("mode")), str(search.get("mode")))
         lead.append(
@@ -313,9 +376,9 @@ def candidates_section(
             title="Candidates",
             lead=tuple(lead),
             charts=nonempty([chart]),
-            tables=(trials_table(rows),),
+            tables=(trials_table(shown),),
         ),
-        rows,
+        tuple(shown),
     )
 
 

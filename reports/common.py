@@ -89,3 +89,27 @@ def setting_differences(planned: Mapping[str, Any], trained: Mapping[str, Any]) 
 
 def _plain(value: Any) -> str:
     return "none" if value is None else f"{value:g}" if isinstance(value, float) else str(value)
+
+
+def whatif_target(plan: Mapping[str, Any] | None) -> str:
+    """The hardware a what-if plan (``recommend --target``: ``"estimate": true``) was made for,
+    as its label names it ("8× NVIDIA H100 SXM5 80GB"); "" for a plan of the profiled host."""
+    plan = mapping(plan)
+    if plan.get("estimate") is not True:
+        return ""
+    label = str(plan.get("label") or "")
+    where = label.removeprefix("ESTIMATE for ").split(":")[0].strip()
+    return where or str(mapping(plan.get("machine")).get("name") or "other hardware")
+
+
+def trained_elsewhere(
+    plan: Mapping[str, Any] | None, train_config: Mapping[str, Any] | None
+) -> bool:
+    """Whether a training run of a what-if plan ran on another kind of device than the plan's
+    target (``advisor train --plan`` of an H100 plan on this CPU): its measurements are then
+    of this host, and no prediction of the plan describes them."""
+    if not whatif_target(plan):
+        return False
+    target = str(mapping(mapping(plan).get("machine")).get("kind") or "cuda")
+    device = str(mapping(train_config).get("device") or "").split(":")[0]
+    return device != target

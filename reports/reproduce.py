@@ -12,7 +12,7 @@ from typing import Any
 
 from profilers.defaults import DEFAULT_MEMORY_BUDGET
 from profilers.rundir import PLAN, PROFILE, RunDir
-from reports.common import mapping, setting_differences
+from reports.common import mapping, setting_differences, whatif_target
 from reports.fmt import count as fmt_count
 from reports.fmt import num
 from reports.model import CodeBlock, Section, Table, cell
@@ -46,6 +46,8 @@ class Commands:
     # (``overrides``: "lr 1e+30 (the plan's 0.001)" ...)
     trained_flags: str = ""
     overrides: tuple[str, ...] = ()
+    target: str = ""  # a what-if plan's hardware ("8× NVIDIA H100 SXM5 80GB"), else ""
+    nodes: int = 1  # the machines a what-if plan spreads its ranks over
 
 
 def _workload(run: RunFiles) -> dict[str, Any]:
@@ -76,8 +78,14 @@ def _with_workload(name: str, w: Mapping[str, Any]) -> Command:
     )
 
 
-def _torchrun(world: int, train_args: list[str]) -> tuple[str, ...]:
-    """The training launched by hand: one node, and two nodes when the ranks split evenly."""
+def _torchrun(world: int, train_args: list[str], nodes: int = 1) -> tuple[str, ...]:
+    """The training launched by hand: one node, and two nodes when the ranks split evenly; a
+    plan over ``nodes`` machines (a what-if's --nodes) on those machines only."""
+    if nodes > 1 and world % nodes == 0:
+        spread = torchrun_args(
+            world // nodes, nnodes=nodes, node_rank="R", rdzv_endpoint="NODE0_HOST:29500"
+        )
+        return (torchrun_command(spread, train_args),)
     out = [torchrun_command(torchrun_args(world), train_args)]
     if world > 1 and world % 2 == 0:
         two_nodes = torchrun_args(
@@ -126,6 +134,8 @@ def commands(run: RunFiles) -> Commands:
     gbs = config.get("global_batch_size") or request.get("global_batch_size")
     gbs = gbs or DEFAULT_GLOBAL_BATCH_SIZE
     recorded = info.get("command")
+    target = whatif_target(plan)
+    nodes = int(num(request.get("nodes")) or 1) if target else 1
     if isinstance(recorded, list) and recorded:
         whole = shlex.join([str(a) for a in recorded])
     else:
@@ -161,6 +171,10 @@ def commands(run: RunFiles) -> Commands:
         .repeated("only", only_args(read_recorded(request.get("only")) or {}))
         .option("validate_top", asked.get("validate_top"), default=DEFAULT_VALIDATE_TOP_K)
         .option("validate_rounds", asked.get("validate_rounds"), default=DEFAULT_VALIDATE_ROUNDS)
+        # A what-if's hardware: without it the line planned for this host (audit 42).
+        .option("target", request.get("target") or None)
+        .option("nodes", request.get("nodes"), default=1)
+        .option("network", request.get("network") or None)
     )
     recorded_tune = mapping(run.tuning).get("command")
     tune = ""
@@ -205,19 +219,32 @@ def commands(run: RunFiles) -> Commands:
     # A training run alone (advisor train --model ... --out): its own command is the recipe;
     # a profile and a plan it never read are no steps of it (audit 41, D11f).
     alone = not planned_run and run.profile is None
+    profile_line = profile.option("out", profile_file.parent).shell()
+    recommend_line = recommend.option("out", plan_dir).shell()
+    train_line = train.shell()
+    if nodes > 1:
+        # one line a node, as advisor train takes a multi-node job (R: the node's rank)
+        train_line += " " + shlex.join(
+            ["--nnodes", str(nodes), "--node-rank", "R", "--rdzv-endpoint", "NODE0_HOST:29500"]
+        )
+    if target and not (isinstance(recorded, list) and recorded):
+        # advisor run plans for this host: a what-if is its profile and recommend --target.
+        whole = profile_line + "\n" + recommend_line
     return Commands(
         run=whole,
         steps=(train.shell(),)
         if alone
         else (
-            profile.option("out", profile_file.parent).shell(),
-            recommend.option("out", plan_dir).shell(),
+            profile_line,
+            recommend_line,
             *((tune,) if tune else ()),
-            train.shell(),
+            train_line,
         ),
         train_flags=explicit.shell(),
-        torchrun=_torchrun(int(num(config.get("world_size")) or 1), train.args()),
+        torchrun=_torchrun(int(num(config.get("world_size")) or 1), train.args(), nodes),
         tune=tune,
+        target=target,
+        nodes=nodes,
         world_size=int(num(config.get("world_size")) or 1),
         trained_flags=as_trained.shell() if as_trained is not None else "",
         overrides=overrides,
@@ -256,14 +283,18 @@ def reproduce_section(run: RunFiles) -> tuple[Section, Commands]:
             f"were {study['steps_per_trial']} steps ({fmt_count(study.get('tokens_per_trial'))} "
             "tokens): the 'advisor tune' line of Step by step repeats the study as it ran."
         )
+    whole_title = (
+        "The whole job again (profile → recommend → "
+        + ("tune → " if c.tune else "")
+        + "train → report)"
+    )
+    if c.target:
+        whole_title = (
+            f"The what-if again: profile this host, then plan for {c.target} (advisor run "
+            "plans for the host it runs on)"
+        )
     blocks = [
-        CodeBlock(
-            title="The whole job again (profile → recommend → "
-            + ("tune → " if c.tune else "")
-            + "train → report)",
-            text=c.run,
-            hint=whole_hint,
-        ),
+        CodeBlock(title=whole_title, text=c.run, hint=whole_hint),
         CodeBlock(
             title="Step by step",
             text="\n".join(c.steps),
@@ -271,7 +302,13 @@ def reproduce_section(run: RunFiles) -> tuple[Section, Commands]:
             # refused, as this hint said until 2026-12-07), orphaning the plan.
             hint="Each writes where this run did, over its files ('advisor profile' replaces "
             "the profile its plan was made from): give each a new --out, and the next its "
-            "new paths, to keep this run.",
+            "new paths, to keep this run."
+            + (
+                f" The train line is for {c.target}: run it there (on this host it trains "
+                "the same layout at this host's speed)."
+                if c.target
+                else ""
+            ),
         ),
     ]
     if (has_plan or run.train_config) and c.steps != (c.train_flags,):
@@ -293,10 +330,12 @@ def reproduce_section(run: RunFiles) -> tuple[Section, Commands]:
             )
         )
     if has_plan or c.world_size > 1:  # a ddp/fsdp run trained without a plan too
+        launch = "single node" + (", then each of two nodes" if len(c.torchrun) > 1 else "")
+        if c.nodes > 1:
+            launch = f"on each of the plan's {c.nodes} nodes, R its rank"
         blocks.append(
             CodeBlock(
-                title="Through torchrun (single node"
-                + (", then each of two nodes)" if len(c.torchrun) > 1 else ")"),
+                title=f"Through torchrun ({launch})",
                 text="\n".join(c.torchrun),
                 hint="advisor train launches torchrun itself for ddp/fsdp plans; these are the "
                 "same jobs launched by hand.",

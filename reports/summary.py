@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import reports.fmt as fmt
+from reports.candidates import TrialRow
 from reports.common import (
     candidate,
     mapping,
@@ -14,11 +15,12 @@ from reports.common import (
     plan_candidate,
     same_candidate,
     setting_differences,
+    whatif_target,
 )
 from reports.common import prediction as read_prediction
 from reports.fmt import num
 from reports.model import Fact, Section, Table, cell, num_cell
-from reports.training import MEMORY_KINDS, TrainingStats, diverged_sentence
+from reports.training import MEMORY_KINDS, TrainingStats, diverged_sentence, steps_text
 
 KNOB_PREFIXES = (
     "precision ",
@@ -43,6 +45,7 @@ class Summary:
     reasons: tuple[str, ...]  # the top ones, plain sentences
     notes: tuple[str, ...]  # everything else the plan says
     estimate_label: str = ""
+    trained_elsewhere: str = ""  # the device a what-if plan trained on instead of its target
 
 
 def split_reasons(reasons: Sequence[str]) -> tuple[list[str], list[str]]:
@@ -92,14 +95,33 @@ def _headline(
     baseline_measured: float | None,
     stats: TrainingStats | None,
     summary: dict[str, Any],
+    elsewhere: str = "",
 ) -> list[str]:
+    """``elsewhere``: the device a what-if plan's training ran on instead of its target."""
     config = mapping(plan.get("config"))
-    out = [
+    target = whatif_target(plan)
+    use = (
         f"Use {plain_label(config)} for {config.get('model', '?')} at a global batch of "
         f"{config.get('global_batch_size', '?')} sequences of {config.get('seq_len', '?')} tokens."
-    ]
+    )
+    if target:
+        # A what-if plan was made for hardware this host is not: nothing of it ran there.
+        use = (
+            f"What-if for {target}, which this plan was never run on: "
+            + use[0].lower()
+            + use[1:]
+            + " Every number of this plan is a prediction for that hardware; the profile's "
+            "measurements (Device and model) are of the host that profiled."
+        )
+    out = [use]
     measured, expected = summary["measured_speedup"], summary["expected_speedup"]
-    if summary["measured_tokens_per_s"] is not None:
+    if target and summary["predicted_tokens_per_s"] is not None:
+        text = f"It is predicted to run at {fmt.rate(summary['predicted_tokens_per_s'])} there"
+        if expected is not None:
+            one = mapping(plan.get("machine")).get("name") or "device"
+            text += f", {fmt.ratio(expected)} the naive fp32 loop on one {one} (also predicted)"
+        out.append(text + ".")
+    elif summary["measured_tokens_per_s"] is not None:
         text = f"It measured {fmt.rate(summary['measured_tokens_per_s'])} in validation"
         if measured is not None:
             text += f", {fmt.ratio(measured)} the naive fp32 loop ({fmt.rate(baseline_measured)})"
@@ -147,8 +169,15 @@ def _headline(
         unfinished = (
             " (unfinished: see Training)" if stats.total_steps and not stats.complete else ""
         )
-        text += f" steps{unfinished} at a median {fmt.rate(stats.median_tokens_per_s)}"
-        if stats.first_loss is not None and stats.last_loss is not None:
+        text += " step" if stats.steps == 1 else " steps"
+        if elsewhere:
+            text += f"{unfinished} on this host ({elsewhere}), not on {target},"
+        else:
+            text += unfinished
+        text += f" at a median {stats.rate_text()}"
+        if stats.last_loss is not None and stats.steps <= 1:
+            text += f"; loss {stats.last_loss:.2f}"
+        elif stats.first_loss is not None and stats.last_loss is not None:
             text += f"; loss {stats.first_loss:.2f} → {stats.last_loss:.2f}"
         if stats.last_eval_loss is not None:
             text += f" (eval {stats.last_eval_loss:.2f})"
@@ -156,13 +185,20 @@ def _headline(
     return out
 
 
-def build_summary(plan: Mapping[str, Any] | None, stats: TrainingStats | None) -> Summary | None:
+def build_summary(
+    plan: Mapping[str, Any] | None, stats: TrainingStats | None, elsewhere: str = ""
+) -> Summary | None:
+    """``elsewhere``: the device (e.g. "cpu") a what-if plan's training ran on instead of its
+    target; its speed then describes this host, not the plan."""
     if not plan:
         return None
     baseline = mapping(plan.get("baseline"))
     baseline_measured = num(mapping(ok_measurement(baseline.get("measured"))).get("tokens_per_s"))
     measured = ok_measurement(plan.get("measured"))
-    training_tps = stats.median_tokens_per_s if stats else None
+    # no speed-up from a run too short to leave its warm-up step out, nor from this host's
+    # training of a what-if plan
+    steady = stats is not None and not stats.warmup_included and not elsewhere
+    training_tps = stats.median_tokens_per_s if stats and steady else None
     if same_candidate(candidate(baseline.get("config")), plan_candidate(plan)):
         # The chosen config is the naive loop: a "speed-up" of its training over its own
         # validation is the host's load, not the config (audit 41, D10).
@@ -179,22 +215,27 @@ def build_summary(plan: Mapping[str, Any] | None, stats: TrainingStats | None) -
     }
     top, notes = split_reasons(plan.get("reasons") or ())
     return Summary(
-        headline=tuple(_headline(plan, baseline_measured, stats, values)),
+        headline=tuple(_headline(plan, baseline_measured, stats, values, elsewhere)),
         config=dict(mapping(plan.get("config"))),
         reasons=tuple(top),
         notes=tuple(notes),
         estimate_label=str(plan.get("label") or "") if plan.get("estimate") else "",
+        trained_elsewhere=elsewhere,
         **values,
     )
 
 
-def _comparison(plan: Mapping[str, Any], stats: TrainingStats | None) -> Table:
+def _comparison(plan: Mapping[str, Any], stats: TrainingStats | None, elsewhere: str = "") -> Table:
     p = mapping(plan.get("predicted"))
     predicted = read_prediction(p)
     traced = predicted.traced_bytes if predicted is not None else None
     rows = [
         (
-            cell("predicted (cost model)"),
+            cell(
+                f"predicted for {target} (cost model)"
+                if (target := whatif_target(plan))
+                else "predicted (cost model)"
+            ),
             num_cell(
                 fmt.with_interval(
                     fmt.rate,
@@ -248,9 +289,15 @@ def _comparison(plan: Mapping[str, Any], stats: TrainingStats | None) -> Table:
             )
         )
     if stats is not None:
+        warm = ", warm-up included" if stats.warmup_included else ""
         rows.append(
             (
-                cell(f"measured (training, {stats.steps} steps)"),
+                cell(
+                    f"measured on this host ({elsewhere}), not the target (training, "
+                    f"{steps_text(stats.steps)}{warm})"
+                    if elsewhere
+                    else f"measured (training, {steps_text(stats.steps)}{warm})"
+                ),
                 num_cell(fmt.rate(stats.median_tokens_per_s), stats.median_tokens_per_s),
                 num_cell(fmt.seconds(stats.median_step_time_s), stats.median_step_time_s),
                 num_cell(fmt.size(stats.peak_memory_bytes), stats.peak_memory_bytes),
@@ -287,9 +334,11 @@ def summary_section(
     has_profile: bool,
     tuned: Mapping[str, Any] | None = None,
     trained: Mapping[str, Any] | None = None,
+    searched: Sequence[TrialRow] = (),
 ) -> Section:
     """``tuned``: the tuned plan's config (advisor tune), whose optimizer the run trains;
-    ``trained``: train_config.json's config, what the training run actually used."""
+    ``trained``: train_config.json's config, what the training run actually used;
+    ``searched``: the Candidates rows (trials.csv), which a search that chose nothing leaves."""
     if summary is None or not plan:
         note = (
             "Profiled, but no recommendation yet: run 'advisor recommend --profile "
@@ -298,6 +347,8 @@ def summary_section(
             if has_profile
             else "No recommendation yet."
         )
+        if searched:
+            note = _nothing_chosen(searched)
         return Section(id="summary", title="Summary", note=note)
     config = summary.config
     speedups = []
@@ -376,10 +427,30 @@ def summary_section(
         title="Summary",
         lead=lead,
         facts=tuple(facts),
-        tables=(_comparison(plan, stats),),
+        tables=(_comparison(plan, stats, summary.trained_elsewhere),),
         bullets=summary.reasons,
         details_title="Everything the search noted" if summary.notes else "",
         details=summary.notes,
+    )
+
+
+def _nothing_chosen(rows: Sequence[TrialRow]) -> str:
+    """What a search that chose nothing found (it wrote trials.csv, no plan.json): it said
+    "no recommendation yet: run 'advisor recommend'", the command that had just failed."""
+    priced = [r for r in rows if r.predicted_peak_bytes is not None]
+    text = f"The search chose nothing: none of its {len(rows)} candidates fits the budget"
+    if priced:
+        smallest = min(priced, key=lambda r: r.predicted_peak_bytes or 0.0)
+        text += (
+            f"; the smallest it could price ({smallest.label}) needs "
+            f"{fmt.size(smallest.predicted_peak_bytes)} a rank"
+        )
+    unpriced = len(rows) - len(priced)
+    if unpriced:
+        text += f"; {unpriced} could not be priced"
+    return (
+        text + ". Candidates gives each one's reason; 'advisor recommend' says which flag "
+        "would help (a larger --memory-budget, a longer profile --budget-s ...)."
     )
 
 

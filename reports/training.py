@@ -20,6 +20,8 @@ from reports.common import (
     same_candidate,
     setting_differences,
     steady_state,
+    trained_elsewhere,
+    whatif_target,
 )
 from reports.fmt import GiB, MiB, num
 from reports.model import Fact, Section
@@ -52,10 +54,32 @@ class TrainingStats:
     num_checkpoints: int
     # The step whose loss became NaN/inf: the trainer logs it (loss not finite) and stops.
     diverged_step: int | None = None
+    # Timed steps, and how many of them the medians keep (all of a run of 3 steps or fewer:
+    # then they include the warm-up step, which pays for allocation and lazy initialisation).
+    timed_steps: int = 0
+    steady_steps: int = 0
 
     @property
     def complete(self) -> bool:
         return self.total_steps is not None and self.steps >= self.total_steps
+
+    @property
+    def warmup_included(self) -> bool:
+        """Whether the medians include the warm-up step: too short a run to leave it out, so
+        they are no steady rate to hold a prediction against (audit 42, D17)."""
+        return self.timed_steps > 0 and self.steady_steps >= self.timed_steps
+
+    def rate_text(self) -> str:
+        """The median throughput as the page gives it: with what it includes when the run was
+        too short for a steady rate."""
+        text = fmt.rate(self.median_tokens_per_s)
+        if self.median_tokens_per_s is not None and self.warmup_included:
+            text += f" ({steps_text(self.timed_steps)}, warm-up included)"
+        return text
+
+
+def steps_text(n: int) -> str:
+    return "1 step" if n == 1 else f"{n} steps"
 
 
 def diverged_step(run: RunFiles) -> int | None:
@@ -96,7 +120,10 @@ def training_stats(run: RunFiles) -> TrainingStats | None:
     memory = [r.peak_memory_bytes for r in train if r.peak_memory_bytes is not None]
     checkpoints = len(TrainDir(run.train_dir).checkpoint_dirs()) if run.train_dir else 0
     total = num(mapping(run.train_config).get("total_steps"))
+    timed = [v for r in train if (v := num(r.tokens_per_s)) is not None]
     return TrainingStats(
+        timed_steps=len(timed),
+        steady_steps=len(steady_state(train, "tokens_per_s")),
         steps=last.step or len(train),
         total_steps=int(total) if total is not None else None,
         tokens=last.tokens or 0,
@@ -148,11 +175,16 @@ def _trained_plan(
 
 
 def training_validation(
-    stats: TrainingStats | None, plan: Mapping[str, Any] | None, config: Mapping[str, Any]
+    stats: TrainingStats | None,
+    plan: Mapping[str, Any] | None,
+    config: Mapping[str, Any],
+    *,
+    steady_only: bool = True,
 ) -> ValidationRow | None:
-    """The training run as one more measurement of the plan's config (when it ran that config)."""
+    """The training run as one more measurement of the plan's config (when it ran that config;
+    with ``steady_only``, when it ran long enough for its medians to leave the warm-up out)."""
     trained = _trained_plan(plan, config) if stats is not None else None
-    if stats is None or trained is None:
+    if stats is None or trained is None or (steady_only and stats.warmup_included):
         return None
     c, p = trained
     return ValidationRow(
@@ -323,6 +355,17 @@ def _steps_hint(stats: TrainingStats) -> str:
     return "" if stats.complete or stats.total_steps is None else "incomplete: resume it"
 
 
+def _loss_text(stats: TrainingStats) -> str:
+    """First → last train loss; one value for a run of one logged step (it read
+    "5.560 → 5.560")."""
+    first, last = stats.first_loss, stats.last_loss
+    if first is None or last is None:
+        return fmt.DASH
+    if stats.steps <= 1:
+        return f"{last:.3f} (one step)"
+    return f"{first:.3f} → {last:.3f}"
+
+
 def _facts(stats: TrainingStats, data: Any) -> tuple[Fact, ...]:
     facts = [
         Fact(
@@ -331,20 +374,17 @@ def _facts(stats: TrainingStats, data: Any) -> tuple[Fact, ...]:
             hint=_steps_hint(stats),
         ),
         Fact(label="tokens", value=fmt.count(stats.tokens)),
-        Fact(
-            label="loss",
-            value=f"{stats.first_loss:.3f} → {stats.last_loss:.3f}"
-            if stats.first_loss is not None and stats.last_loss is not None
-            else fmt.DASH,
-        ),
+        Fact(label="loss", value=_loss_text(stats)),
         Fact(
             label="eval loss",
             value=f"{stats.last_eval_loss:.3f}" if stats.last_eval_loss is not None else fmt.DASH,
         ),
         Fact(
             label="median throughput",
-            value=fmt.rate(stats.median_tokens_per_s),
-            hint="after warm-up",
+            value=stats.rate_text(),
+            hint="too few steps to leave the warm-up step out: no steady rate"
+            if stats.warmup_included
+            else "after warm-up",
         ),
         Fact(
             label="peak memory",
@@ -398,6 +438,7 @@ def trained_differences(plan: Mapping[str, Any] | None, run: RunFiles) -> tuple[
 def training_section(
     run: RunFiles, plan: Mapping[str, Any] | None, stats: TrainingStats | None
 ) -> Section:
+    target = whatif_target(plan)
     if stats is None:
         plan_file = TUNED_PLAN if run.tuned_plan is not None else PLAN
         note = (
@@ -406,16 +447,27 @@ def training_section(
             if plan
             else "No training yet."
         )
+        if target:
+            # 'advisor run --resume' plans for this host, and training here measures this host.
+            note = (
+                f"No training: this is a what-if plan for {target}. Train it there with "
+                f"'advisor train --plan RUN/{plan_file} --out RUN/train' (see Reproduce); "
+                "trained on this host it runs the same layout at this host's speed, which the "
+                "plan does not predict."
+            )
         return Section(id="training", title="Training", note=note)
     config = mapping(mapping(run.train_config).get("config")) or mapping(
         mapping(plan).get("config")
     )
     same_config = same_candidate(plan_candidate(plan), candidate(config))
+    elsewhere = trained_elsewhere(plan, run.train_config)
     curves = _Run(
         train=run.train_records,
         evals=run.eval_records,
         steps=[float(r.step) for r in run.train_records],
-        predicted=prediction(mapping(plan).get("predicted")) if same_config else None,
+        predicted=prediction(mapping(plan).get("predicted"))
+        if same_config and not elsewhere
+        else None,
     )
     mfu, above_one = _mfu_chart(curves, run.profile, config)
     charts = [
@@ -426,12 +478,25 @@ def training_section(
         _lr_chart(curves),
     ]
     lead = []
+    if stats.warmup_included and same_config and not elsewhere and plan is not None:
+        lead.append(
+            f"The run timed {steps_text(stats.timed_steps)}, too few to leave the warm-up "
+            "step out: its throughput and step time are no steady rate, and Predicted vs "
+            "measured does not hold them against the plan's prediction."
+        )
     if stats.diverged_step is not None:
         lead.append(
             diverged_sentence(stats)
             + " Resuming would diverge again: lower --lr, raise --warmup-steps, keep "
             "--grad-clip on, or use bf16 instead of fp16, and train afresh (or resume from a "
             "checkpoint before the divergence)."
+        )
+    if elsewhere:
+        device = mapping(run.train_config).get("device") or "this host"
+        lead.append(
+            f"This run trained a what-if plan for {target} on this host ({device}): its "
+            "speed and memory are this host's, so no prediction of the plan is drawn beside "
+            "them."
         )
     if not same_config and plan is not None:
         lead.append(

@@ -24,7 +24,7 @@ from reports.candidates import (
 )
 from reports.charts import Chart
 from reports.comm import comm_section
-from reports.common import mapping
+from reports.common import mapping, trained_elsewhere, whatif_target
 from reports.facts import facts_section
 from reports.failures import StageFailure, stage_failures, with_failure_notes
 from reports.fmt import model_label
@@ -85,7 +85,8 @@ class ReportView:
 def _stages(run: RunFiles, stats: TrainingStats | None) -> tuple[Stage, ...]:
     plan = mapping(run.plan)
     search = mapping(plan.get("search"))
-    training = "not started"
+    # a what-if plan is trained on its target, not by this run
+    training = "not started" if not whatif_target(run.plan) else "none (a what-if plan)"
     if stats is not None:
         training = (
             f"{stats.steps}" + (f"/{stats.total_steps}" if stats.total_steps else "") + " steps"
@@ -135,10 +136,19 @@ def build_view(run: RunFiles | str | Path, *, now: datetime.datetime | None = No
     profile, plan = run.profile, run.plan
     stats = training_stats(run)
     config = mapping(mapping(run.train_config).get("config"))
-    training_row = training_validation(stats, plan, config)
-    summary = build_summary(plan, stats)
+    # A what-if plan trained on this host: its measurements describe this host, not the plan's
+    # target (the page compared a CPU's 1,001 tok/s with an H100's predicted 746k: +74428%).
+    elsewhere = (
+        str(mapping(run.train_config).get("device") or "this host")
+        if stats is not None and trained_elsewhere(plan, run.train_config)
+        else ""
+    )
+    training_row = None if elsewhere else training_validation(stats, plan, config)
+    summary = build_summary(plan, stats, elsewhere)
     measured_peak = None
-    if stats is not None and stats.peak_memory_bytes and training_row is not None:
+    # a run too short for a steady rate still measured its peak memory
+    as_planned = None if elsewhere else training_validation(stats, plan, config, steady_only=False)
+    if stats is not None and stats.peak_memory_bytes and as_planned is not None:
         what = "process RSS" if stats.memory_kind.startswith("cpu") else "tensor memory"
         measured_peak = (f"training peak ({what})", stats.peak_memory_bytes)
     memory, bars = memory_section(profile, plan, measured_peak)
@@ -154,6 +164,7 @@ def build_view(run: RunFiles | str | Path, *, now: datetime.datetime | None = No
             profile is not None,
             mapping(mapping(run.tuned_plan).get("config")) or None,
             config or None,
+            trials,
         ),
         facts_section(profile, run.probes),
         memory,
@@ -183,8 +194,13 @@ def build_view(run: RunFiles | str | Path, *, now: datetime.datetime | None = No
         "device"
     )
     moment = now or datetime.datetime.now(datetime.timezone.utc)
+    title = f"{model}" + (f" on {device}" if device else "")
+    if target := whatif_target(plan):
+        # A what-if plan is for other hardware: the profiled host is where it was measured,
+        # not what it plans (the title read "on AMD EPYC" above an 8× H100 plan).
+        title = f"{model}: what-if for {target}" + (f" (profiled on {device})" if device else "")
     return ReportView(
-        title=f"{model}" + (f" on {device}" if device else ""),
+        title=title,
         subtitle="transformer-advisor report",
         run_dir=str(run.root),
         generated=moment.strftime("%Y-%m-%d %H:%M UTC"),

@@ -113,11 +113,12 @@ class Candidate:
         return ", ".join(parts)
 
     def short_label(self) -> str:
-        """For a chart axis: ``fp32 · ckpt · ddp×2 · 8×1`` (layout and workers only when not
-        the default)."""
+        """For a chart axis: ``fp32 · full ckpt · ddp×2 · 8×1`` (layout and workers only when
+        not the default). The checkpointing setting is named: ``full``, ``blocks:2``, ``ops``
+        and ``ops-half`` all read "ckpt" until 2026-12-07, two bars of one chart alike."""
         parts = [self.precision]
         if self.activation_checkpointing != "none":
-            parts.append("ckpt")
+            parts.append(f"{self.activation_checkpointing} ckpt")
         if self.parallelism != "single":
             parts.append(self.layout)
         parts.append(f"{self.micro_batch_size}×{self.grad_accum_steps}")
