@@ -631,15 +631,17 @@ def export(
     """The plan's config in another training stack's own format (``advisor export``).
 
     ``plan``: a Plan (or its ``to_dict()``), or the path of a plan.json or of its run
-    directory. ``to``: one of ``advisor.exporters.FORMATS`` (hf, accelerate, lightning,
-    deepspeed, torchtitan). ``steps``: the optimizer steps the lr schedule spans (default: for
-    a path, the length of the run's own training when RUN/train trained this plan; else, and
-    for a Plan record, which carries no run, advisor train's default 300). Returns an
-    ``Export``: ``settings`` (the native keyword arguments / config as a dict), ``text`` (the
-    file, with a header naming the plan), ``unmapped`` (knobs the stack cannot express),
-    ``launch`` (its launch line, where it has one). ``out``: also write the file there (an
-    existing directory, or a path ending in ``/``: under the export's own file name), and the
-    header beside it as ``FILE.advisor.txt`` when the file cannot hold one (hf's JSON).
+    directory (a run that advisor tune tuned exports its ``tuned_plan.json``, tuned at the
+    config of its ``plan.json``; the export's ``notes`` say so). ``to``: one of
+    ``advisor.exporters.FORMATS`` (hf, accelerate, lightning, deepspeed, torchtitan).
+    ``steps``: the optimizer steps the lr schedule spans (default: for a path, the length of
+    the run's own training when RUN/train trained this plan; else, and for a Plan record,
+    which carries no run, advisor train's default 300). Returns an ``Export``: ``settings``
+    (the native keyword arguments / config as a dict), ``text`` (the file, with a header
+    naming the plan), ``unmapped`` (knobs the stack cannot express), ``launch`` (its launch
+    line, where it has one). ``out``: also write the file there (an existing directory, or a
+    path ending in ``/``: under the export's own file name), and the header beside it as
+    ``FILE.advisor.txt`` when the file cannot hold one (hf's JSON).
     """
     from advisor.exporters import export_plan, write_export
     from strategies.plan_records import Plan

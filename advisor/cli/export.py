@@ -41,10 +41,15 @@ FORMAT_CHOICES = ("hf", "accelerate", "lightning", "deepspeed", "torchtitan")
 def export(**params: Any) -> None:
     """Write the plan of RUN_OR_PLAN (a run directory or a plan.json) as the native config of
     another training stack, with a header: which plan, predicted and measured speed, and every
-    knob that has no equivalent there. The global batch is the plan's in every format."""
+    knob that has no equivalent there. The global batch is the plan's in every format.
+
+    A run directory that advisor tune has tuned exports RUN/tuned_plan.json (the same config,
+    tuned lr, warm-up and weight decay); pass RUN/plan.json for the untuned plan."""
     from advisor.exporters import export_plan, write_export
 
     result = export_plan(params["plan"], params["to"], steps=params["steps"])
+    for note in result.notes:
+        click.echo(f"note: {note}", err=True)
     if result.sidecar:
         click.echo(result.sidecar, err=True, nl=False)
     if params["out"] is None:

@@ -13,6 +13,7 @@ needs PyYAML, and checking the files against the stacks' own parsers needs the `
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 from typing import Any
 
@@ -62,13 +63,18 @@ def _module(fmt: str) -> Any:
 def export_plan(plan: Plan | str | Path, to: str, *, steps: int | None = None) -> Export:
     """``plan`` (a Plan, a plan.json or a run directory) as ``to``'s native config.
 
+    A run directory exports its tuned plan (``RUN/tuned_plan.json``, written by advisor tune)
+    when it has one tuned at ``RUN/plan.json``'s config, else ``RUN/plan.json``; the export's
+    ``notes`` (and header) say which.
+
     ``steps``: the optimizer steps the lr schedule spans (default: the run's own training
     length when ``plan`` is a run directory that trained this plan, else advisor train's
     default), stated in the header.
     """
     module = _module(to)
-    export: Export = module.build(make_source(plan, steps=steps))
-    return export
+    source = make_source(plan, steps=steps)
+    export: Export = module.build(source)
+    return dataclasses.replace(export, notes=source.notes)
 
 
 def read_back(fmt: str, text: str, *, launch: str | None = None) -> dict[str, Any]:

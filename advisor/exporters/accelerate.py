@@ -11,7 +11,14 @@ from __future__ import annotations
 from typing import Any
 
 from advisor.exporters.record import Export
-from advisor.exporters.source import MASTER_ENDPOINT, TRAIN_SCRIPT, Source, stack_blocks
+from advisor.exporters.source import (
+    MASTER_ENDPOINT,
+    NODE_RANK,
+    TRAIN_SCRIPT,
+    Source,
+    multinode_line,
+    stack_blocks,
+)
 from advisor.exporters.text import (
     comment_block,
     header_lines,
@@ -74,9 +81,12 @@ def build(source: Source) -> Export:
     if source.nodes > 1:
         host, port = MASTER_ENDPOINT.split(":")
         settings.update(main_process_ip=host, main_process_port=int(port), rdzv_backend="static")
-        unmapped.append(
-            f"world_size {c.world_size} over {source.nodes} machines: set machine_rank on each "
-            f"machine and main_process_ip to machine 0 (here {host})"
+        unmapped += multinode_line(
+            source,
+            f"run the launch line on each machine with NODE_RANK set to its index (0 on "
+            f"machine 0; --machine_rank overrides the file's machine_rank 0) and main_process_ip "
+            f"{host} replaced by machine 0's address (Accelerate's static rendezvous at port "
+            f"{port} there)",
         )
     if c.compile:
         # Regional compilation compiles the model's repeated blocks, not the whole model.
@@ -85,7 +95,7 @@ def build(source: Source) -> Export:
             "dynamo_use_regional_compilation": True,
         }
     full = c.activation_checkpointing == "full"
-    unmapped += selective_checkpointing_unmapped(c.activation_checkpointing, "Accelerate")
+    unmapped += selective_checkpointing_unmapped(c, "Accelerate")
     if c.parallelism == "fsdp":
         fsdp: dict[str, Any] = {
             "fsdp_version": 2,
@@ -149,7 +159,8 @@ def build(source: Source) -> Export:
         f"seed {c.seed}: accelerate.utils.set_seed({c.seed})",
         f"num_workers {c.num_workers}: DataLoader(num_workers={c.num_workers})",
     ]
-    launch = f"accelerate launch --config_file {FILENAME} {TRAIN_SCRIPT}"
+    rank = f" --machine_rank {NODE_RANK}" if source.nodes > 1 else ""
+    launch = f"accelerate launch --config_file {FILENAME}{rank} {TRAIN_SCRIPT}"
     if _cpu_ranks(source):
         launch = f"{CPU_RANKS_ENV} {launch}"
         unmapped.append(

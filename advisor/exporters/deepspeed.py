@@ -14,7 +14,14 @@ import json
 from typing import Any
 
 from advisor.exporters.record import Export
-from advisor.exporters.source import TRAIN_SCRIPT, Source, adam_hyperparameters
+from advisor.exporters.source import (
+    MASTER_ENDPOINT,
+    NODE_RANK,
+    TRAIN_SCRIPT,
+    Source,
+    adam_hyperparameters,
+    multinode_line,
+)
 from advisor.exporters.text import (
     compile_unmapped,
     header_lines,
@@ -124,7 +131,7 @@ def build(source: Source) -> Export:
         "DeepSpeed's config",
         "call block.compile() on each repeated block before deepspeed.initialize",
     )
-    unmapped += selective_checkpointing_unmapped(c.activation_checkpointing, "DeepSpeed")
+    unmapped += selective_checkpointing_unmapped(c, "DeepSpeed")
     if c.activation_checkpointing == "full":
         # DeepSpeed's section configures deepspeed.checkpointing; the model must call it.
         config["activation_checkpointing"] = {
@@ -146,6 +153,15 @@ def build(source: Source) -> Export:
     ]
     unmapped.append(_warmup_line(c.warmup_steps))
     launch = _launch(source)
+    host = MASTER_ENDPOINT.split(":")[0]
+    unmapped += multinode_line(
+        source,
+        f"write the file hostfile with one line per node, 'HOSTNAME slots={source.procs_per_node}'"
+        f" (node 0 first), and run the launch line once, on node 0: DeepSpeed's launcher starts "
+        "every node over passwordless ssh (pdsh); without ssh run "
+        f"'{_launch(source, no_ssh=True)}' on each node, NODE_RANK set to its index and {host} "
+        "replaced by node 0's address",
+    )
     header = header_lines(source, "deepspeed", unmapped, launch)
     # ASCII (× as \u00d7): DeepSpeed opens the file in the locale's encoding.
     text = json.dumps({HEADER_KEY: header, **config}, indent=2) + "\n"
@@ -182,11 +198,20 @@ def _warmup_line(warmup: int) -> str:
     )
 
 
-def _launch(source: Source) -> str:
+def _launch(source: Source, *, no_ssh: bool = False) -> str:
+    """DeepSpeed's launcher line (deepspeed.launcher.runner's flags): on several nodes from
+    node 0 over ssh, or with ``no_ssh`` the line each node runs itself (its rank and node 0's
+    address given, as the ssh-less launch requires)."""
     tail = f"{TRAIN_SCRIPT} --deepspeed --deepspeed_config {FILENAME}"
     if source.nodes > 1:
+        host, port = MASTER_ENDPOINT.split(":")
+        ssh_less = (
+            f"--no_ssh --node_rank {NODE_RANK} --master_addr {host} --master_port {port} "
+            if no_ssh
+            else ""
+        )
         return (
-            f"deepspeed --hostfile hostfile --num_nodes {source.nodes} "
+            f"deepspeed --hostfile hostfile {ssh_less}--num_nodes {source.nodes} "
             f"--num_gpus {source.procs_per_node} {tail}"
         )
     return f"deepspeed --num_gpus {source.procs_per_node} {tail}"

@@ -14,9 +14,11 @@ from typing import Any
 
 from advisor.exporters.record import Export
 from advisor.exporters.source import (
+    TORCHRUN_NODES,
     TRAIN_SCRIPT,
     Source,
     adam_hyperparameters,
+    multinode_line,
     stack_blocks,
     torchrun_line,
     torchrun_world_size,
@@ -28,6 +30,11 @@ from advisor.exporters.text import (
 )
 
 FILENAME = "training_args.json"
+# With torch_compile, the Trainer's Accelerator compiles the whole model unless this variable
+# asks its TorchDynamoPlugin for regional compilation: each repeated block compiled on its own
+# (accelerate.utils.compile_regions), as advisor compiles and measured them. The Trainer builds
+# the plugin in each rank, which reads the variable there (accelerate >= 1.2 in transformers 5).
+REGIONAL_COMPILE_ENV = "ACCELERATE_DYNAMO_USE_REGIONAL_COMPILATION=true"
 # The TrainConfig keys this file sets natively; every other key is named by an unmapped line.
 MAPPED = frozenset(
     {
@@ -77,13 +84,19 @@ def build(source: Source) -> Export:
     }
     unmapped = workload_unmapped(source)
     if c.compile:
+        # torch_compile turns TF32 matmuls on (TrainingArguments.__post_init__) unless tf32 is
+        # set: false keeps advisor's fp32 matmul precision, which the plan measured.
+        kw["tf32"] = False
         unmapped.append(
-            "compile true: torch_compile compiles the whole model (one graph, graph breaks at "
-            "the DDP/FSDP wrapper's seams); advisor compiles and measured each repeated block "
-            "(block.compile() before wrapping): for the same graphs do that in your model and "
-            "leave torch_compile false"
+            f"compile true: torch_compile true with {REGIONAL_COMPILE_ENV} in the environment "
+            "(the launch line sets it): Accelerate then compiles each repeated block on its own "
+            "(regional compilation) and each module beside them (embeddings, final norm, head) "
+            "on its own, where advisor compiles only the blocks, with block.compile() before "
+            "wrapping, and measured that; without the variable torch_compile compiles the "
+            "whole model as one graph. tf32 false: torch_compile would otherwise turn on TF32 "
+            "matmuls, which advisor's plan does not use"
         )
-    unmapped += selective_checkpointing_unmapped(c.activation_checkpointing, "the HF Trainer")
+    unmapped += selective_checkpointing_unmapped(c, "the HF Trainer")
     full = c.activation_checkpointing == "full"
     if c.parallelism == "fsdp":
         fsdp_config: dict[str, Any] = {
@@ -134,7 +147,10 @@ def build(source: Source) -> Export:
             "advisor's (it reaches min_lr at the last step); cosine_with_min_lr would keep "
             "the cosine and start the warm-up at lr 0, one step behind"
         )
+    unmapped += multinode_line(source, TORCHRUN_NODES)
     launch = torchrun_line(source, TRAIN_SCRIPT)
+    if c.compile:
+        launch = f"{REGIONAL_COMPILE_ENV} {launch}"
     header = header_lines(source, "hf", unmapped, launch)
     return Export(
         format="hf",

@@ -13,7 +13,14 @@ from collections.abc import Mapping
 from typing import Any
 
 from advisor.exporters.record import Export
-from advisor.exporters.source import TRAIN_SCRIPT, Source, stack_blocks, torchrun_line
+from advisor.exporters.source import (
+    TORCHRUN_NODES,
+    TRAIN_SCRIPT,
+    Source,
+    multinode_line,
+    stack_blocks,
+    torchrun_line,
+)
 from advisor.exporters.text import (
     comment_block,
     compile_unmapped,
@@ -134,7 +141,7 @@ def build(source: Source) -> Export:
         "call block.compile() on each repeated block in configure_model (or torch.compile(model) "
         "before trainer.fit, the whole model)",
     )
-    unmapped += selective_checkpointing_unmapped(c.activation_checkpointing, "Lightning")
+    unmapped += selective_checkpointing_unmapped(c, "Lightning")
     strategy = _strategy(source, unmapped)
     trainer: dict[str, Any] = {
         "accelerator": "gpu" if source.on_gpu else "cpu",
@@ -162,6 +169,11 @@ def build(source: Source) -> Export:
         "(scheduler interval 'step')",
         f"num_workers {c.num_workers}: DataLoader(num_workers={c.num_workers})",
     ]
+    unmapped += multinode_line(
+        source,
+        TORCHRUN_NODES + "; Lightning takes the ranks from torchrun's environment and checks "
+        "them against devices and num_nodes",
+    )
     launch = (
         torchrun_line(source, TRAIN_SCRIPT, "fit", "--config", FILENAME)
         if source.nodes > 1

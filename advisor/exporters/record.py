@@ -13,7 +13,9 @@ class Export:
     name; ``unmapped``: the plan's knobs that have no equivalent in the stack, one line each,
     each starting with the TrainConfig key it is about; ``launch``: the launch command line.
     ``sidecar``: the header as plain text when the file cannot hold it (JSON that the stack's
-    own parser rejects extra keys in): written next to the file as ``FILE.advisor.txt``."""
+    own parser rejects extra keys in): written next to the file as ``FILE.advisor.txt``.
+    ``notes``: which plan file of a run directory was exported and why (its tuned plan or not),
+    also in the header; the command prints them on stderr."""
 
     format: str
     settings: dict[str, Any]
@@ -22,3 +24,4 @@ class Export:
     unmapped: tuple[str, ...]
     launch: str | None
     sidecar: str | None = None
+    notes: tuple[str, ...] = ()

@@ -16,12 +16,15 @@ from pathlib import Path
 
 from advisor.errors import UsageProblem
 from profilers.metrics_record import read_metrics
-from profilers.rundir import PLAN, RunDir
+from profilers.rundir import PLAN, TUNED_PLAN, RunDir
 from strategies.config import DEFAULT_STEPS, TrainConfig
 from strategies.plan_records import Plan
 
-# The torchrun rendezvous placeholders of a multi-node launch line: the user fills in node 0's
-# address and each node's rank (written unquoted so that a shell expands ${NODE_RANK}).
+# The rendezvous placeholder of a multi-node launch line: the user fills in node 0's address.
+# torchrun's c10d rendezvous numbers the nodes itself (its --node-rank is for the static
+# rendezvous only: torchrun ignores it under c10d, with a warning), so every node runs the same
+# line. Accelerate's static rendezvous and DeepSpeed's ssh-less launch do take each node's rank:
+# their lines read it from $NODE_RANK (written unquoted so that a shell expands it).
 MASTER_ENDPOINT = "MASTER_HOST:29500"
 NODE_RANK = "${NODE_RANK}"
 TRAIN_SCRIPT = "train.py"  # stands for the user's own training script in launch lines
@@ -34,7 +37,8 @@ class Source:
     ``steps``: optimizer steps the lr schedule spans (``steps_source`` says where that number
     came from); ``nodes``: machines the ranks are spread over (the plan's what-if request, else
     1); ``device_kind``: ``cuda`` or ``cpu``, the machine the plan was made for; ``trained``:
-    what training this plan in the run directory measured, if it did.
+    what training this plan in the run directory measured, if it did; ``notes``: header lines
+    about which plan file of a run directory was taken (its tuned plan or not, and why).
     """
 
     plan: Plan
@@ -44,6 +48,7 @@ class Source:
     nodes: int
     device_kind: str
     trained: Trained | None = None
+    notes: tuple[str, ...] = ()
 
     @property
     def config(self) -> TrainConfig:
@@ -93,6 +98,49 @@ def load_plan(path: str | Path) -> Plan:
         ) from None
 
 
+def _speed_changes(plan: Plan, tuned: Plan) -> list[str]:
+    from strategies.tuning import speed_changes
+
+    return speed_changes(plan.config, tuned.config)
+
+
+def export_plan_file(path: str | Path) -> tuple[Path, tuple[str, ...]]:
+    """The plan file an export of ``path`` reads, and the header notes that say why.
+
+    A file is itself. A run directory gives its tuned plan (``RUN/tuned_plan.json``, advisor
+    tune's lr / warm-up / weight decay at ``RUN/plan.json``'s config, the plan ``advisor run
+    --tune-trials`` trains) when it has one tuned at the config ``RUN/plan.json`` holds now,
+    else ``RUN/plan.json``; the notes say which was taken and how to export the other.
+    (:func:`plan_file`, for ``advisor tune``, always means ``RUN/plan.json``.)"""
+    path = Path(path)
+    if not path.is_dir():
+        return path, ()
+    run = RunDir(path)
+    if not run.tuned_plan.is_file():
+        return run.plan, ()
+    try:
+        tuned = load_plan(run.tuned_plan)
+    except UsageProblem as exc:
+        raise UsageProblem(
+            f"{exc}; or export {run.plan}, the untuned plan" if run.plan.is_file() else str(exc)
+        ) from None
+    if not run.plan.is_file():
+        return run.tuned_plan, (
+            f"{TUNED_PLAN}: advisor tune's hyper-parameters (this directory has no {PLAN})",
+        )
+    changed = _speed_changes(load_plan(run.plan), tuned)
+    if changed:
+        return run.plan, (
+            f"{run.tuned_plan} not used: it was tuned at another config than {PLAN}'s "
+            f"({', '.join(changed)} differ); re-run 'advisor tune --plan {run.plan}', or export "
+            f"{run.tuned_plan} itself",
+        )
+    return run.tuned_plan, (
+        f"{TUNED_PLAN}: {PLAN}'s config with advisor tune's hyper-parameters (the plan 'advisor "
+        f"run --tune-trials' trains); export {run.plan} for the untuned values",
+    )
+
+
 @dataclass(frozen=True, kw_only=True, slots=True)
 class Trained:
     """What RUN/train measured while training the plan: medians over its steps, the first
@@ -135,14 +183,15 @@ def _trained(run_root: Path, config: TrainConfig) -> Trained | None:
 
 def make_source(plan: Plan | str | Path, *, steps: int | None = None) -> Source:
     """The Source of a Plan record, a plan.json or a run directory."""
+    notes: tuple[str, ...] = ()
     if isinstance(plan, Plan):
         record, origin, trained = plan, "a plan given in memory", None
     else:
-        record = load_plan(plan)
-        origin = str(plan_file(plan))
+        file, notes = export_plan_file(plan)
+        record = load_plan(file)
+        origin = str(file)
         # RUN or RUN/plan.json alike: the run's training is beside its plan either way
-        root = Path(plan) if Path(plan).is_dir() else Path(plan).parent
-        trained = _trained(root, record.config)
+        trained = _trained(file.parent, record.config)
     if steps is not None:
         if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
             raise UsageProblem(f"--steps must be a positive integer, got {steps!r}")
@@ -166,6 +215,7 @@ def make_source(plan: Plan | str | Path, *, steps: int | None = None) -> Source:
         nodes=nodes,
         device_kind="cuda" if kind == "cuda" else "cpu",
         trained=trained,
+        notes=notes,
     )
 
 
@@ -189,6 +239,21 @@ def _block_class(model: str, model_args: str) -> tuple[tuple[str, str], ...] | s
         return "the model has no repeated blocks"
     classes = dict.fromkeys(type(block) for block in blocks)  # in order, each once
     return tuple((cls.__module__, cls.__qualname__) for cls in classes)
+
+
+@functools.lru_cache(maxsize=32)
+def _num_layers(model: str, model_args: str) -> int | None:
+    try:
+        from advisor.workload import AdvisorWorkload
+
+        return AdvisorWorkload(model=model, model_args=json.loads(model_args)).facts().num_layers
+    except Exception:  # an unavailable model (a missing extra or file): the caller says so
+        return None
+
+
+def num_layers(config: TrainConfig) -> int | None:
+    """The model's number of repeated blocks (built on ``meta``), None if it cannot be built."""
+    return _num_layers(config.model, json.dumps(dict(config.model_args), sort_keys=True))
 
 
 def block_class(config: TrainConfig) -> tuple[tuple[str, str], ...] | str:
@@ -256,20 +321,39 @@ def stack_blocks(config: TrainConfig) -> StackBlocks:
 
 
 def torchrun_line(source: Source, *program: str) -> str:
-    """``torchrun ... PROGRAM``: standalone on one node, else a c10d rendezvous at node 0 with
-    each node's rank from ``$NODE_RANK`` (strategies.commands.torchrun_args writes the options)."""
+    """``torchrun ... PROGRAM``: standalone on one node, else a c10d rendezvous at node 0, the
+    same line on every node (strategies.commands.torchrun_args writes the options; its
+    ``--node-rank``, which c10d ignores, is left out)."""
     from strategies.commands import torchrun_args
 
     if source.nodes > 1:
-        options = torchrun_args(
-            source.procs_per_node,
-            nnodes=source.nodes,
-            node_rank=NODE_RANK,
-            rdzv_endpoint=MASTER_ENDPOINT,
-        )
+        options = [
+            option
+            for option in torchrun_args(
+                source.procs_per_node, nnodes=source.nodes, rdzv_endpoint=MASTER_ENDPOINT
+            )
+            if not option.startswith(("--node-rank", "--node_rank"))
+        ]
     else:
         options = torchrun_args(source.procs_per_node)
     return " ".join(["torchrun", *options, *program])
+
+
+def multinode_line(source: Source, how: str) -> list[str]:
+    """The header line of a plan over several nodes: ``how`` says what to run on each."""
+    if source.nodes <= 1:
+        return []
+    c = source.config
+    return [
+        f"world_size {c.world_size} over {source.nodes} nodes ({source.procs_per_node} ranks "
+        f"each): {how}"
+    ]
+
+
+TORCHRUN_NODES = (
+    "run the launch line on each node, with MASTER_HOST replaced by node 0's address (torchrun's "
+    f"c10d rendezvous at port {MASTER_ENDPOINT.split(':')[1]} there numbers the nodes itself)"
+)
 
 
 def torchrun_world_size(launch: str) -> int:
@@ -280,6 +364,8 @@ def torchrun_world_size(launch: str) -> int:
 
     # The line is a template: each node puts its own rank where NODE_RANK stands (node 0 here).
     words = [w.replace(NODE_RANK, "0") for w in shlex.split(launch)]
+    while words and "=" in words[0] and not words[0].startswith("-"):  # VAR=value prefixes
+        words = words[1:]
     if not words or words[0] != "torchrun":
         raise ValueError(f"not a torchrun line: {launch!r}")
     try:

@@ -4,13 +4,15 @@ for YAML and TOML (the export itself needs no third-party package; reading back 
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from advisor.exporters.source import Source, adam_hyperparameters
+from advisor.exporters.source import Source, adam_hyperparameters, num_layers
 from reports import fmt
+from strategies.config import TrainConfig
 
 STACK_NAMES = {
     "hf": "the Hugging Face Trainer (TrainingArguments)",
@@ -37,6 +39,7 @@ def header_lines(
     lines = [
         f"advisor export --to {fmt_name}: {STACK_NAMES[fmt_name]}",
         f"plan: {source.origin}" + (f" ({plan.label})" if plan.label else ""),
+        *(f"note: {note}" for note in source.notes),
         f"config: global batch {c.global_batch_size} = micro-batch {c.micro_batch_size} × "
         f"{c.grad_accum_steps} accumulation × {c.world_size} rank(s); {c.precision}; "
         f"activation checkpointing {c.activation_checkpointing}; {layout(source)}; "
@@ -127,11 +130,52 @@ def compile_unmapped(compiled: bool, stack: str, how: str) -> list[str]:
     ]
 
 
-def selective_checkpointing_unmapped(setting: str, stack: str) -> list[str]:
+def ordinal(n: int) -> str:
+    """2nd, 3rd, 4th, 11th, 21st."""
+    suffix = "th" if 10 <= n % 100 <= 20 else {1: "st", 2: "nd", 3: "rd"}.get(n % 10, "th")
+    return f"{n}{suffix}"
+
+
+def plural(count: int, noun: str) -> str:
+    return noun if count == 1 else f"{noun}s"
+
+
+def index_list(indices: Sequence[int]) -> str:
+    """``0, 2 and 4``; a long evenly spaced run as ``0, 2, 4, ..., 78 (every 2nd)``."""
+    items = [str(i) for i in indices]
+    steps = {b - a for a, b in itertools.pairwise(indices)}
+    if len(items) > 8 and len(steps) == 1:
+        step = steps.pop()
+        return f"{', '.join(items[:3])}, ..., {items[-1]} (every {ordinal(step)})"
+    return items[0] if len(items) == 1 else f"{', '.join(items[:-1])} and {items[-1]}"
+
+
+def advisor_blocks(config: TrainConfig) -> str:
+    """Which blocks advisor's ``blocks:K`` checkpoints in the plan's model, exactly: their
+    indices when the model's depth is known here, else the rule (profilers.checkpointing)."""
+    from profilers.checkpointing import checkpointed_blocks, parse_checkpointing
+
+    k = parse_checkpointing(config.activation_checkpointing).blocks
+    layers = num_layers(config)
+    if layers is None or k >= layers:
+        return (
+            f"blocks floor(i·L/{k}) for i = 0..{k - 1} of the model's L repeated blocks (L "
+            "could not be read here), counted from 0 in forward order: never the last"
+        )
+    chosen = checkpointed_blocks(config.activation_checkpointing, layers)
+    rule = f"floor(i·{layers}/{k}) for i = 0..{k - 1}: " if k > 1 else ""
+    return (
+        f"{plural(len(chosen), 'block')} {index_list(chosen)} of the model's {layers} repeated "
+        f"blocks, counted from 0 in forward order ({rule}never the last)"
+    )
+
+
+def selective_checkpointing_unmapped(config: TrainConfig, stack: str) -> list[str]:
     """The unmapped line of a selective checkpointing setting in a stack that checkpoints every
     block or none (profilers.checkpointing names the settings); none for the others."""
     from profilers.checkpointing import parse_checkpointing
 
+    setting = config.activation_checkpointing
     parsed = parse_checkpointing(setting)
     if parsed.kind == "ops":
         return [
@@ -150,11 +194,10 @@ def selective_checkpointing_unmapped(setting: str, stack: str) -> list[str]:
             "each forward and recompute), and PREFER_RECOMPUTEs the rest (torchtitan's 'op')"
         ]
     if parsed.kind == "blocks":
-        k = parsed.blocks
         return [
-            f"activation_checkpointing {setting}: {stack} checkpoints every block or none; wrap "
-            f"{k} of the L repeated blocks (advisor: blocks i·L/{k}, i = 0..{k - 1}, never the "
-            "last) in torch.utils.checkpoint.checkpoint(use_reentrant=False) in your model"
+            f"activation_checkpointing {setting}: {stack} checkpoints every block or none; in "
+            "your model wrap in torch.utils.checkpoint.checkpoint(use_reentrant=False) exactly "
+            f"{advisor_blocks(config)}"
         ]
     return []
 

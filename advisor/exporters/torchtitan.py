@@ -15,8 +15,24 @@ from typing import Any
 
 from advisor.errors import UsageProblem
 from advisor.exporters.record import Export
-from advisor.exporters.source import Source, adam_hyperparameters, torchrun_line
-from advisor.exporters.text import comment_block, header_lines, toml_text, workload_unmapped
+from advisor.exporters.source import (
+    TORCHRUN_NODES,
+    Source,
+    adam_hyperparameters,
+    multinode_line,
+    num_layers,
+    torchrun_line,
+)
+from advisor.exporters.text import (
+    advisor_blocks,
+    comment_block,
+    header_lines,
+    index_list,
+    ordinal,
+    plural,
+    toml_text,
+    workload_unmapped,
+)
 from strategies.config import TrainConfig
 
 FILENAME = "torchtitan.toml"
@@ -25,7 +41,7 @@ MIXED_PRECISION = {"fp32": "float32", "bf16": "bfloat16"}
 MAPPED = frozenset(
     {
         "fsdp_reshard_after_forward",  # FSDP only: parallelism.fsdp_reshard_after_forward
-        "compile",  # compile.enable: torchtitan compiles each TransformerBlock, as advisor does
+        "compile",  # compile.enable with components ["model"]: each block, as advisor does
         "global_batch_size",
         "micro_batch_size",
         "grad_accum_steps",  # torchtitan derives it from the two batch sizes
@@ -116,13 +132,14 @@ def build(source: Source) -> Export:
                 else {}
             ),
         },
-        "compile": {"enable": c.compile},
+        "compile": _compile(c.compile, unmapped),
         "debug": {"seed": c.seed},
     }
     unmapped.append(
         f"weight_decay {c.weight_decay:g}: torchtitan decays every parameter; advisor exempts "
         "biases and norms"
     )
+    unmapped += multinode_line(source, TORCHRUN_NODES)
     launch = torchrun_line(source, "-m", "torchtitan.train", "--job.config_file", FILENAME)
     header = header_lines(source, "torchtitan", unmapped, launch)
     return Export(
@@ -133,6 +150,22 @@ def build(source: Source) -> Export:
         unmapped=tuple(unmapped),
         launch=launch,
     )
+
+
+def _compile(compiled: bool, unmapped: list[str]) -> dict[str, Any]:
+    """torchtitan's ``compile``: ``enable``, and ``components``, whose default ["model",
+    "loss"] also compiles the loss (torchtitan 0.2's components.loss): advisor compiles the
+    repeated blocks only (the model's parallelize_fn compiles each TransformerBlock under
+    "model") and keeps the head and loss eager, as measured."""
+    if not compiled:
+        return {"enable": False}
+    unmapped.append(
+        'compile true: written as compile.components ["model"]: torchtitan\'s llama3 '
+        "parallelize_fn then compiles each TransformerBlock, as advisor compiles each repeated "
+        "block (your model's parallelize_fn must do the same); torchtitan's default "
+        '["model", "loss"] would compile the loss too, which advisor keeps eager'
+    )
+    return {"enable": True, "components": ["model"]}
 
 
 def _activation_checkpoint(c: TrainConfig, unmapped: list[str]) -> dict[str, Any]:
@@ -154,34 +187,34 @@ def _activation_checkpoint(c: TrainConfig, unmapped: list[str]) -> dict[str, Any
         return {"mode": "selective", "selective_ac_option": "op"}
     if parsed.kind == "ops-half":  # the same policy (profilers.checkpointing)
         return {"mode": "selective", "selective_ac_option": "op"}
-    k, layers = parsed.blocks, _num_layers(c)
+    k, layers = parsed.blocks, num_layers(c)
     if layers is None or k >= layers:
         unmapped.append(
             f"activation_checkpointing {c.activation_checkpointing}: the model's number of "
-            "layers is unknown here; written as full checkpointing (more recompute than "
-            "planned): set selective_ac_option to L // K yourself"
+            "layers L could not be read here; written as full checkpointing (more recompute "
+            f"than planned): set selective_ac_option to N = L // {k} yourself (torchtitan then "
+            "checkpoints every N-th layer: layers N-1, 2N-1, ... counted from 0); advisor "
+            f"checkpoints {advisor_blocks(c)}"
         )
         return {"mode": "full"}
     every = layers // k  # at least K layers checkpointed: never more memory than planned
-    count = layers // every
+    theirs = [n * every - 1 for n in range(1, layers // every + 1)]
+    which = (
+        f"all {layers} layers, as full checkpointing does"
+        if every == 1
+        else f"every {ordinal(every)} of its {layers} layers: {plural(len(theirs), 'layer')} "
+        f"{index_list(theirs)} "
+        "(counted from 0 in forward order)"
+    )
     unmapped.append(
         f"activation_checkpointing {c.activation_checkpointing}: written as torchtitan's "
-        f"selective_ac_option {every} (every {every}-th of {layers} layers: {count} layers, "
-        f"numbers {every - 1}, {2 * every - 1}, ...); advisor checkpoints {k} layers from the "
-        "first and never the last, whose recompute saves nothing at the peak: torchtitan's "
-        "peak can sit above advisor's prediction"
+        f"selective_ac_option {every}, which checkpoints {which}; advisor checkpoints "
+        f"{advisor_blocks(c)}. torchtitan's layers include the last, whose recompute saves "
+        "nothing at the peak"
+        + (f", and number {len(theirs)}, not {k}" if len(theirs) != k else "")
+        + ": torchtitan's peak can sit above advisor's prediction"
     )
     return {"mode": "selective", "selective_ac_option": str(every)}
-
-
-def _num_layers(c: TrainConfig) -> int | None:
-    """The model's repeated blocks (built on the meta device), None if it cannot be built."""
-    try:
-        from advisor.workload import AdvisorWorkload
-
-        return AdvisorWorkload(model=c.model, model_args=dict(c.model_args)).facts().num_layers
-    except Exception:  # an unavailable model (a missing extra or file): say so, don't fail
-        return None
 
 
 def read_back(text: str, launch: str | None) -> dict[str, Any]:

@@ -7,7 +7,7 @@ import dataclasses
 
 import pytest
 
-from advisor.exporters import FORMATS, export_plan
+from advisor.exporters import FORMATS, export_plan, read_back
 from strategies.plan_records import Plan
 from tests.advisor.test_export import PLANS
 
@@ -19,7 +19,11 @@ def compiled(name: str = "single-fp32") -> Plan:
 
 def test_the_stacks_settings_are_written() -> None:
     plan = compiled()
-    assert export_plan(plan, "torchtitan").settings["compile"] == {"enable": True}
+    # components ["model"]: each block, as advisor; torchtitan's default also compiles the loss
+    assert export_plan(plan, "torchtitan").settings["compile"] == {
+        "enable": True,
+        "components": ["model"],
+    }
     assert export_plan(plan, "hf").settings["torch_compile"] is True
     dynamo = export_plan(plan, "accelerate").settings["dynamo_config"]
     assert dynamo == {"dynamo_backend": "INDUCTOR", "dynamo_use_regional_compilation": True}
@@ -39,3 +43,26 @@ def test_stacks_without_a_per_block_setting_say_what_to_do(fmt: str) -> None:
 def test_an_eager_plan_has_no_compile_instructions(fmt: str) -> None:
     unmapped = export_plan(PLANS["single-fp32"], fmt).unmapped
     assert not any(u.startswith("compile true") for u in unmapped)
+
+
+def test_hf_compiles_each_block_as_advisor_does() -> None:
+    # torch_compile alone compiles the whole model; Accelerate's regional compilation, asked
+    # for by the launch line's variable, compiles each repeated block (checked against the real
+    # Trainer in test_export_stacks.py). tf32 false: torch_compile would turn TF32 on.
+    export = export_plan(compiled("ddp-bf16-full"), "hf")
+    assert export.settings["torch_compile"] is True and export.settings["tf32"] is False
+    assert export.launch is not None
+    assert export.launch.startswith("ACCELERATE_DYNAMO_USE_REGIONAL_COMPILATION=true torchrun ")
+    (line,) = [u for u in export.unmapped if u.startswith("compile true:")]
+    assert "leave torch_compile false" not in line  # the file sets it true: no contradiction
+    assert "ACCELERATE_DYNAMO_USE_REGIONAL_COMPILATION=true" in line
+    assert read_back("hf", export.text, launch=export.launch)["world_size"] == 2
+    eager = export_plan(PLANS["ddp-bf16-full"], "hf")
+    assert "tf32" not in eager.settings and eager.launch and eager.launch.startswith("torchrun ")
+
+
+def test_torchtitan_keeps_the_loss_eager() -> None:
+    export = export_plan(compiled(), "torchtitan")
+    assert 'components = ["model"]' in export.text
+    (line,) = [u for u in export.unmapped if u.startswith("compile true:")]
+    assert "loss" in line

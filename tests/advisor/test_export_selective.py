@@ -68,3 +68,40 @@ def test_other_stacks_name_the_selective_setting_as_unmapped(fmt: str, setting: 
     assert back["activation_checkpointing"] in ("none", None)
     lines = [u for u in export.unmapped if u.startswith(f"activation_checkpointing {setting}:")]
     assert len(lines) == 1 and "torch.utils.checkpoint" in lines[0]
+
+
+@pytest.mark.parametrize("fmt", [f for f in FORMATS if f != "torchtitan"])
+def test_blocks_k_names_exactly_which_blocks_to_checkpoint(fmt: str) -> None:
+    # gpt-tiny has 4 blocks; blocks:2 is advisor's blocks 0 and 2 (checkpointed_blocks)
+    export = export_plan(plan("blocks:2", model="gpt-tiny", model_args={}), fmt)
+    (line,) = [u for u in export.unmapped if u.startswith("activation_checkpointing blocks:2:")]
+    assert "exactly blocks 0 and 2 of the model's 4 repeated blocks" in line
+    assert "counted from 0 in forward order" in line
+    assert " L " not in line and "i·L" not in line  # no undefined L when the depth is known
+
+
+def test_blocks_k_of_a_deeper_model_lists_every_block() -> None:
+    # 6 blocks, blocks:4: floor(i·6/4) = 0, 1, 3, 4 (not evenly spaced: listed one by one)
+    export = export_plan(plan("blocks:4", model="gpt-tiny", model_args={"n_layer": 6}), "hf")
+    (line,) = [u for u in export.unmapped if u.startswith("activation_checkpointing blocks:4:")]
+    assert "exactly blocks 0, 1, 3 and 4 of the model's 6 repeated blocks" in line
+
+
+def test_torchtitan_names_its_layers_and_advisors_blocks() -> None:
+    export = export_plan(plan("blocks:2", model="gpt-tiny", model_args={}), "torchtitan")
+    (line,) = [u for u in export.unmapped if u.startswith("activation_checkpointing blocks:2:")]
+    assert "every 2nd of its 4 layers: layers 1 and 3 (counted from 0" in line
+    assert "advisor checkpoints blocks 0 and 2 of the model's 4 repeated blocks" in line
+    one = export_plan(plan("blocks:1", model="gpt-tiny", model_args={}), "torchtitan")
+    (line,) = [u for u in one.unmapped if u.startswith("activation_checkpointing blocks:1:")]
+    assert "every 4th of its 4 layers: layer 3 (" in line and "advisor checkpoints block 0 " in line
+
+
+def test_an_unknown_depth_states_the_rule_with_l_defined() -> None:
+    from advisor.exporters.text import index_list
+
+    export = export_plan(plan("blocks:2", model="no-such-model", model_args={}), "accelerate")
+    (line,) = [u for u in export.unmapped if u.startswith("activation_checkpointing blocks:2:")]
+    assert "blocks floor(i·L/2) for i = 0..1 of the model's L repeated blocks" in line
+    assert index_list(list(range(0, 80, 2))) == "0, 2, 4, ..., 78 (every 2nd)"
+    assert index_list([0, 1, 3, 4]) == "0, 1, 3 and 4"

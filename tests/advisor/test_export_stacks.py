@@ -352,6 +352,8 @@ def test_torchtitan_reads_compile_and_never_reshard(tmp_path: Path) -> None:
     path = _write(tmp_path, export_plan(_kept_and_compiled(), "torchtitan"))
     job = manager.ConfigManager().parse_args(["--job.config_file", str(path)])
     assert job.compile.enable is True
+    # the blocks only, as advisor compiles them: torchtitan's default adds "loss"
+    assert job.compile.components == ["model"]
     assert job.parallelism.fsdp_reshard_after_forward == "never"
     resharded = _with_config(_kept_and_compiled(), fsdp_reshard_after_forward=True)
     path = _write(tmp_path, export_plan(resharded, "torchtitan"))
@@ -369,6 +371,67 @@ def test_transformers_reads_torch_compile_and_the_fsdp_reshard_flag(
     args = training_args.TrainingArguments(**kw)
     assert args.torch_compile is True
     assert args.fsdp_config["reshard_after_forward"] is False
+
+
+def test_the_trainer_compiles_each_block_from_the_hf_export(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """The launch line's variable turns the Trainer's torch_compile into Accelerate's regional
+    compilation (each repeated block, as advisor compiles them); tf32 stays off."""
+    transformers = pytest.importorskip("transformers")
+    import shlex
+
+    import torch
+
+    export = export_plan(_with_config(PLANS["single-fp32"], compile=True), "hf")
+    kw = dict(json.loads(export.text), output_dir=str(tmp_path / "out"))
+
+    class Blocks(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.blocks = torch.nn.ModuleList(torch.nn.Linear(4, 4) for _ in range(2))
+
+    def plugin() -> Any:
+        args = transformers.TrainingArguments(**kw)
+        assert args.torch_compile is True and args.tf32 is False
+        return transformers.Trainer(model=Blocks(), args=args).accelerator.state.dynamo_plugin
+
+    monkeypatch.delenv("ACCELERATE_DYNAMO_USE_REGIONAL_COMPILATION", raising=False)
+    assert plugin().use_regional_compilation is False  # torch_compile alone: the whole model
+    assert export.launch is not None
+    for word in shlex.split(export.launch):
+        if word == "torchrun":
+            break
+        name, _, value = word.partition("=")
+        monkeypatch.setenv(name, value)
+    regional = plugin()
+    assert regional.use_regional_compilation is True
+    assert str(regional.backend).upper().endswith("INDUCTOR")
+
+
+def test_torchtitan_values_are_ones_its_fields_take(tmp_path: Path) -> None:
+    """Every key the export writes is a JobConfig field (ConfigManager refuses others) and
+    every value of a Literal field is one of its choices (ConfigManager does not check)."""
+    import typing
+
+    job_config = pytest.importorskip("torchtitan.config.job_config")
+
+    def check(cls: Any, data: dict[str, Any], where: str) -> None:
+        hints = typing.get_type_hints(cls)
+        names = {f.name for f in dataclasses.fields(cls)}
+        for key, value in data.items():
+            assert key in names, f"{where}{key}"
+            kind = hints[key]
+            if dataclasses.is_dataclass(kind):
+                check(kind, value, f"{where}{key}.")
+            elif typing.get_origin(kind) is typing.Literal:
+                assert value in typing.get_args(kind), (f"{where}{key}", value)
+
+    for name in NAMES:
+        for changes in ({}, {"compile": True}, {"activation_checkpointing": "ops"}):
+            plan = _with_config(PLANS[name], **changes)
+            if exportable("torchtitan", plan):
+                check(job_config.JobConfig, export_plan(plan, "torchtitan").settings, "")
 
 
 def test_deepspeed_reads_kept_gathered_blocks_as_zero_2(
