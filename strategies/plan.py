@@ -36,6 +36,7 @@ from strategies.plan_records import (
     trial_rows,
     write_trials_csv,
 )
+from strategies.prediction import memory_size
 from strategies.search import Evaluation, SearchResult, evaluate
 from strategies.space import Candidate, SearchSpace, divisors
 from strategies.uncertainty import interval_overlaps
@@ -112,7 +113,7 @@ def _unfit_device(model: CostModel) -> StrategyError | None:
         return None
     return StrategyError(
         f"the model does not fit this device: its least traced step needs {least / 2**30:.1f} "
-        f"GiB at micro-batch 1, the budget is {model.budget_bytes / 2**30:.2f} GiB, so the "
+        f"GiB at micro-batch 1, the budget is {memory_size(model.budget_bytes)}, so the "
         "profile timed nothing here; plan it for larger devices with --target (e.g. --target "
         "h100-80gb --world-size 64)"
     )
@@ -182,10 +183,10 @@ def nothing_fits(evaluations: Sequence[Evaluation], model: CostModel) -> Strateg
         hints.append("a --target with more memory")
     unpriced = _unpriced_note(evaluations, smallest.candidate)
     return NothingFits(
-        f"nothing fits the memory budget of {p.budget_bytes / GiB:.2f} GiB "
-        f"({model.memory_budget:g} × {machine.memory_bytes / GiB:.2f} GiB of {machine.name}): "
+        f"nothing fits the memory budget of {memory_size(p.budget_bytes)} "
+        f"({model.memory_budget:g} × {memory_size(machine.memory_bytes)} of {machine.name}): "
         f"the smallest candidate ({smallest.candidate.label()}) needs "
-        f"{p.budgeted_bytes / GiB:.2f} GiB{unpriced}; try " + ", or ".join(hints),
+        f"{memory_size(p.budgeted_bytes)}{unpriced}; try " + ", or ".join(hints),
         smallest_bytes=p.budgeted_bytes,
         budget_bytes=p.budget_bytes,
     )

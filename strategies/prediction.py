@@ -20,6 +20,16 @@ MiB = 2**20
 GiB = 2**30
 
 
+def memory_size(num_bytes: float) -> str:
+    """A memory amount in messages: ``12.34 GiB`` from 1 GiB, else in MiB or KiB (a budget of
+    --memory-budget 0.0001 read "0.00 GiB" in trials.csv and in the error)."""
+    if abs(num_bytes) >= GiB:
+        return f"{num_bytes / GiB:.2f} GiB"
+    if abs(num_bytes) >= MiB:
+        return f"{num_bytes / MiB:.1f} MiB"
+    return f"{num_bytes / 1024:.1f} KiB"
+
+
 def _float(data: Mapping[str, Any], key: str) -> float:
     """A number read from a plan tolerantly, as every run-file value is: 0 when missing or
     not finite."""

@@ -51,6 +51,7 @@ from profilers.rundir import RunDir
 from strategies.budgets import DEFAULT_TRIALS, SCREEN_S
 from strategies.cost import CostModel, GiB, Prediction
 from strategies.errors import Unpredictable
+from strategies.prediction import memory_size
 from strategies.space import Candidate, SearchSpace
 from strategies.study import (
     ATTR,
@@ -129,8 +130,8 @@ def evaluate(model: CostModel, candidate: Candidate) -> Evaluation:
     sharing = memory.ranks_sharing_memory if memory else 1
     whose = f" ({sharing} ranks on one host)" if sharing > 1 else ""
     reason = (
-        f"needs {prediction.budgeted_bytes / GiB:.2f} GiB{whose} > budget "
-        f"{prediction.budget_bytes / GiB:.2f} GiB"
+        f"needs {memory_size(prediction.budgeted_bytes)}{whose} > budget "
+        f"{memory_size(prediction.budget_bytes)}"
     )
     return Evaluation(candidate=candidate, prediction=prediction, reason=reason)
 
