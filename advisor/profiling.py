@@ -36,6 +36,52 @@ class ProfileRequest:
     # The device the memory traces are for (profilers.defaults.TRACE_TARGETS, checked by the
     # CLI and the API); None: the probed device's kind.
     trace_for: str | None = None
+    # When the budget started: a time.perf_counter() reading taken as the command started
+    # (the CLI's, before parsing --model-arg imported torch); None: when profile() is called.
+    started_at: float | None = None
+
+
+# The shortest --budget-s a profile is started for. Whatever the budget, a profile runs the
+# device benchmarks, reads the model's facts and starts its baseline's timing child (at least
+# profilers.probe_run.MIN_CHILD_SHARE_S, its start-up included): --budget-s 1 took 45 s on the
+# 2-vCPU host and measured no step time. A budget this short still overruns on a slow host; the
+# CLI then says by how much (advisor.cli.profile).
+MIN_PROFILE_BUDGET_S = 10.0
+# How far past --budget-s a profile may end before the CLI warns (README: within +10%).
+BUDGET_OVERRUN = 1.1
+
+
+def check_budget(budget_s: float) -> None:
+    """UsageProblem unless ``budget_s`` is a finite number of seconds a profile can keep to."""
+    if not (0 < budget_s < math.inf):  # nan fails both comparisons
+        raise UsageProblem(f"--budget-s must be a positive number of seconds, got {budget_s}")
+    if budget_s < MIN_PROFILE_BUDGET_S:
+        raise UsageProblem(
+            f"--budget-s {budget_s:g} is too short for a profile: the device benchmarks and "
+            f"its first real steps take longer whatever the budget; give --budget-s "
+            f"{MIN_PROFILE_BUDGET_S:g} or more (default {DEFAULT_PROFILE_BUDGET_S:g})"
+        )
+
+
+def check_out(out: Path) -> None:
+    """Raise the OSError that writing ``out`` (a directory, created with its parents) would
+    raise later, without creating anything: a file in its way or above it, or an existing
+    ancestor this process cannot write (checked before any probe: the CLI names the path
+    and the fix in one line)."""
+    import errno
+    import os
+
+    if out.exists() and not out.is_dir():
+        raise FileExistsError(errno.EEXIST, os.strerror(errno.EEXIST), str(out))
+    ancestor = out
+    while not ancestor.exists():
+        if ancestor.is_symlink():  # a dangling link: mkdir would fail on it
+            raise FileExistsError(errno.EEXIST, os.strerror(errno.EEXIST), str(ancestor))
+        ancestor = ancestor.parent
+    if not ancestor.is_dir():  # a file above --out
+        raise NotADirectoryError(errno.ENOTDIR, os.strerror(errno.ENOTDIR), str(ancestor))
+    if not os.access(ancestor, os.W_OK | os.X_OK):
+        raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), str(ancestor))
 
 
 def resolve_device_name(name: str) -> str:
@@ -66,19 +112,21 @@ def profiled_settings(asked: Sequence[str] | None, facts: ModelFacts) -> tuple[s
 
 def profile(request: ProfileRequest, out: Path, progress: Progress | None = None) -> Profile:
     """Validate the request cheaply, run every probe, write ``out``/profile.json + probes.csv.
-    ``request.budget_s`` counts from this call: importing torch and reading the model's facts
-    (seconds for a 70B model) are part of it."""
-    started = time.perf_counter()
+    ``request.budget_s`` counts from ``request.started_at`` (when the command started, before
+    it imported torch to parse the model's arguments), else from this call: importing torch
+    and reading the model's facts (seconds for a 70B model) are part of it."""
+    started = time.perf_counter() if request.started_at is None else request.started_at
+    check_budget(request.budget_s)
+    # An --out that cannot hold the files fails now (a file in its way, no permission: one
+    # line from the CLI), before torch is imported and the model built, not after the whole
+    # budget of probes; nothing is created yet, so a bad model spec leaves no empty directory.
+    check_out(out)
     from advisor.data import resolve_data
     from advisor.trainer.loop import check_shapes
     from advisor.workload import AdvisorWorkload
     from profilers.profiler import ProfileInterrupted, ProfileOptions, run_profile
     from strategies.config import TrainConfig
 
-    if not (0 < request.budget_s < math.inf):  # nan fails both comparisons
-        raise UsageProblem(
-            f"--budget-s must be a positive number of seconds, got {request.budget_s}"
-        )
     device = resolve_device_name(request.device)
     workload = AdvisorWorkload(
         request.model, dict(request.model_args), request.data, request.tokenizer
@@ -98,16 +146,14 @@ def profile(request: ProfileRequest, out: Path, progress: Progress | None = None
         seq_len=request.seq_len,
         device=device,
         budget_s=request.budget_s,
-        precisions=request.precisions,
+        # each once (--precision fp32 --precision fp32 traced every fp32 group twice)
+        precisions=tuple(dict.fromkeys(request.precisions)) if request.precisions else None,
         checkpointing=profiled_settings(request.checkpointing, facts),
         comm=request.comm,
         trace_for=request.trace_for,
         tool={"advisor": __version__, "data": source.description},
         started_at=started,
     )
-    # An --out that cannot hold the files fails now (a file in its way: one line from the
-    # CLI), not after the whole budget of probes; after the cheap checks above, so a bad
-    # model spec leaves no empty directory behind.
     out.mkdir(parents=True, exist_ok=True)
     try:
         result = run_profile(workload, options, progress)

@@ -80,6 +80,23 @@ class FiniteFloatRange(click.FloatRange):
         return number
 
 
+class BudgetSeconds(FiniteFloatRange):
+    """--budget-s: a finite number of seconds no shorter than the least a profile runs
+    (advisor.profiling.check_budget, imported only when the option is given: it is not
+    light enough for ``advisor --help``)."""
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        number = super().convert(value, param, ctx)
+        from advisor.errors import UsageProblem
+        from advisor.profiling import check_budget
+
+        try:
+            check_budget(number)
+        except UsageProblem as exc:
+            self.fail(str(exc).removeprefix("--budget-s "), param, ctx)
+        return number
+
+
 def _stack(*decorators: Callable[[Any], Any]) -> Callable[[F], F]:
     """Options in the order given (click shows the decorator applied last first)."""
 
@@ -293,7 +310,7 @@ profile_path_option = click.option(
 probe_options = _stack(
     click.option(
         "--budget-s",
-        type=FiniteFloatRange(min=0, min_open=True),
+        type=BudgetSeconds(min=0, min_open=True),
         default=DEFAULT_PROFILE_BUDGET_S,
         show_default=True,
         help="Time budget of all the profile's probes, in seconds.",
