@@ -64,6 +64,7 @@ from strategies.tuning import (
     sensitivity,
     study_name,
     suggest,
+    trial_counts,
     trial_steps,
     tuned_config,
     write_trials,
@@ -342,6 +343,23 @@ class _Setup:
     study_name: str
     command: list[str] = field(default_factory=list)
     asked_tokens: int | None = None  # --tokens-per-trial as given
+    recorded_notes: tuple[str, ...] = ()  # what was said before the trials (study.json's notes)
+    defaults: Mapping[str, ParamRange] = field(default_factory=dict)  # the default ranges
+
+    def params_with(self, name: str, span: str) -> str:
+        """``--params`` as asked, with ``name``'s range replaced by (or added as) ``span``: a
+        suggestion that keeps every other parameter the user tunes."""
+        items = []
+        for r in self.ranges:
+            default = self.defaults.get(r.name)
+            same = default is not None and (default.low, default.high) == (r.low, r.high)
+            if r.name == name:
+                items.append(f"{name}={span}")
+            else:
+                items.append(r.name if same else f"{r.name}={r.low:g}:{r.high:g}")
+        if not any(r.name == name for r in self.ranges):
+            items.append(f"{name}={span}")
+        return ",".join(items)
 
     def notes(self) -> list[str]:
         """What the user should know before the trials: each a line, none when all is well."""
@@ -360,7 +378,7 @@ class _Setup:
                 f"step {self.first_rung} of {self.steps}: trials with a long warm-up are judged "
                 "while their learning rate ramps up; give --tokens-per-trial "
                 f"{5 * self.warmup * step_tokens:,} (5x the warm-up) or a shorter warm-up range "
-                f"(--params warmup=0:{max(1, self.steps // 5)})"
+                f"(--params {self.params_with('warmup', f'0:{max(1, self.steps // 5)}')})"
             )
         if self.plan.estimate:
             notes.append(
@@ -380,7 +398,19 @@ def prepare(plan_path: Path, request: TuneRequest, out: Path | None) -> _Setup:
     config = plan.config
     tokens = request.tokens_per_trial or DEFAULT_STEPS * config.tokens_per_step
     steps = trial_steps(config, tokens)
-    ranges = parse_params(request.params, default_ranges(config, steps))
+    defaults = default_ranges(config, steps)
+    ranges = parse_params(request.params, defaults)
+    for r in ranges:
+        if r.key == "warmup_steps" and r.high > steps:
+            # A warm-up past the trial's end never reaches its lr: the trial would score a
+            # schedule that the tuned plan's training does not run (found: warmup=0:1000 in a
+            # 10-step trial was accepted and tried 442 steps of warm-up).
+            raise UsageProblem(
+                f"--params warmup={r.low:g}:{r.high:g}: a trial is {steps} steps, and a longer "
+                f"warm-up never reaches its lr; give HIGH <= {steps} or a larger "
+                "--tokens-per-trial"
+            )
+    _check_storage(request.storage)
     directory = out if out is not None else file.parent
     if directory.exists() and not directory.is_dir():
         raise UsageProblem(f"--out {directory} is a file: name a directory")
@@ -400,7 +430,27 @@ def prepare(plan_path: Path, request: TuneRequest, out: Path | None) -> _Setup:
         study_name=study_name(config, ranges, steps * config.tokens_per_step),
         command=request.command(file, directory),
         asked_tokens=request.tokens_per_trial,
+        defaults=defaults,
     )
+
+
+def _check_storage(storage: str | None) -> None:
+    """What a study cannot live in: nothing, or an in-memory database (each connection gets
+    its own, empty one: Optuna's tables were missing and the study died with a traceback;
+    nor could a re-run resume it or a second worker share it)."""
+    if storage is None:
+        return
+    if not storage.strip():
+        raise UsageProblem(
+            "--storage is empty: leave it out for OUT/study.db, or give an Optuna storage URL"
+        )
+    if storage.strip() in ("sqlite://", "sqlite:///", "sqlite:///:memory:") or (
+        ":memory:" in storage and storage.startswith("sqlite")
+    ):
+        raise UsageProblem(
+            f"--storage {storage} is an in-memory database, which neither a re-run nor another "
+            "worker can open: give a file (sqlite:///PATH/study.db) or a server's URL"
+        )
 
 
 def tune(
@@ -433,6 +483,7 @@ def tune(
         reclaimed = reclaim_abandoned(study)
         base = plan_values(setup.plan.config, setup.ranges)
         outside = [r for r in setup.ranges if not r.contains(float(base[r.name]))]
+        notes: list[str] = []
         if not outside:
             # The plan's own values first: the study then never ends worse than them.
             study.enqueue_trial(base, user_attrs={BASELINE_ATTR: True}, skip_if_exists=True)
@@ -440,12 +491,19 @@ def tune(
             shown = ", ".join(
                 f"{r.name} {base[r.name]:g} (range {r.low:g} to {r.high:g})" for r in outside
             )
-            show.message(
+            notes.append(
                 f"the plan's own values are outside the ranges tuned: {shown}; the study does "
                 "not try them"
             )
+            show.message(notes[-1])
         for note in setup.notes():
+            notes.append(note)
             show.message(f"note: {note}")
+        # study.json and trials.jsonl describe this study from now on (rewritten after each
+        # trial): until 2026-12-07 an OUT tuned before kept the earlier study's study.json
+        # beside this one's trials.jsonl until this study finished, and the report mixed them.
+        setup = replace(setup, recorded_notes=tuple(notes))
+        _save_progress(study, setup, request, files)
         show.message(
             f"study {setup.study_name}: {request.trials} trials of {setup.steps} steps "
             f"({setup.tokens_per_trial:,} tokens), eval every {setup.eval_every}, "
@@ -460,6 +518,16 @@ def tune(
         records = collect(study, setup)
     write_trials(files.trials, records)
     return _finish(setup, request, records, files)
+
+
+def _save_progress(
+    study: optuna.Study, setup: _Setup, request: TuneRequest, files: TuneDir
+) -> list[TrialRecord]:
+    """trials.jsonl and an unfinished study.json (the best so far, no tuned plan yet)."""
+    records = collect(study, setup)
+    write_trials(files.trials, records)
+    _summary(setup, request, records, tuned_plan=None).save(files.study)
+    return records
 
 
 def _wants_more(study: optuna.Study, target: int) -> bool:
@@ -529,42 +597,59 @@ def _one_trial(
 
     trial = study.ask()
     number = trial.number
-    params = suggest(trial, setup.ranges)
-    attr: dict[str, Any] = {**_worker(), "out": str(setup.out)}
-    trial.set_user_attr(ATTR, attr)
-    config = tuned_config(setup.plan.config, config_values(setup.ranges, params))
     directory = files.trial(number)
-    if directory.root.exists():
-        shutil.rmtree(directory.root)  # a study started afresh over an old OUT
-    directory.root.mkdir(parents=True)
-    plan_file = files.trial_plan(number)
-    write_atomically(plan_file, json.dumps({"config": config.to_dict()}, indent=1) + "\n")
-    show.trial_started(number, params, setup.steps)
+    attr: dict[str, Any] = {
+        **_worker(),
+        "out": str(setup.out),
+        "directory": str(directory.root.relative_to(setup.out)),
+    }
     started = time.perf_counter()
-
-    def on_eval(point: EvalPoint) -> bool:
-        trial.report(point.eval_loss, point.step)
-        attr["heartbeat"] = time.time()
-        trial.set_user_attr(ATTR, attr)
-        show.trial_evaluated(number, point, setup.steps)
-        return point.step < setup.steps and trial.should_prune()
-
-    spec = TrialSpec(
-        number=number,
-        config=config,
-        steps=setup.steps,
-        eval_every=setup.eval_every,
-        directory=directory,
-        plan=plan_file,
-        device=request.device,
-        eval_batches=request.eval_batches,
-    )
+    # Everything from ask() on is inside the try: a Ctrl-C or SIGTERM between ask() and the run
+    # (the progress line printed, the child not started yet) left the trial RUNNING.
     try:
+        params = suggest(trial, setup.ranges)
+        trial.set_user_attr(ATTR, attr)
+        config = tuned_config(setup.plan.config, config_values(setup.ranges, params))
+        if directory.root.exists():
+            shutil.rmtree(directory.root)  # a study started afresh over an old OUT
+        directory.root.mkdir(parents=True)
+        plan_file = files.trial_plan(number)
+        write_atomically(plan_file, json.dumps({"config": config.to_dict()}, indent=1) + "\n")
+        show.trial_started(number, params, setup.steps)
+
+        def on_eval(point: EvalPoint) -> bool:
+            trial.report(point.eval_loss, point.step)
+            attr["heartbeat"] = time.time()
+            trial.set_user_attr(ATTR, attr)
+            show.trial_evaluated(number, point, setup.steps)
+            return point.step < setup.steps and trial.should_prune()
+
+        spec = TrialSpec(
+            number=number,
+            config=config,
+            steps=setup.steps,
+            eval_every=setup.eval_every,
+            directory=directory,
+            plan=plan_file,
+            device=request.device,
+            eval_batches=request.eval_batches,
+        )
         outcome = run_trial(spec, on_eval)
-    except BaseException:  # Ctrl-C, SIGTERM: the next run of the study re-runs this trial
+    except BaseException as exc:  # Ctrl-C, SIGTERM: the next run of the study re-runs this trial
+        with contextlib.suppress(Exception):
+            trained = _trained_tokens(directory)
+            attr.update(
+                reason=_interruption(exc),
+                tokens=trained if trained is not None else 0,
+                wall_s=round(time.perf_counter() - started, 3),
+            )
+            trial.set_user_attr(ATTR, attr)
         with contextlib.suppress(Exception):
             study.tell(trial, state=TrialState.FAIL)
-            requeue(study, study.get_trials(deepcopy=False)[number])
+            frozen = _frozen(study, number)
+            if frozen.params:  # stopped before its values were drawn: nothing to re-run
+                requeue(study, frozen)
+            _save_progress(study, setup, request, files)
         # Its child has exited (the runner stops it before it lets the interrupt go on): the
         # checkpoint it saved on the signal is bulk no one reads (39 MB for gpt-tiny was left).
         with contextlib.suppress(OSError):
@@ -578,12 +663,13 @@ def _one_trial(
         reason = f"pruned at step {last.step} (eval loss {last.eval_loss:.4f})"
     elif outcome.state == "diverged":
         reason = f"diverged: {outcome.reason}"
+    if outcome.state == "complete" and not (last is not None and last.step == setup.steps):
+        reason = f"ended without its final evaluation at step {setup.steps}"
     attr.update(
         evals=[e.to_list() for e in outcome.evals],
         tokens=outcome.tokens if outcome.tokens is not None else last.tokens if last else 0,
         reason=reason,
         wall_s=round(time.perf_counter() - started, 3),
-        directory=str(directory.root.relative_to(setup.out)),
     )
     trial.set_user_attr(ATTR, attr)
     if outcome.state == "complete" and last is not None and last.step == setup.steps:
@@ -594,17 +680,33 @@ def _one_trial(
         study.tell(trial, state=TrialState.PRUNED)
     else:
         study.tell(trial, state=TrialState.FAIL)
-        if outcome.state == "complete":
-            reason = f"ended without its final evaluation at step {setup.steps}"
+        # The study stops here; its values are queued again, so that the same command, once
+        # the cause is fixed, re-runs this trial. Until 2026-12-07 the failed trial counted
+        # toward --trials: after '--device cuda' failed on a CPU host, the same study with
+        # --device cpu ran nothing and ended "no trial completed".
+        requeue(study, _frozen(study, number))
+        _save_progress(study, setup, request, files)
         message = f"trial {number} failed (exit {outcome.exit_code}): {reason or 'no message'}"
+        again = "; once that is fixed, running the study again re-runs this trial"
         if outcome.exit_code == 2:
-            raise UsageProblem(message)  # the plan cannot train here: every trial would fail
-        raise AdvisorError(message + f"; its log: {directory.root / 'stderr.log'}")
-    records = collect(study, setup)
-    write_trials(files.trials, records)
+            raise UsageProblem(message + again)  # the plan cannot train here: all would fail
+        raise AdvisorError(message + f"; its log: {directory.root / 'stderr.log'}" + again)
+    records = _save_progress(study, setup, request, files)
     record = next((r for r in records if r.number == number), None)
     if record is not None:
         show.trial_finished(record, setup.steps)
+
+
+def _frozen(study: optuna.Study, number: int) -> optuna.trial.FrozenTrial:
+    return next(t for t in study.get_trials(deepcopy=False) if t.number == number)
+
+
+def _interruption(exc: BaseException) -> str:
+    """Why a trial stopped when its worker did (its record's reason)."""
+    if isinstance(exc, KeyboardInterrupt):
+        how = "SIGTERM" if getattr(exc, "signum", None) == signal.SIGTERM else "Ctrl-C"
+        return f"interrupted ({how})"
+    return f"its worker stopped ({type(exc).__name__})"
 
 
 def reclaim_abandoned(study: optuna.Study) -> int:
@@ -695,13 +797,15 @@ def collect(study: optuna.Study, setup: _Setup) -> list[TrialRecord]:
                 score=float(t.value) if complete and t.value is not None else None,
                 tokens=int(attr.get("tokens") or (evals[-1].tokens if evals else 0)),
                 reason=(
-                    f"its worker stopped; re-run as trial {replaced[t.number]}"
+                    f"{attr.get('reason') or 'its worker stopped'}; re-run as trial "
+                    f"{replaced[t.number]}"
                     if t.number in replaced
                     else str(attr.get("reason") or "")
                 ),
                 wall_s=float(attr.get("wall_s") or 0.0),
                 worker=f"{attr.get('host', '')}:{attr.get('pid', '')}" if attr else "",
                 directory=str(attr.get("directory") or "") if here else "",
+                rerun_as=replaced.get(t.number),
             )
         )
     return records
@@ -710,8 +814,6 @@ def collect(study: optuna.Study, setup: _Setup) -> list[TrialRecord]:
 def _finish(
     setup: _Setup, request: TuneRequest, records: list[TrialRecord], files: TuneDir
 ) -> TuneResult:
-    from strategies.study import redact
-
     best = best_trial(records)
     if best is None:
         raise AdvisorError(
@@ -720,7 +822,6 @@ def _finish(
         )
     config = tuned_config(setup.plan.config, config_values(setup.ranges, best.params))
     shown = ", ".join(f"{r.key}={_fmt(best.params[r.name])}" for r in setup.ranges)
-    counts = {s: sum(r.state == s for r in records) for s in ("complete", "pruned", "failed")}
     reason = (
         f"hyper-parameters tuned by advisor tune: {shown} (trial {best.number} of "
         f"{len(records)}, held-out loss {best.score:.4f} after {setup.tokens_per_trial:,} tokens)"
@@ -728,11 +829,31 @@ def _finish(
     plan = replace(setup.plan, config=config, reasons=(*setup.plan.reasons, reason))
     path = RunDir(setup.out).tuned_plan
     write_atomically(path, json.dumps(plan.to_dict(), indent=1) + "\n")
+    summary = _summary(setup, request, records, tuned_plan=path)
+    summary.save(files.study)
+    return TuneResult(
+        plan=plan,
+        plan_path=path,
+        summary=summary,
+        trials=tuple(records),
+        best=best,
+        out=setup.out,
+    )
+
+
+def _summary(
+    setup: _Setup, request: TuneRequest, records: list[TrialRecord], *, tuned_plan: Path | None
+) -> TuningSummary:
+    """study.json: finished when ``tuned_plan`` (the file written) is given, else the study so
+    far (the best complete trial yet, if any)."""
+    from strategies.study import redact
+
+    best = best_trial(records)
     base = next(
         (r for r in records if r.state == "complete" and _is_base(r, setup)),
         None,
     )
-    summary = TuningSummary(
+    return TuningSummary(
         study_name=setup.study_name,
         storage=redact(setup.storage),
         pruner=f"successive halving (reduction factor {REDUCTION_FACTOR}, first rung at step "
@@ -744,25 +865,18 @@ def _finish(
         eval_every=setup.eval_every,
         ranges=setup.ranges,
         plan=str(setup.plan_path),
-        tuned_plan=str(path),
+        tuned_plan=str(tuned_plan) if tuned_plan is not None else "",
         base_values=plan_values(setup.plan.config, setup.ranges),
-        best_number=best.number,
-        best_values=dict(best.params),
-        best_score=best.score,
+        best_number=best.number if best else None,
+        best_values=dict(best.params) if best else {},
+        best_score=best.score if best else None,
         base_score=base.score if base else None,
-        counts=counts,
+        counts=trial_counts(records),
         tokens_trained=sum(r.tokens for r in records),
         sensitivity=tuple(sensitivity(records, [r.name for r in setup.ranges])),
         command=tuple(setup.command),
-    )
-    summary.save(files.study)
-    return TuneResult(
-        plan=plan,
-        plan_path=path,
-        summary=summary,
-        trials=tuple(records),
-        best=best,
-        out=setup.out,
+        notes=setup.recorded_notes,
+        finished=tuned_plan is not None,
     )
 
 

@@ -67,6 +67,20 @@ def tuning_view(run: RunFiles) -> TuningView | None:
     )
 
 
+def _counts(counts: dict[str, int] | object) -> str:
+    if not isinstance(counts, dict):
+        return ""
+    text = (
+        f"{counts.get('complete', 0)} complete, {counts.get('pruned', 0)} pruned, "
+        f"{counts.get('failed', 0)} failed"
+    )
+    rerun = counts.get("re-run", 0)
+    text += f", {rerun} stopped and re-queued" if rerun else ""
+    for state in ("running", "waiting"):
+        text += f", {counts[state]} {state}" if counts.get(state) else ""
+    return text
+
+
 def _role(trial: TrialRecord, summary: TuningSummary) -> str:
     if trial.number == summary.best_number:
         return "chosen"
@@ -82,8 +96,10 @@ def curves(summary: TuningSummary, trials: list[TrialRecord]) -> Chart:
         if not t.evals:
             continue
         mark = {"pruned": " (pruned)", "failed": " (failed)"}.get(t.state, "")
+        if t.rerun_as is not None:
+            mark = f" (stopped, re-run as {t.rerun_as})"
         if t.number == summary.best_number:
-            mark = " (chosen)"
+            mark = " (chosen)" if summary.finished else " (best so far)"
         params = _values(dict(t.params))
         series.append(
             Series(
@@ -113,12 +129,11 @@ def tuning_section(run: RunFiles) -> tuple[Section, TuningView | None]:
             note = "tune/study.json could not be read as a study: re-run 'advisor tune'."
         return Section(id="tuning", title="Tuning", note=note), None
     s, best = view.summary, view.best
-    counts = s.counts
     facts = [
         Fact(
             label="trials",
-            value=f"{len(view.trials)}: {counts.get('complete', 0)} complete, "
-            f"{counts.get('pruned', 0)} pruned, {counts.get('failed', 0)} failed",
+            value=f"{len(view.trials)}: {_counts(dict(s.counts))}"
+            + ("" if s.finished else f" (of {s.trials_asked} asked: not finished)"),
             hint=f"pruner: {s.pruner}; sampler: {s.sampler}",
         ),
         Fact(
@@ -134,7 +149,10 @@ def tuning_section(run: RunFiles) -> tuple[Section, TuningView | None]:
     ]
     if best is not None and best.score is not None:
         facts.append(
-            Fact(label="chosen", value=f"trial {best.number}: {_values(dict(best.params))}")
+            Fact(
+                label="chosen" if s.finished else "best so far",
+                value=f"trial {best.number}: {_values(dict(best.params))}",
+            )
         )
         facts.append(Fact(label="its held-out loss", value=f"{best.score:.4f}"))
     if s.base_score is not None:
@@ -145,21 +163,33 @@ def tuning_section(run: RunFiles) -> tuple[Section, TuningView | None]:
                 hint=_values(dict(s.base_values)),
             )
         )
+    outcome = (
+        f"The tuned plan: {s.tuned_plan}."
+        if s.finished and s.tuned_plan
+        else "The study has not finished (stopped, or still running): no tuned plan from it "
+        "yet; the same 'advisor tune' command continues it."
+    )
     lead = (
         f"An Optuna study over {', '.join(r.name for r in s.ranges)} at the plan's config "
         "(every speed key and the global batch unchanged), each trial a real training run "
-        f"scored by its held-out loss after {s.tokens_per_trial:,} tokens. The tuned plan: "
-        f"{s.tuned_plan}.",
+        f"scored by its held-out loss after {s.tokens_per_trial:,} tokens. {outcome}",
     )
     ranges = Table(
-        columns=("parameter", "range", "scale", "plan", "chosen", "sensitivity ρ"),
+        columns=(
+            "parameter",
+            "range",
+            "scale",
+            "plan",
+            "chosen" if s.finished else "best so far",
+            "sensitivity ρ",
+        ),
         rows=tuple(
             (
                 cell(r.name, hint=r.key),
                 cell(f"{_value(r.low)} – {_value(r.high)}"),
                 cell("log" if r.log else "linear"),
                 cell(_value(s.base_values.get(r.name, ""))),
-                cell(_value(s.best_values.get(r.name, "")), cls="good"),
+                cell(_value(s.best_values.get(r.name, "—")), cls="good"),
                 _rho_cell(s, r.name),
             )
             for r in s.ranges
@@ -188,6 +218,11 @@ def tuning_section(run: RunFiles) -> tuple[Section, TuningView | None]:
         classes.append("chosen" if best is not None and t.number == best.number else "")
     trials = Table(
         columns=("trial", "state", *names, "eval loss (last)", "tokens", "why it stopped"),
+        caption=""
+        if not s.counts.get("re-run")
+        else "A failed trial whose values were queued again (its worker was stopped, or it "
+        "failed and stopped the study) names the trial that re-runs them; the counts leave it "
+        "out of 'failed'.",
         rows=tuple(rows),
         row_classes=tuple(classes),
         sortable=True,

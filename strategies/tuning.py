@@ -318,7 +318,9 @@ class TrialRecord:
     ``params``: the tuned values by parameter name; ``evals``: its eval curve as far as it ran;
     ``score``: the final eval loss (complete trials only); ``tokens``: tokens it trained;
     ``reason``: why it was pruned or failed; ``directory``: its training directory, relative
-    to OUT (empty when it ran in another worker's OUT)."""
+    to OUT (empty when it ran in another worker's OUT); ``rerun_as``: a failed trial whose
+    parameters were queued again (its worker was stopped, or it failed and stopped the
+    study): the number of the trial that re-runs them."""
 
     number: int
     state: str
@@ -330,6 +332,7 @@ class TrialRecord:
     wall_s: float = 0.0
     worker: str = ""
     directory: str = ""
+    rerun_as: int | None = None
 
     def __post_init__(self) -> None:
         assert self.state in STATES, self.state
@@ -350,11 +353,13 @@ class TrialRecord:
             "wall_s": round(self.wall_s, 3),
             "worker": self.worker,
             "directory": self.directory,
+            "rerun_as": self.rerun_as,
         }
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> TrialRecord:
         score = data.get("score")
+        rerun = data.get("rerun_as")
         return cls(
             number=int(data["number"]),
             state=str(data["state"]),
@@ -366,7 +371,22 @@ class TrialRecord:
             wall_s=float(data.get("wall_s") or 0.0),
             worker=str(data.get("worker") or ""),
             directory=str(data.get("directory") or ""),
+            rerun_as=int(rerun) if rerun is not None else None,
         )
+
+
+def trial_counts(records: Sequence[TrialRecord]) -> dict[str, int]:
+    """Trials by outcome: complete, pruned, failed, and re-run (a failed trial whose
+    parameters were queued again: an interrupted or killed worker's, or one that failed and
+    stopped the study) -- those are not failures of the study's values and not counted twice;
+    running and waiting ones (a study in progress) only when there are some."""
+    counts = {"complete": 0, "pruned": 0, "failed": 0, "re-run": 0}
+    for r in records:
+        if r.rerun_as is not None:
+            counts["re-run"] += 1
+        else:
+            counts[r.state] = counts.get(r.state, 0) + 1  # running, waiting: while it runs
+    return counts
 
 
 def best_trial(records: Sequence[TrialRecord]) -> TrialRecord | None:
@@ -506,6 +526,10 @@ class TuningSummary:
     sensitivity: tuple[Sensitivity, ...] = ()
     command: tuple[str, ...] = ()
     notes: tuple[str, ...] = field(default_factory=tuple)
+    # False while the study runs (or after it was stopped): the best so far, no tuned plan
+    # written by it yet (``tuned_plan`` is then empty). study.json is rewritten after every
+    # trial, so it always describes the same study as trials.jsonl beside it.
+    finished: bool = True
 
     @property
     def cost_runs(self) -> float:
@@ -536,6 +560,7 @@ class TuningSummary:
             "sensitivity": [s.to_dict() for s in self.sensitivity],
             "command": list(self.command),
             "notes": list(self.notes),
+            "finished": self.finished,
         }
 
     @classmethod
@@ -564,6 +589,7 @@ class TuningSummary:
             sensitivity=tuple(Sensitivity.from_dict(s) for s in data.get("sensitivity") or ()),
             command=tuple(str(w) for w in data.get("command") or ()),
             notes=tuple(str(n) for n in data.get("notes") or ()),
+            finished=bool(data.get("finished", True)),
         )
 
     def save(self, path: Path) -> None:

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import contextlib
+import signal
 import sys
+import threading
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
@@ -143,18 +145,52 @@ def tune(**params: Any) -> None:
         device=params["device"],
     )
     display = CliTuneProgress(params["quiet"], params["trials"])
-    with display.shown():
+    with display.shown(), sigterm_interrupts():
         result = run_tune(params["plan_path"], request, out=params["out"], progress=display)
     summarize(result)
+
+
+@contextlib.contextmanager
+def sigterm_interrupts() -> Iterator[None]:
+    """SIGTERM (``kill PID``, a scheduler's preemption) stops the study as Ctrl-C does: the
+    running trial's child is stopped, its checkpoint deleted, the trial failed and re-queued,
+    one line, exit 143. Until 2026-12-07 SIGTERM killed this process silently: the trial stayed
+    RUNNING until the next run reclaimed it, and the child's checkpoint (39 MB for gpt-tiny)
+    was left in its directory."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    from advisor.run import Terminated
+
+    def handle(signum: int, frame: Any) -> None:
+        raise Terminated
+
+    previous = signal.signal(signal.SIGTERM, handle)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def counts_text(counts: Mapping[str, int]) -> str:
+    """'3 complete, 1 pruned, 0 failed' (and ', 2 re-run' when a trial was re-run)."""
+    text = (
+        f"{counts.get('complete', 0)} complete, {counts.get('pruned', 0)} pruned, "
+        f"{counts.get('failed', 0)} failed"
+    )
+    rerun = counts.get("re-run", 0)
+    text += f", {rerun} stopped and re-queued" if rerun else ""
+    for state in ("running", "waiting"):
+        text += f", {counts[state]} {state}" if counts.get(state) else ""
+    return text
 
 
 def summarize(result: Any) -> None:
     summary = result.summary
     best = result.best
-    counts = summary.counts
     click.echo(
-        f"study {summary.study_name}: {len(result.trials)} trials ({counts.get('complete', 0)} "
-        f"complete, {counts.get('pruned', 0)} pruned, {counts.get('failed', 0)} failed), cost "
+        f"study {summary.study_name}: {len(result.trials)} trials "
+        f"({counts_text(summary.counts)}), cost "
         f"{summary.cost_runs:.2f}x one trial of {summary.tokens_per_trial:,} tokens"
     )
     line = f"best: trial {best.number} ({_params_text(best.params)}), eval loss {best.score:.4f}"

@@ -194,7 +194,9 @@ def test_an_interrupted_study_resumes_where_it_stopped(tmp_path: Path) -> None:
     with pytest.raises(KeyboardInterrupt):
         tune(plan, _request(4), runner=Scripted(interrupt_at=2))
     trials = read_trials(RunDir(tmp_path).tune.trials)  # written after each trial
-    assert [t.state for t in trials] == ["complete", trials[1].state]
+    # ... and after the interrupted one: failed, its values waiting for the next run
+    assert [t.state for t in trials] == ["complete", trials[1].state, "failed", "waiting"]
+    assert trials[2].rerun_as == 3 and trials[3].params == trials[2].params
     interrupted = RunDir(tmp_path).tune.root / "trial_0002"
     assert interrupted.is_dir() and not (interrupted / "checkpoints").exists()  # no bulk left
     runner = Scripted()
@@ -271,8 +273,14 @@ def test_before_the_trials_it_notes_what_would_surprise_a_user(tmp_path: Path) -
     )
     assert notes[1].startswith("a trial's warm-up can last 20 steps, past the first pruning at")
     assert "--tokens-per-trial 12,800 (5x the warm-up)" in notes[1]
-    assert "--params warmup=0:4" in notes[1]
+    # The suggested --params keeps every other parameter tuned (it named warmup alone, so
+    # following it tuned the warm-up only).
+    assert notes[1].endswith("(--params lr,warmup=0:4,wd)")
     assert len(notes) == 2  # the golden plan was measured here: not an estimate
+    own = prepare(
+        plan, TuneRequest(trials=2, tokens_per_trial=20 * 128, params="lr=1e-4:1e-3,wd"), None
+    )
+    assert own.notes()[0].endswith("(--params lr=0.0001:0.001,wd,warmup=0:4)")
     quiet = prepare(plan, TuneRequest(trials=2, tokens_per_trial=200 * 128), None)
     assert quiet.notes() == []
 
@@ -300,3 +308,82 @@ def test_plan_values_outside_the_ranges_are_named(tmp_path: Path) -> None:
         "the plan's own values are outside the ranges tuned: lr 0.001 (range 0.01 to 0.1); "
         "the study does not try them"
     ]
+
+
+def test_a_failed_trial_is_rerun_when_the_same_command_runs_again(tmp_path: Path) -> None:
+    """A user's audit: 'advisor tune --device cuda' on a CPU host failed at trial 0 (exit 2);
+    the same study with --device cpu then ran nothing and ended "no trial completed": the
+    failed trial counted toward --trials."""
+    plan = write_plan(tmp_path)
+
+    def no_device(spec: TrialSpec, on_eval: OnEval) -> TrialOutcome:
+        return TrialOutcome(state="failed", reason="no CUDA device is visible", exit_code=2)
+
+    from advisor.errors import UsageProblem
+
+    with pytest.raises(UsageProblem, match="running the study again re-runs this trial"):
+        tune(plan, _request(2), runner=no_device)
+    runner = Scripted()
+    result = tune(plan, _request(2), runner=runner)
+    assert [n for n, _ in runner.runs] == [1, 2]  # trial 0's values again, then a new one
+    by_number = {t.number: t for t in result.trials}
+    assert by_number[1].params == by_number[0].params == {"lr": 1e-3, "warmup": 2, "wd": 0.1}
+    assert by_number[0].rerun_as == 1
+    assert by_number[0].reason == "no CUDA device is visible; re-run as trial 1"
+    assert result.summary.base_score is not None  # the plan's own values were scored
+    assert result.summary.counts == {"complete": 2, "pruned": 0, "failed": 0, "re-run": 1}
+
+
+def test_an_interrupted_trial_is_counted_as_re_run_not_failed(tmp_path: Path) -> None:
+    plan = write_plan(tmp_path)
+    with pytest.raises(KeyboardInterrupt):
+        tune(plan, _request(3), runner=Scripted(interrupt_at=1))
+    result = tune(plan, _request(3), runner=Scripted())
+    stopped = result.trials[1]
+    assert stopped.state == "failed" and stopped.rerun_as == 2
+    assert stopped.reason == "interrupted (Ctrl-C); re-run as trial 2"
+    assert stopped.directory == "tune/trial_0001"  # its stderr.log and metrics are there
+    assert result.summary.counts == {"complete": 3, "pruned": 0, "failed": 0, "re-run": 1}
+
+
+def test_study_json_always_describes_the_study_of_trials_jsonl(tmp_path: Path) -> None:
+    """A user's audit: a second study in the same OUT (other ranges), stopped after a trial,
+    left the first study's study.json (5 trials, lr/warmup/wd) beside the second's
+    trials.jsonl (warmup only), and the report showed both as one study."""
+    plan = write_plan(tmp_path)
+    first = tune(plan, _request(3), runner=Scripted())
+    other = TuneRequest(trials=3, tokens_per_trial=40 * 4 * 32, params="warmup", seed=3)
+    with pytest.raises(KeyboardInterrupt):
+        tune(plan, other, runner=Scripted(interrupt_at=1))
+    files = RunDir(tmp_path).tune
+    from strategies.tuning import TuningSummary
+
+    summary = TuningSummary.load(files.study)
+    trials = read_trials(files.trials)
+    assert summary.study_name != first.summary.study_name
+    assert summary.study_name == prepare(plan, other, None).study_name
+    assert not summary.finished and summary.tuned_plan == ""
+    assert [r.name for r in summary.ranges] == ["warmup"]
+    assert all(set(t.params) == {"warmup"} for t in trials)
+    assert summary.best_number == 0
+    assert summary.counts == {"complete": 1, "pruned": 0, "failed": 0, "re-run": 1, "waiting": 1}
+    # Finished, it says so and names its tuned plan.
+    done = tune(plan, other, runner=Scripted())
+    summary = TuningSummary.load(files.study)
+    assert summary.finished and summary.tuned_plan == str(done.plan_path)
+
+
+def test_what_it_noted_before_the_trials_is_kept_in_study_json(tmp_path: Path) -> None:
+    """The notes were printed and lost: study.json's notes (the report's bullets) were empty."""
+    plan = write_plan(tmp_path, warmup_steps=20)
+    result = tune(
+        plan,
+        TuneRequest(trials=1, tokens_per_trial=20 * 128, params="lr=1e-2:1e-1,warmup", seed=3),
+        runner=Scripted(),
+    )
+    notes = result.summary.notes
+    assert notes[0].startswith("the plan's own values are outside the ranges tuned: lr 0.001")
+    assert notes[1].startswith("a trial's warm-up can last 20 steps")
+    from strategies.tuning import TuningSummary
+
+    assert TuningSummary.load(RunDir(tmp_path).tune.study).notes == notes

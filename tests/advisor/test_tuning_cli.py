@@ -47,12 +47,73 @@ def test_plan_is_required() -> None:
         ("lr=0:1", "LOW must be > 0"),
         ("batch", "unknown parameter 'batch'"),
         ("wd=0.1", "wd=LOW:HIGH"),
+        # a warm-up longer than the trial (300 steps) never reaches its lr: it was accepted
+        ("warmup=0:1000", "a trial is 300 steps, and a longer warm-up never reaches its lr"),
     ],
 )
 def test_bad_ranges(tmp_path: Path, params: str, fragment: str) -> None:
     plan = write_plan(tmp_path)
     _one_line_error(invoke("tune", "--plan", str(plan), "--params", params), fragment)
     assert not RunDir(tmp_path).tune.root.exists()  # nothing ran
+
+
+@pytest.mark.parametrize(
+    ("storage", "fragment"),
+    [
+        # sqlite:// is in memory: Optuna's tables were missing and it ended in a traceback
+        ("sqlite://", "is an in-memory database"),
+        ("sqlite:///:memory:", "is an in-memory database"),
+        ("", "--storage is empty"),
+    ],
+)
+def test_storage_a_study_cannot_live_in(tmp_path: Path, storage: str, fragment: str) -> None:
+    plan = write_plan(tmp_path)
+    _one_line_error(invoke("tune", "--plan", str(plan), "--storage", storage), fragment)
+    assert not RunDir(tmp_path).tune.root.exists()
+
+
+SLOW_STUDY = """
+import sys
+import advisor.tuning
+from tests.advisor.test_tuning import Scripted
+advisor.tuning.ChildTrainer = lambda: Scripted(delay_s=0.2)
+from advisor.cli import main
+main(["tune", "--plan", sys.argv[1], "--trials", "3", "--tokens-per-trial", "5120"])
+"""
+
+
+def test_sigterm_stops_the_study_as_ctrl_c_does(tmp_path: Path) -> None:
+    """SIGTERM (a scheduler's preemption) killed 'advisor tune' without a word: its trial
+    stayed RUNNING and the child's checkpoint was left behind."""
+    import signal
+
+    plan = write_plan(tmp_path, warmup_steps=2)
+    child = subprocess.Popen(
+        [sys.executable, "-c", SLOW_STUDY, str(plan)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=Path(__file__).parent.parent.parent,
+    )
+    assert child.stderr is not None
+    said = []
+    for line in child.stderr:
+        said.append(line)
+        if line.startswith("trial 1:"):  # trial 0 is done, trial 1 is running
+            break
+    child.send_signal(signal.SIGTERM)
+    _, rest = child.communicate(timeout=120)
+    assert child.returncode == 128 + signal.SIGTERM, "".join(said) + rest
+    lines = [line for line in rest.splitlines() if line.strip()]
+    assert lines == [
+        "error: interrupted (SIGTERM): the trials so far are kept in its study; the same "
+        "command continues it"
+    ]
+    from strategies.tuning import read_trials
+
+    trials = read_trials(RunDir(tmp_path).tune.trials)
+    assert [(t.number, t.state) for t in trials] == [(0, "complete"), (1, "failed"), (2, "waiting")]
+    assert trials[1].reason == "interrupted (SIGTERM); re-run as trial 2"
 
 
 def test_too_few_tokens_for_one_evaluation(tmp_path: Path) -> None:

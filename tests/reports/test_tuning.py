@@ -148,3 +148,49 @@ def test_a_damaged_study_is_a_note_not_a_crash(tuned_run: Path) -> None:
     RunDir(tuned_run).tune.study.write_text('{"study_name": "x"}')
     section = build_view(tuned_run).section("tuning")
     assert "could not be read as a study" in section.note
+
+
+def test_an_unfinished_study_says_so_and_names_no_tuned_plan(
+    hand_run: Path, tmp_path: Path
+) -> None:
+    """advisor tune rewrites study.json after every trial since 2026-12-07 (before, an OUT
+    tuned earlier kept the earlier study's study.json beside this one's trials): a stopped
+    study shows its best so far, not a 'chosen' trial and a tuned plan it never wrote."""
+    run = tmp_path / "run"
+    shutil.copytree(hand_run, run)
+    summary = _add_study(run)
+    RunDir(run).tuned_plan.unlink()
+    stopped = TrialRecord(
+        number=4,
+        state="failed",
+        params={"lr": 2e-3, "wd": 0.1},
+        tokens=1024,
+        reason="interrupted (Ctrl-C); re-run as trial 5",
+        rerun_as=5,
+    )
+    waiting = TrialRecord(number=5, state="waiting", params={"lr": 2e-3, "wd": 0.1})
+    write_trials(RunDir(run).tune.trials, [*TRIALS, stopped, waiting])
+    import dataclasses
+
+    dataclasses.replace(
+        summary,
+        tuned_plan="",
+        finished=False,
+        trials_asked=6,
+        counts={"complete": 2, "pruned": 2, "failed": 0, "re-run": 1, "waiting": 1},
+    ).save(RunDir(run).tune.study)
+    section = build_view(run).section("tuning")
+    facts = {f.label: f.value for f in section.facts}
+    assert "chosen" not in facts
+    assert facts["best so far"] == "trial 2: lr 0.003, wd 0.2"
+    assert facts["trials"] == (
+        "6: 2 complete, 2 pruned, 0 failed, 1 stopped and re-queued, 1 waiting (of 6 asked: "
+        "not finished)"
+    )
+    assert "no tuned plan from it yet" in section.lead[0]
+    assert "The tuned plan:" not in section.lead[0]
+    params, trials = section.tables
+    assert params.columns[4] == "best so far"
+    assert trials.rows[4][-1].text == "interrupted (Ctrl-C); re-run as trial 5"
+    labels = {s.label for s in section.charts[0].series}
+    assert "trial 2 (best so far)" in labels
