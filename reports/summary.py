@@ -335,8 +335,10 @@ def summary_section(
     tuned: Mapping[str, Any] | None = None,
     trained: Mapping[str, Any] | None = None,
     searched: Sequence[TrialRow] = (),
+    plan_is_tuned: bool = False,
 ) -> Section:
-    """``tuned``: the tuned plan's config (advisor tune), whose optimizer the run trains;
+    """``tuned``: the tuned plan's config (advisor tune), whose optimizer the run trains
+    (``plan_is_tuned``: the directory has no plan.json, its tuned plan stands for it);
     ``trained``: train_config.json's config, what the training run actually used;
     ``searched``: the Candidates rows (trials.csv), which a search that chose nothing leaves."""
     if summary is None or not plan:
@@ -411,7 +413,7 @@ def summary_section(
             else []
         ),
         *([_compile_fact(mapping(plan.get("predicted")))] if config.get("compile") else []),
-        _optimizer_fact(config, tuned, trained),
+        _optimizer_fact(config, tuned, trained, plan_is_tuned),
     ]
     lead = summary.headline
     changed = setting_differences(tuned or config, trained or {})
@@ -467,6 +469,7 @@ def _optimizer_fact(
     config: Mapping[str, Any],
     tuned: Mapping[str, Any] | None,
     trained: Mapping[str, Any] | None = None,
+    plan_is_tuned: bool = False,
 ) -> Fact:
     """The optimizer the run trains: the tuned plan's when advisor tune ran (the summary showed
     the untuned values beside a Tuning section and a Reproduce with the tuned ones); the
@@ -485,5 +488,8 @@ def _optimizer_fact(
         value=_optimizer(tuned),
         hint=f"advisor tune's values; the recommended plan's own: {own}"
         if own != _optimizer(tuned)
-        else "advisor tune's values (the plan it tuned is not in this directory)",
+        else "advisor tune's values (the plan it tuned is not in this directory)"
+        if plan_is_tuned
+        # The study kept the plan's own values: the hint said the plan was missing beside it.
+        else "advisor tune's values, the same as the recommended plan's own",
     )

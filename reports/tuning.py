@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 from profilers.rundir import RunDir
 from reports.charts import Chart, Series, nonempty
+from reports.common import whatif_target
 from reports.model import Cell, Fact, Section, Table, cell, num_cell
 from reports.runfiles import RunFiles
 from strategies.tuning import TrialRecord, TuningSummary
@@ -24,6 +25,13 @@ NO_STUDY_NO_PLAN = (
     "No hyper-parameter study in this run, and no plan to tune yet: 'advisor tune --plan "
     "PLAN' (or 'advisor run --tune-trials N') tunes the learning rate, warm-up and weight decay "
     "of a plan's config once there is one."
+)
+
+# A what-if plan (recommend --target): 'advisor tune' would train its config on this host.
+NO_STUDY_WHATIF = (
+    "No hyper-parameter study in this run: the plan is a what-if for other hardware, and "
+    "'advisor tune' trains its config here; tune it where it will train ('advisor tune --plan "
+    "RUN/plan.json' on the target)."
 )
 
 
@@ -116,8 +124,11 @@ def curves(summary: TuningSummary, trials: list[TrialRecord]) -> Chart:
         x_label="step",
         y_label="eval loss",
         series=tuple(series),
-        caption="Every trial trains the same tokens; the pruner stops a trial whose eval loss "
-        "is not in the best third of those that reached the same evaluation.",
+        # "Every trial trains the same tokens" above curves the pruner had cut short said two
+        # things at once (audit 41, D13): each is given the same tokens, a pruned one uses fewer.
+        caption="Every trial is given the same tokens; the pruner stops a trial early (its "
+        "curve ends) when its eval loss is not in the best third of those that reached the same "
+        "evaluation.",
     )
 
 
@@ -125,6 +136,9 @@ def tuning_section(run: RunFiles) -> tuple[Section, TuningView | None]:
     view = tuning_view(run)
     if view is None:
         note = NO_STUDY if RunDir(run.root).plan.is_file() else NO_STUDY_NO_PLAN
+        if whatif_target(run.plan):
+            # tuning trains the plan's config on this host: no use for another's plan
+            note = NO_STUDY_WHATIF
         if run.tuning is not None:
             note = "tune/study.json could not be read as a study: re-run 'advisor tune'."
         return Section(id="tuning", title="Tuning", note=note), None

@@ -165,6 +165,7 @@ def build_view(run: RunFiles | str | Path, *, now: datetime.datetime | None = No
             mapping(mapping(run.tuned_plan).get("config")) or None,
             config or None,
             trials,
+            plan_is_tuned=run.plan is not None and run.plan is run.tuned_plan,
         ),
         facts_section(profile, run.probes),
         memory,

@@ -144,6 +144,45 @@ def test_without_a_study_the_section_says_how_to_get_one(hand_run: Path) -> None
     assert "tune" not in [s.name for s in view.stages]
 
 
+def test_a_what_if_plan_is_not_sent_to_be_tuned_here(hand_run: Path, tmp_path: Path) -> None:
+    """The note said 'advisor tune --plan RUN/plan.json' for an 8x H100 plan: that trains
+    its config on this host."""
+    run = tmp_path / "run"
+    shutil.copytree(hand_run, run)
+    plan_file = RunDir(run).plan
+    plan = json.loads(plan_file.read_text())
+    plan["estimate"] = True
+    plan["label"] = "ESTIMATE for 8× NVIDIA H100 SXM5 80GB: memory from ..."
+    plan_file.write_text(json.dumps(plan))
+    note = build_view(run).section("tuning").note
+    assert note.startswith("No hyper-parameter study in this run: the plan is a what-if")
+    assert "tune it where it will train" in note
+
+
+def test_the_curves_caption_says_pruned_trials_stop_early(tuned_run: Path) -> None:
+    caption = build_view(tuned_run).section("tuning").charts[0].caption
+    assert "Every trial trains the same tokens" not in caption
+    assert "stops a trial early (its curve ends)" in caption
+
+
+def test_a_study_that_kept_the_plans_values_says_so(tuned_run: Path) -> None:
+    """The hint said the tuned plan was not in the directory, with plan.json beside it."""
+
+    def optimizer_hint(run: Path) -> str:
+        facts = build_view(run).section("summary").facts
+        return next(f.hint for f in facts if f.label == "optimizer (tuned)")
+
+    files = RunDir(tuned_run)
+    files.tuned_plan.write_text(files.plan.read_text())
+    assert optimizer_hint(tuned_run) == (
+        "advisor tune's values, the same as the recommended plan's own"
+    )
+    files.plan.unlink()
+    assert optimizer_hint(tuned_run) == (
+        "advisor tune's values (the plan it tuned is not in this directory)"
+    )
+
+
 def test_a_damaged_study_is_a_note_not_a_crash(tuned_run: Path) -> None:
     RunDir(tuned_run).tune.study.write_text('{"study_name": "x"}')
     section = build_view(tuned_run).section("tuning")
