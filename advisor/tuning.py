@@ -435,22 +435,14 @@ def prepare(plan_path: Path, request: TuneRequest, out: Path | None) -> _Setup:
 
 
 def _check_storage(storage: str | None) -> None:
-    """What a study cannot live in: nothing, or an in-memory database (each connection gets
-    its own, empty one: Optuna's tables were missing and the study died with a traceback;
-    nor could a re-run resume it or a second worker share it)."""
-    if storage is None:
-        return
-    if not storage.strip():
-        raise UsageProblem(
-            "--storage is empty: leave it out for OUT/study.db, or give an Optuna storage URL"
-        )
-    if storage.strip() in ("sqlite://", "sqlite:///", "sqlite:///:memory:") or (
-        ":memory:" in storage and storage.startswith("sqlite")
-    ):
-        raise UsageProblem(
-            f"--storage {storage} is an in-memory database, which neither a re-run nor another "
-            "worker can open: give a file (sqlite:///PATH/study.db) or a server's URL"
-        )
+    """What a study cannot live in (strategies.study.storage_problem: nothing, or an in-memory
+    database, where Optuna's tables were missing and the study died with a traceback), refused
+    before any trial."""
+    from strategies.study import storage_problem
+
+    problem = storage_problem(storage) if storage is not None else None
+    if problem:
+        raise UsageProblem(problem)
 
 
 def tune(

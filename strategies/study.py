@@ -192,6 +192,9 @@ def open_study(
     than the config search's (``advisor tune``'s: minimise eval loss, with a pruner)."""
     import optuna
 
+    problem = storage_problem(storage)
+    if problem:
+        raise StrategyError(problem)
     for attempt in range(OPEN_ATTEMPTS):
         try:
             rdb = optuna.storages.RDBStorage(storage, engine_kwargs=_engine_kwargs(storage))
@@ -208,8 +211,7 @@ def open_study(
                 continue
             raise StrategyError(
                 f"cannot open the study storage {redact(storage)!r}: {type(exc).__name__}: "
-                f"{text[:200]} (an Optuna RDB URL such as sqlite:///study.db or "
-                "postgresql+psycopg2://user:pw@host/db)"
+                f"{_shortened(text)} ({_storage_hint(storage, text)})"
             ) from None
     if storage.startswith("sqlite"):
         _use_wal(rdb)
@@ -223,6 +225,45 @@ def open_study(
         direction=direction,
         load_if_exists=True,
     )
+
+
+def storage_problem(storage: str) -> str | None:
+    """Why ``storage`` cannot hold a study, before anything opens it: empty, or an in-memory
+    SQLite database (each connection gets its own, empty one: Optuna's tables are missing at
+    the next connection, and neither a re-run nor another worker could open it)."""
+    url = storage.strip()
+    if not url:
+        return "--storage is empty: leave it out for the default OUT/study.db, or give a URL"
+    if url.startswith("sqlite") and (url.rstrip("/") == "sqlite:" or ":memory:" in url):
+        return (
+            f"--storage {url} is an in-memory database, which neither a re-run nor another "
+            "worker can open: give a file (sqlite:///PATH/study.db) or a server's URL"
+        )
+    return None
+
+
+def _shortened(text: str, limit: int = 200) -> str:
+    """A driver's message for one line: without SQLAlchemy's "(Background on this error at:
+    URL)" and cut at a word, not mid-word ("... Background on this error at: ht")."""
+    text = text.split("(Background on this error at:")[0].strip()
+    if len(text) <= limit:
+        return text
+    return text[:limit].rsplit(" ", 1)[0] + " ..."
+
+
+def _storage_hint(storage: str, text: str) -> str:
+    """The fix to name: the driver a bare postgresql:// lacks (SQLAlchemy 2.1 defaults to
+    psycopg 3; the extra 'postgres' installs psycopg2), else what a URL looks like."""
+    url = storage.strip().lower()
+    if url.startswith("postgresql") and (
+        "import DB access module" in text or "No module named" in text
+    ):
+        driver = url.split("://", 1)[0]
+        return (
+            f"no driver for {driver}://: write postgresql+psycopg2://user:pw@host/db, whose "
+            "driver the extra 'postgres' installs"
+        )
+    return "an Optuna RDB URL such as sqlite:///study.db or postgresql+psycopg2://user:pw@host/db"
 
 
 def _engine_kwargs(storage: str) -> dict[str, Any]:

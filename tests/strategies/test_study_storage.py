@@ -70,3 +70,32 @@ def test_a_file_held_all_along_is_left_in_rollback_mode_not_an_error(
         reader.close()
     assert _journal_mode(db) == "delete"
     storage.engine.dispose()
+
+
+@pytest.mark.parametrize(
+    ("storage", "said"),
+    [
+        # in memory: each connection its own empty database (a traceback, exit 1, in recommend)
+        ("sqlite://", "is an in-memory database"),
+        ("sqlite:///:memory:", "is an in-memory database"),
+        ("  ", "--storage is empty"),
+        # SQLAlchemy 2.1's default PostgreSQL driver is psycopg 3, which the extra lacks
+        (
+            "postgresql://u:pw@127.0.0.1:1/db",
+            "no driver for postgresql://: write postgresql+psycopg2://user:pw@host/db",
+        ),
+    ],
+)
+def test_a_storage_no_study_can_live_in_is_named_with_its_fix(storage: str, said: str) -> None:
+    from strategies.errors import StrategyError
+
+    with pytest.raises(StrategyError) as caught:
+        open_study(storage, "s", 0, None)
+    assert said in str(caught.value)
+    assert "s3cret" not in str(caught.value)  # the password stays out of the message
+
+
+def test_a_drivers_long_message_is_cut_at_a_word_without_sqlalchemys_link() -> None:
+    text = "word " * 60 + "(Background on this error at: https://sqlalche.me/e/20/e3q8)"
+    short = study_module._shortened(text)
+    assert short.endswith("word ...") and "Background" not in short and len(short) <= 204
