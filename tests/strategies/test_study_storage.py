@@ -81,7 +81,7 @@ def test_a_file_held_all_along_is_left_in_rollback_mode_not_an_error(
         ("  ", "--storage is empty"),
         # SQLAlchemy 2.1's default PostgreSQL driver is psycopg 3, which the extra lacks
         (
-            "postgresql://u:pw@127.0.0.1:1/db",
+            "postgresql://u:s3cret@127.0.0.1:1/db",
             "no driver for postgresql://: write postgresql+psycopg2://user:pw@host/db",
         ),
     ],
