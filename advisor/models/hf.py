@@ -122,11 +122,12 @@ def _config_source(tf: Any, name_or_path: str) -> tuple[str, dict[str, Any]]:
     if path.is_dir():
         if not (path / "config.json").is_file():
             raise UsageProblem(f"{path} has no config.json: point hf: at a model's config dir")
-        data = _read_config(path / "config.json")
-    elif path.is_file():
+        path = path / "config.json"
+    if path.is_file():
+        # a damaged config.json in hf:DIR ended in a JSONDecodeError traceback (exit 1)
         try:
             data = _read_config(path)
-        except json.JSONDecodeError as exc:
+        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
             raise UsageProblem(
                 f"{path} is not valid JSON ({one_line(exc)}): pass a config.json"
             ) from None
@@ -141,7 +142,13 @@ def _config_source(tf: Any, name_or_path: str) -> tuple[str, dict[str, Any]]:
         return name_or_path, {}
     model_type = data.pop("model_type", None) if isinstance(data, dict) else None
     if not isinstance(model_type, str) or model_type not in tf.CONFIG_MAPPING:
-        raise UsageProblem(f"{path}: config has unknown model_type {model_type!r}")
+        what = (
+            "has no model_type" if model_type is None else f"has unknown model_type {model_type!r}"
+        )
+        raise UsageProblem(
+            f"{path}: config {what}: set it to a transformers model type (e.g. gpt2, llama), "
+            f"or upgrade transformers ({tf.__version__} knows {len(tf.CONFIG_MAPPING)})"
+        )
     return model_type, data
 
 

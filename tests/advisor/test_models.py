@@ -473,7 +473,17 @@ def test_hf_bad_local_configs(tmp_path: Path) -> None:
     (tmp_path / "empty").mkdir()
     (tmp_path / "broken.json").write_text("{not json")
     (tmp_path / "alien.json").write_text('{"model_type": "no-such-type"}')
-    cases = {"empty": "config.json", "broken.json": "not valid JSON", "alien.json": "model_type"}
+    (tmp_path / "untyped.json").write_text('{"n_layer": 2}')
+    # a damaged config.json in a model directory ended in a JSONDecodeError traceback
+    (tmp_path / "damaged").mkdir()
+    (tmp_path / "damaged" / "config.json").write_text('{"model_type": "gpt2",')
+    cases = {
+        "empty": "config.json",
+        "broken.json": "not valid JSON",
+        "damaged": "damaged/config.json is not valid JSON",
+        "alien.json": "has unknown model_type 'no-such-type': set it to a transformers model type",
+        "untyped.json": "has no model_type: set it to a transformers model type",
+    }
     for name, hint in cases.items():
         with pytest.raises(UsageProblem) as excinfo:
             build_model(f"hf:{tmp_path / name}", meta=True)
