@@ -63,6 +63,21 @@ def check_budget(budget_s: float) -> None:
         )
 
 
+def over_budget(took_s: float, budget_s: float) -> str | None:
+    """A warning when the profile ended past its budget and the 10% the README allows: what
+    runs whatever the budget (the device benchmarks, a first real step, the baseline's
+    timing child) took longer on this host than the budget gave, and the budget that gives
+    them room; else None."""
+    if took_s <= budget_s * BUDGET_OVERRUN:
+        return None
+    return (
+        f"warning: this profile took {took_s:.0f} s, past its --budget-s {budget_s:g} (and "
+        f"the {BUDGET_OVERRUN - 1:.0%} it may run over): the device benchmarks, a first real "
+        "step and the baseline's timing run whatever the budget, and took longer here; give "
+        f"--budget-s {math.ceil(took_s)} or more to leave them room"
+    )
+
+
 def check_out(out: Path) -> None:
     """Raise the OSError that writing ``out`` (a directory, created with its parents) would
     raise later, without creating anything: a file in its way or above it, or an existing

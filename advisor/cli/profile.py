@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import math
 import time
 from pathlib import Path
 from typing import Any
@@ -46,7 +45,7 @@ def profile(**params: Any) -> None:
     # The budget counts from here: parsing --model-arg imports torch (seconds on a busy host),
     # which the budget's clock did not see (--budget-s 10 ended 7 s later than its own count).
     started = time.perf_counter()
-    from advisor.profiling import ProfileRequest
+    from advisor.profiling import ProfileRequest, over_budget
     from advisor.profiling import profile as run
 
     request = ProfileRequest(
@@ -59,23 +58,6 @@ def profile(**params: Any) -> None:
     overrun = over_budget(time.perf_counter() - started, request.budget_s)
     if overrun is not None:
         click.echo(overrun, err=True)
-
-
-def over_budget(took_s: float, budget_s: float) -> str | None:
-    """A warning when the profile ended past its budget and the 10% the README allows: what
-    runs whatever the budget (the device benchmarks, a first real step, the baseline's
-    timing child) took longer on this host than the budget gave, and the budget that gives
-    them room; else None."""
-    from advisor.profiling import BUDGET_OVERRUN
-
-    if took_s <= budget_s * BUDGET_OVERRUN:
-        return None
-    return (
-        f"warning: this profile took {took_s:.0f} s, past its --budget-s {budget_s:g} (and "
-        f"the {BUDGET_OVERRUN - 1:.0%} it may run over): the device benchmarks, a first real "
-        "step and the baseline's timing run whatever the budget, and took longer here; give "
-        f"--budget-s {math.ceil(took_s)} or more to leave them room"
-    )
 
 
 def summarize(result: Any, out: Path) -> None:

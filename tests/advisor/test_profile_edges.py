@@ -127,7 +127,7 @@ def test_the_budget_counts_from_the_command_start(
 
 
 def test_a_profile_past_its_budget_says_by_how_much_and_what_covers_it() -> None:
-    from advisor.cli.profile import over_budget
+    from advisor.profiling import over_budget
 
     assert over_budget(10.9, 10) is None  # within the 10% the README allows
     assert over_budget(119.0, 120) is None
@@ -135,6 +135,29 @@ def test_a_profile_past_its_budget_says_by_how_much_and_what_covers_it() -> None
     assert warning is not None
     assert warning.startswith("warning: this profile took 44 s, past its --budget-s 10 ")
     assert warning.endswith("give --budget-s 45 or more to leave them room")
+
+
+def test_advisor_runs_profile_stage_says_when_it_ran_past_its_budget(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """'advisor profile' warned; the same profile inside 'advisor run' said nothing."""
+    from types import SimpleNamespace
+
+    import advisor.profiling
+    from advisor.run import RunRequest, _profile_stage
+
+    done = SimpleNamespace(
+        probes=(), model=SimpleNamespace(name="gpt-tiny"), device=SimpleNamespace(name="cpu")
+    )
+    monkeypatch.setattr(advisor.profiling, "profile", lambda *a, **k: done)
+    monkeypatch.setattr(advisor.profiling, "over_budget", lambda took, budget: f"late {budget:g}")
+    said: list[str] = []
+    _profile_stage(RunRequest(budget_s=30), tmp_path, said.append)
+    assert said == ["late 30"]
+    monkeypatch.setattr(advisor.profiling, "over_budget", lambda took, budget: None)
+    said.clear()
+    _profile_stage(RunRequest(budget_s=30), tmp_path, said.append)
+    assert said == []
 
 
 def test_a_precision_named_twice_is_profiled_once(
