@@ -332,7 +332,7 @@ def _profile_stage(request: RunRequest, out: Path, say: ProgressFn) -> str:
     )
     overrun = over_budget(time.perf_counter() - started, request.budget_s)
     if overrun is not None:  # the README's +10%, missed: said here as 'advisor profile' does
-        say(overrun)
+        say(overrun, -1.0)
     counts: dict[str, int] = {}
     for row in result.probes:
         counts[row.status] = counts.get(row.status, 0) + 1

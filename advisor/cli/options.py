@@ -51,6 +51,34 @@ NON_NEGATIVE = click.IntRange(min=0)
 DEVICES = ("auto", "cpu", "cuda")
 
 
+class TokenCount(click.ParamType):
+    """A positive whole number of tokens, also as written for large counts: ``100000``,
+    ``100_000`` or ``1e5`` (``--tokens-per-trial 1e5`` was refused as not an integer)."""
+
+    name = "integer"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> int:
+        if isinstance(value, int) and not isinstance(value, bool):
+            number: float = value
+        else:
+            text = str(value).strip().replace("_", "")
+            try:
+                number = int(text)
+            except ValueError:
+                try:
+                    number = float(text)
+                except ValueError:
+                    self.fail(f"{value!r} is not a whole number of tokens (e.g. 100000 or 1e5)")
+        if number != number or number in (float("inf"), float("-inf")) or number != int(number):
+            self.fail(f"{value!r} is not a whole number of tokens (e.g. 100000 or 1e5)")
+        if number < 1:
+            self.fail(f"{value!r} is not at least 1")
+        return int(number)
+
+
+TOKENS = TokenCount()
+
+
 class CheckpointingType(click.ParamType):
     """An activation-checkpointing setting (profilers.checkpointing): none, full, ops, ops-half
     or blocks:K. K against the model's depth is checked once the model is known."""
@@ -453,7 +481,10 @@ run_length_options = _stack(
         help=f"Optimizer steps to train (default {DEFAULT_STEPS} unless --tokens).",
     ),
     click.option(
-        "--tokens", type=POSITIVE, default=None, help="Train for this many tokens instead."
+        "--tokens",
+        type=TOKENS,
+        default=None,
+        help="Train for this many tokens instead (e.g. 100000 or 1e5).",
     ),
 )
 

@@ -12,7 +12,7 @@ from typing import Any
 
 import click
 
-from advisor.cli.options import POSITIVE, device_option, out_option, quiet_option
+from advisor.cli.options import POSITIVE, TOKENS, device_option, out_option, quiet_option
 from strategies.config import DEFAULT_STEPS
 from strategies.tuning import DEFAULT_PARAMS, DEFAULT_TUNE_TRIALS, EvalPoint, TrialRecord
 
@@ -108,7 +108,7 @@ class CliTuneProgress:
 )
 @click.option(
     "--tokens-per-trial",
-    type=POSITIVE,
+    type=TOKENS,
     default=None,
     help="Tokens each trial trains, the same for all (whole global batches). Default: "
     f"{DEFAULT_STEPS} steps of the plan.",

@@ -152,11 +152,11 @@ def test_advisor_runs_profile_stage_says_when_it_ran_past_its_budget(
     monkeypatch.setattr(advisor.profiling, "profile", lambda *a, **k: done)
     monkeypatch.setattr(advisor.profiling, "over_budget", lambda took, budget: f"late {budget:g}")
     said: list[str] = []
-    _profile_stage(RunRequest(budget_s=30), tmp_path, said.append)
+    _profile_stage(RunRequest(budget_s=30), tmp_path, lambda m, _f: said.append(m))
     assert said == ["late 30"]
     monkeypatch.setattr(advisor.profiling, "over_budget", lambda took, budget: None)
     said.clear()
-    _profile_stage(RunRequest(budget_s=30), tmp_path, said.append)
+    _profile_stage(RunRequest(budget_s=30), tmp_path, lambda m, _f: said.append(m))
     assert said == []
 
 

@@ -292,3 +292,24 @@ def test_a_model_whose_training_state_exceeds_the_host_is_refused_before_it_is_b
         "--model", "gpt-tiny", "--model-arg", "n_layer=1", "--seq-len", "16", tmp_path=tmp_path
     )
     assert ok.exit_code == 0, ok.output
+
+
+@pytest.mark.parametrize("written", ["100000", "100_000", "1e5", "1.0e5"])
+def test_a_token_count_is_taken_as_written_for_large_counts(written: str) -> None:
+    """--tokens-per-trial 1e5 was refused as 'not a valid integer'."""
+    from advisor.cli.train import train as train_command
+    from advisor.cli.tune import tune as tune_command
+
+    assert train_command.make_context("train", ["--tokens", written]).params["tokens"] == 100_000
+    context = tune_command.make_context("tune", ["--plan", ".", "--tokens-per-trial", written])
+    assert context.params["tokens_per_trial"] == 100_000
+
+
+@pytest.mark.parametrize("written", ["1.5e0", "0", "-1e3", "nan", "inf", "many"])
+def test_a_token_count_that_is_not_a_whole_positive_number_is_refused(written: str) -> None:
+    import click
+
+    from advisor.cli.train import train as train_command
+
+    with pytest.raises(click.BadParameter):
+        train_command.make_context("train", ["--tokens", written])
