@@ -14,7 +14,7 @@ from reports.charts import Chart, Series, nonempty
 from reports.common import whatif_target
 from reports.model import Cell, Fact, Section, Table, cell, num_cell
 from reports.runfiles import RunFiles
-from strategies.tuning import TrialRecord, TuningSummary
+from strategies.tuning import TrialRecord, TuningSummary, counts_text
 
 NO_STUDY = (
     "No hyper-parameter study in this run: 'advisor tune --plan RUN/plan.json' (or 'advisor "
@@ -76,17 +76,7 @@ def tuning_view(run: RunFiles) -> TuningView | None:
 
 
 def _counts(counts: dict[str, int] | object) -> str:
-    if not isinstance(counts, dict):
-        return ""
-    text = (
-        f"{counts.get('complete', 0)} complete, {counts.get('pruned', 0)} pruned, "
-        f"{counts.get('failed', 0)} failed"
-    )
-    rerun = counts.get("re-run", 0)
-    text += f", {rerun} stopped and re-queued" if rerun else ""
-    for state in ("running", "waiting"):
-        text += f", {counts[state]} {state}" if counts.get(state) else ""
-    return text
+    return counts_text(counts) if isinstance(counts, dict) else ""
 
 
 def _role(trial: TrialRecord, summary: TuningSummary) -> str:

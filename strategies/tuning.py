@@ -389,6 +389,20 @@ def trial_counts(records: Sequence[TrialRecord]) -> dict[str, int]:
     return counts
 
 
+def counts_text(counts: Mapping[str, int]) -> str:
+    """'3 complete, 1 pruned, 0 failed' (and ', 2 stopped and re-queued' when trials were re-run;
+    running and waiting ones when there are any): the CLI's and the report's words alike."""
+    text = (
+        f"{counts.get('complete', 0)} complete, {counts.get('pruned', 0)} pruned, "
+        f"{counts.get('failed', 0)} failed"
+    )
+    rerun = counts.get("re-run", 0)
+    text += f", {rerun} stopped and re-queued" if rerun else ""
+    for state in ("running", "waiting"):
+        text += f", {counts[state]} {state}" if counts.get(state) else ""
+    return text
+
+
 def best_trial(records: Sequence[TrialRecord]) -> TrialRecord | None:
     """The complete trial with the lowest final eval loss (ties: the earlier trial)."""
     scored = [r for r in records if r.state == "complete" and r.score is not None]

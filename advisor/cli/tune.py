@@ -14,7 +14,13 @@ import click
 
 from advisor.cli.options import POSITIVE, TOKENS, device_option, out_option, quiet_option
 from strategies.config import DEFAULT_STEPS
-from strategies.tuning import DEFAULT_PARAMS, DEFAULT_TUNE_TRIALS, EvalPoint, TrialRecord
+from strategies.tuning import (
+    DEFAULT_PARAMS,
+    DEFAULT_TUNE_TRIALS,
+    EvalPoint,
+    TrialRecord,
+    counts_text,
+)
 
 
 def _params_text(params: Mapping[str, Any]) -> str:
@@ -170,19 +176,6 @@ def sigterm_interrupts() -> Iterator[None]:
         yield
     finally:
         signal.signal(signal.SIGTERM, previous)
-
-
-def counts_text(counts: Mapping[str, int]) -> str:
-    """'3 complete, 1 pruned, 0 failed' (and ', 2 re-run' when a trial was re-run)."""
-    text = (
-        f"{counts.get('complete', 0)} complete, {counts.get('pruned', 0)} pruned, "
-        f"{counts.get('failed', 0)} failed"
-    )
-    rerun = counts.get("re-run", 0)
-    text += f", {rerun} stopped and re-queued" if rerun else ""
-    for state in ("running", "waiting"):
-        text += f", {counts[state]} {state}" if counts.get(state) else ""
-    return text
 
 
 def summarize(result: Any) -> None:
