@@ -101,8 +101,10 @@ def _plan_entries(plan: Mapping[str, Any]) -> list[dict[str, Any]]:
     return rows
 
 
-# strategies.search.evaluate's reason for a candidate over the budget, in GiB to 2 decimals
-_OVER_BUDGET = re.compile(r"needs [0-9.]+ GiB(?P<whose>.*?) > budget [0-9.]+ GiB")
+# strategies.search.evaluate's reason for a candidate over the budget (strategies.prediction.
+# memory_size: GiB to 2 decimals, below 1 GiB in MiB/KiB/B since 2026-12-07; older files GiB)
+_SIZE = r"[0-9.]+ (?:GiB|MiB|KiB|B)"
+_OVER_BUDGET = re.compile(rf"needs {_SIZE}(?P<whose>.*?) > budget {_SIZE}")
 
 
 def _budget_reason(row: Mapping[str, Any]) -> str:

@@ -83,13 +83,13 @@ def _torchrun(world: int, train_args: list[str], nodes: int = 1) -> tuple[str, .
     plan over ``nodes`` machines (a what-if's --nodes) on those machines only."""
     if nodes > 1 and world % nodes == 0:
         spread = torchrun_args(
-            world // nodes, nnodes=nodes, node_rank="R", rdzv_endpoint="NODE0_HOST:29500"
+            world // nodes, nnodes=nodes, node_rank=None, rdzv_endpoint="NODE0_HOST:29500"
         )
         return (torchrun_command(spread, train_args),)
     out = [torchrun_command(torchrun_args(world), train_args)]
     if world > 1 and world % 2 == 0:
         two_nodes = torchrun_args(
-            world // 2, nnodes=2, node_rank="R", rdzv_endpoint="NODE0_HOST:29500"
+            world // 2, nnodes=2, node_rank=None, rdzv_endpoint="NODE0_HOST:29500"
         )
         out.append(torchrun_command(two_nodes, train_args))
     return tuple(out)
@@ -332,7 +332,7 @@ def reproduce_section(run: RunFiles) -> tuple[Section, Commands]:
     if has_plan or c.world_size > 1:  # a ddp/fsdp run trained without a plan too
         launch = "single node" + (", then each of two nodes" if len(c.torchrun) > 1 else "")
         if c.nodes > 1:
-            launch = f"on each of the plan's {c.nodes} nodes, R its rank"
+            launch = f"the same line on each of the plan's {c.nodes} nodes"
         blocks.append(
             CodeBlock(
                 title=f"Through torchrun ({launch})",

@@ -119,12 +119,14 @@ def torchrun_args(
     nproc_per_node: int,
     *,
     nnodes: int = 1,
-    node_rank: int | str = 0,
+    node_rank: int | str | None = 0,
     rdzv_endpoint: str | None = None,
     rdzv_id: str = "advisor",
 ) -> list[str]:
     """torchrun's own options (what goes between ``torchrun`` and ``-m advisor``): standalone
-    on one node, else a c10d rendezvous at ``rdzv_endpoint`` (node 0's HOST:PORT)."""
+    on one node, else a c10d rendezvous at ``rdzv_endpoint`` (node 0's HOST:PORT).
+    ``node_rank`` None leaves ``--node-rank`` out: c10d numbers the nodes itself and torchrun
+    ignores the flag there (with a warning), so a line for every node need not carry it."""
     if rdzv_endpoint is None:
         return ["--standalone", f"--nproc-per-node={nproc_per_node}"]
     return [
@@ -133,7 +135,7 @@ def torchrun_args(
         "--rdzv-backend=c10d",
         f"--rdzv-endpoint={rdzv_endpoint}",
         f"--rdzv-id={rdzv_id}",
-        f"--node-rank={node_rank}",
+        *([] if node_rank is None else [f"--node-rank={node_rank}"]),
     ]
 
 

@@ -21,13 +21,17 @@ GiB = 2**30
 
 
 def memory_size(num_bytes: float) -> str:
-    """A memory amount in messages: ``12.34 GiB`` from 1 GiB, else in MiB or KiB (a budget of
-    --memory-budget 0.0001 read "0.00 GiB" in trials.csv and in the error)."""
+    """A memory amount in messages: ``12.34 GiB`` from 1 GiB (two decimals, as trials.csv's
+    reasons always had), below it in MiB, KiB or B as the report writes sizes
+    (reports.fmt.size: ``1.64 MiB``, ``412.3 MiB``); a budget of --memory-budget 0.0001 read
+    "0.00 GiB" in trials.csv and in the error."""
     if abs(num_bytes) >= GiB:
         return f"{num_bytes / GiB:.2f} GiB"
-    if abs(num_bytes) >= MiB:
-        return f"{num_bytes / MiB:.1f} MiB"
-    return f"{num_bytes / 1024:.1f} KiB"
+    for unit, scale in (("MiB", MiB), ("KiB", 1024)):
+        if abs(num_bytes) >= scale:
+            value = num_bytes / scale
+            return f"{value:.2f} {unit}" if abs(value) < 100 else f"{value:.1f} {unit}"
+    return f"{num_bytes:.0f} B"
 
 
 def _float(data: Mapping[str, Any], key: str) -> float:

@@ -327,13 +327,12 @@ def torchrun_line(source: Source, *program: str) -> str:
     from strategies.commands import torchrun_args
 
     if source.nodes > 1:
-        options = [
-            option
-            for option in torchrun_args(
-                source.procs_per_node, nnodes=source.nodes, rdzv_endpoint=MASTER_ENDPOINT
-            )
-            if not option.startswith(("--node-rank", "--node_rank"))
-        ]
+        options = torchrun_args(
+            source.procs_per_node,
+            nnodes=source.nodes,
+            node_rank=None,
+            rdzv_endpoint=MASTER_ENDPOINT,
+        )
     else:
         options = torchrun_args(source.procs_per_node)
     return " ".join(["torchrun", *options, *program])

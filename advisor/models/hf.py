@@ -145,9 +145,10 @@ def _config_source(tf: Any, name_or_path: str) -> tuple[str, dict[str, Any]]:
         what = (
             "has no model_type" if model_type is None else f"has unknown model_type {model_type!r}"
         )
+        known = len(tf.CONFIG_MAPPING.keys())  # the lazy mapping's len() is 0
         raise UsageProblem(
             f"{path}: config {what}: set it to a transformers model type (e.g. gpt2, llama), "
-            f"or upgrade transformers ({tf.__version__} knows {len(tf.CONFIG_MAPPING)})"
+            f"or upgrade transformers ({tf.__version__} knows {known} model types)"
         )
     return model_type, data
 

@@ -151,7 +151,7 @@ def test_nothing_fits_exits_2_naming_the_need(tmp_path: Path) -> None:
         "--validate-top", "0", "--quiet",
     )  # fmt: skip
     assert result.exit_code == 2
-    assert result.stderr.startswith("error: nothing fits the memory budget of 14.4 MiB")
+    assert result.stderr.startswith("error: nothing fits the memory budget of 14.40 MiB")
     assert "the smallest candidate (" in result.stderr
 
 

@@ -71,6 +71,8 @@ def test_a_whatif_over_two_nodes_is_launched_on_two_nodes(tmp_path: Path) -> Non
     # no single-node line of 4 ranks for a plan priced over 2 nodes of 2
     assert len(commands.torchrun) == 1
     assert "--nnodes=2 --nproc-per-node=2" in commands.torchrun[0]
+    # c10d numbers the nodes itself: torchrun ignores --node-rank there, with a warning
+    assert "--node-rank" not in commands.torchrun[0]
 
 
 def test_an_untrained_whatif_says_where_to_train_it(whatif_run: Path) -> None:

@@ -164,10 +164,10 @@ def test_nothing_fits_names_the_smallest_need_and_a_knob() -> None:
         _plan(tiny, 8)
     message = str(info.value)
     # Under 1 GiB in MiB: "0.01 GiB (0.9 × 0.02 GiB)" said little.
-    assert message.startswith("nothing fits the memory budget of 14.4 MiB (0.9 × 16.0 MiB")
+    assert message.startswith("nothing fits the memory budget of 14.40 MiB (0.9 × 16.00 MiB")
     assert (
         "the smallest candidate (fp32, full checkpointing, single, micro-batch 1 × 8 "
-        "accumulation) needs 19.1 MiB" in message
+        "accumulation) needs 19.07 MiB" in message
     )
     # Parameters, gradients and Adam state dominate; CPU ranks share the host's RAM.
     assert message.endswith("try a smaller model or more RAM: CPU ranks share one host's memory")
