@@ -110,6 +110,18 @@ def trained_elsewhere(
     of this host, and no prediction of the plan describes them."""
     if not whatif_target(plan):
         return False
-    target = str(mapping(mapping(plan).get("machine")).get("kind") or "cuda")
+    machine = mapping(mapping(plan).get("machine"))
+    target = str(machine.get("kind") or "cuda")
     device = str(mapping(train_config).get("device") or "").split(":")[0]
-    return device != target
+    if device != target:
+        return True
+    # The same kind: which GPU (train_config.json's device_name, since 2026-12-07); an H100
+    # plan trained on an A10 is that A10's measurement. A name the table does not know is
+    # not the target's; an older file without the name is taken at its kind.
+    name = mapping(train_config).get("device_name")
+    if not isinstance(name, str) or not name:
+        return False
+    from profilers.hardware import match_device
+
+    spec = match_device(name)
+    return spec is None or spec.name != machine.get("name")

@@ -474,6 +474,10 @@ class Trainer:
                         "keep_checkpoints": self.options.keep_checkpoints,
                     },
                     "device": str(self.device),
+                    # which GPU: a what-if plan's report tells its target from another one
+                    "device_name": torch.cuda.get_device_name(self.device)
+                    if self.device.type == "cuda"
+                    else None,
                     "data": self.source.description,
                     "model": self.facts.to_dict(),
                     "weights": weights,

@@ -123,3 +123,25 @@ def test_a_baseline_outside_the_search_space_still_has_its_row(whatif_run: Path)
     assert f"{len(listed)} candidates at global batch 8" in section.lead[0]
     assert "is not in the search's space" in section.lead[1]
     assert baseline[0] not in pareto_front(view.trials)
+
+
+def test_a_whatif_trained_on_another_gpu_is_that_gpus_measurement() -> None:
+    """Only the device kind was compared: an H100 plan trained on an A10 was held against the
+    H100's prediction."""
+    from reports.common import trained_elsewhere
+
+    plan = {
+        "estimate": True,
+        "label": f"ESTIMATE for {TARGET}: ...",
+        "machine": {"kind": "cuda", "name": "NVIDIA H100 SXM5 80GB"},
+    }
+
+    def trained(**config: str) -> bool:
+        return trained_elsewhere(plan, {"device": "cuda:0", **config})
+
+    assert trained(device_name="NVIDIA A10") is True
+    assert trained(device_name="Some Future GPU") is True  # unknown: not the target
+    assert trained(device_name="NVIDIA H100 80GB HBM3") is False
+    assert trained() is False  # an older train_config.json: its kind alone
+    assert trained_elsewhere(plan, {"device": "cpu"}) is True
+    assert trained_elsewhere({**plan, "estimate": False}, {"device": "cpu"}) is False
