@@ -29,6 +29,7 @@ from profilers.fit import AffineFit
 from profilers.flops import FlopCount
 from profilers.memory_model import MemoryModel
 from profilers.memory_records import REAL_STEP_ROW, MemoryTrace
+from profilers.probe_rows import TIME_SPENT
 from profilers.profile_record import Profile, interrupted_probes
 from profilers.throughput import largest_host_share
 from profilers.workload import ModelFacts
@@ -1315,10 +1316,11 @@ def input_unmeasured(profile: Profile) -> str:
         return ""
     reasons = sorted({row.reason for row in profile.probes if row.probe == "input" and row.reason})
     why = f" ({'; '.join(reasons)})" if reasons else ""
-    return (
-        f"data loading not measured{why}: priced at 0 s a step; a longer 'advisor profile' "
-        "(--budget-s) times the loader"
-    )
+    said = f"data loading not measured{why}: priced at 0 s a step"
+    # only a budget that ran out is fixed by a longer one (not "no data loader", a failure)
+    if not reasons or any(r.startswith(TIME_SPENT) for r in reasons):
+        said += "; a longer 'advisor profile' (--budget-s) times the loader"
+    return said
 
 
 def machine_from_profile(profile: Profile) -> Machine:

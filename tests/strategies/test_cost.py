@@ -472,6 +472,14 @@ def test_a_profile_without_a_loader_speed_says_its_steps_load_in_no_time() -> No
         "'advisor profile' (--budget-s) times the loader"
     ) in prediction.breakdown.assumptions
     inputs = [InputSample(num_workers=0, micro_batch_size=8, seq_len=SEQ_LEN, batches_per_s=9.0)]
+    # a longer budget does not add a loader the workload lacks: no --budget-s advice then
+    none = ProbeRow(probe="input", name="input", status="skipped", reason="no data loader")
+    said = (
+        cost_model_from_profile(dataclasses.replace(profile, probes=(none,)), 0.9)
+        .predict(cand(micro=8))
+        .breakdown.assumptions
+    )
+    assert "data loading not measured (no data loader): priced at 0 s a step" in said
     measured = dataclasses.replace(profile, input=tuple(inputs))
     said = cost_model_from_profile(measured, 0.9).predict(cand(micro=8)).breakdown.assumptions
     assert not any("data loading" in a for a in said)
