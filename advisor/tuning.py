@@ -80,6 +80,8 @@ BASELINE_ATTR = "advisor_tune_baseline"
 REQUEUED_ATTR = "advisor_tune_requeued_from"  # on a re-queued trial: the number it replaces
 ABANDONED_S = 1800.0  # a RUNNING trial of another host with no eval for this long has no worker
 POLL_S = 0.25  # how often a running trial's metrics.jsonl is read
+# OUT/tune/PREVIOUS_TUNED_PLAN: OUT/tuned_plan.json as it was when a new study started
+PREVIOUS_TUNED_PLAN = "previous_tuned_plan.json"
 WAIT_S = 1.0  # how often a finished worker looks whether the others' trials are done
 STOP_GRACE_S = 60.0  # a pruned trial's SIGTERM -> exit (it saves a checkpoint first)
 
@@ -494,6 +496,15 @@ def tune(
         # study.json and trials.jsonl describe this study from now on (rewritten after each
         # trial): until 2026-12-07 an OUT tuned before kept the earlier study's study.json
         # beside this one's trials.jsonl until this study finished, and the report mixed them.
+        stale = RunDir(setup.out).tuned_plan
+        if stale.is_file():
+            # An earlier study's (or this one's before more trials were asked) tuned plan beside
+            # an unfinished study: the report and 'advisor export RUN' took it as this study's
+            # result. Kept aside until this study writes its own.
+            kept = files.root / PREVIOUS_TUNED_PLAN
+            os.replace(stale, kept)
+            notes.append(f"{stale} moved to {kept} until this study ends and writes its own")
+            show.message(f"note: {notes[-1]}")
         setup = replace(setup, recorded_notes=tuple(notes))
         _save_progress(study, setup, request, files)
         show.message(

@@ -367,6 +367,13 @@ def test_study_json_always_describes_the_study_of_trials_jsonl(tmp_path: Path) -
     assert all(set(t.params) == {"warmup"} for t in trials)
     assert summary.best_number == 0
     assert summary.counts == {"complete": 1, "pruned": 0, "failed": 0, "re-run": 1, "waiting": 1}
+    # The first study's tuned plan is not beside the unfinished one (the report and the export
+    # took it as this study's result): kept aside, and the study's notes say where.
+    run = RunDir(tmp_path)
+    assert not run.tuned_plan.exists()
+    kept = files.root / "previous_tuned_plan.json"
+    assert json.loads(kept.read_text()) == first.plan.to_dict()
+    assert any(n.startswith(f"{run.tuned_plan} moved to {kept}") for n in summary.notes)
     # Finished, it says so and names its tuned plan.
     done = tune(plan, other, runner=Scripted())
     summary = TuningSummary.load(files.study)
