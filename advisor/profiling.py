@@ -133,7 +133,7 @@ def profile(request: ProfileRequest, out: Path, progress: Progress | None = None
     started = time.perf_counter() if request.started_at is None else request.started_at
     check_budget(request.budget_s)
     # An --out that cannot hold the files fails now (a file in its way, no permission: one
-    # line from the CLI), before torch is imported and the model built, not after the whole
+    # line from the CLI), before the model is built, not after the whole
     # budget of probes; nothing is created yet, so a bad model spec leaves no empty directory.
     check_out(out)
     from advisor.data import resolve_data

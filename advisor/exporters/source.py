@@ -72,6 +72,8 @@ def plan_file(path: str | Path) -> Path:
 def load_plan(path: str | Path) -> Plan:
     """Read a plan.json (or RUN/plan.json); a missing or unreadable plan is a UsageProblem."""
     file = plan_file(path)
+    # a tuned plan comes from 'advisor tune', every other from 'advisor recommend'
+    maker = "advisor tune" if file.name == TUNED_PLAN else "advisor recommend"
     if not file.is_file():
         raise UsageProblem(
             f"no plan at {file}: pass a run directory holding {PLAN} or the plan.json that "
@@ -82,19 +84,19 @@ def load_plan(path: str | Path) -> Plan:
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise UsageProblem(
             f"plan file {file} is not readable JSON ({' '.join(str(exc).split())}): "
-            "regenerate it with 'advisor recommend'"
+            f"regenerate it with '{maker}'"
         ) from None
     if not isinstance(data, dict) or "config" not in data or "predicted" not in data:
         raise UsageProblem(
-            f"{file} is not a plan (no 'config' and 'predicted'): pass the plan.json that "
-            "'advisor recommend' wrote"
+            f"{file} is not a plan (no 'config' and 'predicted'): pass the plan that "
+            f"'{maker}' wrote"
         )
     try:
         return Plan.from_dict(data)
     except (ValueError, KeyError, TypeError) as exc:
         raise UsageProblem(
             f"plan file {file} cannot be read ({' '.join(str(exc).split())}): regenerate it "
-            "with 'advisor recommend'"
+            f"with '{maker}'"
         ) from None
 
 

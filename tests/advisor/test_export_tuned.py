@@ -105,4 +105,5 @@ def test_an_unreadable_tuned_plan_is_one_line_naming_the_untuned_one(tmp_path: P
     assert result.exit_code == 2 and "Traceback" not in result.output
     assert len(result.output.strip().splitlines()) == 1
     assert "tuned_plan.json is not readable JSON" in result.output
+    assert "regenerate it with 'advisor tune'" in result.output  # it said 'advisor recommend'
     assert f"export {run / 'plan.json'}, the untuned plan" in result.output
