@@ -571,6 +571,11 @@ def run(request: RunRequest, out: Path, progress: RunProgress | None = None) -> 
     check_initial_weights(
         request.model, dict(request.model_args), request.config_overrides.get("init_from")
     )
+    # A --storage no study can live in failed the recommend stage after the whole profile.
+    from strategies.study import storage_problem
+
+    if request.storage is not None and (problem := storage_problem(request.storage)):
+        raise UsageProblem(problem)
     reuse_profile = request.resume and reusable_profile(out, request)
     out.mkdir(parents=True, exist_ok=True)
     log = _RunLog(out, request)

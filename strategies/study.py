@@ -259,6 +259,8 @@ def _storage_hint(storage: str, text: str) -> str:
         "import DB access module" in text or "No module named" in text
     ):
         driver = url.split("://", 1)[0]
+        if driver == "postgresql+psycopg2":  # named already: the driver is not installed
+            return "psycopg2 is not installed: pip install 'transformer-advisor[postgres]'"
         return (
             f"no driver for {driver}://: write postgresql+psycopg2://user:pw@host/db, whose "
             "driver the extra 'postgres' installs"

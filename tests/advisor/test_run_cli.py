@@ -175,3 +175,16 @@ def test_help_does_not_import_torch() -> None:
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
+
+
+@pytest.mark.parametrize("storage", ["sqlite://", ""])
+def test_a_storage_no_study_can_live_in_is_refused_before_the_profile(
+    tmp_path: Path, storage: str
+) -> None:
+    """It failed the recommend stage, after the whole profile's budget."""
+    from advisor.errors import UsageProblem
+    from advisor.run import RunRequest, run
+
+    with pytest.raises(UsageProblem, match=r"in-memory database|--storage is empty"):
+        run(RunRequest(storage=storage), tmp_path / "run")
+    assert not (tmp_path / "run" / "profile.json").exists()

@@ -99,3 +99,9 @@ def test_a_drivers_long_message_is_cut_at_a_word_without_sqlalchemys_link() -> N
     text = "word " * 60 + "(Background on this error at: https://sqlalche.me/e/20/e3q8)"
     short = study_module._shortened(text)
     assert short.endswith("word ...") and "Background" not in short and len(short) <= 204
+
+
+def test_a_named_driver_that_is_missing_is_told_to_install_it() -> None:
+    """postgresql+psycopg2:// without psycopg2 was told to write postgresql+psycopg2://."""
+    hint = study_module._storage_hint("postgresql+psycopg2://u@h/db", "No module named 'psycopg2'")
+    assert hint == "psycopg2 is not installed: pip install 'transformer-advisor[postgres]'"
