@@ -545,6 +545,8 @@ def _wants_more(study: optuna.Study, target: int) -> bool:
     for t in trials:
         if t.state == TrialState.WAITING:
             waiting += 1
+        elif t.state == TrialState.FAIL and not dict(t.params):
+            continue  # stopped before its values were drawn: no trial of the study
         elif t.number not in replaced:
             counted += 1
     return waiting > 0 or counted < target
@@ -607,8 +609,10 @@ def _one_trial(
         "directory": str(directory.root.relative_to(setup.out)),
     }
     started = time.perf_counter()
-    # Everything from ask() on is inside the try: a Ctrl-C or SIGTERM between ask() and the run
-    # (the progress line printed, the child not started yet) left the trial RUNNING.
+    # Everything after ask() is inside the try: a Ctrl-C or SIGTERM between ask() and the run
+    # (the progress line printed, the child not started yet) left the trial RUNNING. One in
+    # the few statements before it leaves a RUNNING trial without values, which the next run
+    # fails (reclaim_abandoned) and does not count (_wants_more).
     try:
         params = suggest(trial, setup.ranges)
         trial.set_user_attr(ATTR, attr)
@@ -734,11 +738,13 @@ def reclaim_abandoned(study: optuna.Study) -> int:
             gone = now - float(attr.get("heartbeat", 0)) > ABANDONED_S
         if not gone:
             continue
-        if not dict(t.params):
-            continue
         try:
             study.tell(t.number, state=TrialState.FAIL, skip_if_finished=True)
         except Exception:  # another worker reclaimed it first
+            continue
+        if not dict(t.params):
+            # killed before its values were drawn: nothing to re-run (it was skipped, and a
+            # study waiting for its running trials waited for it forever)
             continue
         requeue(study, t)
         count += 1

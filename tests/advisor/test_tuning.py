@@ -189,6 +189,28 @@ def test_a_trial_left_running_by_a_killed_worker_is_failed_and_rerun(tmp_path: P
     assert len(result.trials) == 6
 
 
+def test_a_trial_killed_before_its_values_were_drawn_is_failed_and_not_counted(
+    tmp_path: Path,
+) -> None:
+    """A RUNNING trial without values (killed between ask() and its first write) was skipped
+    by the reclaim, and a study waiting for its running trials waited for it forever."""
+    plan = write_plan(tmp_path)
+    tune(plan, _request(2), runner=Scripted())
+    setup = prepare(plan, _request(2), None)
+    study = optuna.load_study(study_name=setup.study_name, storage=setup.storage)
+    import socket
+
+    bare = study.ask()
+    bare.set_user_attr(
+        ATTR, {"host": socket.gethostname(), "pid": _dead_pid(), "heartbeat": time.time()}
+    )
+    runner = Scripted()
+    result = tune(plan, _request(3), runner=runner)  # would hang in _wait_for_others
+    states = {t.number: t.state for t in result.trials}
+    assert states[bare.number] == "failed"
+    assert [n for n, _ in runner.runs] == [bare.number + 1]  # 2 + 1 new = 3 counted trials
+
+
 def test_an_interrupted_study_resumes_where_it_stopped(tmp_path: Path) -> None:
     plan = write_plan(tmp_path)
     with pytest.raises(KeyboardInterrupt):
