@@ -153,9 +153,16 @@ def commands(run: RunFiles) -> Commands:
     # profile measured (the step-by-step profile dropped --checkpointing ops-half, and so did
     # not measure it again) and how the plan was validated.
     precisions = asked.get("precisions") or mapping(run.profile).get("precisions") or ()
+    # A profile traced for a GPU on this CPU (--trace-for cuda, what a what-if wants): the
+    # line without it traces for the CPU, and the plan it makes prices other memory.
+    fits = mapping(mapping(run.profile).get("fits")).get("memory") or ()
+    traced_for = {str(mapping(m).get("target_device_type") or "") for m in fits}
+    device_kind = str(mapping(mapping(run.profile).get("device")).get("kind") or "")
+    trace_for = "cuda" if "cuda" in traced_for and device_kind != "cuda" else None
     profile = (
         _with_workload("profile", w)
         .option("budget_s", budget or None)
+        .option("trace_for", trace_for)
         .repeated("precision", [str(p) for p in precisions])
         .repeated("checkpointing", [str(c) for c in asked.get("checkpointing") or ()])
         .option("comm", asked.get("comm"), default=True)
@@ -227,7 +234,7 @@ def commands(run: RunFiles) -> Commands:
         train_line += " " + shlex.join(
             ["--nnodes", str(nodes), "--node-rank", "R", "--rdzv-endpoint", "NODE0_HOST:29500"]
         )
-    if target and not (isinstance(recorded, list) and recorded):
+    if target:
         # advisor run plans for this host: a what-if is its profile and recommend --target.
         whole = profile_line + "\n" + recommend_line
     return Commands(

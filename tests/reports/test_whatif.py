@@ -145,3 +145,18 @@ def test_a_whatif_trained_on_another_gpu_is_that_gpus_measurement() -> None:
     assert trained() is False  # an older train_config.json: its kind alone
     assert trained_elsewhere(plan, {"device": "cpu"}) is True
     assert trained_elsewhere({**plan, "estimate": False}, {"device": "cpu"}) is False
+
+
+def test_a_profile_traced_for_a_gpu_is_reproduced_so(tmp_path: Path, whatif_run: Path) -> None:
+    """The profile line dropped --trace-for cuda: run again, it traced for the CPU and the
+    plan priced other memory."""
+    root = tmp_path / "cuda"
+    shutil.copytree(whatif_run, root)
+    line = next(s for s in build_view(root).commands.steps if s.startswith("advisor profile"))
+    assert "--trace-for" not in line  # a CPU-traced profile
+    profile = json.loads((root / "profile.json").read_text())
+    for fit in profile["fits"]["memory"]:
+        fit["target_device_type"] = "cuda"
+    (root / "profile.json").write_text(json.dumps(profile))
+    line = next(s for s in build_view(root).commands.steps if s.startswith("advisor profile"))
+    assert "--trace-for cuda" in line
