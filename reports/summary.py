@@ -440,6 +440,13 @@ def _nothing_chosen(rows: Sequence[TrialRow]) -> str:
     """What a search that chose nothing found (it wrote trials.csv, no plan.json): it said
     "no recommendation yet: run 'advisor recommend'", the command that had just failed."""
     priced = [r for r in rows if r.predicted_peak_bytes is not None]
+    if not priced:
+        # None priced: no budget was missed, the profile lacks what the cost model needs.
+        return (
+            f"The search chose nothing: none of its {len(rows)} candidates could be priced "
+            "from the profile. Candidates gives each one's reason (the measurement it lacks); "
+            "a longer 'advisor profile' (--budget-s) measures more."
+        )
     text = f"The search chose nothing: none of its {len(rows)} candidates fits the budget"
     if priced:
         smallest = min(priced, key=lambda r: r.predicted_peak_bytes or 0.0)

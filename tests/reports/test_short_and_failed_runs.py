@@ -71,3 +71,38 @@ def test_a_run_long_enough_keeps_its_training_row(hand_run: Path) -> None:
     view = build_view(hand_run)
     assert view.training is not None and not view.training.warmup_included
     assert any(r.role == "training" for r in view.validations)
+
+
+def test_a_search_that_could_price_nothing_points_at_the_profile_not_the_budget() -> None:
+    """It said none of the candidates 'fits the budget' and suggested a larger
+    --memory-budget when no candidate had been priced at all."""
+    import dataclasses
+
+    from reports.candidates import TrialRow
+    from reports.summary import _nothing_chosen
+    from strategies.space import Candidate
+
+    row = TrialRow(
+        trial=0,
+        candidate=Candidate(
+            precision="bf16",
+            activation_checkpointing="none",
+            parallelism="single",
+            world_size=1,
+            micro_batch_size=8,
+            grad_accum_steps=1,
+        ),
+        predicted_peak_bytes=None,
+        predicted_tokens_per_s=None,
+        predicted_step_time_s=None,
+        feasible=False,
+        rejection_reason="the profile has no step-time fit for bf16",
+        validation_status="",
+        measured_tokens_per_s=None,
+        measured_peak_bytes=None,
+        chosen=False,
+        baseline=False,
+    )
+    note = _nothing_chosen([row, dataclasses.replace(row, trial=1)])
+    assert note.startswith("The search chose nothing: none of its 2 candidates could be priced")
+    assert "fits the budget" not in note and "--memory-budget" not in note
