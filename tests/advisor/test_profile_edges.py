@@ -152,12 +152,11 @@ def test_advisor_runs_profile_stage_says_when_it_ran_past_its_budget(
     monkeypatch.setattr(advisor.profiling, "profile", lambda *a, **k: done)
     monkeypatch.setattr(advisor.profiling, "over_budget", lambda took, budget: f"late {budget:g}")
     said: list[str] = []
-    _profile_stage(RunRequest(budget_s=30), tmp_path, lambda m, _f: said.append(m))
-    assert said == ["late 30"]
+    detail = _profile_stage(RunRequest(budget_s=30), tmp_path, lambda m, _f: said.append(m))
+    assert detail == "gpt-tiny on cpu: 0 probes (); late 30" and said == []
     monkeypatch.setattr(advisor.profiling, "over_budget", lambda took, budget: None)
-    said.clear()
-    _profile_stage(RunRequest(budget_s=30), tmp_path, lambda m, _f: said.append(m))
-    assert said == []
+    detail = _profile_stage(RunRequest(budget_s=30), tmp_path, lambda m, _f: said.append(m))
+    assert detail == "gpt-tiny on cpu: 0 probes ()"
 
 
 def test_a_precision_named_twice_is_profiled_once(
