@@ -158,9 +158,14 @@ def advisor_blocks(config: TrainConfig) -> str:
     k = parse_checkpointing(config.activation_checkpointing).blocks
     layers = num_layers(config)
     if layers is None or k >= layers:
+        why = (
+            "L could not be read here"
+            if layers is None
+            else f"L = {layers} here, no more than K: every block, as full checkpointing"
+        )
         return (
-            f"blocks floor(i·L/{k}) for i = 0..{k - 1} of the model's L repeated blocks (L "
-            "could not be read here), counted from 0 in forward order: never the last"
+            f"blocks floor(i·L/{k}) for i = 0..{k - 1} of the model's L repeated blocks ({why}), "
+            "counted from 0 in forward order: never the last"
         )
     chosen = checkpointed_blocks(config.activation_checkpointing, layers)
     rule = f"floor(i·{layers}/{k}) for i = 0..{k - 1}: " if k > 1 else ""

@@ -197,7 +197,7 @@ def _activation_checkpoint(c: TrainConfig, unmapped: list[str]) -> dict[str, Any
             f"checkpoints {advisor_blocks(c)}"
         )
         return {"mode": "full"}
-    every = layers // k  # at least K layers checkpointed: never more memory than planned
+    every = layers // k  # at least K layers checkpointed (torchtitan's include the last)
     theirs = [n * every - 1 for n in range(1, layers // every + 1)]
     which = (
         f"all {layers} layers, as full checkpointing does"
@@ -206,13 +206,19 @@ def _activation_checkpoint(c: TrainConfig, unmapped: list[str]) -> dict[str, Any
         f"{index_list(theirs)} "
         "(counted from 0 in forward order)"
     )
+    # every layer (N = 1): more recompute than planned, never more memory; else torchtitan's
+    # set includes the last layer, whose recompute saves nothing at the peak
+    consequence = (
+        ": more recompute than planned, never more memory"
+        if every == 1
+        else ". torchtitan's layers include the last, whose recompute saves nothing at the peak"
+        + (f", and number {len(theirs)}, not {k}" if len(theirs) != k else "")
+        + ": torchtitan's peak can sit above advisor's prediction"
+    )
     unmapped.append(
         f"activation_checkpointing {c.activation_checkpointing}: written as torchtitan's "
         f"selective_ac_option {every}, which checkpoints {which}; advisor checkpoints "
-        f"{advisor_blocks(c)}. torchtitan's layers include the last, whose recompute saves "
-        "nothing at the peak"
-        + (f", and number {len(theirs)}, not {k}" if len(theirs) != k else "")
-        + ": torchtitan's peak can sit above advisor's prediction"
+        f"{advisor_blocks(c)}{consequence}"
     )
     return {"mode": "selective", "selective_ac_option": str(every)}
 
