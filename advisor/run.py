@@ -473,11 +473,12 @@ _CHILDREN: list[Any] = []
 
 
 @contextlib.contextmanager
-def _sigterm_stops_the_run() -> Iterator[None]:
+def sigterm_stops_the_run() -> Iterator[None]:
     """SIGTERM (``kill PID``, a scheduler's preemption) stops the run as Ctrl-C does, and goes
     on to the training child, which checkpoints after its step. Until 2026-12-07 it killed
     this process alone: the child trained on as an orphan with nobody reading its output and
-    no report was written. Main thread only (signal handlers can be set nowhere else)."""
+    no report was written. Main thread only (signal handlers can be set nowhere else).
+    'advisor tune' stops its study with it too (its trial's child stops on its own)."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
@@ -525,7 +526,7 @@ def _run_advisor(args: list[str]) -> tuple[int, str]:
                     break
                 except KeyboardInterrupt as exc:
                     # The child got the same Ctrl-C (or SIGTERM, sent on by
-                    # _sigterm_stops_the_run) and checkpoints after its step: read on until it
+                    # sigterm_stops_the_run) and checkpoints after its step: read on until it
                     # exits, so the report that follows reads whole files (it was rendered
                     # before the child's last step and checkpoint). A second one goes at once.
                     if stopped is not None:
@@ -635,7 +636,7 @@ def run(request: RunRequest, out: Path, progress: RunProgress | None = None) -> 
         return detail
 
     failure: BaseException | None = None
-    with _sigterm_stops_the_run():
+    with sigterm_stops_the_run():
         try:
             if reuse_profile:
                 skipped("profile", f"reusing {RunDir(out).profile}")

@@ -3,9 +3,7 @@
 from __future__ import annotations
 
 import contextlib
-import signal
 import sys
-import threading
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
@@ -150,32 +148,12 @@ def tune(**params: Any) -> None:
         storage=params["storage"],
         device=params["device"],
     )
+    from advisor.run import sigterm_stops_the_run
+
     display = CliTuneProgress(params["quiet"], params["trials"])
-    with display.shown(), sigterm_interrupts():
+    with display.shown(), sigterm_stops_the_run():
         result = run_tune(params["plan_path"], request, out=params["out"], progress=display)
     summarize(result)
-
-
-@contextlib.contextmanager
-def sigterm_interrupts() -> Iterator[None]:
-    """SIGTERM (``kill PID``, a scheduler's preemption) stops the study as Ctrl-C does: the
-    running trial's child is stopped, its checkpoint deleted, the trial failed and re-queued,
-    one line, exit 143. Until 2026-12-07 SIGTERM killed this process silently: the trial stayed
-    RUNNING until the next run reclaimed it, and the child's checkpoint (39 MB for gpt-tiny)
-    was left in its directory."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    from advisor.run import Terminated
-
-    def handle(signum: int, frame: Any) -> None:
-        raise Terminated
-
-    previous = signal.signal(signal.SIGTERM, handle)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, previous)
 
 
 def summarize(result: Any) -> None:

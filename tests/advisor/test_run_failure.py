@@ -269,7 +269,7 @@ def test_sigterm_to_the_run_alone_reaches_the_training_child_which_saves(
     import threading
     import time
 
-    from advisor.run import Terminated, _run_advisor, _sigterm_stops_the_run
+    from advisor.run import Terminated, _run_advisor, sigterm_stops_the_run
 
     saved = tmp_path / "checkpoint"
     started: list[subprocess.Popen[str]] = []
@@ -292,7 +292,7 @@ def test_sigterm_to_the_run_alone_reaches_the_training_child_which_saves(
     timer = threading.Timer(0.5, kill_the_run_only)
     timer.start()
     try:
-        with pytest.raises(Terminated), _sigterm_stops_the_run():
+        with pytest.raises(Terminated), sigterm_stops_the_run():
             _run_advisor(["train"])
     finally:
         timer.cancel()
@@ -300,7 +300,7 @@ def test_sigterm_to_the_run_alone_reaches_the_training_child_which_saves(
     assert started[0].returncode == 143
     assert signal.getsignal(signal.SIGTERM) is not None  # the previous handler is back
     assert not getattr(signal.getsignal(signal.SIGTERM), "__qualname__", "").startswith(
-        "_sigterm_stops_the_run"
+        "sigterm_stops_the_run"
     )
 
 
