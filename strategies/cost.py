@@ -29,7 +29,6 @@ from profilers.fit import AffineFit
 from profilers.flops import FlopCount
 from profilers.memory_model import MemoryModel
 from profilers.memory_records import REAL_STEP_ROW, MemoryTrace
-from profilers.probe_rows import TIME_SPENT
 from profilers.profile_record import Profile, interrupted_probes
 from profilers.throughput import largest_host_share
 from profilers.workload import ModelFacts
@@ -1309,6 +1308,11 @@ def input_rates(profile: Profile) -> dict[int, float]:
     return {w: statistics.fmean(v) for w, v in rates.items()}
 
 
+# profilers.probe_rows.TIME_SPENT, the reason of a probe the budget left out (the strategies
+# package reads records, not probe code: tests/test_layout.py)
+BUDGET_SPENT = "time budget spent"
+
+
 def input_unmeasured(profile: Profile) -> str:
     """Why the profile holds no data-loader speed ("" when it holds one): each step is then
     priced with no loading time, which the prediction says."""
@@ -1318,7 +1322,7 @@ def input_unmeasured(profile: Profile) -> str:
     why = f" ({'; '.join(reasons)})" if reasons else ""
     said = f"data loading not measured{why}: priced at 0 s a step"
     # only a budget that ran out is fixed by a longer one (not "no data loader", a failure)
-    if not reasons or any(r.startswith(TIME_SPENT) for r in reasons):
+    if not reasons or any(r.startswith(BUDGET_SPENT) for r in reasons):
         said += "; a longer 'advisor profile' (--budget-s) times the loader"
     return said
 

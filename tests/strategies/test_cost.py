@@ -472,6 +472,10 @@ def test_a_profile_without_a_loader_speed_says_its_steps_load_in_no_time() -> No
         "'advisor profile' (--budget-s) times the loader"
     ) in prediction.breakdown.assumptions
     inputs = [InputSample(num_workers=0, micro_batch_size=8, seq_len=SEQ_LEN, batches_per_s=9.0)]
+    from profilers.probe_rows import TIME_SPENT
+    from strategies.cost import BUDGET_SPENT
+
+    assert BUDGET_SPENT == TIME_SPENT  # the profiler's words, read by the cost model
     # a longer budget does not add a loader the workload lacks: no --budget-s advice then
     none = ProbeRow(probe="input", name="input", status="skipped", reason="no data loader")
     said = (
