@@ -6,6 +6,7 @@ from collections.abc import Callable
 from typing import Any
 
 from profilers.metrics_record import finite_number
+from strategies.prediction import memory_size
 
 KiB, MiB, GiB = 2**10, 2**20, 2**30
 DASH = "—"
@@ -21,11 +22,10 @@ def size(num_bytes: Any) -> str:
     x = num(num_bytes)
     if x is None:
         return DASH
-    for unit, scale in (("GiB", GiB), ("MiB", MiB), ("KiB", KiB)):
-        if abs(x) >= scale:
-            value = x / scale
-            return f"{value:.2f} {unit}" if abs(value) < 100 else f"{value:.1f} {unit}"
-    return f"{x:.0f} B"
+    if abs(x) >= GiB:
+        value = x / GiB
+        return f"{value:.2f} GiB" if abs(value) < 100 else f"{value:.1f} GiB"
+    return memory_size(x)  # below 1 GiB: the messages' units and rounding, one owner
 
 
 def rate(tokens_per_s: Any) -> str:
