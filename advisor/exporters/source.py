@@ -100,12 +100,6 @@ def load_plan(path: str | Path) -> Plan:
         ) from None
 
 
-def _speed_changes(plan: Plan, tuned: Plan) -> list[str]:
-    from strategies.tuning import speed_changes
-
-    return speed_changes(plan.config, tuned.config)
-
-
 def export_plan_file(path: str | Path) -> tuple[Path, tuple[str, ...]]:
     """The plan file an export of ``path`` reads, and the header notes that say why.
 
@@ -130,7 +124,9 @@ def export_plan_file(path: str | Path) -> tuple[Path, tuple[str, ...]]:
         return run.tuned_plan, (
             f"{TUNED_PLAN}: advisor tune's hyper-parameters (this directory has no {PLAN})",
         )
-    changed = _speed_changes(load_plan(run.plan), tuned)
+    from strategies.tuning import speed_changes
+
+    changed = speed_changes(load_plan(run.plan).config, tuned.config)
     if changed:
         return run.plan, (
             f"{run.tuned_plan} not used: it was tuned at another config than {PLAN}'s "
