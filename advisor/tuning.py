@@ -4,7 +4,7 @@ config, each trial a real short ``advisor train`` run, scored by held-out eval l
     OUT/tuned_plan.json          the plan with the winning values (every speed key unchanged)
     OUT/tune/study.json          ranges, pruner, best trial, sensitivity, cost (TuningSummary)
     OUT/tune/trials.jsonl        one line per trial of the study (TrialRecord)
-    OUT/tune/trial_NNNN/         each trial's plan.json, metrics.jsonl, stderr.log
+    OUT/tune/STUDY/trial_NNNN/   each trial's plan.json, metrics.jsonl, stderr.log (per study)
 
 Every trial trains the same tokens (whole global batches) with ``eval_every`` set for about ten
 evaluations; each eval line is read from the trial's metrics.jsonl as it appears, reported to
@@ -602,7 +602,7 @@ def _one_trial(
 
     trial = study.ask()
     number = trial.number
-    directory = files.trial(number)
+    directory = files.trial(setup.study_name, number)
     attr: dict[str, Any] = {
         **_worker(),
         "out": str(setup.out),
@@ -620,7 +620,7 @@ def _one_trial(
         if directory.root.exists():
             shutil.rmtree(directory.root)  # a study started afresh over an old OUT
         directory.root.mkdir(parents=True)
-        plan_file = files.trial_plan(number)
+        plan_file = files.trial_plan(setup.study_name, number)
         write_atomically(plan_file, json.dumps({"config": config.to_dict()}, indent=1) + "\n")
         show.trial_started(number, params, setup.steps)
 

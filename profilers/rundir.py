@@ -115,13 +115,17 @@ class TuneDir:
     def trials(self) -> Path:
         return self.root / TUNE_TRIALS
 
-    def trial(self, number: int) -> TrainDir:
-        """Trial ``number``'s training directory (``trial_0003``)."""
-        return TrainDir(self.root / f"trial_{number:04d}")
+    def trial(self, study: str, number: int) -> TrainDir:
+        """Trial ``number`` of ``study``'s training directory (``advisor-tune-…/trial_0003``).
 
-    def trial_plan(self, number: int) -> Path:
-        """The plan trial ``number`` trained (``advisor train --plan`` of the trial)."""
-        return self.trial(number).root / TRIAL_PLAN
+        One folder per study: trial numbers restart at 0 in each study, and a later study in
+        the same OUT (other ranges, another trial length) overwrote an earlier one's trials.
+        """
+        return TrainDir(self.root / study / f"trial_{number:04d}")
+
+    def trial_plan(self, study: str, number: int) -> Path:
+        """The plan trial ``number`` of ``study`` trained (``advisor train --plan`` of it)."""
+        return self.trial(study, number).root / TRIAL_PLAN
 
 
 @dataclass(frozen=True, slots=True)

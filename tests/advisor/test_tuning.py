@@ -149,7 +149,9 @@ def test_the_tuned_plan_keeps_the_speed_config_and_trains_with_advisor_train(
     assert [t.number for t in on_disk] == [t.number for t in result.trials]
     # Each trial's own plan is the tuned config of its values, the same speed keys.
     for t in on_disk:
-        trial_plan = load_plan_config(RunDir(tmp_path).tune.trial_plan(t.number))
+        trial_plan = load_plan_config(
+            RunDir(tmp_path).tune.trial_plan(result.summary.study_name, t.number)
+        )
         assert speed_changes(original, trial_plan) == []
         assert trial_plan.lr == t.params["lr"]
 
@@ -219,7 +221,8 @@ def test_an_interrupted_study_resumes_where_it_stopped(tmp_path: Path) -> None:
     # ... and after the interrupted one: failed, its values waiting for the next run
     assert [t.state for t in trials] == ["complete", trials[1].state, "failed", "waiting"]
     assert trials[2].rerun_as == 3 and trials[3].params == trials[2].params
-    interrupted = RunDir(tmp_path).tune.root / "trial_0002"
+    name = prepare(plan, _request(4), None).study_name
+    interrupted = RunDir(tmp_path).tune.trial(name, 2).root
     assert interrupted.is_dir() and not (interrupted / "checkpoints").exists()  # no bulk left
     runner = Scripted()
     result = tune(plan, _request(4), runner=runner)
@@ -364,7 +367,8 @@ def test_an_interrupted_trial_is_counted_as_re_run_not_failed(tmp_path: Path) ->
     stopped = result.trials[1]
     assert stopped.state == "failed" and stopped.rerun_as == 2
     assert stopped.reason == "interrupted (Ctrl-C); re-run as trial 2"
-    assert stopped.directory == "tune/trial_0001"  # its stderr.log and metrics are there
+    # its stderr.log and metrics are there, in the study's own folder
+    assert stopped.directory == f"tune/{result.summary.study_name}/trial_0001"
     assert result.summary.counts == {"complete": 3, "pruned": 0, "failed": 0, "re-run": 1}
 
 
@@ -400,6 +404,14 @@ def test_study_json_always_describes_the_study_of_trials_jsonl(tmp_path: Path) -
     done = tune(plan, other, runner=Scripted())
     summary = TuningSummary.load(files.study)
     assert summary.finished and summary.tuned_plan == str(done.plan_path)
+    # Each study keeps its own trial folders: numbers restart at 0 in a new study, and the
+    # second study's trials overwrote the first's (tune/trial_0000 ...) until 2026-12-07.
+    assert first.trials and done.trials
+    for t in first.trials:
+        first_plan = load_plan_config(files.trial_plan(first.summary.study_name, t.number))
+        assert first_plan.lr == t.params["lr"]
+    for t in done.trials:
+        assert files.trial_plan(done.summary.study_name, t.number).is_file()
 
 
 def test_what_it_noted_before_the_trials_is_kept_in_study_json(tmp_path: Path) -> None:

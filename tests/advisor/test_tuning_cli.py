@@ -147,7 +147,7 @@ def test_tune_then_train_the_tuned_plan(tmp_path: Path) -> None:
     assert "tuned plan:" in done.stdout
     study = json.loads(RunDir(tmp_path).tune.study.read_text())
     best = study["best_number"]
-    trial_dir = RunDir(tmp_path).tune.trial(best)
+    trial_dir = RunDir(tmp_path).tune.trial(study["study_name"], best)
     assert not trial_dir.checkpoints.exists()  # deleted: the metrics are the evidence
     out = tmp_path / "train"
     done = subprocess.run(
