@@ -62,12 +62,16 @@ class LaunchSpec:
     def nproc_per_node(self) -> int:
         return self.world_size // self.nnodes
 
-    def torchrun_args(self, node_rank: int | None = None) -> list[str]:
-        """The launcher's own options (what goes between ``torchrun`` and ``-m advisor``)."""
+    def torchrun_args(self) -> list[str]:
+        """The launcher's own options (what goes between ``torchrun`` and ``-m advisor``).
+
+        No ``--node-rank``: under the c10d rendezvous torchrun numbers the nodes itself and
+        ignores the flag with a warning, so every node runs the same command (our
+        ``--node-rank`` only names this node's settings file)."""
         return torchrun_args(
             self.nproc_per_node,
             nnodes=self.nnodes,
-            node_rank=self.node_rank if node_rank is None else node_rank,
+            node_rank=None,
             rdzv_endpoint=self.rdzv_endpoint or None,
             rdzv_id=self.rdzv_id,
         )
@@ -77,9 +81,10 @@ def under_torchrun() -> bool:
     return all(k in os.environ for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK"))
 
 
-def node_commands(spec: LaunchSpec, advisor_args: list[str]) -> list[str]:
-    """The exact command to run on each node (printed for multi-node jobs)."""
-    return [torchrun_command(spec.torchrun_args(node), advisor_args) for node in range(spec.nnodes)]
+def node_command(spec: LaunchSpec, advisor_args: list[str]) -> str:
+    """The exact command to run on every node (printed for multi-node jobs): the same on each,
+    as c10d gives each node its rank."""
+    return torchrun_command(spec.torchrun_args(), advisor_args)
 
 
 def launch(spec: LaunchSpec, advisor_args: list[str]) -> None:

@@ -278,7 +278,7 @@ def launch_ranks(
     config: TrainConfig, options: RunOptions, spec: LaunchSpec, say: Callable[[str], None]
 ) -> None:
     """Re-run ``advisor train`` once per rank through torchrun, with ``config`` as its plan."""
-    from advisor.launch import RanksFailed, launch, node_commands
+    from advisor.launch import RanksFailed, launch, node_command
 
     options.out.mkdir(parents=True, exist_ok=True)
     plan = TrainDir(options.out).launch_config
@@ -291,8 +291,7 @@ def launch_ranks(
     args = options.train_args(plan)
     if spec.nnodes > 1:
         say("run on every node (with --out on a shared filesystem):")
-        for command in node_commands(spec, args):
-            say(f"  {command}")
+        say(f"  {node_command(spec, args)}")
     started = time.time()
     try:
         launch(spec, args)
