@@ -65,13 +65,25 @@ def profile_digest(profile: str | Path | Profile) -> str:
 
 
 def _profiled_fields(profile: Profile) -> dict[str, Any]:
-    """The TrainConfig keys the profile fixes: its model and sequence length."""
+    """The TrainConfig keys the profile fixes: its model and sequence length. UsageProblem
+    when the profile's workload does not name them as a profile writes them (a hand-edited
+    or damaged file: a missing or non-numeric ``seq_len`` failed with a traceback)."""
     workload = profile.workload
-    return {
-        "model": workload["model"],
-        "model_args": dict(workload.get("model_args") or {}),
-        "seq_len": int(workload["seq_len"]),
-    }
+    model, args, seq_len = (
+        workload.get("model"),
+        workload.get("model_args"),
+        workload.get("seq_len"),
+    )
+    problem = None
+    if not isinstance(model, str) or not model:
+        problem = f"its workload names no model (model: {model!r})"
+    elif args is not None and not isinstance(args, dict):
+        problem = f"its workload's model_args is {args!r}, not an object"
+    elif isinstance(seq_len, bool) or not isinstance(seq_len, int) or seq_len < 1:
+        problem = f"its workload's seq_len is {seq_len!r}, not a positive whole number"
+    if problem is not None:
+        raise UsageProblem(f"the profile is damaged ({problem}): re-run 'advisor profile'")
+    return {"model": model, "model_args": dict(args or {}), "seq_len": seq_len}
 
 
 def profiled_config(profile: Profile) -> TrainConfig:
@@ -106,6 +118,22 @@ def cost_model_for(profile: Profile, request: SearchRequest) -> tuple[CostModel,
     return cost_model_from_profile(profile, request.memory_budget, run_steps=request.run_steps), ""
 
 
+def validation_device(profile: Profile, device: str = "auto") -> str:
+    """The device validation runs on: the profiled one (``auto``), or ``device`` when it is
+    that kind. UsageProblem for another kind, before the search: a CPU profile with
+    ``--device cuda`` on a host without a GPU was planned unvalidated, "the profiled device
+    (cuda) is not available here", exit 0."""
+    wanted = profile.device.kind if device == "auto" else device
+    if not wanted.startswith("cuda") and wanted != "cpu":
+        raise UsageProblem(f"unknown --device {device!r}: use auto, cpu or cuda")
+    if wanted.split(":")[0] != profile.device.kind:
+        raise UsageProblem(
+            f"the profile was measured on {profile.device.kind}, not {wanted}: validate on the "
+            "profiled device (--device auto) or profile this one first"
+        )
+    return wanted
+
+
 def default_validators(
     profile: Profile,
     model: CostModel,
@@ -114,7 +142,7 @@ def default_validators(
     progress: Callable[[str], None] | None = None,
 ) -> list[Validator]:
     """The local single-device validator on the profiled device, when this machine has it."""
-    wanted = profile.device.kind if device == "auto" else device
+    wanted = validation_device(profile, device)
     if wanted.startswith("cuda"):
         import torch
 
@@ -122,13 +150,6 @@ def default_validators(
             from advisor.validation import Unvalidated
 
             return [Unvalidated(reason="the profiled device (cuda) is not available here")]
-    elif wanted != "cpu":
-        raise UsageProblem(f"unknown --device {device!r}: use auto, cpu or cuda")
-    if wanted.split(":")[0] != profile.device.kind:
-        raise UsageProblem(
-            f"the profile was measured on {profile.device.kind}, not {wanted}: validate on the "
-            "profiled device (--device auto) or profile this one first"
-        )
     if wanted.startswith("cuda"):
         import torch
 
@@ -186,6 +207,8 @@ def recommend(
             "the plan is from what it measured; 'advisor profile' again measures everything"
         )
     base = base_config(prof, request)
+    if validators is None and validate_top_k and request.target is None:
+        validation_device(prof, device)  # a device validation cannot use fails now
     target = resolve_target(request)[0] if request.target is not None else None
     model, label = cost_model_for(prof, request)
     space = build_space(prof, request, target=target)

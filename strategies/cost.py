@@ -1327,6 +1327,48 @@ def input_unmeasured(profile: Profile) -> str:
     return said
 
 
+# The start of the assumption a prediction carries when the profile has no measured process
+# overhead (overhead_unmeasured); plan reasons and the console's note look for it.
+OVERHEAD_UNMEASURED = "the process's memory beyond its tensors was not measured"
+# profilers.phases_memory's reason for a real-step check it left out (strategies reads
+# records, not probe code: tests/test_layout.py).
+PREDICTED_NOT_TO_FIT = "predicted not to fit the device"
+
+
+def overhead_unmeasured(profile: Profile) -> str:
+    """Why every peak of ``profile`` counts its tensors only ("" when it does not): the
+    profile's real-step memory checks ran and none succeeded (a timeout on a busy host, a
+    budget spent), so its fixed overhead reads 0 though a training process carries one
+    (on CPU the interpreter, torch and what building a step loads: ~430 MiB with torch 2.13
+    on the 2-vCPU dev host; on a GPU the CUDA context and library workspaces). A profile
+    without memory_check rows (hand-made, or older) says nothing."""
+    if profile.memory_overhead.fixed_bytes:
+        return ""
+    checks = [row for row in profile.probes if row.probe == "memory_check"]
+    if not checks or any(row.status == "ok" for row in checks):
+        return ""
+    reasons = sorted(
+        {f"{row.status}: {row.reason}" if row.reason else row.status for row in checks}
+    )
+    what = (
+        "the interpreter, torch and what building a step loads: a few hundred MiB"
+        if profile.device.kind == "cpu"
+        else "the CUDA context and library workspaces"
+    )
+    # A check left out because its step was predicted not to fit is not measured by a longer
+    # or quieter profile: nothing of this model runs here.
+    unfit = all(row.reason == PREDICTED_NOT_TO_FIT for row in checks)
+    fix = (
+        "no real step of this model fits here to measure it"
+        if unfit
+        else "re-run 'advisor profile' on a quiet host or with a larger --budget-s to measure it"
+    )
+    return (
+        f"{OVERHEAD_UNMEASURED} (the profile's real-step memory checks: {'; '.join(reasons)}): "
+        f"each peak counts the step's tensors only, without {what}; {fix}"
+    )
+
+
 def machine_from_profile(profile: Profile) -> Machine:
     """The profiled device. A CPU job is budgeted against the RAM that was available when
     profiled (not the total: other processes hold the rest); a GPU against its memory."""
@@ -1388,6 +1430,7 @@ def cost_model_from_profile(
         flops=profile.flops,
         input_tokens_per_s=input_rates(profile),
         input_unmeasured=input_unmeasured(profile),
+        assumptions=tuple(a for a in (overhead_unmeasured(profile),) if a),
         host_load_1m=profile.device.host_load_1m,
         host_cpus=profile.device.cpu.num_usable_cores,
         host_others_share=largest_host_share(profile.throughput),

@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from strategies.budgets import BUSY_HOST_SHARE
-from strategies.cost import CostModel, GiB, missing_fit_group
+from strategies.cost import OVERHEAD_UNMEASURED, CostModel, GiB, missing_fit_group
 from strategies.plan_records import Baseline, Measurement, Validation
 from strategies.search import Evaluation, SearchResult, rank
 from strategies.space import SearchSpace, precision_flag
@@ -83,6 +83,7 @@ def plan_reasons(
         f" GiB, {model.machine.name})"
     )
     out.extend(unpredictable_lines(result.evaluations))
+    out.extend(a for a in model.assumptions if a.startswith(OVERHEAD_UNMEASURED))
     for excluded in space.excluded:
         out.append(f"not considered: {excluded}")
     if winner_measured is not None:
@@ -92,7 +93,12 @@ def plan_reasons(
         out.append(
             f"chosen: {winner.candidate.label()}: measured "
             f"{_fmt_tps(winner_measured.tokens_per_s or 0)}{over} (predicted "
-            f"{_fmt_tps(p.tokens_per_s)}), the fastest of {num_ok} validated candidates"
+            f"{_fmt_tps(p.tokens_per_s)}), "
+            + (
+                "the only validated candidate"
+                if num_ok == 1
+                else f"the fastest of {num_ok} validated candidates"
+            )
         )
     else:
         why = "what-if estimates are never measured" if p.estimate else "no candidate was validated"
@@ -124,7 +130,7 @@ def plan_reasons(
     busy = busy_host_reason(validations)
     if busy:
         out.append(busy)
-    out.extend(_knob_reasons(winner, result.evaluations))
+    out.extend(_knob_reasons(winner, result.evaluations, validations))
     if baseline.candidate is not None and baseline.predicted is not None:
         speed = (
             f"expected speed-up {baseline.expected_speedup:.2f}×"
@@ -163,9 +169,22 @@ def busy_host_reason(validations: Sequence[Validation]) -> str | None:
     )
 
 
-def _knob_reasons(winner: Evaluation, evaluations: Sequence[Evaluation]) -> list[str]:
+def _knob_reasons(
+    winner: Evaluation,
+    evaluations: Sequence[Evaluation],
+    validations: Sequence[Validation] = (),
+) -> list[str]:
     """For each knob, the best candidate that differs from the winner in it (and agrees on the
-    other knobs; a different world size also splits the batch differently), and why it lost."""
+    other knobs; a different world size also splits the batch differently), and why it lost:
+    its prediction against the chosen one's, and, when both were measured, the measurements
+    (the decision's evidence: a predicted "1.00×" beside a measured 0.58× read as a coin
+    toss)."""
+    measured = {
+        v.candidate.key: v.measured.tokens_per_s
+        for v in validations
+        if v.measured.ok and v.measured.tokens_per_s
+    }
+    chosen_measured = measured.get(winner.candidate.key)
     groups = {
         "precision": ("precision",),
         "activation checkpointing": ("activation_checkpointing",),
@@ -196,9 +215,16 @@ def _knob_reasons(winner: Evaluation, evaluations: Sequence[Evaluation]) -> list
         if feasible:
             alt = feasible[0]
             ratio = alt.tokens_per_s / winner.tokens_per_s if winner.tokens_per_s else 0.0
+            alt_measured = measured.get(alt.candidate.key)
+            both = (
+                f"; measured {_fmt_tps(alt_measured)}, {alt_measured / chosen_measured:.2f}× "
+                f"the chosen config's {_fmt_tps(chosen_measured)}"
+                if alt_measured and chosen_measured
+                else ""
+            )
             out.append(
                 f"{name} {mine}: the best alternative ({alt.candidate.label()}) is predicted "
-                f"{_fmt_tps(alt.tokens_per_s)}, {ratio:.2f}× the chosen config"
+                f"{_fmt_tps(alt.tokens_per_s)}, {ratio:.2f}× the chosen config{both}"
             )
         else:
             alt = differing[0]

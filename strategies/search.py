@@ -374,7 +374,12 @@ def _mode_note(mode: str, size: int, budget: int, priced: Screen | None) -> str:
     left = len(priced.unpriceable)
     without = f"; {left} the profile cannot price stayed out of the study" if left else ""
     if mode == "enumerate":
-        return f"{head}{without}; the {len(priced.priced)} priced ones enumerated exhaustively"
+        n = len(priced.priced)
+        return f"{head}{without}; " + (
+            "the one priced candidate evaluated"
+            if n == 1
+            else f"the {n} priced ones enumerated exhaustively"
+        )
     return (
         f"{head}{without}; the study holds the {budget} best of the {len(priced.priced)} "
         "priced ones (the fitting ones fastest first, then the least memory)"
@@ -432,7 +437,11 @@ def _enumerate(
             told += _tell(study, study.ask(), space, model) is not None
         if told * 4 // max(1, total) > reported:  # a line per quarter of the space, not per chunk
             reported = told * 4 // max(1, total)
-            say(f"told {told} trials; {len(candidates) - len(chunk)} candidates left")
+            left = len(candidates) - len(chunk)
+            say(
+                f"told {told} trial{'s' if told != 1 else ''}; {left} "
+                f"candidate{'s' if left != 1 else ''} left"
+            )
     return told
 
 

@@ -571,7 +571,9 @@ def build_space(
         "loss_chunks",
         chunks,
         only,
-        otherwise="; ".join(no_chunks) or "the profile measured no loss in that many chunks",
+        otherwise="; ".join(no_chunks)
+        or _chunk_probe_reason(profile)
+        or "the profile measured no loss in that many chunks",
     )
     restricted += lines
     micro_only: tuple[int, ...] = ()
@@ -622,6 +624,22 @@ def build_space(
         fsdp_reshard_after_forward=reshard,
         compile=compiled,
         micro_batch_only=micro_only,
+    )
+
+
+def _chunk_probe_reason(profile: Profile) -> str:
+    """Why the profile measured no chunked loss at all, from its 'loss_chunks' probe row
+    ("the logits (vocabulary 256) are no larger than one block's activations ...: nothing
+    measured"), for ``--only loss-chunks=N``; "" without one. Until 2026-12-07 the refusal
+    said only "the profile measured no loss in that many chunks", which a longer profile
+    would not have changed."""
+    return next(
+        (
+            f"the profile measured no chunked loss: {row.reason}"
+            for row in profile.probes
+            if row.probe == "memory" and row.name == "loss_chunks" and row.reason
+        ),
+        "",
     )
 
 

@@ -106,9 +106,20 @@ def print_plan(plan: Any, out: Path) -> None:
         click.echo(plan.label)
     measured = {v.candidate.key: v.measured for v in plan.validated}
     search = plan.search
+    # How many of the space the profile could price and how many fit: "best of 60" alone read
+    # as a choice among 60 where a short profile priced 4 (the reasons say why the rest not).
+    screened = search.get("screened") or {}
+    priced, fitting = screened.get("priced"), screened.get("fitting")
+    counts = (
+        f": {priced} priced, {fitting} fit"
+        if priced is not None
+        and fitting is not None
+        and (screened.get("unpriceable") or fitting < priced)
+        else ""
+    )
     table = Table(
         title=f"best of {search.get('space_size', search.get('num_evaluated', 0))} candidates "
-        f"({search.get('mode', '')})"
+        f"({search.get('mode', '')}){counts}"
     )
     rows = [(plan.candidate, plan.predicted)] + [
         (a.candidate, a.prediction) for a in plan.alternatives if a.prediction is not None
@@ -146,6 +157,11 @@ def print_plan(plan: Any, out: Path) -> None:
         )
     console.print(table)
     # Plain echo below, not rich: a wrapped command line could not be pasted back.
+    if _overhead_unmeasured(plan.predicted):
+        click.echo(
+            "note: the GiB column counts each step's tensors only: the profile did not measure "
+            "the training process's own memory (plan.json's reasons say why)"
+        )
     baseline = plan.baseline
     if baseline and baseline.candidate is not None and baseline.expected_speedup:
         line = (
@@ -160,6 +176,13 @@ def print_plan(plan: Any, out: Path) -> None:
     if not plan.estimate:
         train = Command("train").option("plan", run.plan).option("out", run.train.root)
         click.echo(f"train it: {train.shell()}")
+
+
+def _overhead_unmeasured(predicted: Prediction) -> bool:
+    """Whether the prediction's peak leaves out the process overhead the profile lacks."""
+    from strategies.cost import OVERHEAD_UNMEASURED
+
+    return any(a.startswith(OVERHEAD_UNMEASURED) for a in predicted.breakdown.assumptions)
 
 
 def _with_interval(predicted: Prediction) -> str:

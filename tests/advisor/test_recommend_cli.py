@@ -339,3 +339,104 @@ def test_validation_flags_default_to_the_library_and_state_its_margins() -> None
         help_top = options["validate_top"].help or ""
         assert "90% interval reaches the best" in help_top
         assert f"within {LAYOUT_MARGIN:.0%} of it" in help_top
+
+
+@pytest.mark.parametrize("command", ["recommend", "predict"])
+@pytest.mark.parametrize(
+    ("field", "value", "said"),
+    [
+        ("seq_len", "abc", "its workload's seq_len is 'abc', not a positive whole number"),
+        ("seq_len", None, "its workload's seq_len is None, not a positive whole number"),
+        ("seq_len", 0, "its workload's seq_len is 0, not a positive whole number"),
+        ("model", None, "its workload names no model (model: None)"),
+        ("model_args", "x", "its workload's model_args is 'x', not an object"),
+    ],
+)
+def test_a_damaged_workload_is_one_line_not_a_traceback(
+    profile_path: Path, tmp_path: Path, command: str, field: str, value: object, said: str
+) -> None:
+    """A hand-edited or damaged profile whose workload lacks a model or a whole-number
+    seq_len failed with a KeyError/ValueError traceback (exit 1) from both commands."""
+    data = json.loads(profile_path.read_text())
+    data["workload"][field] = value
+    bad = tmp_path / "bad" / "profile.json"
+    bad.parent.mkdir()
+    bad.write_text(json.dumps(data))
+    extra = ["--global-batch-size", "8", "--validate-top", "0", "--quiet"]
+    result = run(command, "--profile", str(bad), *(extra if command == "recommend" else []))
+    assert result.exit_code == 2, result.output
+    assert result.stderr == f"error: the profile is damaged ({said}): re-run 'advisor profile'\n"
+
+
+def _without_overhead(profile_path: Path, status: str, reason: str) -> Path:
+    """The hand profile as a real one reads when its real-step memory check did not finish:
+    a memory_check row that is not ok, and no fixed overhead."""
+    from profilers.profile_record import ProbeRow, Profile
+    from profilers.rundir import profile_path as profile_file
+
+    profile = Profile.from_dict(json.loads(profile_file(profile_path).read_text()))
+    row = ProbeRow(probe="memory_check", name="fp32/none/b=4", status=status, reason=reason)
+    profile = dataclasses.replace(profile, probes=(*profile.probes, row))
+    assert profile.memory_overhead.fixed_bytes == 0
+    out = profile_path.parent / "unmeasured"
+    out.mkdir()
+    profile.save(out)
+    return out / "profile.json"
+
+
+def test_an_unmeasured_process_overhead_is_said_not_hidden(profile_path: Path) -> None:
+    """A profile whose real-step memory check timed out (a busy host) records no process
+    overhead: its CPU peaks counted the tensors only (gpt-tiny at sequence 64: 0.06 GiB shown,
+    the process holds ~0.5) and nothing said so. The plan's reasons, the table and predict's
+    assumptions now say it, with the check's outcome and the fix."""
+    path = _without_overhead(profile_path, "timeout", "no result after 30 s")
+    result = run(
+        "recommend", "--profile", str(path), "--global-batch-size", "8", "--validate-top", "0",
+        "--quiet",
+    )  # fmt: skip
+    assert result.exit_code == 0, result.output
+    assert "note: the GiB column counts each step's tensors only" in result.stdout
+    plan = json.loads((path.parent / "plan.json").read_text())
+    said = (
+        "the process's memory beyond its tensors was not measured (the profile's real-step "
+        "memory checks: timeout: no result after 30 s): each peak counts the step's tensors "
+        "only, without the interpreter, torch and what building a step loads: a few hundred "
+        "MiB; re-run 'advisor profile' on a quiet host or with a larger --budget-s to measure it"
+    )
+    assert said in plan["reasons"]
+    assert said in plan["predicted"]["breakdown"]["assumptions"]
+    predicted = json.loads(run("predict", "--profile", str(path)).stdout)["predicted"]
+    assert said in predicted["breakdown"]["assumptions"]
+
+
+def test_a_profile_without_memory_checks_says_nothing_of_the_overhead(
+    profile_path: Path,
+) -> None:
+    """A hand-made (or older) profile has no memory_check rows: no claim either way."""
+    result = run(
+        "recommend", "--profile", str(profile_path), "--global-batch-size", "8",
+        "--validate-top", "0", "--quiet",
+    )  # fmt: skip
+    assert result.exit_code == 0, result.output
+    assert "note:" not in result.stdout
+    plan = json.loads((profile_path.parent / "plan.json").read_text())
+    assert not any("was not measured (the profile's real-step" in r for r in plan["reasons"])
+
+
+def test_validating_a_cpu_profile_on_cuda_is_refused_before_the_search(
+    profile_path: Path, tmp_path: Path
+) -> None:
+    """On a host without a GPU, ``--device cuda`` for a CPU profile planned unvalidated with
+    "the profiled device (cuda) is not available here", exit 0: the profile is CPU's, and
+    validating it elsewhere is the mistake to name (before the search, not after it)."""
+    out = tmp_path / "out"
+    result = run(
+        "recommend", "--profile", str(profile_path), "--global-batch-size", "8",
+        "--validate-top", "1", "--device", "cuda", "--out", str(out), "--quiet",
+    )  # fmt: skip
+    assert result.exit_code == 2, result.output
+    assert result.stderr == (
+        "error: the profile was measured on cpu, not cuda: validate on the profiled device "
+        "(--device auto) or profile this one first\n"
+    )
+    assert not (out / "study.db").exists()

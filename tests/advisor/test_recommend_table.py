@@ -100,3 +100,30 @@ def test_a_narrow_terminal_folds_cells_and_never_cuts_them(
     assert not any("…" in line for line in lines)
     cells = "".join(line.split("│")[3].strip() for line in lines if line.count("│") > 3)
     assert "blocks:16" in cells  # folded over lines, read back whole
+
+
+@pytest.mark.parametrize(
+    ("screened", "title"),
+    [
+        (
+            {"priced": 4, "fitting": 2, "unpriceable": 56},
+            "best of 1 candidates (enumerate): 4 priced, 2 fit",
+        ),
+        ({"priced": 1, "fitting": 1, "unpriceable": 0}, "best of 1 candidates (enumerate)"),
+        (None, "best of 1 candidates (enumerate)"),
+    ],
+)
+def test_the_title_says_how_many_could_be_priced_and_fit(
+    capsys: pytest.CaptureFixture[str],
+    tmp_path: Path,
+    screened: dict[str, int] | None,
+    title: str,
+) -> None:
+    """A 40 s gpt-tiny profile prices 4 of a 60-candidate space: "best of 60 candidates"
+    alone read as a choice among 60."""
+    plan = _plan(BASE)
+    if screened is not None:
+        plan.search["screened"] = screened
+    print_plan(plan, tmp_path)
+    first = capsys.readouterr().out.splitlines()[0].strip()
+    assert first == title

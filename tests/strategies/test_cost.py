@@ -919,3 +919,53 @@ def test_an_fsdp_rank_traced_at_one_size_anchors_the_ranks_memory() -> None:
         ),
     )
     assert cost_model_from_profile(fitted, 0.9).rank_traces == ()
+
+
+def _checks(*rows: tuple[str, str]) -> Any:
+    """The hand profile with these real-step memory check rows (status, reason)."""
+    probes = tuple(
+        ProbeRow(probe="memory_check", name="fp32/none/b=4", status=status, reason=reason)
+        for status, reason in rows
+    )
+    return dataclasses.replace(hand_profile(), probes=probes)
+
+
+@pytest.mark.parametrize(
+    ("rows", "said"),
+    [
+        ((), None),
+        ((("ok", "traced fit 1 B"),), None),
+        (
+            (("timeout", "no result after 30 s"), ("skipped", "time budget spent")),
+            "(the profile's real-step memory checks: skipped: time budget spent; timeout: no "
+            "result after 30 s): each peak counts the step's tensors only, without the "
+            "interpreter, torch and what building a step loads: a few hundred MiB; re-run "
+            "'advisor profile' on a quiet host or with a larger --budget-s to measure it",
+        ),
+        (
+            (("skipped", "predicted not to fit the device"),),
+            "(the profile's real-step memory checks: skipped: predicted not to fit the device): "
+            "each peak counts the step's tensors only, without the interpreter, torch and what "
+            "building a step loads: a few hundred MiB; no real step of this model fits here to "
+            "measure it",
+        ),
+    ],
+    ids=["hand-made", "measured", "timed-out", "unfit"],
+)
+def test_a_process_overhead_the_checks_did_not_measure_is_an_assumption(
+    rows: tuple[tuple[str, str], ...], said: str | None
+) -> None:
+    """fixed_bytes 0 after memory checks that all failed read as 'no overhead': a CPU peak of
+    tensors only, silently (gpt-tiny, sequence 64, a busy host: 0.06 GiB shown, ~0.5 held)."""
+    from strategies.cost import OVERHEAD_UNMEASURED, overhead_unmeasured
+
+    profile = _checks(*rows)
+    text = overhead_unmeasured(profile)
+    model = cost_model_from_profile(profile, 0.9)
+    assumptions = model.predict(cand()).breakdown.assumptions
+    if said is None:
+        assert text == ""
+        assert not any(a.startswith(OVERHEAD_UNMEASURED) for a in assumptions)
+    else:
+        assert text == f"{OVERHEAD_UNMEASURED} {said}"
+        assert text in assumptions

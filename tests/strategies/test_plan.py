@@ -90,6 +90,38 @@ def test_the_best_measured_candidate_wins_over_the_best_predicted(model: CostMod
     assert validated[second.key].time_error == pytest.approx(plan.predicted.step_time_s / 1.0 - 1)
 
 
+def test_a_knob_alternative_that_was_measured_too_is_compared_by_its_measurement(
+    model: CostModel,
+) -> None:
+    """The per-knob reasons compared predictions only: a measured winner beside a measured
+    alternative read "1.00× the chosen config" where the runs said 0.58× (gpt-tiny, mb 8×1 vs
+    4×2, both predicted alike). Both figures are said when both were measured."""
+    ranked = _plan(model, 16).evaluations
+    ordered = sorted((e for e in ranked if e.feasible), key=lambda e: -e.tokens_per_s)
+    first = ordered[0]
+    # the best alternative of the batch split, all other knobs equal
+    other = next(
+        e
+        for e in ordered[1:]
+        if e.candidate.micro_batch_size != first.candidate.micro_batch_size
+        and (e.candidate.precision, e.candidate.activation_checkpointing, e.candidate.layout)
+        == (
+            first.candidate.precision,
+            first.candidate.activation_checkpointing,
+            first.candidate.layout,
+        )
+    )
+    plan = _plan(model, 16, {first.candidate.key: ok(200.0), other.candidate.key: ok(116.0)})
+    assert plan.candidate == first.candidate
+    line = next(r for r in plan.reasons if r.startswith("micro-batch/accumulation"))
+    assert line.endswith(
+        "the chosen config; measured 116 tok/s, 0.58× the chosen config's 200 tok/s"
+    ), line
+    unmeasured = _plan(model, 16, {first.candidate.key: ok(200.0)})
+    line = next(r for r in unmeasured.reasons if r.startswith("micro-batch/accumulation"))
+    assert line.endswith("the chosen config"), line
+
+
 def test_an_unvalidated_candidate_never_beats_a_measured_one_silently() -> None:
     gpu = cost_model_from_profile(hand_profile(kind="cuda"), 0.9)
     plan = _plan(gpu, 16, world_size=2)

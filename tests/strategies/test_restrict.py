@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from profilers.profile_record import InputSample, Profile
+from profilers.profile_record import InputSample, ProbeRow, Profile
 from strategies.cost import cost_model_from_profile
 from strategies.errors import StrategyError
 from strategies.restrict import KNOB_NAMES, narrow, normalize_only, only_args, parse_only
@@ -483,6 +483,26 @@ def test_micro_batch_restriction_drops_a_layout_none_of_whose_splits_is_allowed(
             r"search can price loss-chunks 1, 16$",
         ),
         (
+            dataclasses.replace(
+                hand_profile(),
+                probes=(
+                    ProbeRow(
+                        probe="memory",
+                        name="loss_chunks",
+                        status="skipped",
+                        reason="the logits (vocabulary 256) are no larger than one block's "
+                        "activations (width 256) ...: nothing measured",
+                    ),
+                ),
+            ),
+            {},
+            {"loss_chunks": "4"},
+            r"--only loss-chunks=4: nothing asked for can be searched \(the profile measured no "
+            r"chunked loss: the logits \(vocabulary 256\) are no larger than one block's "
+            r"activations \(width 256\) \.\.\.: nothing measured\); this search can price "
+            r"loss-chunks 1$",
+        ),
+        (
             hand_profile(),
             {},
             {"micro_batch_size": "3"},
@@ -507,6 +527,7 @@ def test_micro_batch_restriction_drops_a_layout_none_of_whose_splits_is_allowed(
         "workers-cpu",
         "chunks-no-head",
         "chunks-unmeasured",
+        "chunks-probe-said-why",
         "micro-no-split",
         "kept-untraced",
     ],
