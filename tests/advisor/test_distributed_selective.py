@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -52,14 +53,29 @@ def train_losses(out: Path, *args: str) -> list[float]:
     return [r["loss"] for r in lines if r["kind"] == "train"]
 
 
+@pytest.fixture(scope="module")
+def plain_losses(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], list[float]]:
+    """The run without checkpointing, once per parallelism: both FSDP cases compare with the
+    same one (each ran its own, a torchrun launch of ~15 s on 2 cores)."""
+    runs: dict[str, list[float]] = {}
+
+    def plain(parallelism: str) -> list[float]:
+        if parallelism not in runs:
+            out = tmp_path_factory.mktemp(f"plain-{parallelism}") / "run"
+            runs[parallelism] = train_losses(out, "--parallelism", parallelism)
+        return runs[parallelism]
+
+    return plain
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize(
     ("parallelism", "setting"), [("ddp", "blocks:1"), ("fsdp", "ops"), ("fsdp", "ops-half")]
 )
 def test_selective_checkpointing_keeps_the_losses_at_world_size_2(
-    tmp_path: Path, parallelism: str, setting: str
+    tmp_path: Path, parallelism: str, setting: str, plain_losses: Callable[[str], list[float]]
 ) -> None:
-    plain = train_losses(tmp_path / "plain", "--parallelism", parallelism)
+    plain = plain_losses(parallelism)
     got = train_losses(
         tmp_path / "sel", "--parallelism", parallelism, "--activation-checkpointing", setting
     )
