@@ -215,9 +215,16 @@ def compose_config(base: TrainConfig, overrides: Mapping[str, Any]) -> TrainConf
                     else f"pick a multiple of {world} for --global-batch-size or a world size "
                     "that divides it"
                 )
+
+                # The flags' names, and where a value the user did not give came from
+                # (--global-batch-size 7 alone read "not a multiple of micro_batch_size 8").
+                def given(key: str, flag: str, value: int) -> str:
+                    return f"{flag} {value}" + ("" if key in changes else " (not given)")
+
                 raise ConfigError(
-                    f"global batch size {gbs} is not a multiple of micro_batch_size {micro} x "
-                    f"world_size {world}: {fix}"
+                    f"--global-batch-size {gbs} is not a multiple of "
+                    f"{given('micro_batch_size', '--micro-batch-size', micro)} x "
+                    f"{given('world_size', '--world-size', world)}: {fix}"
                 )
             changes["grad_accum_steps"] = changes["global_batch_size"] // per_step
     try:

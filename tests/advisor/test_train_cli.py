@@ -150,8 +150,8 @@ def test_global_batch_that_the_split_cannot_make(tmp_path: Path) -> None:
         train("--global-batch-size", "7", "--micro-batch-size", "2", tmp_path=tmp_path)
     )
     assert line == (
-        "error: global batch size 7 is not a multiple of micro_batch_size 2 x world_size 1: "
-        "pick a micro-batch size that divides it"
+        "error: --global-batch-size 7 is not a multiple of --micro-batch-size 2 x --world-size "
+        "1 (not given): pick a micro-batch size that divides it"
     )
 
 
@@ -166,8 +166,8 @@ def test_a_world_size_that_does_not_divide_the_global_batch_names_that_fix() -> 
             {"global_batch_size": 4, "micro_batch_size": 1, "world_size": 8, "parallelism": "ddp"},
         )
     assert str(caught.value) == (
-        "global batch size 4 is not a multiple of micro_batch_size 1 x world_size 8: pick a "
-        "multiple of 8 for --global-batch-size or a world size that divides it"
+        "--global-batch-size 4 is not a multiple of --micro-batch-size 1 x --world-size 8: "
+        "pick a multiple of 8 for --global-batch-size or a world size that divides it"
     )
 
 
@@ -242,7 +242,7 @@ def test_a_new_micro_batch_on_a_plan_keeps_its_global_batch(tmp_path: Path) -> N
     )
     said = resolve_train_config(plan, None, False, {"micro_batch_size": 4, "grad_accum_steps": 1})
     assert said.global_batch_size == 4  # the accumulation named: the product is the batch
-    with pytest.raises(ConfigError, match="global batch size 8 is not a multiple of micro"):
+    with pytest.raises(ConfigError, match="--global-batch-size 8 is not a multiple of --micro"):
         resolve_train_config(plan, None, False, {"micro_batch_size": 3})
     unplanned = resolve_train_config(None, None, False, {"micro_batch_size": 4})
     assert unplanned.global_batch_size == 4  # no plan: micro x accum x world, as before
