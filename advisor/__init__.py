@@ -22,6 +22,7 @@ from advisor.version import __version__
 if TYPE_CHECKING:
     from advisor.api import (
         export,
+        load_plan,
         load_profile,
         model_spec,
         predict,
@@ -31,7 +32,7 @@ if TYPE_CHECKING:
         tune,
     )
     from advisor.errors import AdvisorError, TrainingDiverged, UsageProblem
-    from advisor.exporters import Export, load_plan
+    from advisor.exporters import Export
     from advisor.training import TrainSummary
     from advisor.tuning import TuneResult
     from profilers.profile_record import Profile
@@ -48,7 +49,7 @@ _OWNERS = {
     "tune": "advisor.api",
     "export": "advisor.api",
     "load_profile": "advisor.api",
-    "load_plan": "advisor.exporters",
+    "load_plan": "advisor.api",
     "model_spec": "advisor.api",
     "Profile": "profilers.profile_record",
     "Plan": "strategies.plan_records",

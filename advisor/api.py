@@ -8,11 +8,13 @@ options named like its flags (``--global-batch-size`` → ``global_batch_size=``
     advisor.export(plan, "hf")                                               → Export
     tuned = advisor.tune(plan, trials=12, out="runs/p")                      → TuneResult
     result = advisor.train(plan, steps=50, out="runs/x")                     → TrainSummary
+    advisor.load_profile("runs/p"), advisor.load_plan("runs/p")              → Profile, Plan
 
 Records are the frozen dataclasses the CLI writes to disk (profile.json, plan.json); errors
 are the exceptions the CLI prints as one line (:class:`advisor.errors.UsageProblem`,
 ``strategies.config.ConfigError``, ``strategies.errors.StrategyError`` ...). The library
-never prints: progress goes to the callbacks given.
+never prints: progress goes to the callbacks given. Each call leaves the caller's process as
+it found it (its environment variables, signal handlers, working directory).
 
 A model is a spec string (``gpt-tiny``, ``hf:NAME``, ``FILE.py:factory``,
 ``package.module:factory``) or a factory function / ``nn.Module`` subclass. Probes build the
@@ -27,13 +29,14 @@ import dataclasses
 import functools
 import importlib
 import importlib.util
+import inspect
 import json
 import os
 import re
 import subprocess
 import sys
 import tempfile
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -193,25 +196,79 @@ def _check_int(name: str, value: int | None, minimum: int) -> None:
         raise UsageProblem(f"{name} must be {kind}, got {value!r}")
 
 
+def _check_number(name: str, value: float | None) -> None:
+    """A number of the kind a float flag takes (its range is the layer below's to check)."""
+    if value is None:
+        return
+    if not isinstance(value, (int, float)) or isinstance(value, bool):
+        raise UsageProblem(f"{name} must be a number, got {value!r}")
+
+
+def _check_bool(name: str, value: bool) -> None:
+    if not isinstance(value, bool):
+        raise UsageProblem(f"{name} must be True or False, got {value!r}")
+
+
+def _check_mapping(name: str, value: Any, example: str) -> dict[str, Any]:
+    """A mapping keyword (``only=``, ``hyperparameters=``) as a dict; a string or a list of
+    pairs is a UsageProblem showing the mapping it means."""
+    if value is None:
+        return {}
+    if not isinstance(value, Mapping):
+        raise UsageProblem(f"{name} must be a mapping, e.g. {example}, not {type(value).__name__}")
+    return dict(value)
+
+
 def _say_on_stderr(message: str, *_: Any) -> None:
     print(message, file=sys.stderr, flush=True)
 
 
-def _progress(name: str, progress: Any, *, takes: str) -> Any:
+def _takes(callback: Callable[..., Any], arguments: int) -> bool:
+    """Whether ``callback`` can be called with ``arguments`` positional arguments (a builtin
+    without a signature is given the benefit of the doubt)."""
+    try:
+        signature = inspect.signature(callback)
+    except (TypeError, ValueError):
+        return True
+    try:
+        signature.bind(*(["line"] * arguments))
+    except TypeError:
+        return False
+    return True
+
+
+_TUNE_PROGRESS = ("message", "trial_started", "trial_evaluated", "trial_finished")
+
+
+def _progress(name: str, progress: Any, *, form: str = "(message)", or_else: str = "") -> Any:
     """``progress`` as one rule for every function: None or False, silent; True, lines on
-    stderr; else the callback the function documents (``takes`` names its form)."""
+    stderr; else the callback the function documents, called as ``progress FORM`` (or, for
+    tune, ``or_else``, a TuneProgress): one whose signature does not take that call is a
+    UsageProblem before any work (it was a TypeError from deep inside, after the run had
+    started)."""
     if progress is None or progress is False:
         return None
     if progress is True:
         return _say_on_stderr
-    if name == "tune" and all(hasattr(progress, m) for m in ("message", "trial_finished")):
+    if name == "tune" and all(callable(getattr(progress, m, None)) for m in _TUNE_PROGRESS):
         return progress
-    if callable(progress) and name != "tune":
-        return progress
+    if callable(progress):
+        if _takes(progress, form.count(",") + 1):
+            return progress
+        raise UsageProblem(
+            f"{name}(progress={_shown(progress)}): it is called as progress{form}, which its "
+            "signature does not accept: give it those parameters"
+        )
     raise UsageProblem(
         f"{name}(progress={progress!r}): pass True (lines on stderr), False or None (silent), "
-        f"or {takes}"
+        f"or a callable{form}{or_else}"
     )
+
+
+def _shown(value: Any) -> str:
+    """A callable as its name (a lambda's repr carries an address)."""
+    name = getattr(value, "__qualname__", None)
+    return name if isinstance(name, str) else repr(value)
 
 
 def _check_config_keys(config: Mapping[str, Any]) -> None:
@@ -224,8 +281,90 @@ def _check_config_keys(config: Mapping[str, Any]) -> None:
         )
 
 
-def _path(value: str | os.PathLike[str] | None) -> Path | None:
-    return None if value is None else Path(value)
+def _path(value: str | os.PathLike[str] | None, name: str = "out") -> Path | None:
+    if value is None:
+        return None
+    return _given_path(value, name)
+
+
+def _given_path(value: Any, name: str) -> Path:
+    if not isinstance(value, (str, os.PathLike)):
+        raise UsageProblem(f"{name} must be a path (a str or a pathlib.Path), not {value!r}")
+    return Path(value)
+
+
+def _out_dir(value: str | os.PathLike[str] | None) -> Path | None:
+    """``out=`` of a function that writes a directory: a file in the way is a UsageProblem
+    before any work (it was a FileExistsError, for profile after its probes had run)."""
+    directory = _path(value)
+    if directory is not None:
+        blocked = next((p for p in (directory, *directory.parents) if p.exists()), None)
+        if blocked is not None and not blocked.is_dir():
+            raise UsageProblem(
+                f"out={str(directory)!r}: {blocked} is a file, not a directory: choose another out"
+            )
+    return directory
+
+
+@contextlib.contextmanager
+def _kept_environment() -> Iterator[None]:
+    """The caller's ``os.environ`` as it was when the call returns: the launcher set
+    OMP_NUM_THREADS=1 and TORCHELASTIC_SIGNALS_TO_HANDLE in the caller's process for its
+    ranks, and a later ``advisor.profile`` in the same notebook probed on one thread."""
+    saved = dict(os.environ)
+    try:
+        yield
+    finally:
+        for key in set(os.environ) - set(saved):
+            del os.environ[key]
+        for key, value in saved.items():
+            if os.environ.get(key) != value:
+                os.environ[key] = value
+
+
+def _profile_source(profile: Any) -> Profile | Path:
+    """A Profile, or the path of a profile.json or of its directory."""
+    from profilers.profile_record import Profile
+
+    if isinstance(profile, Profile):
+        return profile
+    if isinstance(profile, (str, os.PathLike)):
+        return Path(profile)
+    raise UsageProblem(
+        f"profile must be a Profile (advisor.profile's or advisor.load_profile's) or the path "
+        f"of a profile.json or of its directory, not {type(profile).__name__}"
+    )
+
+
+def _plan_source(plan: Any, *, configs: bool = True) -> Plan | TrainConfig | Path | None:
+    """A plan as the functions take it: a Plan, its ``to_dict()`` (as a Plan), a TrainConfig
+    (``configs``), the path of a plan.json, or the run directory holding one (its plan.json,
+    as :func:`load_plan` reads it), or None. Anything else is a UsageProblem naming them."""
+    from strategies.plan_records import Plan
+
+    if plan is None or isinstance(plan, Plan) or (configs and isinstance(plan, TrainConfig)):
+        return plan
+    if isinstance(plan, Mapping):
+        try:
+            return Plan.from_dict(plan)
+        except (ValueError, KeyError, TypeError) as exc:
+            raise UsageProblem(
+                f"plan is a mapping but not a plan's to_dict() ({' '.join(str(exc).split())}): "
+                "pass a Plan, its to_dict(), or the path of a plan.json"
+            ) from None
+    if isinstance(plan, (str, os.PathLike)):
+        from advisor.exporters.source import plan_file
+
+        return plan_file(Path(plan))
+    raise _not_a_plan(plan, configs=configs)
+
+
+def _not_a_plan(plan: Any, *, configs: bool) -> UsageProblem:
+    kinds = "a Plan, a TrainConfig" if configs else "a Plan"
+    return UsageProblem(
+        f"plan must be {kinds}, a plan's to_dict(), or the path of a plan.json or of its run "
+        f"directory, not {type(plan).__name__}"
+    )
 
 
 # The CLI flags that messages of the layers below name, as this API's keyword arguments.
@@ -241,6 +380,12 @@ _KEYWORDS = {
     "--global-batch-size": "global_batch_size",
     "--memory-budget": "memory_budget",
     "--steps": "steps",
+    "--device": "device",
+    "--checkpointing": "checkpointing",
+    "--params": "params",
+    "--nnodes": "nnodes",
+    "--node-rank": "node_rank",
+    "--rdzv-endpoint": "rdzv_endpoint",
 }
 _FLAG = re.compile(r"--[a-z][a-z-]*(?: [^\s(]+)?")
 
@@ -252,6 +397,8 @@ def _keyword(match: re.Match[str]) -> str:
         return match.group(0)
     if name in ("only", "model_args"):  # a mapping: the message names one of its keys
         return f"{name} key {value}" if value else name
+    if name == "device" and value:  # --device cuda: device='cuda', as the keyword is written
+        return f"{name}={value!r}"
     if any(ch.isdigit() for ch in value):  # --target h100-80gb, --nodes 2: a value
         return f"{name}={value}"
     return f"{name} {value}" if value else name
@@ -281,7 +428,15 @@ def load_profile(path: str | os.PathLike[str]) -> Profile:
     """Read a profile.json (or the directory holding one) written by ``advisor profile``."""
     from advisor.recommending import read_profile
 
-    return read_profile(Path(path))
+    return read_profile(_given_path(path, "path"))
+
+
+def load_plan(path: str | os.PathLike[str]) -> Plan:
+    """Read a plan.json (or RUN/plan.json) written by ``advisor recommend`` (or a
+    tuned_plan.json of ``advisor tune``); a missing or unreadable plan is a UsageProblem."""
+    from advisor.exporters import load_plan as read_plan
+
+    return read_plan(_given_path(path, "path"))
 
 
 # -- the four steps -------------------------------------------------------------------------
@@ -346,10 +501,15 @@ def profile(
 
         _check_choice("trace_for", trace_for, TRACE_TARGETS)
     _check_int("seq_len", seq_len, 1)
+    _check_number("budget_s", budget_s)
+    _check_bool("comm", comm)
     if isinstance(precisions, str):
         precisions = (precisions,)
     for precision in precisions or ():
         _check_choice("precision", precision, PRECISIONS)
+    if isinstance(checkpointing, str):  # one setting, not its letters
+        checkpointing = (checkpointing,)
+    directory = _out_dir(out)
     request = ProfileRequest(
         model=spec,
         model_args=args,
@@ -363,9 +523,9 @@ def profile(
         comm=comm,
         trace_for=trace_for,
     )
-    say = _progress("profile", progress, takes="a callable(message, fraction_of_budget)")
-    with _in_api_terms():
-        return run_profile(request, _path(out) or default_out("profile"), say)
+    say = _progress("profile", progress, form="(message, fraction_of_budget)")
+    with _in_api_terms(), _kept_environment():
+        return run_profile(request, directory or default_out("profile"), say)
 
 
 def recommend(
@@ -429,7 +589,12 @@ def recommend(
     _check_int("validate_top", validate_top, 0)
     _check_int("validate_rounds", validate_rounds, 1)
     _check_int("steps", steps, 1)
-    say = _progress("recommend", progress, takes="a callable(message)")
+    _check_number("memory_budget", memory_budget)
+    hyperparameters = _check_mapping("hyperparameters", hyperparameters, "{'lr': 3e-4}")
+    only = _check_mapping("only", only, "{'precision': ['bf16'], 'compile': False}")
+    source = _profile_source(profile)
+    directory = _out_dir(out)
+    say = _progress("recommend", progress)
     with _in_api_terms():
         request = SearchRequest(
             global_batch_size=global_batch_size,
@@ -440,13 +605,12 @@ def recommend(
             nodes=nodes,
             network=network,
             study_name=study_name,
-            config_overrides=dict(hyperparameters or {}),
-            only=dict(only or {}),
+            config_overrides=hyperparameters,
+            only=only,
             run_steps=DEFAULT_STEPS if steps is None else steps,
         )
-    source: Profile | Path = profile if isinstance(profile, Profile) else Path(profile)
-    directory = _path(out)
     with contextlib.ExitStack() as stack:
+        stack.enter_context(_kept_environment())
         if directory is None and storage is None:
             if isinstance(source, Profile):
                 temporary = stack.enter_context(tempfile.TemporaryDirectory(prefix="advisor-"))
@@ -468,7 +632,7 @@ def recommend(
 
 def predict(
     profile: Profile | str | os.PathLike[str],
-    plan: Plan | TrainConfig | str | os.PathLike[str] | None = None,
+    plan: Plan | Mapping[str, Any] | TrainConfig | str | os.PathLike[str] | None = None,
     *,
     memory_budget: float = DEFAULT_MEMORY_BUDGET,
     target: str | None = None,
@@ -481,8 +645,9 @@ def predict(
     with their 90% intervals, whether it fits, and the breakdown.
 
     ``profile``: a Profile, or the path of a profile.json or of its directory. ``plan``: a
-    Plan, a TrainConfig or a plan.json path to price (None: the profile's model and sequence
-    length at the defaults); ``config``: TrainConfig keys over it, as the CLI's flags
+    Plan (or its ``to_dict()``), a TrainConfig, or the path of a plan.json or of its run
+    directory (its plan.json) to price (None: the profile's model and sequence length at the
+    defaults); ``config``: TrainConfig keys over it, as the CLI's flags
     (``micro_batch_size=8``, ``precision="bf16"``, ``activation_checkpointing="full"``
     ...). The model is the profile's (a plan's must match it, as its sequence length must).
     ``memory_budget``: the fraction of device memory a plan may use (``fits``).
@@ -496,13 +661,15 @@ def predict(
     """
     from advisor.recommending import predict_config, profiled_config, read_profile
     from advisor.training import keeping_the_global_batch
-    from profilers.profile_record import Profile
     from strategies.config import compose_config, load_plan_config
     from strategies.plan_records import Plan
 
     _check_int("nodes", nodes, 1)
     _check_int("steps", steps, 1)
-    prof = read_profile(profile if isinstance(profile, Profile) else Path(profile))
+    _check_number("memory_budget", memory_budget)
+    source = _profile_source(profile)
+    plan = _plan_source(plan)
+    prof = read_profile(source)
     _check_config_keys(config)
     fixed = {"model", "model_args", "seq_len"} & set(config)
     if fixed:
@@ -519,23 +686,36 @@ def predict(
             if isinstance(plan, TrainConfig)
             else load_plan_config(Path(plan))
         )
+        if (chosen.model, chosen.model_args) != (base.model, base.model_args):
+            # It was priced as the profile's model, without a word.
+            raise UsageProblem(
+                f"the plan trains {_model_shown(chosen)} but the profile measured "
+                f"{_model_shown(base)}: price it with a profile of its model "
+                "(advisor.profile(model=..., model_args=...))"
+            )
         knobs = {k: v for k, v in chosen.to_dict().items() if k not in {"model", "model_args"}}
         base = compose_config(base, knobs)
         config = keeping_the_global_batch(chosen, config)  # as advisor.train(plan, ...) does
-    prediction, _label = predict_config(
-        prof,
-        compose_config(base, config),
-        memory_budget=memory_budget,
-        target=target,
-        nodes=nodes,
-        network=network,
-        steps=steps,
-    )
+    with _in_api_terms():
+        prediction, _label = predict_config(
+            prof,
+            compose_config(base, config),
+            memory_budget=memory_budget,
+            target=target,
+            nodes=nodes,
+            network=network,
+            steps=steps,
+        )
     return prediction
 
 
+def _model_shown(config: TrainConfig) -> str:
+    args = " ".join(f"{k}={v}" for k, v in sorted(config.model_args.items()))
+    return f"{config.model} ({args})" if args else config.model
+
+
 def train(
-    plan: Plan | TrainConfig | str | os.PathLike[str] | None = None,
+    plan: Plan | Mapping[str, Any] | TrainConfig | str | os.PathLike[str] | None = None,
     *,
     steps: int | None = None,
     tokens: int | None = None,
@@ -554,16 +734,18 @@ def train(
 ) -> TrainSummary:
     """Train a plan end to end (``advisor train``): metrics.jsonl and checkpoints in ``out``.
 
-    ``plan``: a Plan, a TrainConfig, the path of a plan.json, or None (the defaults; with
-    ``resume``, the run's saved config). ``config``: TrainConfig keys over it, as the CLI's
+    ``plan``: a Plan (or its ``to_dict()``), a TrainConfig, the path of a plan.json or of its
+    run directory (its plan.json), or None (the defaults; with ``resume``, the run's saved
+    config). ``config``: TrainConfig keys over it, as the CLI's
     flags (``micro_batch_size=4``, ``precision="bf16"``, ``lr=3e-4``, ``model=my_factory``,
     ``model_args={...}``); the global batch stays consistent (micro × accumulation × world).
     ``steps`` or ``tokens``: the run's length (default 300 steps). ``out``: the run directory
     (default ``runs/train-TIMESTAMP``); ``resume``: continue the run in ``out`` from its last
     checkpoint. ``checkpoint_every``/``keep_checkpoints``/``eval_every``/``eval_batches``: as the
     CLI's flags. ddp/fsdp plans run through torchrun (``nnodes``, ``node_rank``,
-    ``rdzv_endpoint`` for several machines). ``progress``: True prints the per-step lines on stderr,
-    or a callback ``progress(message)`` receives them.
+    ``rdzv_endpoint`` for several machines). ``progress``: True prints the per-step lines on
+    stderr, or a callback ``progress(message)`` receives them. The caller's environment
+    variables are as they were when it returns (the launcher sets some for its ranks).
 
     Returns a :class:`advisor.training.TrainSummary`; raises ``TrainingDiverged`` on a NaN/inf
     loss (the last good checkpoint is kept).
@@ -583,16 +765,26 @@ def train(
         ("keep_checkpoints", keep_checkpoints, 1),
         ("eval_every", eval_every, 0),
         ("eval_batches", eval_batches, 1),
+        ("nnodes", nnodes, 1),
+        ("node_rank", node_rank, 0),
     ):
         _check_int(name, value, minimum)
-    directory = _path(out)
+    _check_bool("resume", resume)
+    if steps is not None and tokens is not None:
+        raise UsageProblem("give steps or tokens, not both")
+    directory = _out_dir(out)
     if resume and directory is None:
         raise UsageProblem("resume=True needs out= naming the run to continue")
     _check_config_keys(config)
     if "model" in config:
         config["model"] = model_spec(config["model"])
-    base = plan.config if isinstance(plan, Plan) else plan
-    resolved = resolve_train_config(base, directory, resume, config)
+    if config.get("model_args") is not None:
+        config["model_args"] = _model_and_args(DEFAULT_MODEL, config["model_args"])[1]
+    say = _progress("train", progress)
+    source = _plan_source(plan)
+    base = source.config if isinstance(source, Plan) else source
+    with _in_api_terms():
+        resolved = resolve_train_config(base, directory, resume, config)
     options = RunOptions(
         out=directory or default_out("train"),
         steps=run_steps(steps, tokens, resume=resume),
@@ -608,14 +800,15 @@ def train(
     )
     spec = None
     if needs_launch(resolved):
-        spec = LaunchSpec(
-            world_size=resolved.world_size,
-            nnodes=nnodes,
-            node_rank=node_rank,
-            rdzv_endpoint=rdzv_endpoint,
-        )
-    say = _progress("train", progress, takes="a callable(message)")
-    result = run_training(resolved, options, launch=spec, say=say)
+        with _in_api_terms():
+            spec = LaunchSpec(
+                world_size=resolved.world_size,
+                nnodes=nnodes,
+                node_rank=node_rank,
+                rdzv_endpoint=rdzv_endpoint,
+            )
+    with _in_api_terms(), _kept_environment():
+        result = run_training(resolved, options, launch=spec, say=say)
     if result is None:
         return TrainSummary.from_run_dir(resolved, options.out)
     return TrainSummary.from_result(resolved, result)
@@ -647,30 +840,24 @@ def export(
     from strategies.plan_records import Plan
 
     _check_int("steps", steps, 1)
-    if isinstance(plan, Mapping):
-        try:
-            plan = Plan.from_dict(plan)
-        except (ValueError, KeyError, TypeError) as exc:
-            raise UsageProblem(
-                f"plan is a mapping but not a plan's to_dict() ({' '.join(str(exc).split())}): "
-                "pass a Plan, its to_dict(), or the path of a plan.json"
-            ) from None
-    elif not isinstance(plan, (Plan, str, os.PathLike)):
-        raise UsageProblem(
-            f"plan must be a Plan, its to_dict(), or the path of a plan.json or run directory, "
-            f"not {type(plan).__name__}"
-        )
+    directory = _path(out)
+    # A path as given: export_plan picks a run directory's tuned plan where it has one.
+    chosen = (
+        Path(plan) if isinstance(plan, (str, os.PathLike)) else _plan_source(plan, configs=False)
+    )
+    if not isinstance(chosen, (Plan, Path)):  # None or a TrainConfig: no plan to export
+        raise _not_a_plan(plan, configs=False)
     with _in_api_terms():
-        result = export_plan(plan if isinstance(plan, Plan) else Path(plan), to, steps=steps)
-    if out is not None:
+        result = export_plan(chosen, to, steps=steps)
+    if directory is not None:
         # A trailing separator names a directory (made if missing), as the CLI's --out DIR/.
         into_directory = str(out).endswith(("/", os.sep))
-        write_export(result, Path(out), into_directory=into_directory)
+        write_export(result, directory, into_directory=into_directory)
     return result
 
 
 def tune(
-    plan: Plan | str | os.PathLike[str],
+    plan: Plan | Mapping[str, Any] | str | os.PathLike[str],
     *,
     trials: int = DEFAULT_TUNE_TRIALS,
     tokens_per_trial: int | None = None,
@@ -679,19 +866,22 @@ def tune(
     out: str | os.PathLike[str] | None = None,
     device: str = "auto",
     seed: int | None = None,
-    progress: TuneProgress | bool | None = None,
+    progress: TuneProgress | Callable[[str], None] | bool | None = None,
 ) -> TuneResult:
     """Tune lr / warm-up / weight decay at the plan's config (``advisor tune``).
 
-    ``plan``: a Plan, or the path of a plan.json or of its run directory. ``trials``: the
+    ``plan``: a Plan (or its ``to_dict()``), or the path of a plan.json or of its run
+    directory. ``trials``: the
     study's size; ``tokens_per_trial``: what each trial trains (default 300 of the plan's
     steps); ``params``: ``"lr,warmup,wd"`` or with ranges ``"lr=1e-4:1e-2,wd=0:0.2"``;
     ``storage``: an Optuna RDB URL (default ``sqlite:///OUT/study.db``), shared by workers;
     ``out``: where ``tuned_plan.json`` and ``tune/`` go (default: the plan's directory; needed
     for a Plan record, which is written there as ``tune/plan.json`` first); ``seed``: the
-    sampler's (default: fresh per worker); ``progress``: True prints a line per trial on
-    stderr, or an :class:`advisor.tuning.TuneProgress`. Returns a :class:`advisor.tuning.TuneResult`
-    (``.plan`` is the tuned Plan, ``.trials`` every trial, ``.summary`` the study)."""
+    sampler's (default: fresh per worker); ``progress``: True prints advisor tune's lines on
+    stderr (a trial's parameters as it starts, its result as it ends), a callback
+    ``progress(message)`` receives them, or an :class:`advisor.tuning.TuneProgress` gets
+    each event. Returns a :class:`advisor.tuning.TuneResult` (``.plan`` is the tuned Plan,
+    ``.trials`` every trial, ``.summary`` the study)."""
     _not_while_a_child_imports_the_script()
     from advisor.tuning import TuneRequest
     from advisor.tuning import tune as run_tune
@@ -702,15 +892,25 @@ def tune(
     _check_choice("device", device, DEVICES)
     _check_int("trials", trials, 1)
     _check_int("tokens_per_trial", tokens_per_trial, 1)
-    directory = _path(out)
-    if isinstance(plan, Plan):
+    directory = _out_dir(out)
+    shown = _progress("tune", progress, or_else=" or an advisor.tuning.TuneProgress")
+    if shown is not None and not hasattr(shown, "trial_finished"):
+        # The CLI's lines, without its bar: one per trial, on stderr or to the callback.
+        shown = _tune_lines(shown, trials)
+    # A path as given (tune reads a run directory's plan.json itself).
+    chosen = (
+        Path(plan) if isinstance(plan, (str, os.PathLike)) else _plan_source(plan, configs=False)
+    )
+    if isinstance(chosen, Plan):
         if directory is None:
             raise UsageProblem("tune(plan=Plan(...)) needs out= naming where the study goes")
         source = RunDir(directory).tune.root / PLAN
         source.parent.mkdir(parents=True, exist_ok=True)
-        write(source, json.dumps(plan.to_dict(), indent=1) + "\n")
-    else:
-        source = Path(plan)
+        write(source, json.dumps(chosen.to_dict(), indent=1) + "\n")
+    elif isinstance(chosen, Path):
+        source = chosen
+    else:  # None or a TrainConfig: tune needs a plan's record
+        raise _not_a_plan(plan, configs=False)
     request = TuneRequest(
         trials=trials,
         tokens_per_trial=tokens_per_trial,
@@ -719,9 +919,17 @@ def tune(
         device=device,
         seed=seed,
     )
-    shown = _progress("tune", progress, takes="an advisor.tuning.TuneProgress")
-    if shown is _say_on_stderr:  # the CLI's lines, without its bar: one per trial
-        from advisor.cli.tune import CliTuneProgress
+    with _in_api_terms(), _kept_environment():
+        return run_tune(source, request, out=directory, progress=shown)
 
-        shown = CliTuneProgress(quiet=False, trials=trials)
-    return run_tune(source, request, out=directory, progress=shown)
+
+def _tune_lines(say: Callable[[str], None], trials: int) -> TuneProgress:
+    """advisor tune's lines (a trial's parameters as it starts, its result as it ends), each
+    given to ``say``: what ``tune(progress=True)`` prints and a ``callable(message)`` gets."""
+    from advisor.cli.tune import CliTuneProgress
+
+    class Lines(CliTuneProgress):
+        def _echo(self, text: str) -> None:
+            say(text)
+
+    return Lines(quiet=False, trials=trials)

@@ -19,8 +19,15 @@ def main() -> None:
         comm=False,
         out="runs/quickstart",
     )
-    # plan.json, trials.csv and the study beside the profile (without out=: nothing saved)
-    plan = advisor.recommend(profile, global_batch_size=8, validate_top=1, out="runs/quickstart")
+    # plan.json, trials.csv and the study beside the profile (without out=: nothing saved).
+    # The plan carries hyper-parameters unchanged: a 5-step run warms up for 1 step, not 20.
+    plan = advisor.recommend(
+        profile,
+        global_batch_size=8,
+        validate_top=1,
+        hyperparameters={"warmup_steps": 1},
+        out="runs/quickstart",
+    )
     print("chosen:", plan.candidate.label())
     print(f"predicted: {plan.predicted.tokens_per_s:,.0f} tokens/s")
     if plan.measured is not None:

@@ -162,7 +162,7 @@ def test_a_module_only_this_process_can_import_is_refused(
     torchrun's ranks and the launcher could not import it."""
     (tmp_path / "api_private_models.py").write_text("def factory():\n    return None\n")
     monkeypatch.syspath_prepend(str(tmp_path))
-    import api_private_models  # type: ignore[import-not-found]
+    import api_private_models
 
     with pytest.raises(UsageProblem) as caught:
         advisor.model_spec(api_private_models.factory)
@@ -307,18 +307,19 @@ def test_progress_means_one_thing_in_every_function(
     assert "search: " in capsys.readouterr().err
     advisor.recommend(hand_profile(), global_batch_size=8, validate_top=0, progress=False)
     assert capsys.readouterr().err == ""
-    for function, args in [
+    calls: list[tuple[Any, dict[str, Any]]] = [
         (advisor.profile, {"out": tmp_path / "p"}),
         (advisor.recommend, {"profile": hand_profile(), "global_batch_size": 8}),
         (advisor.train, {"plan": TINY, "out": tmp_path / "t"}),
         (advisor.tune, {"plan": tmp_path / "plan.json"}),
-    ]:
+    ]
+    for function, args in calls:
         with pytest.raises(UsageProblem) as caught:
             function(**args, progress="yes")
         assert str(caught.value).startswith(f"{function.__name__}(progress='yes'): pass True ")
     assert not (tmp_path / "p").exists() and not (tmp_path / "t").exists()
-    with pytest.raises(UsageProblem, match=r"or an advisor.tuning.TuneProgress$"):
-        advisor.tune(tmp_path / "plan.json", progress=print)
+    with pytest.raises(UsageProblem, match=r"or a callable\(message\) or an advisor.tuning.TuneP"):
+        advisor.tune(tmp_path / "plan.json", progress=object())  # type: ignore[arg-type]
 
 
 def test_recommend_carries_the_hyperparameters(tmp_path: Path) -> None:
@@ -335,7 +336,7 @@ def test_predict_prices_a_plan_as_recommend_did_and_a_config_as_the_cli_does(
     plan = advisor.recommend(profile, global_batch_size=8, validate_top=0)
     assert advisor.predict(profile, plan).to_dict() == plan.predicted.to_dict()
     profile.save(tmp_path)
-    flags = {"micro_batch_size": 2, "grad_accum_steps": 4, "precision": "bf16"}
+    flags: dict[str, Any] = {"micro_batch_size": 2, "grad_accum_steps": 4, "precision": "bf16"}
     cost = advisor.predict(tmp_path, **flags)
     result = CliRunner().invoke(
         main,
@@ -512,7 +513,7 @@ def test_export_takes_a_plans_dict_and_refuses_anything_else(saved_plan: Plan) -
     assert from_dict.settings == advisor.export(saved_plan, "hf").settings
     with pytest.raises(UsageProblem, match=r"^plan is a mapping but not a plan's to_dict\(\)"):
         advisor.export({"config": {}}, "hf")
-    with pytest.raises(UsageProblem, match=r"^plan must be a Plan, its to_dict\(\), or the path"):
+    with pytest.raises(UsageProblem, match=r"^plan must be a Plan, a plan's to_dict\(\), or the "):
         advisor.export(42, "hf")  # type: ignore[arg-type]
 
 
@@ -551,3 +552,145 @@ def test_recommend_errors_name_its_keywords_not_cli_flags(
         advisor.recommend(tmp_path, **{"global_batch_size": 8, **kwargs})
     assert str(caught.value).startswith(message)
     assert "--" not in str(caught.value).split(":")[0]
+
+
+# -- what a user passes by mistake: one line naming the fix, before any work ------------------
+
+
+@pytest.mark.parametrize(
+    ("function", "kwargs", "message"),
+    [
+        ("profile", {"budget_s": "30"}, "budget_s must be a number, got '30'"),
+        ("profile", {"comm": "no"}, "comm must be True or False, got 'no'"),
+        ("profile", {"out": 7}, "out must be a path (a str or a pathlib.Path), not 7"),
+        ("profile", {"out": "FILE"}, "out='FILE': FILE is a file, not a directory: choose "),
+        ("profile", {"checkpointing": "fulll"}, "checkpointing fulll: unknown activation_"),
+        ("recommend", {"profile": None}, "profile must be a Profile (advisor.profile's or "),
+        ("recommend", {"memory_budget": "0.9"}, "memory_budget must be a number, got '0.9'"),
+        ("recommend", {"only": "precision=bf16"}, "only must be a mapping, e.g. {'precision': "),
+        ("recommend", {"hyperparameters": ["lr"]}, "hyperparameters must be a mapping, e.g. "),
+        ("recommend", {"out": "FILE"}, "out='FILE': FILE is a file, not a directory"),
+        ("predict", {"profile": {}}, "profile must be a Profile (advisor.profile's or "),
+        ("predict", {"plan": 3}, "plan must be a Plan, a TrainConfig, a plan's to_dict(), or "),
+        ("train", {"plan": 3}, "plan must be a Plan, a TrainConfig, a plan's to_dict(), or "),
+        ("train", {"out": "FILE"}, "out='FILE': FILE is a file, not a directory: choose "),
+        ("train", {"model_args": ["n_layer=1"]}, "model_args must be a mapping of config "),
+        ("train", {"nnodes": 0}, "nnodes must be a positive integer, got 0"),
+        ("train", {"steps": 2, "tokens": 64}, "give steps or tokens, not both"),
+        ("tune", {"plan": None}, "plan must be a Plan, a plan's to_dict(), or the path of "),
+        ("tune", {"plan": TINY}, "plan must be a Plan, a plan's to_dict(), or the path of "),
+        ("load_profile", {"path": None}, "path must be a path (a str or a pathlib.Path), not "),
+        ("load_plan", {"path": None}, "path must be a path (a str or a pathlib.Path), not "),
+    ],
+)
+def test_a_wrong_kind_of_argument_is_a_usage_problem(
+    function: str, kwargs: dict[str, Any], message: str, tmp_path: Path, monkeypatch: Any
+) -> None:
+    """Each was a TypeError from pathlib or a comparison deep inside (budget_s='30', out=7,
+    profile=None ...), a FileExistsError after the probes had run (out= a file), a bare
+    ValueError from dict() (only='precision=bf16'), or silently wrong (checkpointing='full'
+    profiled the settings 'f', 'u', 'l', 'l'; comm='no' ran the probe; nnodes=0 trained)."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "FILE").write_text("")
+    defaults: dict[str, dict[str, Any]] = {
+        "profile": {"model": "gpt-tiny", "comm": False, "out": tmp_path / "p"},
+        "recommend": {"profile": hand_profile(), "global_batch_size": 8, "validate_top": 0},
+        "predict": {"profile": hand_profile()},
+        "train": {"plan": TINY, "steps": 1, "out": tmp_path / "t"},
+        "tune": {"out": tmp_path / "u"},
+        "load_profile": {},
+        "load_plan": {},
+    }
+    call = functools.partial(getattr(advisor, function), **{**defaults[function], **kwargs})
+    with pytest.raises(UsageProblem) as caught:
+        call()
+    assert str(caught.value).startswith(message), str(caught.value)
+    assert "\n" not in str(caught.value)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["FILE"]  # nothing started
+
+
+@pytest.mark.parametrize(
+    ("function", "kwargs", "form"),
+    [
+        ("profile", {"model": "gpt-tiny", "comm": False}, "(message, fraction_of_budget)"),
+        ("recommend", {"profile": hand_profile(), "global_batch_size": 8}, "(message)"),
+        ("train", {"plan": TINY, "steps": 1}, "(message)"),
+    ],
+)
+def test_a_progress_callback_of_the_wrong_shape_is_refused_before_any_work(
+    function: str, kwargs: dict[str, Any], form: str, tmp_path: Path
+) -> None:
+    """profile(progress=lambda m: ...) raised a TypeError from its budget clock after the
+    probes had started; train(progress=lambda: ...) one from the metrics writer, its run
+    directory made."""
+    for wrong in (lambda: None, lambda a, b, c: None):
+        with pytest.raises(UsageProblem) as caught:
+            getattr(advisor, function)(**kwargs, out=tmp_path / "o", progress=wrong)
+        assert str(caught.value) == (
+            f"{function}(progress={wrong.__qualname__}): it is called as progress{form}, which "
+            "its signature does not accept: give it those parameters"
+        )
+    assert list(tmp_path.iterdir()) == []
+    # What the documented forms take: print, list.append, a function with defaults.
+    assert advisor.api._progress(function, print, form=form) is print
+    assert advisor.api._progress("train", [].append) is not None
+    assert advisor.api._progress("profile", lambda m, f=0.0, *rest: None, form=form)
+
+
+def test_predict_and_train_take_a_run_directory_or_a_plans_dict(
+    tmp_path: Path, saved_plan: Plan
+) -> None:
+    """A run directory (as load_plan, export and tune take) was 'plan file RUN does not
+    exist' (it does: it is a directory); a plan's to_dict() a TypeError from pathlib."""
+    run = tmp_path / "run"
+    profile = advisor.load_profile(run)
+    priced = advisor.predict(profile, saved_plan)
+    assert advisor.predict(run, run) == priced
+    assert advisor.predict(str(run), str(run / "plan.json")) == priced
+    assert advisor.predict(profile, saved_plan.to_dict()) == priced
+    with pytest.raises(ConfigError, match=r"^plan file .*nowhere.json does not exist: pass"):
+        advisor.predict(profile, run / "nowhere.json")
+
+
+def test_train_takes_a_run_directory(tmp_path: Path) -> None:
+    searched = advisor.recommend(hand_profile(), global_batch_size=8, validate_top=0)
+    plan = Plan.from_dict({**searched.to_dict(), "config": TINY.to_dict()})
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / "plan.json").write_text(json.dumps(plan.to_dict()))
+    result = advisor.train(tmp_path / "run", steps=2, out=tmp_path / "t", warmup_steps=1)
+    assert result.config == TINY.replace(warmup_steps=1)
+    again = advisor.train(plan.to_dict(), steps=2, out=tmp_path / "t2", warmup_steps=1)
+    assert again.final_loss == result.final_loss
+
+
+def test_tune_progress_callback_gets_the_clis_lines(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """progress=print was refused by tune alone (it wanted a TuneProgress object): the callback
+    now gets the lines tune(progress=True) prints."""
+    import advisor.tuning
+
+    seen: list[Any] = []
+
+    def fake_tune(source: Path, request: Any, *, out: Any, progress: Any) -> None:
+        seen.append(progress)
+        progress.message("study s: 1 trials")
+        progress.trial_started(0, {"lr": 1e-3}, 10)
+
+    monkeypatch.setattr(advisor.tuning, "tune", fake_tune)
+    lines: list[str] = []
+    advisor.tune(tmp_path / "plan.json", progress=lines.append)
+    assert lines == ["study s: 1 trials", "trial 0: lr=0.001"]
+    silent = advisor.tuning.SilentProgress()
+    advisor.tune(tmp_path / "plan.json", progress=silent)
+    assert seen[-1] is silent
+
+
+def test_predict_refuses_a_plan_of_another_model() -> None:
+    """The docstring says a plan's model must be the profile's: a plan of another model was
+    priced as the profile's model, without a word."""
+    profile = hand_profile()
+    plan = advisor.recommend(profile, global_batch_size=8, validate_top=0)
+    other = plan.config.replace(model="gpt-small", model_args={})
+    with pytest.raises(UsageProblem, match=r"^the plan trains gpt-small but the profile measured"):
+        advisor.predict(profile, other)

@@ -49,6 +49,7 @@ def test_the_example_runs(tmp_path: Path) -> None:
         timeout=400,
     )
     assert done.returncode == 0, done.stderr
+    assert done.stderr == ""  # the library never prints (its 5 steps outlasted no warm-up)
     lines = done.stdout.splitlines()
     assert re.fullmatch(r"chosen: fp32, \w+, micro-batch \d+ × \d+ accumulation", lines[0])
     assert re.fullmatch(r"predicted: [\d,]+ tokens/s", lines[1])
@@ -62,4 +63,7 @@ def test_the_example_runs(tmp_path: Path) -> None:
     assert plan["config"]["global_batch_size"] == 8 and plan["config"]["precision"] == "fp32"
     args = json.loads((run.root / "training_args.json").read_text())
     assert args["per_device_train_batch_size"] == plan["config"]["micro_batch_size"]
+    assert (
+        (args["max_steps"], args["warmup_steps"]) == (5, 1) == (5, plan["config"]["warmup_steps"])
+    )
     assert [r.step for r in read_metrics(run.train.metrics).train] == [1, 2, 3, 4, 5]
