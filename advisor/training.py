@@ -57,10 +57,15 @@ def resolve_train_config(
         try:
             saved = json.loads(saved_path.read_text())
             base = TrainConfig.from_dict(saved["config"])
-        except (KeyError, json.JSONDecodeError) as exc:
-            raise ConfigError(
-                f"{saved_path} is damaged ({exc}): pass the flags of the original run explicitly"
-            ) from None
+        except (KeyError, TypeError, ValueError) as exc:
+            # With the flags given, the defaults under them: the checkpoint's own config then
+            # names any flag that differs, with its value (the trainer's resume check). It
+            # refused them too, though it told the user to pass them.
+            if not overrides:
+                raise ConfigError(
+                    f"{saved_path} is damaged ({type(exc).__name__}: {exc}): pass the flags of "
+                    "the original run explicitly (with --resume, as before)"
+                ) from None
     return compose_config(base, overrides)
 
 

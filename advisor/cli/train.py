@@ -64,6 +64,11 @@ from advisor.training import train as run_training
 def train(**params: Any) -> None:
     """Train a model with a plan or explicit TrainConfig flags; writes metrics.jsonl and
     checkpoints under --out."""
+    # numpy before torch: torch's C module imports numpy and swallows any exception that
+    # import raises, so a Ctrl-C in that ~50 ms (about 1 s after the command started) was
+    # lost and the run trained on as if never interrupted (rc 0).
+    import numpy  # noqa: F401
+
     out = params["out"]
     if params["resume"] and out is None:
         raise click.UsageError("--resume needs --out naming the run to continue")

@@ -181,7 +181,17 @@ def _file_source(spec: str) -> TokenSource:
     if path.is_dir():
         train, val = path / "train.bin", path / "val.bin"
         if not (train.is_file() and val.is_file()):
-            raise UsageProblem(f"directory {path} needs train.bin and val.bin (uint16 ids)")
+            # Which one is missing, and what else would do: "needs train.bin and val.bin" left
+            # a directory of one train.bin (or of a .npy or text) without a way forward.
+            missing = " and ".join(p.name for p in (train, val) if not p.is_file())
+            alone = (
+                f", or pass {train} alone (its last 10% is validation)" if train.is_file() else ""
+            )
+            raise UsageProblem(
+                f"directory {path} has no {missing}: a --data directory holds train.bin and "
+                f"val.bin of uint16 token ids (nanoGPT's format){alone}; a file of ids or text "
+                "is passed as the file itself"
+            )
         for part in (train, val):
             _refuse_wider_ids(part)
         return TokenSource(
@@ -190,11 +200,17 @@ def _file_source(spec: str) -> TokenSource:
             vocab_size=_bin_vocab([train, val]),
             paths=(str(train), str(val)),
             dtype="uint16",
-            description=f"{path}/{{train,val}}.bin",
+            # The counts too: a resume tells a train.bin written again by its size (loop).
+            description=f"{path}/{{train,val}}.bin ({train.stat().st_size // 2:,} + "
+            f"{val.stat().st_size // 2:,} tokens)",
         )
     if path.suffix.lower() == ".bin":
         if path.stat().st_size % 2:
-            raise UsageProblem(f"{path} has an odd size: a .bin must hold uint16 token ids")
+            raise UsageProblem(
+                f"{path} has an odd size ({path.stat().st_size:,} bytes): a .bin holds uint16 "
+                "token ids, 2 bytes each; write them with np.asarray(ids, dtype=np.uint16)"
+                ".tofile(path), or save another dtype as a .npy"
+            )
         _refuse_wider_ids(path)
         return _single_file(spec, path, "uint16", _bin_vocab([path]), "bin")
     if is_npy(path):

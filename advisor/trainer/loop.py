@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import json
 import math
+import pickle
 import signal
 import sys
 import time
@@ -149,6 +150,24 @@ def check_block_knobs(config: TrainConfig, facts: ModelFacts) -> None:
         )
 
 
+def _flag(key: str) -> str:
+    """The ``advisor train`` flag of a TrainConfig key."""
+    return "--model-arg" if key == "model_args" else "--" + key.replace("_", "-")
+
+
+def _shown(value: Any) -> str:
+    """A config value as a flag would take it (``none`` for None, ``k=v`` for model args)."""
+    if value is None:
+        return "none"
+    if isinstance(value, dict):
+        return " ".join(f"{k}={v}" for k, v in sorted(value.items())) or "none"
+    return str(value)
+
+
+def _span(first: int, last: int) -> str:
+    return f"step {first}" if first == last else f"steps {first}-{last}"
+
+
 def _jsonable(x: float) -> float | None:
     return x if math.isfinite(x) else None
 
@@ -255,17 +274,50 @@ class Trainer:
             )
         return None
 
+    def _note(self, text: str) -> None:
+        """A note the run's user must see whatever --quiet says (the run is not what the
+        command seems to ask for): on stderr, or to the caller's ``on_note``
+        (``advisor.train``: its callback, or a warning; the library never prints)."""
+        if self.options.on_note is not None:
+            self.options.on_note(text)
+        else:
+            print(f"note: {text}", file=sys.stderr, flush=True)
+
+    def _damaged(self, path: Path, exc: BaseException) -> UsageProblem:
+        """A checkpoint that cannot be read: an empty extra.pt raised EOFError, which click
+        reports as a Ctrl-C (exit 130), and a cut state.pt a traceback."""
+        reason = (str(exc).strip().splitlines() or [""])[0].split(". ")[0][:160]
+        return UsageProblem(
+            f"cannot resume {self.out}: checkpoint {path} cannot be read ({type(exc).__name__}"
+            f"{': ' + reason if reason else ''}): write the name of an earlier checkpoint "
+            f"(step_N) into {self.files.latest_checkpoint}, or choose another --out"
+        )
+
     def _restore(self, path: Path) -> int:
-        state = self.checkpoints.load_extra(path)
+        try:
+            state = self.checkpoints.load_extra(path)
+        except (EOFError, RuntimeError, pickle.UnpicklingError) as exc:
+            raise self._damaged(path, exc) from None
         saved = state["config"]
         ours = self.config.to_dict()
-        diff = sorted(k for k in set(saved) | set(ours) if saved.get(k) != ours.get(k))
+        # Loader workers change no sample (the order is a pure function of seed and index):
+        # a resume on a host with fewer cores may use fewer.
+        free = {"num_workers"}
+        diff = sorted(k for k in (set(saved) | set(ours)) - free if saved.get(k) != ours.get(k))
         if diff:
-            raise UsageProblem(
-                f"cannot resume {self.out}: its checkpoint was trained with a different "
-                f"{', '.join(diff)}; resume with the same settings or choose another --out"
+            # The values too: "a different lr" sent the user to train_config.json to find out
+            # which lr the run had.
+            changed = ", ".join(
+                f"{_flag(k)} {_shown(saved.get(k))} (not {_shown(ours.get(k))})" for k in diff
             )
-        load_model_state(self.step, path, self.device)
+            raise UsageProblem(
+                f"cannot resume {self.out}: its checkpoint was trained with {changed}; resume "
+                "with the same settings or choose another --out"
+            )
+        try:
+            load_model_state(self.step, path, self.device)
+        except (EOFError, RuntimeError, pickle.UnpicklingError) as exc:
+            raise self._damaged(path, exc) from None
         self.step.scaler.load_state_dict(state["scaler"])
         self.scheduler.load_state_dict(state["scheduler"])
         set_rng_state(state["rng"])
@@ -412,9 +464,14 @@ class Trainer:
         if self.ctx.is_main and start == 0 and (notice := self._repetition_notice()):
             # Said whatever --quiet says: a run that repeats its data should know (a 33-token
             # file was trained 58 times over without a word until 2026-12-07).
-            print(f"note: {notice}", file=sys.stderr, flush=True)
+            self._note(notice)
         if afresh:
             progress.message(f"no checkpoint in {self.out} to resume from: training from step 0")
+        if self.ctx.is_main:
+            for notice in self._schedule_notices(start, resume_from, afresh):
+                # Whatever --quiet says, as the repetition note: each means the run is not
+                # what the command seems to ask for.
+                self._note(notice)
         if resume_from is not None:
             progress.message(f"resumed from {resume_from} at step {start}")
         elif self.weights is not None:
@@ -441,6 +498,40 @@ class Trainer:
             skipped_steps=self.skipped,
         )
 
+    def _schedule_notices(self, start: int, resumed: Path | None, afresh: bool) -> list[str]:
+        """What the learning-rate schedule and ``--resume`` do that the flags do not say: a
+        ``--resume`` that finds no run (a mistyped --out trained a new one without a word), a
+        warm-up that lasts the whole run (the default 20 steps of a 12-step run: no decay),
+        and a resume whose length differs from the schedule's (the checkpoint's schedule is
+        kept, so that a resume reproduces the uninterrupted run: past its end the rate stays
+        at --min-lr)."""
+        c = self.config
+        notices = []
+        if self.options.resume and resumed is None and not afresh:
+            notices.append(f"--resume: no run in {self.out} yet: starting one at step 0")
+        schedule = self.scheduler.lr_lambdas[0]
+        ends = schedule.total_steps if isinstance(schedule, WarmupCosine) else self.total_steps
+        if start == 0 and c.warmup_steps >= self.total_steps:
+            notices.append(
+                f"--warmup-steps {c.warmup_steps} is not below the run's length "
+                f"({self.total_steps}): the learning rate rises for the whole run, to "
+                f"{schedule(self.total_steps - 1) * c.lr:.3g} (--lr {c.lr:g}) at its last step, "
+                "and never decays; lower --warmup-steps"
+            )
+        elif resumed is not None and ends < self.total_steps:
+            notices.append(
+                f"the learning-rate schedule of {self.out} ends at step {ends} (its length "
+                f"when it started): {_span(max(ends, start) + 1, self.total_steps)} train at "
+                f"--min-lr {c.min_lr:g}"
+            )
+        elif resumed is not None and ends > self.total_steps:
+            notices.append(
+                f"the learning-rate schedule of {self.out} decays over {ends} steps (its "
+                f"length when it started): stopping at step {self.total_steps}, it ends at "
+                f"{schedule(self.total_steps - 1) * c.lr:.3g}, not --min-lr {c.min_lr:g}"
+            )
+        return notices
+
     def _repetition_notice(self) -> str | None:
         """A line when the run draws more tokens than the train split holds, or an evaluation
         more windows than the validation split has (advisor.data.repetition_notice)."""
@@ -460,6 +551,17 @@ class Trainer:
         if resumed:
             self.metrics.truncate_after(start)
             weights = self._saved_weights()  # what the run started from, not the checkpoint
+            was = self._saved("data")
+            now = self.source.description
+            # (a run started before a directory's description gave its counts: not a change)
+            if isinstance(was, str) and was != now and not now.startswith(f"{was} ("):
+                # The same --data path with other contents (a train.bin written again) passes
+                # the config check; the resumed steps then read other tokens.
+                self._note(
+                    f"data {self.config.data} changed since {self.out} started (then: "
+                    f"{was}; now: {now}): the resumed steps read the new "
+                    "data, so they will not match an uninterrupted run"
+                )
         write_atomically(
             self.files.train_config,
             json.dumps(
@@ -490,8 +592,12 @@ class Trainer:
 
     def _saved_weights(self) -> Any:
         """The initial weights the resumed run's train_config.json recorded (None if none)."""
+        return self._saved("weights")
+
+    def _saved(self, key: str) -> Any:
+        """``key`` of the resumed run's train_config.json (None if absent or unreadable)."""
         try:
-            return json.loads(self.files.train_config.read_text()).get("weights")
+            return json.loads(self.files.train_config.read_text()).get(key)
         except (OSError, ValueError, AttributeError):
             return None
 
@@ -520,7 +626,7 @@ class Trainer:
             # loss all-reduce, so a signal that reached them on either side of it stops every
             # rank after the same step (a split would hang the next collective).
             signum = self.agreed_stop if self.ctx.enabled else stop.signum
-            if signum is not None:
+            if signum is not None and not last:  # the last step: the run is complete, saved
                 self._stop(step, signum)
             if self.last_checkpoint_step == step or progress.eval_loss_step == step:
                 t_prev = time.perf_counter()  # eval/checkpoint: not the next step's time

@@ -114,8 +114,24 @@ def _fmt_rate(tokens_per_s: float) -> str:
     return f"{tokens_per_s:.0f} tok/s"
 
 
+def _fmt_duration(seconds: float) -> str:
+    """``42s``, ``12m05s``, ``3h07m``, ``11d13h``."""
+    s = round(seconds)
+    if s < 60:
+        return f"{s}s"
+    if s < 3600:
+        return f"{s // 60}m{s % 60:02d}s"
+    if s < 86400:
+        return f"{s // 3600}h{s % 3600 // 60:02d}m"
+    return f"{s // 86400}d{s % 86400 // 3600:02d}h"
+
+
 class Progress:
-    """A rich progress bar on a terminal; one plain line every ``log_every`` steps otherwise."""
+    """A rich progress bar on a terminal; otherwise a plain line for the first step, every
+    ``log_every`` steps (a twentieth of the run), the last step, and at least once a
+    ``heartbeat_s`` (a long run's twentieth can be hours apart), each with the time left."""
+
+    heartbeat_s = 60.0
 
     def __init__(
         self,
@@ -127,6 +143,7 @@ class Progress:
         sink: Callable[[str], None] | None = None,
     ) -> None:
         self.total, self.enabled = total_steps, enabled
+        self.start = start_step
         self.stream = stream or sys.stderr
         # A caller's callback takes the plain lines (no bar) instead of the stream.
         self.sink = sink
@@ -136,6 +153,7 @@ class Progress:
         self.eval_loss_step = -1
         self._bar: Any = None
         self._started = time.perf_counter()
+        self._last_line = self._started
         if self.interactive:
             from rich.console import Console
             from rich.progress import (
@@ -175,9 +193,17 @@ class Progress:
         status = self._status(loss, tokens_per_s)
         if self._bar is not None:
             self._bar.update(self._task, completed=step, status=status)
-        elif step % self.log_every == 0 or step == self.total:
-            elapsed = time.perf_counter() - self._started
-            self._line(f"step {step}/{self.total}  {status}  {elapsed:.0f}s")
+            return
+        now = time.perf_counter()
+        due = step % self.log_every == 0 or step in (self.start + 1, self.total)
+        if due or now - self._last_line >= self.heartbeat_s:
+            elapsed = now - self._started
+            left = ""
+            if step < self.total:
+                remaining = elapsed / max(1, step - self.start) * (self.total - step)
+                left = f", {_fmt_duration(remaining)} left"
+            self._line(f"step {step}/{self.total}  {status}  {_fmt_duration(elapsed)}{left}")
+            self._last_line = now
 
     def message(self, text: str) -> None:
         if not self.enabled:

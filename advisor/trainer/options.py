@@ -41,6 +41,9 @@ class RunOptions:
     # The per-step lines for a caller (advisor.train(progress=callback)) instead of stderr:
     # this process's only (not passed to a launched rank).
     on_line: Callable[[str], None] | None = field(default=None, compare=False, repr=False)
+    # The run's notes (a repeated data set, a warm-up as long as the run ...) for a caller
+    # instead of stderr ("note: ..." whatever --quiet says): this process's only.
+    on_note: Callable[[str], None] | None = field(default=None, compare=False, repr=False)
 
     def train_args(self, plan: Path) -> list[str]:
         """``advisor train`` arguments that run ``plan`` with these options (for a launcher or

@@ -133,6 +133,27 @@ def test_bad_data_paths_are_usage_problems(tmp_path: Path) -> None:
         assert hint in one_line_problem(excinfo), spec
 
 
+def test_a_data_directory_missing_a_split_names_it_and_the_way_forward(tmp_path: Path) -> None:
+    """It said "needs train.bin and val.bin" for a directory of one train.bin, whatever was
+    missing, and not that the train.bin alone would do."""
+    (tmp_path / "half").mkdir()
+    write_bin(tmp_path / "half" / "train.bin", np.arange(10))
+    (tmp_path / "none").mkdir()
+    with pytest.raises(UsageProblem) as excinfo:
+        resolve_data(str(tmp_path / "half"))
+    assert one_line_problem(excinfo) == (
+        f"directory {tmp_path / 'half'} has no val.bin: a --data directory holds train.bin and "
+        "val.bin of uint16 token ids (nanoGPT's format), or pass "
+        f"{tmp_path / 'half' / 'train.bin'} alone (its last 10% is validation); a file of ids "
+        "or text is passed as the file itself"
+    )
+    with pytest.raises(UsageProblem, match=r"has no train\.bin and val\.bin: a --data dir"):
+        resolve_data(str(tmp_path / "none"))
+    (tmp_path / "odd.bin").write_bytes(b"\x01\x02\x03")
+    with pytest.raises(UsageProblem, match=r"odd size \(3 bytes\): .* or save another dtype"):
+        resolve_data(str(tmp_path / "odd.bin"))
+
+
 @pytest.mark.parametrize("dtype", [np.uint32, np.int64])
 def test_a_bin_of_wider_ids_is_refused_with_how_to_write_it(tmp_path: Path, dtype: type) -> None:
     """np.uint32 ids read as uint16 trained on every second token being id 0, silently."""

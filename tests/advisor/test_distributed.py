@@ -439,6 +439,7 @@ def test_a_rank_refused_for_bad_usage_is_one_line_and_exit_2(tmp_path: Path) -> 
     )
     assert proc.returncode == 2, proc.stderr
     assert proc.stderr.splitlines() == [
-        f"error: cannot resume {out}: its checkpoint was trained with a different model_args; "
-        "resume with the same settings or choose another --out"
+        f"error: cannot resume {out}: its checkpoint was trained with --model-arg n_embd=32 "
+        "n_layer=2 (not n_embd=32 n_layer=3); resume with the same settings or choose another "
+        "--out"
     ]

@@ -177,7 +177,8 @@ def test_refuses_to_overwrite_a_run_without_resume(tmp_path: Path) -> None:
 
 def test_resume_with_a_different_config_is_refused(tmp_path: Path) -> None:
     train(TINY_CONFIG, RunOptions(out=tmp_path, steps=2, progress=False, eval_batches=1))
-    with pytest.raises(UsageProblem, match="different lr"):
+    # The values, as flags: "a different lr" sent the user to train_config.json for them.
+    with pytest.raises(UsageProblem, match=r"trained with --lr 0\.001 \(not 0\.01\); resume"):
         train(
             TINY_CONFIG.replace(lr=1e-2),
             RunOptions(out=tmp_path, steps=4, resume=True, progress=False),
@@ -214,3 +215,38 @@ def test_a_run_that_repeats_its_data_says_so_even_when_quiet(
     config = dataclasses.replace(TINY_CONFIG, data=str(big))
     train(config, RunOptions(out=tmp_path / "run2", steps=3, progress=False, eval_batches=1))
     assert "note: data" not in capsys.readouterr().err
+
+
+def test_plain_progress_shows_the_first_step_a_heartbeat_and_the_time_left(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Without a terminal a line came every twentieth of the run only: a 100,000-step run at
+    10 s a step was silent for 14 hours, and its first line came after 5,000 steps."""
+    import io
+
+    from advisor.trainer import metrics
+
+    clock = [0.0]
+    monkeypatch.setattr(metrics.time, "perf_counter", lambda: clock[0])
+    stream = io.StringIO()
+    progress = metrics.Progress(100_000, 0, stream=stream)
+    for step in range(1, 31):
+        clock[0] = step * 10.0
+        progress.update(step, 2.5, 1234.0)
+    assert stream.getvalue().splitlines() == [
+        "step 1/100000  loss 2.5000  1.2k tok/s  10s, 11d13h left",  # the first step
+        "step 7/100000  loss 2.5000  1.2k tok/s  1m10s, 11d13h left",  # then once a minute
+        "step 13/100000  loss 2.5000  1.2k tok/s  2m10s, 11d13h left",
+        "step 19/100000  loss 2.5000  1.2k tok/s  3m10s, 11d13h left",
+        "step 25/100000  loss 2.5000  1.2k tok/s  4m10s, 11d13h left",
+    ]
+    resumed_lines = io.StringIO()
+    resumed = metrics.Progress(4, 2, stream=resumed_lines)  # a resume at step 2
+    clock[0] += 3.0
+    resumed.update(3, 2.5, 10.0)
+    clock[0] += 3.0
+    resumed.update(4, 2.5, 10.0)
+    assert resumed_lines.getvalue().splitlines() == [
+        "step 3/4  loss 2.5000  10 tok/s  3s, 3s left",
+        "step 4/4  loss 2.5000  10 tok/s  6s",
+    ]
