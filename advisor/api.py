@@ -265,6 +265,40 @@ def _progress(name: str, progress: Any, *, form: str = "(message)", or_else: str
     )
 
 
+def _notes_for(progress: Any) -> Callable[[str], None] | None:
+    """Where a run's notes go: a callback gets ``note: ...`` lines, ``progress=True`` prints
+    them on stderr as the CLI does, and a silent call raises them as :class:`AdvisorNote`
+    warnings (they were printed on stderr whatever ``progress`` said)."""
+    if callable(progress):
+        return lambda text: progress(f"note: {_config_keywords(text)}")
+    if progress is True:
+        return None
+    return _warn_note
+
+
+def _warn_note(text: str) -> None:
+    import warnings
+
+    from advisor.errors import AdvisorNote
+
+    warnings.warn(_config_keywords(text), AdvisorNote, stacklevel=2)
+
+
+_CONFIG_FLAG = re.compile(r"--([a-z][a-z-]*)")
+
+
+def _config_keywords(text: str) -> str:
+    """A note's TrainConfig flags as this API's keywords (``--warmup-steps`` → ``warmup_steps``);
+    other flags as they are."""
+    keys = {f.name for f in dataclasses.fields(TrainConfig)}
+
+    def keyword(match: re.Match[str]) -> str:
+        key = match.group(1).replace("-", "_")
+        return key if key in keys else match.group(0)
+
+    return _CONFIG_FLAG.sub(keyword, text)
+
+
 def _shown(value: Any) -> str:
     """A callable as its name (a lambda's repr carries an address)."""
     name = getattr(value, "__qualname__", None)
@@ -797,6 +831,7 @@ def train(
         device=device,
         progress=progress is True,  # the per-step display; a callback gets the lines alone
         on_line=progress if callable(progress) else None,
+        on_note=_notes_for(progress),
     )
     spec = None
     if needs_launch(resolved):

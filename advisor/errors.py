@@ -30,6 +30,12 @@ class ModelContractViolation(UsageProblem, ModelContractError):
     """The user's model returns what cannot be trained on (its forward's contract)."""
 
 
+class AdvisorNote(UserWarning):
+    """A note about a run the Python API's caller must see (the CLI prints it as ``note: ...``
+    whatever --quiet says): a data set the run repeats, a warm-up as long as the run ...
+    ``warnings.simplefilter("ignore", advisor.errors.AdvisorNote)`` silences them."""
+
+
 class TrainingDiverged(AdvisorError):
     """Loss became NaN/inf; the last good checkpoint is kept."""
 

@@ -694,3 +694,24 @@ def test_predict_refuses_a_plan_of_another_model() -> None:
     other = plan.config.replace(model="gpt-small", model_args={})
     with pytest.raises(UsageProblem, match=r"^the plan trains gpt-small but the profile measured"):
         advisor.predict(profile, other)
+
+
+def test_a_runs_notes_reach_the_caller_not_stderr(
+    tmp_path: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
+    """The library never prints: a run's notes (here, a warm-up as long as the run) were
+    printed on stderr whatever progress said. A silent call raises them as AdvisorNote
+    warnings, a callback gets them as 'note: ...' lines, both in keyword terms."""
+    from advisor.errors import AdvisorNote
+
+    with pytest.warns(AdvisorNote, match=r"^warmup_steps 20 is not below the run's length \(2\)"):
+        advisor.train(TINY, steps=2, out=tmp_path / "silent", eval_every=0, warmup_steps=20)
+    assert capfd.readouterr().err == ""
+    lines: list[str] = []
+    advisor.train(
+        TINY, steps=2, out=tmp_path / "told", eval_every=0, warmup_steps=20, progress=lines.append
+    )
+    assert [line for line in lines if line.startswith("note: ")] == [
+        next(line for line in lines if line.startswith("note: warmup_steps 20 is not below"))
+    ]
+    assert capfd.readouterr().err == ""
