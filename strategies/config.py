@@ -78,10 +78,18 @@ class TrainConfig:
                 f"{produced}, not the global batch size {self.global_batch_size}: change one of "
                 "them so the product matches"
             )
+        for name in ("lr", "min_lr", "weight_decay", "grad_clip"):
+            value = getattr(self, name)
+            if not isinstance(value, (int, float)) or isinstance(value, bool):
+                # lr="a" failed as "'>' not supported between instances of 'str' and 'int'"
+                raise ConfigError(f"{name} must be a number, got {value!r}")
         if not self.lr > 0:
             raise ConfigError(f"lr must be positive, got {self.lr}")
         if self.min_lr < 0 or self.min_lr > self.lr:
-            raise ConfigError(f"min_lr must be between 0 and lr ({self.lr}), got {self.min_lr}")
+            raise ConfigError(
+                f"min_lr must be between 0 and lr ({self.lr:g}), got {self.min_lr:g}: the cosine "
+                "decays from lr to min_lr (--min-lr below --lr)"
+            )
         for name in ("warmup_steps", "num_workers"):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 0:
@@ -154,6 +162,17 @@ class TrainConfig:
 def load_plan_config(path: str | Path) -> TrainConfig:
     """Read the TrainConfig of a plan.json (its ``config`` object) or of a bare config file."""
     path = Path(path)
+    if path.is_dir():
+        # A run directory: its plan.json, as 'advisor export' and 'advisor tune' take it (it
+        # was "plan file RUN does not exist", of a directory that exists).
+        from profilers.rundir import RunDir
+
+        if not RunDir(path).plan.is_file():
+            raise ConfigError(
+                f"{path} is a directory without a plan.json: pass the plan.json that 'advisor "
+                "recommend' wrote, or the run directory holding it"
+            )
+        path = RunDir(path).plan
     if not path.is_file():
         raise ConfigError(
             f"plan file {path} does not exist: pass the plan.json that 'advisor recommend' wrote"
