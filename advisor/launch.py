@@ -22,6 +22,8 @@ from strategies.commands import torchrun_args, torchrun_command
 
 # Set by our launcher in every rank it starts (ranks started by a user's own torchrun lack it).
 LAUNCHED_ENV = "ADVISOR_LAUNCHED"
+# What torchrun's run() sets in the launching process for its agent's signal handling.
+_ELASTIC_SIGNALS = "TORCHELASTIC_SIGNALS_TO_HANDLE"
 
 
 class RanksFailed(AdvisorError):
@@ -105,6 +107,11 @@ def launch(spec: LaunchSpec, advisor_args: list[str]) -> None:
         *advisor_args,
     ]
     args = get_args_parser().parse_args(argv)
+    # The variables set for the ranks (ours, OMP_NUM_THREADS, and torchrun's own
+    # TORCHELASTIC_SIGNALS_TO_HANDLE) are put back as they were when the job ends: a notebook
+    # calling advisor.train kept OMP_NUM_THREADS=1, and every process it started after (a
+    # profile's probes) ran on one thread.
+    kept = {k: os.environ.get(k) for k in (LAUNCHED_ENV, "OMP_NUM_THREADS", _ELASTIC_SIGNALS)}
     os.environ[LAUNCHED_ENV] = "1"
     # A single CPU node: split the cores between the ranks rather than oversubscribe them.
     os.environ.setdefault(
@@ -133,7 +140,11 @@ def launch(spec: LaunchSpec, advisor_args: list[str]) -> None:
             raise LaunchStopped(*stopped) from None
         raise RanksFailed(_describe_failure(exc, time.monotonic() - started)) from None
     finally:
-        os.environ.pop(LAUNCHED_ENV, None)
+        for key, value in kept.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
 
 
 class LaunchStopped(AdvisorError):

@@ -76,3 +76,28 @@ def test_a_damaged_checkpoint_proves_nothing(tmp_path: Path) -> None:
     final = _commit(tmp_path, 4, 4)
     (final / "extra.pt").write_bytes(b"not a checkpoint")
     assert completed_since(tmp_path, time.time() - 60) is None
+
+
+def test_the_launch_leaves_the_callers_environment_as_it_was(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """What the launch sets for its ranks (OMP_NUM_THREADS, torchrun's
+    TORCHELASTIC_SIGNALS_TO_HANDLE, our launched mark) stayed set in a notebook after
+    advisor.train, and every process started later (a profile's probes) ran on one thread."""
+    import torch.distributed.run
+
+    seen: dict[str, str | None] = {}
+
+    def fake_run(args: object) -> None:
+        os.environ["TORCHELASTIC_SIGNALS_TO_HANDLE"] = "SIGTERM"  # as torchrun's run() does
+        seen.update(
+            {k: os.environ.get(k) for k in ("OMP_NUM_THREADS", advisor.launch.LAUNCHED_ENV)}
+        )
+
+    monkeypatch.setattr(torch.distributed.run, "run", fake_run)
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    monkeypatch.setenv("TORCHELASTIC_SIGNALS_TO_HANDLE", "SIGINT")
+    before = dict(os.environ)
+    advisor.launch.launch(LaunchSpec(world_size=2), ["train", "--steps", "1"])
+    assert seen[advisor.launch.LAUNCHED_ENV] == "1" and seen["OMP_NUM_THREADS"] is not None
+    assert dict(os.environ) == before
