@@ -98,6 +98,14 @@ def _interrupted(command: str, exc: BaseException) -> str:
     return f"interrupted ({how}): {hint}" if hint else f"interrupted ({how})"
 
 
+def _ended_early(exc: EOFError) -> str:
+    reason = " ".join(str(exc).split()) or "end of file"
+    return (
+        f"a file ended before its data did (EOFError: {reason}): a damaged or partly written "
+        "file among those the command read; write it again or name another"
+    )
+
+
 def _cannot_use_path(exc: OSError) -> str:
     """One line for a path the command could not read or write, naming the fix."""
     # A rename into place names the staged file first and the destination, the user's, second
@@ -132,6 +140,10 @@ class AdvisorGroup(click.Group):
             hint = f" (see '{exc.ctx.command_path} --help')" if exc.ctx else ""
             _fail(exc.format_message() + hint, 2)
         except click.exceptions.Abort as exc:  # Ctrl-C: click makes KeyboardInterrupt Abort
+            if isinstance(exc.__context__, EOFError):
+                # ... and any EOFError (a file read ended early: an empty extra.pt of a
+                # checkpoint read as "interrupted (Ctrl-C)", exit 130).
+                _fail(_ended_early(exc.__context__), 1)
             _fail(_interrupted(_command_name(args, kwargs), exc), _interrupt_code(exc))
         except click.ClickException as exc:
             _fail(exc.format_message(), exc.exit_code)

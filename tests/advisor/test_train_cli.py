@@ -313,3 +313,23 @@ def test_a_token_count_that_is_not_a_whole_positive_number_is_refused(written: s
 
     with pytest.raises(click.BadParameter):
         train_command.make_context("train", ["--tokens", written])
+
+
+def test_an_eof_error_is_a_failure_not_a_ctrl_c(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """click turns any EOFError into its Abort, which the CLI printed as "interrupted
+    (Ctrl-C)" with exit 130 (an empty checkpoint file read by torch.load)."""
+    import advisor.cli.train
+
+    def ended(*args: object, **kwargs: object) -> None:
+        raise EOFError("Ran out of input")
+
+    monkeypatch.setattr(advisor.cli.train, "run_training", ended)
+    result = train(tmp_path=tmp_path)
+    assert result.exit_code == 1, result.output
+    # (click writes a newline before its Abort, to end a ^C line)
+    assert [line for line in result.stderr.splitlines() if line] == [
+        "error: a file ended before its data did (EOFError: Ran out of input): a damaged or "
+        "partly written file among those the command read; write it again or name another"
+    ]
