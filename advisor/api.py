@@ -284,19 +284,9 @@ def _warn_note(text: str) -> None:
     warnings.warn(_config_keywords(text), AdvisorNote, stacklevel=2)
 
 
-_CONFIG_FLAG = re.compile(r"--([a-z][a-z-]*)")
-
-
 def _config_keywords(text: str) -> str:
-    """A note's TrainConfig flags as this API's keywords (``--warmup-steps`` → ``warmup_steps``);
-    other flags as they are."""
-    keys = {f.name for f in dataclasses.fields(TrainConfig)}
-
-    def keyword(match: re.Match[str]) -> str:
-        key = match.group(1).replace("-", "_")
-        return key if key in keys else match.group(0)
-
-    return _CONFIG_FLAG.sub(keyword, text)
+    """A note's flags as this API's keywords (``--warmup-steps 20`` → ``warmup_steps=20``)."""
+    return _FLAG.sub(_keyword, text)
 
 
 def _shown(value: Any) -> str:
@@ -387,9 +377,9 @@ def _plan_source(plan: Any, *, configs: bool = True) -> Plan | TrainConfig | Pat
                 "pass a Plan, its to_dict(), or the path of a plan.json"
             ) from None
     if isinstance(plan, (str, os.PathLike)):
-        from advisor.exporters.source import plan_file
-
-        return plan_file(Path(plan))
+        # A run directory as it is: train decides between its plan.json and a tuned_plan.json
+        # (advisor.training._plan_config), predict reads its plan.json (the two price alike).
+        return Path(plan)
     raise _not_a_plan(plan, configs=configs)
 
 
@@ -428,7 +418,11 @@ def _keyword(match: re.Match[str]) -> str:
     flag, _, value = match.group(0).partition(" ")
     name = _KEYWORDS.get(flag)
     if name is None:
-        return match.group(0)
+        # A TrainConfig key's flag (--micro-batch-size, --warmup-steps ...): the key.
+        key = flag[2:].replace("-", "_")
+        if key not in {f.name for f in dataclasses.fields(TrainConfig)}:
+            return match.group(0)
+        name = key
     if name in ("only", "model_args"):  # a mapping: the message names one of its keys
         return f"{name} key {value}" if value else name
     if name == "device" and value:  # --device cuda: device='cuda', as the keyword is written

@@ -84,8 +84,9 @@ def under_torchrun() -> bool:
 
 
 def node_command(spec: LaunchSpec, advisor_args: list[str]) -> str:
-    """The exact command to run on every node (printed for multi-node jobs): the same on each,
-    as c10d gives each node its rank."""
+    """The torchrun command this node runs (printed for multi-node jobs): the same launcher
+    options on every node, as c10d gives each node its rank; ``advisor_args`` name this
+    node's settings file."""
     return torchrun_command(spec.torchrun_args(), advisor_args)
 
 

@@ -23,7 +23,7 @@ from advisor.errors import UsageProblem
 from advisor.launch import LaunchSpec, under_torchrun
 from advisor.trainer.options import RunOptions
 from profilers.metrics_record import Metrics, read_metrics
-from profilers.rundir import PLAN, TrainDir
+from profilers.rundir import PLAN, TUNED_PLAN, RunDir, TrainDir
 from strategies.config import ConfigError, TrainConfig, compose_config, load_plan_config
 
 if TYPE_CHECKING:
@@ -85,7 +85,19 @@ def keeping_the_global_batch(plan: TrainConfig, overrides: Mapping[str, Any]) ->
 def _plan_config(path: Path) -> TrainConfig:
     """:func:`load_plan_config`, naming the files passed to ``--plan`` by mistake as such: a
     profile (its 17 keys were listed as unknown TrainConfig keys) or a plan without its
-    config."""
+    config. A run directory is its plan.json, unless advisor tune left a tuned_plan.json there:
+    which of the two to train is then the user's to say (``advisor export RUN`` takes the
+    tuned one, and a directory read as its plan.json trained the untuned values silently)."""
+    if path.is_dir():
+        run = RunDir(path)
+        if run.tuned_plan.is_file():
+            beside = f" beside its {PLAN}" if run.plan.is_file() else ""
+            raise UsageProblem(
+                f"{path} holds {TUNED_PLAN} (advisor tune's hyper-parameters){beside}: pass the "
+                f"plan to train, --plan {run.tuned_plan}"
+                + (f" or --plan {run.plan}" if beside else "")
+            )
+        path = run.plan
     try:
         data = json.loads(path.read_text())
     except (OSError, UnicodeDecodeError, ValueError):
@@ -295,7 +307,8 @@ def launch_ranks(
     plan.write_text(json.dumps({"config": config.to_dict()}, indent=2) + "\n")
     args = options.train_args(plan)
     if spec.nnodes > 1:
-        say("run on every node (with --out on a shared filesystem):")
+        # The same torchrun options on every node; --plan is this node's settings file.
+        say("this node runs (every node the same, with its own --node-rank; --out shared):")
         say(f"  {node_command(spec, args)}")
     started = time.time()
     try:

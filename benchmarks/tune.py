@@ -226,8 +226,12 @@ def analyze() -> dict[str, Any]:
         trials = []
         if files.trials.is_file():
             trials = [json.loads(line) for line in files.trials.read_text().splitlines()]
-        # Trial 0 is the plan's own values (the study enqueues them first).
-        default = _complete(files.trial(0).root)
+        # Trial 0 is the plan's own values (the study enqueues them first): in the study's own
+        # folder since 2026-12-07, directly under tune/ in results tuned before.
+        first = files.trial(study["study_name"], 0).root if study else None
+        if first is None or not first.is_dir():
+            first = files.root / "trial_0000"
+        default = _complete(first)
         steps = study["steps_per_trial"] if study else (default[0] if default else None)
         run_tokens = steps * per_step if steps else None
         if study is None:

@@ -14,6 +14,9 @@ REAL_STEP = "real step"
 # How a memory probe row measured so begins (its reason), whatever its status: what recommend
 # reads to tell a real step that could not run from a trace left out for time.
 REAL_STEP_ROW = f"{REAL_STEP}: "
+# The reason of a real-step memory check left out because the config is predicted not to fit
+# (profilers.phases_memory writes it in probes.csv; strategies.cost reads it).
+PREDICTED_NOT_TO_FIT = "predicted not to fit the device"
 
 TARGET_DEVICE_TYPES: tuple[str, ...] = ("cpu", "cuda")
 

@@ -19,7 +19,7 @@ from profilers.budget import covering_budget_s
 from profilers.checkpointing import is_selective
 from profilers.isolate import quiet_native_output
 from profilers.memory_model import MemoryModel
-from profilers.memory_records import CpuStepMemory, CudaStepMemory
+from profilers.memory_records import PREDICTED_NOT_TO_FIT, CpuStepMemory, CudaStepMemory
 from profilers.probe_run import ProbeRun
 from profilers.profile_record import MemoryOverhead
 from profilers.workload import DataWorkload, StepSpec, Workload
@@ -88,9 +88,7 @@ def memory_check_phase(
         if model is None:
             continue
         if model.predict(b) > run.options.memory_budget * capacity:
-            run.rows.append(
-                probe_rows.skipped("memory_check", spec, "predicted not to fit the device")
-            )
+            run.rows.append(probe_rows.skipped("memory_check", spec, PREDICTED_NOT_TO_FIT))
             continue
         # Past the share, a mode's first check still runs while the whole budget has room
         # for one more (as long as the last check took), the very first one always.

@@ -18,7 +18,8 @@ nothing but the standard library.
     TUNE/                       advisor tune --out OUT: OUT/tune (strategies.tuning)
       study.json                  the study: ranges, pruner, best trial, sensitivity, cost
       trials.jsonl                one line per trial: params, eval curve, state
-      trial_NNNN/                 each trial's training directory (metrics.jsonl, plan.json)
+      STUDY/trial_NNNN/           each trial's training directory (metrics.jsonl, plan.json),
+                                  in a folder per study (study.json's study_name)
 
     TRAIN/                      advisor train --out TRAIN  (RUN/train for advisor run)
       metrics.jsonl               one line per step and per eval (profilers.metrics_record)

@@ -28,7 +28,7 @@ from profilers.compile_records import CompileMeasurement, find_compile
 from profilers.fit import AffineFit
 from profilers.flops import FlopCount
 from profilers.memory_model import MemoryModel
-from profilers.memory_records import REAL_STEP_ROW, MemoryTrace
+from profilers.memory_records import PREDICTED_NOT_TO_FIT, REAL_STEP_ROW, MemoryTrace
 from profilers.profile_record import Profile, interrupted_probes
 from profilers.throughput import largest_host_share
 from profilers.workload import ModelFacts
@@ -1330,9 +1330,6 @@ def input_unmeasured(profile: Profile) -> str:
 # The start of the assumption a prediction carries when the profile has no measured process
 # overhead (overhead_unmeasured); plan reasons and the console's note look for it.
 OVERHEAD_UNMEASURED = "the process's memory beyond its tensors was not measured"
-# profilers.phases_memory's reason for a real-step check it left out (strategies reads
-# records, not probe code: tests/test_layout.py).
-PREDICTED_NOT_TO_FIT = "predicted not to fit the device"
 
 
 def overhead_unmeasured(profile: Profile) -> str:

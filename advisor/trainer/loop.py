@@ -287,10 +287,14 @@ class Trainer:
         """A checkpoint that cannot be read: an empty extra.pt raised EOFError, which click
         reports as a Ctrl-C (exit 130), and a cut state.pt a traceback."""
         reason = (str(exc).strip().splitlines() or [""])[0].split(". ")[0][:160]
+        # Deleting it is the way back: 'latest' then falls back to the newest complete
+        # checkpoint (a step_N written into 'latest' by hand needs the zero-padded name).
+        earlier = [d for d in map(self.checkpoints.dir_for, self.checkpoints.steps()) if d != path]
+        then = f"from {earlier[-1].name}" if earlier else "from step 0 (no earlier checkpoint)"
         return UsageProblem(
             f"cannot resume {self.out}: checkpoint {path} cannot be read ({type(exc).__name__}"
-            f"{': ' + reason if reason else ''}): write the name of an earlier checkpoint "
-            f"(step_N) into {self.files.latest_checkpoint}, or choose another --out"
+            f"{': ' + reason if reason else ''}): delete it to resume {then}, or choose "
+            "another --out"
         )
 
     def _restore(self, path: Path) -> int:
@@ -521,7 +525,8 @@ class Trainer:
         elif resumed is not None and ends < self.total_steps:
             notices.append(
                 f"the learning-rate schedule of {self.out} ends at step {ends} (its length "
-                f"when it started): {_span(max(ends, start) + 1, self.total_steps)} train at "
+                f"when it started): {_span(max(ends, start) + 1, self.total_steps)} "
+                f"{'trains' if max(ends, start) + 1 == self.total_steps else 'train'} at "
                 f"--min-lr {c.min_lr:g}"
             )
         elif resumed is not None and ends > self.total_steps:

@@ -704,7 +704,7 @@ def test_a_runs_notes_reach_the_caller_not_stderr(
     warnings, a callback gets them as 'note: ...' lines, both in keyword terms."""
     from advisor.errors import AdvisorNote
 
-    with pytest.warns(AdvisorNote, match=r"^warmup_steps 20 is not below the run's length \(2\)"):
+    with pytest.warns(AdvisorNote, match=r"^warmup_steps=20 is not below the run's length \(2\)"):
         advisor.train(TINY, steps=2, out=tmp_path / "silent", eval_every=0, warmup_steps=20)
     assert capfd.readouterr().err == ""
     lines: list[str] = []
@@ -712,6 +712,6 @@ def test_a_runs_notes_reach_the_caller_not_stderr(
         TINY, steps=2, out=tmp_path / "told", eval_every=0, warmup_steps=20, progress=lines.append
     )
     assert [line for line in lines if line.startswith("note: ")] == [
-        next(line for line in lines if line.startswith("note: warmup_steps 20 is not below"))
+        next(line for line in lines if line.startswith("note: warmup_steps=20 is not below"))
     ]
     assert capfd.readouterr().err == ""

@@ -333,3 +333,25 @@ def test_an_eof_error_is_a_failure_not_a_ctrl_c(
         "error: a file ended before its data did (EOFError: Ran out of input): a damaged or "
         "partly written file among those the command read; write it again or name another"
     ]
+
+
+def test_a_run_directory_with_a_tuned_plan_asks_which_to_train(tmp_path: Path) -> None:
+    """A run directory as --plan was read as its plan.json, though advisor tune had left a
+    tuned_plan.json beside it ('advisor export RUN' takes the tuned one): the untuned values
+    trained without a word."""
+    from profilers.rundir import RunDir
+    from strategies.config import TrainConfig
+
+    run = RunDir(tmp_path / "r")
+    run.root.mkdir()
+    config = {"config": TrainConfig(model_args={"n_layer": 1}).to_dict()}
+    run.plan.write_text(json.dumps(config))
+    run.tuned_plan.write_text(json.dumps(config))
+    line = one_line_error(train("--plan", str(run.root), tmp_path=tmp_path))
+    assert line == (
+        f"error: {run.root} holds tuned_plan.json (advisor tune's hyper-parameters) beside its "
+        f"plan.json: pass the plan to train, --plan {run.tuned_plan} or --plan {run.plan}"
+    )
+    run.tuned_plan.unlink()  # the directory alone: its plan.json
+    result = train("--plan", str(run.root), tmp_path=tmp_path)
+    assert result.exit_code == 0, result.output

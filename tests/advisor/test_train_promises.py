@@ -172,7 +172,9 @@ def test_a_multi_node_job_prints_each_nodes_command(
     )  # fmt: skip
     assert result.exit_code == 0, result.output
     lines = result.stderr.splitlines()
-    assert lines[0] == "run on every node (with --out on a shared filesystem):"
+    assert lines[0] == (
+        "this node runs (every node the same, with its own --node-rank; --out shared):"
+    )
     commands = [shlex.split(line) for line in lines[1:] if line.startswith("  torchrun ")]
     assert len(commands) == 1
     for argv in commands:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import re
+import shutil
 from pathlib import Path
 
 import pytest
@@ -236,24 +237,30 @@ def test_a_damaged_checkpoint_is_named_with_the_way_back(tmp_path: Path) -> None
     args = ["train", "--model", "gpt-tiny", "--model-arg", "n_layer=1", "--model-arg",
             "n_embd=32", "--seq-len", "16", "--global-batch-size", "2", "--micro-batch-size",
             "2", "--quiet", "--eval-every", "0", "--out", str(tmp_path)]  # fmt: skip
-    assert CliRunner().invoke(main, [*args, "--steps", "2"]).exit_code == 0
+    assert (
+        CliRunner().invoke(main, [*args, "--steps", "2", "--checkpoint-every", "1"]).exit_code == 0
+    )
     checkpoints = TrainDir(tmp_path).checkpoints
-    for name, cut in (("extra.pt", 0), ("state.pt", 1000)):
-        (checkpoints / "step_00000002" / name).write_bytes(
-            (checkpoints / "step_00000002" / name).read_bytes()[:cut]
-        )
+    newest = checkpoints / "step_00000002"
+    for name, cut, error in (("extra.pt", 0, "EOFError"), ("state.pt", 1000, "RuntimeError")):
+        whole = (newest / name).read_bytes()
+        (newest / name).write_bytes(whole[:cut])
         done = CliRunner().invoke(main, [*args, "--steps", "3", "--resume"])
         assert done.exit_code == 2, done.output
         line = done.stderr.strip()
         assert line.startswith(
-            f"error: cannot resume {tmp_path}: checkpoint {checkpoints / 'step_00000002'} "
-            "cannot be read ("
+            f"error: cannot resume {tmp_path}: checkpoint {newest} cannot be read ({error}"
         ), line
         assert line.endswith(
-            f"): write the name of an earlier checkpoint (step_N) into {checkpoints / 'latest'}, "
-            "or choose another --out"
+            "): delete it to resume from step_00000001, or choose another --out"
         ), line
         assert "\n" not in line
+        (newest / name).write_bytes(whole)  # each damage alone
+    # The way back the message names: without the damaged one, the run resumes from step 1.
+    (newest / "state.pt").write_bytes(b"")
+    shutil.rmtree(newest)
+    done = CliRunner().invoke(main, [*args, "--steps", "3", "--resume"])
+    assert done.exit_code == 0, done.output
 
 
 def test_a_damaged_train_config_lets_the_original_flags_resume(tmp_path: Path) -> None:
