@@ -187,7 +187,7 @@ class RunRequest:
 @dataclass(frozen=True, kw_only=True)
 class StageResult:
     name: str
-    status: str  # done | skipped | failed | not run
+    status: str  # done | skipped | failed | interrupted; running in run.json while it runs
     detail: str = ""
     elapsed_s: float = 0.0
 
@@ -222,6 +222,10 @@ class RunProgress(Protocol):
 
     def finished(self, name: str, status: str, detail: str, elapsed_s: float) -> None: ...
 
+    def note(self, text: str) -> None:
+        """A line about what the run does that its flags do not say (a resume that plans
+        again, or finds no run); optional for other implementations."""
+
 
 class _Silent:
     train_progress = False
@@ -231,6 +235,9 @@ class _Silent:
         yield lambda _message, _fraction: None
 
     def finished(self, name: str, status: str, detail: str, elapsed_s: float) -> None:
+        pass
+
+    def note(self, text: str) -> None:
         pass
 
 
@@ -292,22 +299,78 @@ def reusable_profile(out: Path, request: RunRequest) -> bool:
 
 def reusable_plan(out: Path, request: RunRequest) -> bool:
     """RUN/plan.json was made from RUN/profile.json for this request's search settings."""
-    plan = _read_json(RunDir(out).plan)
-    profile = _read_json(RunDir(out).profile)
-    if plan is None or profile is None:
-        return False
+    return not plan_differences(out, request)
+
+
+def plan_differences(out: Path, request: RunRequest) -> list[str]:
+    """Why RUN/plan.json is not this request's plan (empty: it is, and --resume reuses it):
+    each reason names the flag, what this run asks and what the plan was made for."""
+    run = RunDir(out)
+    plan = _read_json(run.plan)
+    if plan is None:
+        return [f"{run.plan} is missing or unreadable"]
+    try:
+        from strategies.plan_records import Plan
+
+        Plan.from_dict(plan)
+    except Exception as exc:  # another schema, a damaged field: plan again
+        return [f"{run.plan} cannot be read ({' '.join(str(exc).split())[:120]})"]
+    profile = _read_json(run.profile)
     info = plan.get("profile") or {}
     asked = info.get("request") or {}
-    same = (
-        info.get("created") == profile.get("created")
-        and asked.get("global_batch_size") == request.global_batch_size
-        and asked.get("memory_budget") == request.memory_budget
-        and asked.get("world_size") == request.world_size
-        and dict(asked.get("config_overrides") or {}) == dict(request.config_overrides)
-        and (recorded := read_recorded(asked.get("only"))) is not None
-        and same_only(recorded, request.only)
+    differ: list[str] = []
+    if profile is None or info.get("created") != profile.get("created"):
+        differ.append(f"it was made from another profile than {run.profile}")
+    for key in ("global_batch_size", "memory_budget", "world_size"):
+        if asked.get(key) != getattr(request, key):
+            differ.append(
+                f"--{key.replace('_', '-')} {_shown(getattr(request, key))} "
+                f"(the plan's: {_shown(asked.get(key))})"
+            )
+    overrides = dict(asked.get("config_overrides") or {})
+    for key in sorted(set(overrides) | set(request.config_overrides)):
+        if overrides.get(key) != request.config_overrides.get(key):
+            differ.append(
+                f"--{key.replace('_', '-')} {_shown(request.config_overrides.get(key))} "
+                f"(the plan's: {_shown(overrides.get(key))})"
+            )
+    recorded = read_recorded(asked.get("only"))
+    if recorded is None or not same_only(recorded, request.only):
+        ours = " ".join(only_args(request.only)) or "none"
+        theirs = " ".join(only_args(recorded)) if recorded is not None else "unreadable"
+        differ.append(f"--only {ours} (the plan's: {theirs or 'none'})")
+    return differ
+
+
+def _shown(value: Any) -> str:
+    return (
+        "not given" if value is None else f"{value:g}" if isinstance(value, float) else str(value)
     )
-    return bool(same)
+
+
+def _check_resume(out: Path, request: RunRequest, reuse_profile: bool) -> None:
+    """A resume that would plan anew (another search setting, a profile to redo) or tune a
+    run that trained untuned, where training already started: refused before any work. The
+    search ran for minutes, overwrote plan.json, and then the training child refused to
+    continue from a checkpoint of another config (or, for an identical config, went on
+    training under a plan.json that no longer described it)."""
+    run = RunDir(out)
+    if not (run.train.latest_checkpoint.exists() or run.train.metrics.exists()):
+        return
+    if not reuse_profile:
+        why = [f"{run.profile} would be profiled again"]
+    else:
+        why = plan_differences(out, request)
+    if not why and request.tune_trials and not run.tuned_plan.exists():
+        why = [f"--tune-trials {request.tune_trials} (the run trained {run.plan} untuned)"]
+    if not why and not request.tune_trials and run.tuned_plan.exists():
+        why = [f"no --tune-trials (the run trained {run.tuned_plan}: give its --tune-trials)"]
+    if why:
+        raise UsageProblem(
+            f"cannot resume {out}: its training has begun, and this run would not train the "
+            f"same plan: {'; '.join(why)}; resume with the run's own flags (the command in "
+            f"{run.run_log}), or choose another --out for the new settings"
+        )
 
 
 def _profile_stage(request: RunRequest, out: Path, say: ProgressFn) -> str:
@@ -470,6 +533,8 @@ class Terminated(KeyboardInterrupt):
 
 # The stage's ``python -m advisor`` child while one runs: SIGTERM to this process goes on to it.
 _CHILDREN: list[Any] = []
+# The SIGTERMs sigterm_stops_the_run took (none: every interrupt so far was Ctrl-C).
+_TERMINATED: list[int] = []
 
 
 @contextlib.contextmanager
@@ -483,47 +548,104 @@ def sigterm_stops_the_run() -> Iterator[None]:
         yield
         return
 
+    from profilers.stopping import interrupted_here
+
     def handle(signum: int, frame: Any) -> None:
         for child in _CHILDREN:
             with contextlib.suppress(OSError):
                 child.send_signal(signal.SIGTERM)
-        raise Terminated
+        _TERMINATED.append(signum)
+        try:
+            # A profile running (profilers.stopping) takes it as its first Ctrl-C: it ends
+            # within seconds with what it measured (ProfileInterrupted, saved), where
+            # SIGTERM dropped everything; a second one, or no profile, stops here.
+            interrupted_here()
+        except KeyboardInterrupt:
+            raise Terminated from None
 
+    _TERMINATED.clear()
     previous = signal.signal(signal.SIGTERM, handle)
     try:
         yield
     finally:
         signal.signal(signal.SIGTERM, previous)
+        _TERMINATED.clear()
+
+
+def _as_terminated(exc: KeyboardInterrupt) -> None:
+    """Mark an interrupt that SIGTERM caused (a profile's own ProfileInterrupted after
+    :func:`sigterm_stops_the_run` asked it to stop) as SIGTERM's: run.json, the CLI's line
+    and exit code 143 then name it."""
+    if _TERMINATED and getattr(exc, "signum", None) is None:
+        with contextlib.suppress(AttributeError):
+            exc.signum = signal.SIGTERM  # type: ignore[attr-defined]
+
+
+# The training child's stderr, kept beside its files (appended by each resume).
+CHILD_LOG = "train.log"
 
 
 def _run_advisor(args: list[str]) -> tuple[int, str]:
-    """Run ``python -m advisor ARGS``; stream its stderr through; return (exit code, last line)."""
+    """Run ``python -m advisor ARGS``; stream its stderr through; return (exit code, last line).
+
+    The child writes its stderr to a file (``OUT/train.log`` of its ``--out``, else a temporary
+    one) that this process follows, not to a pipe: a pipe broke when ``advisor run`` died
+    (SIGKILL, a closed terminal), and the child's next progress line raised BrokenPipeError
+    before the checkpoint its SIGTERM (term_with_parent) asked for: the steps since the last
+    periodic checkpoint were lost.
+    """
+    import tempfile
+
+    with contextlib.ExitStack() as stack:
+        if "--out" in args:
+            log = Path(args[args.index("--out") + 1]) / CHILD_LOG
+            log.parent.mkdir(parents=True, exist_ok=True)
+        else:
+            log = Path(stack.enter_context(tempfile.TemporaryDirectory())) / CHILD_LOG
+        sink = stack.enter_context(open(log, "a", encoding="utf-8"))
+        source = stack.enter_context(open(log, encoding="utf-8", errors="replace"))
+        source.seek(0, 2)  # this child's lines only
+        return _follow_child(args, sink, source)
+
+
+def _follow_child(args: list[str], sink: Any, source: Any) -> tuple[int, str]:
     import subprocess
     import sys
 
     from advisor.tuning import term_with_parent
 
     last = ""
+    pending = ""
+
+    def lines(text: str) -> None:
+        nonlocal last, pending
+        *whole, pending = (pending + text).split("\n")
+        for line in whole:
+            if line.strip():
+                last = line.strip()
+            if not line.startswith("error: "):  # the stage's error line says it once
+                sys.stderr.write(line + "\n")
+        sys.stderr.flush()
+
     with subprocess.Popen(
         [sys.executable, "-m", "advisor", *args],
         stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        text=True,
-        bufsize=1,
+        stderr=sink,
         preexec_fn=term_with_parent,  # SIGKILL of this process: the child still checkpoints
     ) as child:
-        assert child.stderr is not None
         _CHILDREN.append(child)
         stopped: KeyboardInterrupt | None = None
         try:
             while True:
                 try:
-                    for line in child.stderr:
-                        if line.strip():
-                            last = line.strip()
-                        if not line.startswith("error: "):  # the stage's error line says it once
-                            sys.stderr.write(line)
-                    break
+                    exited = child.poll() is not None
+                    text = source.read()
+                    if text:
+                        lines(text)
+                    elif exited:  # read after it exited: nothing more comes
+                        break
+                    else:
+                        time.sleep(0.05)
                 except KeyboardInterrupt as exc:
                     # The child got the same Ctrl-C (or SIGTERM, sent on by
                     # sigterm_stops_the_run) and checkpoints after its step: read on until it
@@ -534,10 +656,25 @@ def _run_advisor(args: list[str]) -> tuple[int, str]:
                     stopped = exc
         finally:
             _CHILDREN.remove(child)
+        if pending:
+            lines("\n")
         if stopped is not None:
             child.wait()
+            with contextlib.suppress(AttributeError):
+                stopped.child_said = _where_it_stopped(last)  # type: ignore[attr-defined]
             raise stopped
     return child.returncode, last
+
+
+def _where_it_stopped(line: str) -> str:
+    """The training child's last line after a signal ("error: SIGTERM: stopped after step 9,
+    checkpoint saved in DIR; continue with the same command plus --resume"), as where it
+    stopped: the signal and the child's own way on left out (the run's error line says how
+    the run continues). Empty for any other line."""
+    text = line.removeprefix("error: ")
+    _, _, text = text.partition(": ")
+    text = text.split("; continue with", 1)[0]
+    return text if text.startswith("stopped ") else ""
 
 
 class _RunLog:
@@ -579,6 +716,8 @@ def run(request: RunRequest, out: Path, progress: RunProgress | None = None) -> 
     if request.storage is not None and (problem := storage_problem(request.storage)):
         raise UsageProblem(problem)
     reuse_profile = request.resume and reusable_profile(out, request)
+    if request.resume:
+        _check_resume(out, request, reuse_profile)
     out.mkdir(parents=True, exist_ok=True)
     log = _RunLog(out, request)
     stages: list[StageResult] = []
@@ -590,7 +729,10 @@ def run(request: RunRequest, out: Path, progress: RunProgress | None = None) -> 
     def stage(index: int, name: str, description: str, body: Callable[[ProgressFn], str]) -> None:
         started = time.perf_counter()
         status = "failed"
-        detail = ""
+        detail = shown = ""
+        # run.json says which stage runs: one killed (SIGKILL, the out-of-memory killer) left
+        # no trace of it, as if the run had never got that far
+        log.record(StageResult(name=name, status="running"))
         try:
             with display.stage(index, name, description) as say:
                 detail = body(say)
@@ -599,12 +741,17 @@ def run(request: RunRequest, out: Path, progress: RunProgress | None = None) -> 
             from reports.runfiles import INTERRUPTED_STATUS, interruption
 
             if isinstance(exc, KeyboardInterrupt):
+                _as_terminated(exc)
                 # Ctrl-C, or SIGTERM (Terminated): the stage was stopped, not failed; until
                 # 2026-12-07 both were recorded as failed with "interrupted (Ctrl-C)".
                 status = INTERRUPTED_STATUS
                 detail = interruption(getattr(exc, "signum", None))
+                # where the training child stopped, on the console (run.json keeps the
+                # detail the report reads as an interruption)
+                said = getattr(exc, "child_said", "")
+                shown = f"{detail}: {said}" if said else detail
             else:
-                detail = " ".join(str(exc).split()) or type(exc).__name__
+                detail = shown = " ".join(str(exc).split()) or type(exc).__name__
             raise
         finally:
             result = StageResult(
@@ -612,7 +759,7 @@ def run(request: RunRequest, out: Path, progress: RunProgress | None = None) -> 
             )
             stages.append(result)
             log.record(result)
-            display.finished(name, status, detail, result.elapsed_s)
+            display.finished(name, status, shown if status != "done" else detail, result.elapsed_s)
 
     def skipped(name: str, detail: str) -> None:
         result = StageResult(name=name, status="skipped", detail=detail)
@@ -635,11 +782,13 @@ def run(request: RunRequest, out: Path, progress: RunProgress | None = None) -> 
         detail, trained = _train_stage(request, out, display.train_progress)
         return detail
 
+    if request.resume and not _run_files(out):
+        _note(display, f"--resume: no run in {out} yet: starting one")
     failure: BaseException | None = None
     with sigterm_stops_the_run():
         try:
             if reuse_profile:
-                skipped("profile", f"reusing {RunDir(out).profile}")
+                skipped("profile", f"reusing {RunDir(out).profile}{_profile_unlike(out, request)}")
             else:
                 stage(
                     1,
@@ -647,9 +796,16 @@ def run(request: RunRequest, out: Path, progress: RunProgress | None = None) -> 
                     f"short probes of {request.model} (budget {request.budget_s:g} s)",
                     lambda say: _profile_stage(request, out, say),
                 )
-            if request.resume and reusable_plan(out, request):
+            differ = plan_differences(out, request) if request.resume else []
+            if request.resume and not differ:
                 skipped("recommend", f"reusing {RunDir(out).plan}")
+                plan = _saved_plan(out)
             else:
+                if request.resume and RunDir(out).plan.exists():
+                    _note(
+                        display,
+                        f"--resume: planning again, {RunDir(out).plan}: {'; '.join(differ)}",
+                    )
                 stage(
                     2,
                     "recommend",
@@ -671,11 +827,61 @@ def run(request: RunRequest, out: Path, progress: RunProgress | None = None) -> 
             stage(total - 1, "train", f"{which} config for {steps}", do_train)
         except BaseException as exc:  # Ctrl-C included: the partial run still gets its report
             failure = exc
-        report = _report(out, stage, failure, total)
+        report: Path | None = None
+        if (
+            failure is not None
+            and not isinstance(failure, KeyboardInterrupt)
+            and not _run_files(out)
+        ):
+            # Input refused in the first stage: nothing to show (the error line says it all).
+            # The report stage was recorded as failed, telling the user to run 'advisor run'.
+            skipped("report", "nothing to report: no stage saved anything")
+        else:
+            report = _report(out, stage, failure, total)
     if failure is not None:
         raise failure
     return RunResult(
         out=out, report=report, stages=tuple(stages), plan=plan, tuned=tuned, train=trained
+    )
+
+
+def _note(display: RunProgress, text: str) -> None:
+    """A line about what the run does that its flags do not say (RunProgress.note, optional)."""
+    note = getattr(display, "note", None)
+    if note is not None:
+        note(text)
+
+
+def _saved_plan(out: Path) -> Any:
+    """RUN/plan.json as a Plan (None if it cannot be read): a resumed run's summary names the
+    recommendation it trains, as a run that searched does."""
+    from strategies.plan_records import Plan
+
+    data = _read_json(RunDir(out).plan)
+    try:
+        return Plan.from_dict(data) if data is not None else None
+    except Exception:
+        return None
+
+
+def _profile_unlike(out: Path, request: RunRequest) -> str:
+    """What the reused RUN/profile.json was measured with that this run asks otherwise
+    (--budget-s, --precision): said with the stage, not silently ignored."""
+    data = _read_json(RunDir(out).profile) or {}
+    differ = []
+    budget = data.get("budget_s")
+    if isinstance(budget, (int, float)) and budget != request.budget_s:
+        differ.append(f"--budget-s {budget:g}, not {request.budget_s:g}")
+    recorded = data.get("precisions")
+    asked = request.profiled_precisions
+    if (tuple(recorded) if recorded else None) != (tuple(asked) if asked else None):
+        shown = " ".join(recorded) if recorded else "all"
+        differ.append(f"--precision {shown}, not {' '.join(asked) if asked else 'all'}")
+    if not differ:
+        return ""
+    return (
+        f" (profiled with {'; '.join(differ)}: a resume reuses the profile of the same workload;"
+        " profile anew in another --out)"
     )
 
 

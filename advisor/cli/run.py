@@ -70,12 +70,20 @@ class CliRunProgress:
     def finished(self, name: str, status: str, detail: str, elapsed_s: float) -> None:
         if self.quiet:
             return
-        took = f" in {elapsed_s:.0f} s" if status != "skipped" else ""
         color = {"done": "green", "skipped": "cyan"}.get(status, "red")
+        if status == "skipped":  # no header line was drawn: name the stage here
+            shown = f"{name}: skipped"
+        elif detail.startswith(f"{status} ("):  # "interrupted (SIGTERM)": the word once
+            signal, _, detail = detail.partition(": ")  # then where the stage stopped, if said
+            shown = f"{signal} after {elapsed_s:.0f} s"
+        else:
+            shown = f"{status} in {elapsed_s:.0f} s"
         click.echo(
-            "  " + click.style(f"{status}{took}", fg=color) + (f": {detail}" if detail else ""),
-            err=True,
+            "  " + click.style(shown, fg=color) + (f": {detail}" if detail else ""), err=True
         )
+
+    def note(self, text: str) -> None:
+        click.echo(f"note: {text}", err=True)  # also with --quiet, as the trainer's notes
 
 
 @click.command("run")

@@ -127,3 +127,23 @@ def test_the_library_refuses_a_budget_that_is_no_number_of_seconds(
     with pytest.raises(UsageProblem, match="--budget-s must be a positive number of seconds"):
         profile(ProfileRequest(budget_s=budget), tmp_path / "p")
     assert not (tmp_path / "p").exists()
+
+
+def test_a_run_stage_line_says_how_it_ended_once(capsys: pytest.CaptureFixture[str]) -> None:
+    """'interrupted in 26 s: interrupted (SIGTERM)' said it twice and not where training
+    stopped; a skipped stage's line did not name the stage (it has no header line)."""
+    from advisor.cli.run import CliRunProgress
+
+    display = CliRunProgress(quiet=False)
+    display.finished(
+        "train", "interrupted", "interrupted (SIGTERM): stopped after step 9, checkpoint saved", 26
+    )
+    display.finished("recommend", "interrupted", "interrupted (Ctrl-C)", 4.2)
+    display.finished("profile", "skipped", "reusing RUN/profile.json", 0.0)
+    display.finished("train", "failed", "training failed (exit 1): loss became nan", 3)
+    assert capsys.readouterr().err.splitlines() == [
+        "  interrupted (SIGTERM) after 26 s: stopped after step 9, checkpoint saved",
+        "  interrupted (Ctrl-C) after 4 s",
+        "  profile: skipped: reusing RUN/profile.json",
+        "  failed in 3 s: training failed (exit 1): loss became nan",
+    ]

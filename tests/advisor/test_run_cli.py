@@ -82,6 +82,77 @@ def test_resume_skips_what_is_done(run_dir: Path, tmp_path: Path) -> None:
     assert stages["recommend"] == ("skipped", f"reusing {copy / 'plan.json'}")
     assert stages["train"][0] == "done" and stages["train"][1].startswith("6 steps, loss")
     assert stages["report"][0] == "done"
+    # the summary names the recommendation it trained, as the first run's did (it said only
+    # "trained: ..." when the plan was reused)
+    assert result.stdout.splitlines()[0].startswith("recommended: ")
+
+
+@pytest.mark.parametrize(
+    ("flags", "why"),
+    [
+        (["--memory-budget", "0.5"], "--memory-budget 0.5 (the plan's: 0.9)"),
+        (["--lr", "0.01"], "--lr 0.01 (the plan's: not given)"),
+        (["--tune-trials", "2"], "--tune-trials 2 (the run trained "),
+    ],
+)
+def test_a_resume_that_would_not_train_the_same_plan_is_refused_before_any_work(
+    run_dir: Path, tmp_path: Path, flags: list[str], why: str
+) -> None:
+    """It searched (or tuned) again for minutes, overwrote plan.json, and then the training
+    child refused to continue from a checkpoint of another config."""
+    copy = tmp_path / "run"
+    shutil.copytree(run_dir, copy)
+    plan = (copy / "plan.json").read_bytes()
+    result = invoke("run", *REAL_RUN_ARGS, *flags, "--out", str(copy), "--resume")
+    assert result.exit_code == 2, result.output
+    assert result.stderr.count("\n") == 1 and "Traceback" not in result.stderr
+    assert result.stderr.startswith(
+        f"error: cannot resume {copy}: its training has begun, and this run would not train "
+        "the same plan: "
+    )
+    assert why in result.stderr and "choose another --out" in result.stderr
+    assert (copy / "plan.json").read_bytes() == plan
+    assert not (copy / "tuned_plan.json").exists()
+
+
+def test_a_resume_says_which_profile_settings_it_does_not_apply(
+    run_dir: Path, tmp_path: Path
+) -> None:
+    """--resume --budget-s 60 reused the 30 s profile without a word."""
+    copy = tmp_path / "run"
+    shutil.copytree(run_dir, copy)
+    result = invoke("run", *REAL_RUN_ARGS, "--budget-s", "60", "--out", str(copy), "--resume")
+    assert result.exit_code == 0, result.output
+    profile = json.loads((copy / "run.json").read_text())["stages"]["profile"]
+    assert profile["status"] == "skipped"
+    assert profile["detail"] == (
+        f"reusing {copy / 'profile.json'} (profiled with --budget-s 30, not 60: a resume "
+        "reuses the profile of the same workload; profile anew in another --out)"
+    )
+
+
+def test_a_resume_of_an_out_without_a_run_says_it_starts_one(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A mistyped --out with --resume started a whole new run without a word; a damaged
+    run.json (all a second Ctrl-C may leave) is no run either."""
+    import advisor.run
+    from advisor.errors import UsageProblem
+
+    def stop(*args: object, **kwargs: object) -> None:
+        raise UsageProblem("stop here")
+
+    monkeypatch.setattr(advisor.run, "_profile_stage", stop)
+    for out in (tmp_path / "typo", tmp_path / "damaged"):
+        if out.name == "damaged":
+            out.mkdir()
+            (out / "run.json").write_text("{not json")
+        result = invoke("run", "--quiet", "--out", str(out), "--resume")
+        assert result.exit_code == 2
+        assert result.stderr.startswith(f"note: --resume: no run in {out} yet: starting one\n")
+        assert result.stderr.endswith("error: stop here\n")
+        info = json.loads((out / "run.json").read_text())
+        assert info["stages"]["profile"] == {**info["stages"]["profile"], "status": "failed"}
 
 
 def test_an_existing_run_is_not_overwritten(run_dir: Path) -> None:

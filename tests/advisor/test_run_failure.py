@@ -7,7 +7,9 @@ import html
 import json
 import os
 import shlex
+import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 from click.testing import CliRunner, Result
@@ -160,9 +162,13 @@ def test_a_training_child_refused_for_bad_usage_fails_the_run_with_exit_2_said_o
     class Child:
         """A training child that prints progress and its one-line refusal, exit 2."""
 
-        def __init__(self, *args: object, **kwargs: object) -> None:
-            self.stderr = iter(["train: step 0\n", f"{refusal}\n"])
+        def __init__(self, *args: object, stderr: Any, **kwargs: object) -> None:
+            stderr.write(f"train: step 0\n{refusal}\n")
+            stderr.flush()
             self.returncode = 2
+
+        def poll(self) -> int:
+            return self.returncode
 
         def __enter__(self) -> Child:
             return self
@@ -230,13 +236,76 @@ def test_ctrl_c_waits_for_the_training_child_to_save_before_the_report(
     timer = threading.Timer(0.5, ctrl_c)
     timer.start()
     try:
-        with pytest.raises(KeyboardInterrupt):
+        with pytest.raises(KeyboardInterrupt) as stopped:
             _run_advisor(["train"])
     finally:
         timer.cancel()
         signal.signal(signal.SIGINT, previous)
     assert saved.read_text() == "saved"  # written before _run_advisor let the Ctrl-C go on
     assert started[0].returncode == 130
+    # where it stopped, for the stage's closing line (the signal and the child's own "same
+    # command plus --resume" left out: the run's error line says how to go on)
+    assert stopped.value.child_said == "stopped after step 1, checkpoint saved"  # type: ignore[attr-defined]
+
+
+ORPHAN_CHILD = """\
+import pathlib, signal, sys, time
+def stop(signum, frame):
+    time.sleep(1.0)  # the step it was in: its progress line comes after the run died
+    sys.stderr.write("step 2/300\\n")
+    sys.stderr.flush()
+    pathlib.Path(sys.argv[1]).write_text("saved")
+    sys.stderr.write("error: SIGTERM: stopped after step 2, checkpoint saved in C; continue\\n")
+    sys.exit(143)
+signal.signal(signal.SIGTERM, stop)
+pathlib.Path(sys.argv[1] + ".ready").write_text("")
+sys.stderr.write("step 1/300\\n")
+sys.stderr.flush()
+time.sleep(60)
+"""
+
+ORPHAN_PARENT = """\
+import subprocess, sys
+from advisor.run import _run_advisor
+real = subprocess.Popen
+subprocess.Popen = lambda args, **kwargs: real([args[0], "-c", sys.argv[1], sys.argv[2]], **kwargs)
+_run_advisor(["train", "--out", sys.argv[3]])
+"""
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux's")
+def test_a_training_child_whose_run_is_killed_saves_its_step(tmp_path: Path) -> None:
+    """SIGKILL of 'advisor run': its child got SIGTERM (term_with_parent), but its stderr was
+    a pipe to the dead run, and the progress line of the step it finished raised
+    BrokenPipeError before the checkpoint: the steps since the last periodic one were lost.
+    Its stderr is now a file, RUN/train/train.log, that the run follows."""
+    import signal
+    import subprocess
+    import time
+
+    saved, out = tmp_path / "checkpoint", tmp_path / "train"
+    parent = subprocess.Popen(
+        [sys.executable, "-c", ORPHAN_PARENT, ORPHAN_CHILD, str(saved), str(out)],
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        for _ in range(600):
+            if (tmp_path / "checkpoint.ready").exists():
+                break
+            time.sleep(0.05)
+        parent.send_signal(signal.SIGKILL)
+        parent.wait()
+        for _ in range(200):
+            if saved.exists():
+                break
+            time.sleep(0.05)
+        time.sleep(0.5)  # its last line
+    finally:
+        parent.kill()
+    assert saved.read_text() == "saved"
+    log = (out / "train.log").read_text()
+    assert log.startswith("step 1/300\nstep 2/300\n")
+    assert "error: SIGTERM: stopped after step 2" in log
 
 
 TERM_CHILD = """\
@@ -317,3 +386,89 @@ def test_a_run_stopped_by_sigterm_exits_143_naming_it(
     result = invoke("run", *HAND_WORKLOAD, "--quiet", "--out", str(tmp_path / "r"))
     assert result.exit_code == 143
     assert result.stderr.strip().startswith("error: interrupted (SIGTERM): the run directory keeps")
+
+
+def test_sigterm_during_the_profile_keeps_what_it_measured(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """SIGTERM to 'advisor run' raised at once inside the profile, which kept nothing; a first
+    Ctrl-C ends it with what it measured (profilers.stopping). SIGTERM now asks the same, and
+    run.json, the line and the exit code still name SIGTERM."""
+    import signal
+    import time
+
+    import advisor.run
+    from profilers.stopping import stop_on_interrupt, stopped
+
+    asked: list[str | None] = []
+
+    def profile(request: object, out: Path, say: object) -> str:
+        with stop_on_interrupt():
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(0.2)  # the handler runs here, and must not raise
+            asked.append(stopped())
+        (out / "profile.json").write_text("{}")  # what it measured, saved
+        raise KeyboardInterrupt  # as profilers.profiler.ProfileInterrupted, after the save
+
+    monkeypatch.setattr(advisor.run, "_profile_stage", profile)
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)  # as in a terminal
+    try:
+        result = invoke("run", "--quiet", "--out", str(tmp_path / "r"))
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    assert asked == ["interrupted (Ctrl-C)"]  # the profile's own stop, as a first Ctrl-C's
+    assert result.exit_code == 143, result.output
+    assert result.stderr.splitlines()[-1].startswith("error: interrupted (SIGTERM): ")
+    stages = json.loads((tmp_path / "r" / "run.json").read_text())["stages"]
+    assert stages["profile"]["status"] == "interrupted"
+    assert stages["profile"]["detail"] == "interrupted (SIGTERM)"
+
+
+def test_a_resume_that_plans_again_says_why(tmp_path: Path) -> None:
+    """A plan of other search settings was searched again without a word (nothing trained
+    yet: allowed)."""
+    out = make_hand_run(tmp_path / "run", steps=None)
+    result = invoke(
+        "run", *HAND_WORKLOAD, "--memory-budget", "0.001", "--quiet", "--out", str(out), "--resume"
+    )
+    assert result.exit_code == 2
+    assert result.stderr.startswith(
+        f"note: --resume: planning again, {out / 'plan.json'}: --memory-budget 0.001 (the "
+        "plan's: 0.9)\n"
+    )
+
+
+def test_a_run_whose_input_is_refused_has_no_report_to_fail(tmp_path: Path) -> None:
+    """A --data that does not exist fails the profile at once: the report stage was then
+    recorded as failed, telling the user to "run 'advisor run --out ...' first"."""
+    out = tmp_path / "r"
+    result = invoke("run", "--data", str(tmp_path / "nope"), "--out", str(out))
+    assert result.exit_code == 2
+    errors = [line for line in result.stderr.splitlines() if line.startswith("error: ")]
+    assert len(errors) == 1 and errors[0].startswith(f"error: data '{tmp_path / 'nope'}' does")
+    assert "report: skipped: nothing to report: no stage saved anything" in result.stderr
+    assert "the report of the partial run" not in result.stderr
+    stages = json.loads((out / "run.json").read_text())["stages"]
+    assert {k: v["status"] for k, v in stages.items()} == {
+        "profile": "failed",
+        "report": "skipped",
+    }
+
+
+def test_run_json_names_the_stage_that_runs(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A run killed in a stage (SIGKILL, the out-of-memory killer) left run.json without it,
+    as if the run had never got that far."""
+    import advisor.run
+    from advisor.errors import UsageProblem
+
+    seen: list[dict[str, Any]] = []
+
+    def profile(request: object, out: Path, say: object) -> str:
+        seen.append(json.loads((out / "run.json").read_text())["stages"])
+        raise UsageProblem("stop here")
+
+    monkeypatch.setattr(advisor.run, "_profile_stage", profile)
+    assert invoke("run", "--quiet", "--out", str(tmp_path / "r")).exit_code == 2
+    assert seen == [{"profile": {"status": "running", "detail": "", "elapsed_s": 0.0}}]
