@@ -112,6 +112,8 @@ def test_train_names_what_the_forward_returned(
             "train", "--model", f"{model_file}:{factory}", "--steps", "1", "--seq-len", "16",
             "--micro-batch-size", "2", "--eval-every", "0", "--quiet",
             "--out", str(tmp_path / "run"),
+            # a 1-step run with the default 20 warm-up steps is noted before the error
+            "--warmup-steps", "0",
         ],
         prog_name="advisor",
     )  # fmt: skip
