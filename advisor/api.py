@@ -270,7 +270,7 @@ def _notes_for(progress: Any) -> Callable[[str], None] | None:
     them on stderr as the CLI does, and a silent call raises them as :class:`AdvisorNote`
     warnings (they were printed on stderr whatever ``progress`` said)."""
     if callable(progress):
-        return lambda text: progress(f"note: {_config_keywords(text)}")
+        return lambda text: progress(f"note: {_api_terms(text)}")
     if progress is True:
         return None
     return _warn_note
@@ -281,11 +281,12 @@ def _warn_note(text: str) -> None:
 
     from advisor.errors import AdvisorNote
 
-    warnings.warn(_config_keywords(text), AdvisorNote, stacklevel=2)
+    warnings.warn(_api_terms(text), AdvisorNote, stacklevel=2)
 
 
-def _config_keywords(text: str) -> str:
-    """A note's flags as this API's keywords (``--warmup-steps 20`` → ``warmup_steps=20``)."""
+def _api_terms(text: str) -> str:
+    """A message's CLI flags as this API's keywords (``--warmup-steps 20`` → ``warmup_steps=20``,
+    ``--only X`` → ``only key X``); other flags as they are."""
     return _FLAG.sub(_keyword, text)
 
 
@@ -445,7 +446,7 @@ def _in_api_terms() -> Any:
     except (UsageProblem, StrategyError, ConfigError) as exc:
         message = str(exc)
         if message.startswith("--") and len(exc.args) == 1:
-            exc.args = (_FLAG.sub(_keyword, message),)
+            exc.args = (_api_terms(message),)
         raise
 
 
