@@ -230,10 +230,10 @@ def analyze(models: Sequence[str], out: Path) -> dict[str, Any]:
     """Every number from the raw files of the session directory ``out``."""
     from profilers.profile_record import load_profile
 
-    results = []
+    results: list[dict[str, Any]] = []
     for model in models:
         profile = load_profile(out / model)
-        groups = []
+        groups: list[dict[str, Any]] = []
         for checkpointing in ("none", "full"):
             record = next(
                 (m for m in profile.compile if m.activation_checkpointing == checkpointing), None

@@ -18,6 +18,7 @@ import dataclasses
 import json
 import sys
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -34,13 +35,19 @@ from tests.strategies.profiles import hand_profile  # noqa: E402
 RESULTS = ROOT / "benchmarks" / "results"
 SEQ = 128
 SIZES = (1, 4)
-MODELS = (("gpt-tiny", {}), ("llama-tiny", {}), ("gpt-tiny", {"n_layer": 6, "vocab_size": 4096}))
+MODELS: tuple[tuple[str, dict[str, int]], ...] = (
+    ("gpt-tiny", {}),
+    ("llama-tiny", {}),
+    ("gpt-tiny", {"n_layer": 6, "vocab_size": 4096}),
+)
 PRECISIONS = ("fp32", "bf16")
 SETTINGS = ("none", "full")
 MiB = 2**20
 
 
-def spec(b: int, precision: str, ckpt: str, parallelism: str = "single", world: int = 1):
+def spec(
+    b: int, precision: str, ckpt: str, parallelism: str = "single", world: int = 1
+) -> StepSpec:
     return StepSpec(
         seq_len=SEQ,
         micro_batch_size=b,
@@ -52,9 +59,9 @@ def spec(b: int, precision: str, ckpt: str, parallelism: str = "single", world: 
 
 
 def main() -> None:
-    rows = []
+    rows: list[dict[str, Any]] = []
     for name, args in MODELS:
-        workload = AdvisorWorkload(name, args, None, None)
+        workload = AdvisorWorkload(name, args)
         singles = tuple(
             trace_single(workload, spec(b, p, c), target_device_type="cuda")
             for b in SIZES

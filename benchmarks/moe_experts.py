@@ -154,7 +154,7 @@ def measure(shape: Shape) -> dict[str, Any]:
                 out["up_projection_bytes_s"] = first.bytes / bandwidth
                 out["up_projection_flops_s"] = first.flops / (
                     peak
-                    * roofline.wave_efficiency(*first.mnk[:2], target.num_sms or 1, first.batch)  # type: ignore[index]
+                    * roofline.wave_efficiency(*first.mnk[:2], target.num_sms or 1, first.batch)  # type: ignore[index,call-arg]
                 )
         out["ratio"] = out["experts_s"] / out["dense_s"]
         row["micro_batches"][mb] = out

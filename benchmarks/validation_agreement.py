@@ -210,7 +210,8 @@ def run(models: Sequence[str], global_batch: int, rounds: int, out: Path | None)
     text = table(rows, [v["load1"] for v in visits])
     print("\n" + text)
     if out:
-        raw and raw.close()
+        if raw:
+            raw.close()
         header = (
             f"# Validation child vs `advisor train` ({', '.join(models)}; gbs {global_batch}, "
             f"fp32, seq {seq_len}; {rounds} rounds alternating)\n\n"

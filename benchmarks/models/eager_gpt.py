@@ -22,6 +22,8 @@ from advisor.models.gpt import GPT, CausalSelfAttention, GPTConfig
 
 
 class EagerCausalSelfAttention(CausalSelfAttention):
+    causal: torch.Tensor
+
     def __init__(self, cfg: GPTConfig) -> None:
         super().__init__(cfg)
         mask = torch.ones(cfg.block_size, cfg.block_size, dtype=torch.bool).tril()

@@ -66,12 +66,14 @@ def moe_gpt(n_experts: int = 8, top_k: int = 2, **kwargs: object) -> GPT:
     cfg = GPTConfig(**kwargs)  # type: ignore[arg-type]
     model = GPT(cfg)
     for block in model.blocks:
-        block.mlp = MoE(cfg, n_experts, top_k)  # type: ignore[assignment]
+        block.mlp = MoE(cfg, n_experts, top_k)
     if not model.wte.weight.is_meta:
         model.init_weights()
         residual = 0.02 / math.sqrt(2 * cfg.n_layer)
         for block in model.blocks:
-            nn.init.normal_(block.mlp.up, std=0.02)
-            nn.init.normal_(block.mlp.down, std=residual)
-            nn.init.normal_(block.mlp.router.weight, std=0.02)
+            moe = block.mlp
+            assert isinstance(moe, MoE)
+            nn.init.normal_(moe.up, std=0.02)
+            nn.init.normal_(moe.down, std=residual)
+            nn.init.normal_(moe.router.weight, std=0.02)
     return model
