@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import math
 
 import pytest
@@ -17,6 +18,7 @@ from strategies.plan import top_candidates
 from strategies.prediction import Prediction
 from strategies.search import Evaluation
 from strategies.uncertainty import (
+    EXTRAPOLATION_PER_LOG_DISTANCE,
     HOST_DRIFT_DEDICATED,
     HOST_DRIFT_SHARED,
     PROFILE_TO_RUN_DRIFT_SHARED,
@@ -24,6 +26,8 @@ from strategies.uncertainty import (
     busy_term,
     delta_term,
     drift_term,
+    extrapolation_distance,
+    extrapolation_term,
     fit_terms,
     host_term,
     interval_overlaps,
@@ -50,6 +54,107 @@ def test_the_fit_term_grows_with_distance_from_the_probed_sizes() -> None:
 
 def test_a_fit_without_residual_freedom_has_no_fit_terms() -> None:
     assert fit_terms(fit_affine([2, 8], [0.1, 0.2]), 4, 1.0) == []
+
+
+def test_inside_the_probed_sizes_there_is_no_extrapolation_part() -> None:
+    """Every size from the smallest probed to the largest keeps exactly the parts it had."""
+    for b in (1, 2, 3, 5, 8):
+        assert "extrapolation" not in _terms(b)
+        assert extrapolation_term(NOISY, b, 1.0) is None
+    # A fit that keeps no sizes (shifted) has nothing to measure a distance from.
+    assert extrapolation_term(NOISY.shifted(0.01), 64, 1.0) is None
+
+
+def _extrapolation(fit: object, b: float) -> float:
+    term = extrapolation_term(fit, b, 1.0)  # type: ignore[arg-type]
+    return 0.0 if term is None else term[1]
+
+
+def test_the_extrapolation_part_widens_with_the_distance_outside_either_side() -> None:
+    """Probed at 2 and 4 (one sample each, as a GPU profile times them: no residuals), a
+    prediction at 16 is no longer as certain as one at 4: the part grows monotonically with
+    the distance, as a ratio to the nearest probed size, below the range as above it."""
+    two_four = fit_affine([2, 4], [0.05, 0.09])
+    above = [_extrapolation(two_four, b) for b in (4, 5, 6, 8, 16, 64)]
+    assert above[0] == 0.0 and all(a < b for a, b in itertools.pairwise(above))
+    assert above[4] == pytest.approx(EXTRAPOLATION_PER_LOG_DISTANCE * math.log(4))
+    below = [_extrapolation(two_four, b) for b in (2, 1.5, 1, 0.5)]
+    assert below[0] == 0.0 and all(a < b for a, b in itertools.pairwise(below))
+    # Symmetric in the ratio: 1 is as far below 2 as 8 is above 4.
+    assert _extrapolation(two_four, 1) == pytest.approx(_extrapolation(two_four, 8))
+    assert extrapolation_distance((2, 4), 16) == pytest.approx(math.log(4))
+    assert extrapolation_distance((), 16) == 0.0
+    # Scale-free: 16 from 2-4 is as far as 64 from 8-16.
+    assert _extrapolation(two_four, 16) == pytest.approx(
+        _extrapolation(fit_affine([8, 16], [0.1, 0.2]), 64)
+    )
+    # There for a fit without residuals too, where it is the only fit part.
+    (term,) = fit_terms(two_four, 16, 1.0)
+    assert term[0] == "extrapolation" and "4× above the probed 2-4" in term[2]
+    # Weighted like the other fit parts: the micro-batches' share of the step.
+    assert fit_terms(two_four, 16, 0.5)[0][1] == pytest.approx(term[1] / 2)
+    # Beside a noisy fit's own parts, which it leaves as they were.
+    far = fit_terms(NOISY, 32, 1.0)
+    assert [n for n, _, _ in far] == ["fit", "sample", "extrapolation"]
+    assert far[2][1] == pytest.approx(EXTRAPOLATION_PER_LOG_DISTANCE * math.log(4))
+
+
+def _two_four_profile(profile: Profile) -> Profile:
+    """The hand profile with its step times probed at micro-batch 2 and 4, three samples each
+    scattering by 0.2%: a line the residuals call very certain."""
+    xs = [2.0] * 3 + [4.0] * 3
+    noise = [1.0, 1.002, 0.998, 1.001, 0.999, 1.0]
+    times = tuple(
+        dataclasses.replace(
+            m,
+            forward_backward=fit_affine(
+                xs, [(0.01 + 0.02 * x) * e for x, e in zip(xs, noise, strict=True)]
+            ),
+        )
+        for m in profile.fits.time
+    )
+    return dataclasses.replace(profile, fits=dataclasses.replace(profile.fits, time=times))
+
+
+@pytest.mark.parametrize("shared_host", [True, False])
+def test_a_prediction_far_outside_the_probed_sizes_has_a_wider_interval(
+    profile: Profile, shared_host: bool
+) -> None:
+    """The defect: probed at 2 and 4, the plan's interval at micro-batch 16 was micro-batch
+    4's (×/÷ 1.036 vs 1.034 on a device the job owns), as if 16 had been measured."""
+    model = cost_model_from_profile(_two_four_profile(profile), memory_budget=0.9)
+    model = dataclasses.replace(
+        model, machine=dataclasses.replace(model.machine, shared_host=shared_host, estimate=False)
+    )
+
+    def predicted(b: int) -> Prediction:
+        return _prediction(model, micro_batch_size=b, grad_accum_steps=1, global_batch_size=b)
+
+    def factor(p: Prediction) -> float:
+        assert p.uncertainty is not None
+        return p.uncertainty.factor()
+
+    inside = [predicted(b) for b in (2, 3, 4)]
+    for p in inside:
+        assert p.uncertainty is not None
+        assert "extrapolation" not in [n for n, _, _ in p.uncertainty.terms]
+    outside = [predicted(b) for b in (6, 8, 16, 32)]
+    factors = [factor(p) for p in (inside[-1], *outside)]
+    assert all(a < b for a, b in itertools.pairwise(factors))
+    # Materially: before, the residuals' leverage alone moved it by 0.1-0.2%.
+    assert factors[3] > 1.03 * factors[0]
+    at_16 = outside[2].uncertainty
+    assert at_16 is not None
+    (sigma,) = [s for n, s, _ in at_16.terms if n == "extrapolation"]
+    assert sigma == pytest.approx(EXTRAPOLATION_PER_LOG_DISTANCE * math.log(4), rel=0.05)
+    # The interval around the point widens too, both ends, not only its parts.
+    at4, at16 = inside[-1].step_time_interval_s, outside[2].step_time_interval_s
+    assert at4 is not None and at16 is not None
+    (low4, high4), (low16, high16) = at4, at16
+    assert high16 / outside[2].step_time_s > high4 / inside[-1].step_time_s
+    assert low16 / outside[2].step_time_s < low4 / inside[-1].step_time_s
+    # It differs from candidate to candidate: comparisons between candidates keep it.
+    assert "extrapolation" in [n for n, _, _ in at_16.comparable().terms]
 
 
 def test_the_fit_terms_scale_with_the_share_of_the_step() -> None:
