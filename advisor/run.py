@@ -274,9 +274,54 @@ def _read_json(path: Path) -> dict[str, Any] | None:
     return data if isinstance(data, dict) else None
 
 
+# What a throughput probe skipped on a device too small for the model says (profilers.
+# phases_core): profiling again there cannot price a step; recommend's error names --target.
+_UNFIT_DEVICE = "predicted not to fit the device"
+
+
+def profile_again(out: Path) -> str | None:
+    """Why ``--resume`` profiles RUN/profile.json again although it may have measured this
+    workload (None: nothing against reusing it): Ctrl-C cut it short, or it priced no step.
+
+    Priced no step: it holds no step-time fit at all, because its throughput probes (the
+    baseline's timing first) timed out, failed or were not run (a busy host spends the budget
+    before them). The search then prices no candidate ("no candidate could be predicted from
+    this profile"), and until 2026-12-08 every resume reused that profile and failed the same
+    way. A profile that timed nothing because the model does not fit this device is reused:
+    another profile here would not fit it either (recommend's error names --target)."""
+    from profilers.profile_record import INTERRUPTED
+
+    data = _read_json(RunDir(out).profile)
+    if data is None:
+        return None
+    rows = [row for row in data.get("probes") or () if isinstance(row, dict)]
+    cut = sum(1 for row in rows if row.get("reason") == INTERRUPTED)
+    if cut:
+        # Ctrl-C cut it short (profilers.stopping): the stage runs again
+        return f"Ctrl-C cut it short ({cut} probes)"
+    fits = data.get("fits")
+    if not isinstance(fits, dict) or fits.get("time"):
+        return None
+    timing = [r for r in rows if r.get("probe") in ("throughput", "throughput_fit")]
+    failed = [r for r in timing if r.get("status") != "ok"]
+    # a timeout or a failure before a skip: what a busy host did to the baseline's timing
+    failed.sort(key=lambda r: r.get("status") == "skipped")
+    unfit = any(str(r.get("reason", "")).startswith(_UNFIT_DEVICE) for r in timing)
+    if unfit and not (failed and failed[0].get("status") != "skipped"):
+        return None
+    if not failed:
+        return "it has no step-time fit: no candidate can be priced from it"
+    row = failed[0]
+    why = f"{row.get('status')}: {row['reason']}" if row.get("reason") else row.get("status")
+    return (
+        f"it has no step-time fit, so no candidate can be priced from it (its {row.get('probe')} "
+        f"probe {row.get('name')}: {why})"
+    )
+
+
 def reusable_profile(out: Path, request: RunRequest) -> bool:
-    """RUN/profile.json exists, finished, and measured this request's workload (else
-    UsageProblem)."""
+    """RUN/profile.json exists, finished, priced a step (:func:`profile_again`), and measured
+    this request's workload (else UsageProblem)."""
     from profilers.profile_record import INTERRUPTED
 
     data = _read_json(RunDir(out).profile)
@@ -294,7 +339,7 @@ def reusable_profile(out: Path, request: RunRequest) -> bool:
             f"{RunDir(out).profile} profiled {shown}, not what this run asks: resume with the same "
             "--model/--model-arg/--data/--seq-len, or choose another --out"
         )
-    return True
+    return profile_again(out) is None  # priced no step: the stage runs again (run() says why)
 
 
 def reusable_plan(out: Path, request: RunRequest) -> bool:
@@ -420,16 +465,23 @@ def _recommend_stage(request: RunRequest, out: Path, say: ProgressFn) -> tuple[s
         run_steps=request.train_steps
         or max(1, (request.tokens or 0) // (request.global_batch_size * request.seq_len)),
     )
-    plan = recommend(
-        RunDir(out).profile,
-        search,
-        validate_top_k=request.validate_top,
-        validation_rounds=request.validate_rounds,
-        storage=request.storage,
-        out=out,
-        device=request.device,
-        progress=lambda message: say(message, -1.0),
-    )
+    try:
+        plan = recommend(
+            RunDir(out).profile,
+            search,
+            validate_top_k=request.validate_top,
+            validation_rounds=request.validate_rounds,
+            storage=request.storage,
+            out=out,
+            device=request.device,
+            progress=lambda message: say(message, -1.0),
+        )
+    except StrategyError as exc:
+        if len(exc.args) == 1 and profile_again(out) is not None:
+            # it priced nothing (a busy host timed its baseline out): say the way on, which
+            # the resume takes (it profiles again), in the stage's one line
+            exc.args = (f"{exc.args[0]}; the same command plus --resume profiles it again",)
+        raise
     detail = f"{plan.candidate.label()}"
     if plan.baseline and plan.baseline.measured_speedup is not None:
         detail += f"; measured {plan.baseline.measured_speedup:.2f}× the naive fp32 loop"
@@ -784,6 +836,8 @@ def run(request: RunRequest, out: Path, progress: RunProgress | None = None) -> 
 
     if request.resume and not _run_files(out):
         _note(display, f"--resume: no run in {out} yet: starting one")
+    elif request.resume and not reuse_profile and (again := profile_again(out)) is not None:
+        _note(display, f"--resume: profiling again, {RunDir(out).profile}: {again}")
     failure: BaseException | None = None
     with sigterm_stops_the_run():
         try:

@@ -10,6 +10,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
+from advisor.validation.orphans import kill_with_parent
 from advisor.validation.validator import SAFETY, STARTUP_S, over_budget
 from profilers.host_activity import HostMeter
 from profilers.metrics_record import MetricsRecord, TrainRecord
@@ -99,14 +100,19 @@ class LauncherValidator:
             timeout = STARTUP_S * 2 + SAFETY * steps * prediction.step_time_s
             timeout += SAFETY * prediction.compile_s  # torch.compile: paid in the first step
             meter = HostMeter()
+            log = Path(tmp) / "stderr.log"
             try:
-                with meter:  # closes after the run and its ranks were waited for
+                # Its stderr goes to a file, not a pipe, and it dies with this process
+                # (orphans.kill_with_parent; its ranks die with it): a SIGKILLed 'advisor run'
+                # left it measuring on, writing into a pipe nobody read.
+                with meter, open(log, "w") as err:  # closes after the run and its ranks
                     done = subprocess.run(
                         command,
-                        capture_output=True,
-                        text=True,
+                        stdout=subprocess.DEVNULL,
+                        stderr=err,
                         timeout=timeout,
                         env={**os.environ, "PYTHONUNBUFFERED": "1"},
+                        preexec_fn=kill_with_parent(),
                     )
             except subprocess.TimeoutExpired:
                 return Measurement(
@@ -118,7 +124,7 @@ class LauncherValidator:
                 )
             wall = time.perf_counter() - started
             if done.returncode != 0:
-                lines = done.stderr.strip().splitlines()
+                lines = log.read_text(errors="replace").strip().splitlines()
                 reason = lines[-1].removeprefix("error: ") if lines else f"exit {done.returncode}"
                 status = "oom" if "out of memory" in reason.lower() else "error"
                 return Measurement(

@@ -1,0 +1,110 @@
+"""Validation children that end with the process that started them.
+
+A SIGKILLed ``advisor run`` (or ``advisor recommend``: the out-of-memory killer, a closed
+terminal, a scheduler) left its validation child measuring on for 30-60 s, holding the memory
+and the cores the next run was to use: the isolated child (:mod:`.local`) is in a process group
+of its own, so nothing told it. Two ways, both here:
+
+* :func:`exit_with_parent`: in a child already running Python (the isolated child), a daemon
+  thread waits for the parent's end (multiprocessing's parent sentinel, a pipe that reads EOF
+  when the parent dies, whatever kills it; else ``os.getppid()`` changing, polled) and then
+  kills the child's process group: itself and the workers it started. Linux and macOS alike.
+  On Linux ``PR_SET_PDEATHSIG`` (SIGKILL) also ends the child itself at once, even while a
+  long native call holds the GIL (the kernel's signal then comes first; torch's DataLoader and
+  compile workers watch their own parent and exit after it).
+* :func:`kill_with_parent`: a ``preexec_fn`` for a child started by ``subprocess`` (the launcher
+  validator's ``advisor train``): Linux ``PR_SET_PDEATHSIG`` (SIGKILL; its torchrun ranks die
+  with it, advisor.launch.die_with_parent). Elsewhere a no-op: that child ends with its few
+  steps, writing to a file, never to a pipe nobody reads.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import sys
+import threading
+from collections.abc import Callable
+
+PR_SET_PDEATHSIG = 1  # linux/prctl.h
+POLL_S = 0.5  # how often the watchdog looks at os.getppid() (the sentinel wakes it at once)
+_WATCHED: set[int] = set()  # the pid whose watch runs (one per process; a fork's differs)
+
+
+def _parent_death_signal(signum: int) -> bool:
+    """Linux: ask the kernel for ``signum`` when the parent dies; False where it cannot."""
+    if not sys.platform.startswith("linux"):
+        return False
+    import ctypes
+
+    try:
+        libc = ctypes.CDLL("libc.so.6", use_errno=True)
+        return int(libc.prctl(PR_SET_PDEATHSIG, signum)) == 0
+    except (OSError, AttributeError):
+        return False
+
+
+def kill_with_parent(parent: int | None = None) -> Callable[[], None]:
+    """A ``preexec_fn`` that makes the child die (SIGKILL) with this process (Linux; a no-op
+    elsewhere). Made in the parent, which names itself: a child whose parent died before the
+    request exits at once."""
+    parent = os.getpid() if parent is None else parent
+
+    def preexec() -> None:  # pragma: no cover - runs in the child before exec
+        if _parent_death_signal(signal.SIGKILL) and os.getppid() != parent:
+            os._exit(1)  # the parent died before we asked
+
+    return preexec
+
+
+def _end_group() -> None:
+    """Kill this process and, when it leads its process group (the isolated child made itself
+    leader), the workers in that group with it."""
+    with contextlib.suppress(OSError):
+        if os.getpgrp() == os.getpid():
+            os.killpg(os.getpid(), signal.SIGKILL)
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+def exit_with_parent(parent: int | None = None, *, end: Callable[[], None] = _end_group) -> bool:
+    """In a child process: end it (``end``: kill its group) promptly when its parent dies.
+
+    ``parent``: the parent's pid as the parent knew it (None: ``os.getppid()`` now). Returns
+    whether a watch was started: only in a multiprocessing child (not where the function was
+    called in-process: a test, a benchmark), and once per process."""
+    import multiprocessing
+
+    mp_parent = multiprocessing.parent_process()
+    if mp_parent is None:
+        return False  # no multiprocessing parent: not a child of ours (called in-process)
+    parent = os.getppid() if parent is None else parent
+    if os.getpid() in _WATCHED:
+        return False
+    _WATCHED.add(os.getpid())
+    _parent_death_signal(signal.SIGKILL)
+    if os.getppid() != parent:
+        end()  # it died before we asked
+        return True
+    sentinel = getattr(mp_parent, "sentinel", None)
+
+    def watch() -> None:
+        from multiprocessing.connection import wait
+
+        while True:
+            if sentinel is not None:
+                try:
+                    # readable at EOF: the parent's end of the pipe closed (it died)
+                    gone = bool(wait([sentinel], timeout=POLL_S))
+                except (OSError, ValueError):
+                    gone = False
+                    threading.Event().wait(POLL_S)
+            else:
+                threading.Event().wait(POLL_S)
+                gone = False
+            if gone or os.getppid() != parent:
+                end()
+                return
+
+    threading.Thread(target=watch, name="advisor-exit-with-parent", daemon=True).start()
+    return True
