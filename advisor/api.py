@@ -772,8 +772,12 @@ def train(
     (default ``runs/train-TIMESTAMP``); ``resume``: continue the run in ``out`` from its last
     checkpoint. ``checkpoint_every``/``keep_checkpoints``/``eval_every``/``eval_batches``: as the
     CLI's flags. ddp/fsdp plans run through torchrun (``nnodes``, ``node_rank``,
-    ``rdzv_endpoint`` for several machines). ``progress``: True prints the per-step lines on
-    stderr, or a callback ``progress(message)`` receives them. The caller's environment
+    ``rdzv_endpoint`` for several machines), and report as a run in this process does (notes,
+    the return value); the ranks' own stdout goes to ``OUT/stdout.log``, not to the caller's.
+    ``progress``: True prints the per-step lines on stderr, or a callback ``progress(message)``
+    receives them. A run's notes (it is not what it seems to ask for: its data repeated, a
+    warm-up as long as the run) go to the callback as ``note: ...`` lines, on stderr with
+    True, else as :class:`advisor.errors.AdvisorNote` warnings. The caller's environment
     variables are as they were when it returns (the launcher sets some for its ranks).
 
     Returns a :class:`advisor.training.TrainSummary`; raises ``TrainingDiverged`` on a NaN/inf
@@ -838,10 +842,89 @@ def train(
                 rdzv_endpoint=rdzv_endpoint,
             )
     with _in_api_terms(), _kept_environment():
-        result = run_training(resolved, options, launch=spec, say=say)
-    if result is None:
-        return TrainSummary.from_run_dir(resolved, options.out)
-    return TrainSummary.from_result(resolved, result)
+        if spec is None:
+            result = run_training(resolved, options, launch=None, say=say)
+            assert result is not None  # trained in this process
+            return TrainSummary.from_result(resolved, result)
+        with _reported_by_the_ranks(
+            options.on_note, live=progress is True or callable(progress)
+        ) as rank0:
+            run_training(resolved, options, launch=spec, say=say)
+    summary = TrainSummary.from_run_dir(resolved, options.out)
+    if rank0.get("already_complete") is True:
+        summary = dataclasses.replace(summary, already_complete=True)
+    return summary
+
+
+@contextlib.contextmanager
+def _reported_by_the_ranks(
+    on_note: Callable[[str], None] | None, *, live: bool
+) -> Iterator[dict[str, Any]]:
+    """While ranks launched through torchrun train, what rank 0 reports to this process
+    (advisor.cli.train's records, in a temporary file named to the ranks by an environment
+    variable, which the caller's :func:`_kept_environment` takes back): its notes reach
+    ``on_note`` as a run in this process gives them (None: printed on stderr as the CLI does),
+    and its result's fields fill the dict yielded. The ranks' own stdout goes to the run
+    directory's stdout.log, not to the caller's: the library prints nothing.
+
+    ``live``: notes as they come, from a thread (a callback gets the step lines so too);
+    else once the ranks are done, in the caller's thread (warnings: where it can catch them).
+    Notes come whether the job succeeded or not."""
+    import threading
+
+    from advisor.cli.train import API_REPORT_ENV
+
+    handle, name = tempfile.mkstemp(prefix="advisor-ranks-", suffix=".jsonl")
+    os.close(handle)
+    path = Path(name)
+    os.environ[API_REPORT_ENV] = name
+    result: dict[str, Any] = {}
+    offset = 0
+    lock = threading.Lock()
+
+    def note(text: str) -> None:
+        if on_note is None:
+            print(f"note: {text}", file=sys.stderr, flush=True)
+        else:
+            on_note(text)
+
+    def drain() -> None:
+        nonlocal offset
+        with lock:
+            with open(path, "rb") as f:
+                f.seek(offset)
+                chunk = f.read()
+            whole = chunk[: chunk.rfind(b"\n") + 1]
+            offset += len(whole)
+            for line in whole.decode(errors="replace").splitlines():
+                try:
+                    record = json.loads(line)
+                except ValueError:
+                    continue
+                if isinstance(record, dict) and isinstance(record.get("note"), str):
+                    note(record["note"])
+                elif isinstance(record, dict) and isinstance(record.get("result"), dict):
+                    result.update(record["result"])
+
+    done = threading.Event()
+
+    def follow() -> None:
+        while not done.wait(0.5):
+            drain()
+
+    thread = threading.Thread(target=follow, name="advisor-rank-notes", daemon=True)
+    if live:
+        thread.start()
+    try:
+        yield result
+    finally:
+        done.set()
+        if live:
+            thread.join(timeout=5)
+        try:
+            drain()
+        finally:
+            path.unlink(missing_ok=True)
 
 
 def export(

@@ -7,8 +7,10 @@ live inside the command functions.
 
 from __future__ import annotations
 
+import contextlib
 import signal
 import sys
+from collections.abc import Iterator
 from typing import Any
 
 import click
@@ -124,8 +126,66 @@ def _cannot_use_path(exc: OSError) -> str:
     return f"cannot use {path}: {reason}: {fix}"
 
 
+class _Stopped(BaseException):
+    """A Ctrl-C (KeyboardInterrupt) or an EOFError carried past click's ``Command.main``, which
+    wrote a blank line on stderr before raising either again as Abort: the one-line error
+    came second, after an empty line."""
+
+    def __init__(self, original: KeyboardInterrupt | EOFError) -> None:
+        super().__init__()
+        self.original = original
+
+
+@contextlib.contextmanager
+def _carried() -> Iterator[None]:
+    try:
+        yield
+    except (KeyboardInterrupt, EOFError) as exc:
+        raise _Stopped(exc) from exc
+
+
+def _stopped(command: str, exc: KeyboardInterrupt | EOFError) -> None:
+    """The one line of a command stopped by Ctrl-C, SIGTERM or an EOFError."""
+    from advisor.launch import launched_rank
+
+    if isinstance(exc, EOFError):
+        _fail(_ended_early(exc), 1)
+    if _signum(exc) == signal.SIGINT and not launched_rank() and _is_terminal(sys.stderr):
+        # A terminal echoed "^C" where its cursor was: the error goes on the next line, not
+        # after it (a pipe or a file gets the one line alone).
+        click.echo(err=True)
+    _fail(_interrupted(command, exc), _interrupt_code(exc))
+
+
+def _is_terminal(stream: Any) -> bool:
+    try:
+        return bool(stream.isatty())
+    except (AttributeError, ValueError):  # no isatty, or closed
+        return False
+
+
 class AdvisorGroup(click.Group):
     """Every failure is one line on stderr: exit 2 for bad usage, 1 for a failed job."""
+
+    # Ctrl-C or an EOFError while the arguments are parsed or the command runs: carried to
+    # main() past click's own handler (its blank line), see _Stopped.
+    def make_context(
+        self,
+        info_name: str | None,
+        args: list[str],
+        parent: click.Context | None = None,
+        **extra: Any,
+    ) -> click.Context:
+        with _carried():
+            return super().make_context(info_name, args, parent, **extra)
+
+    def invoke(self, ctx: click.Context) -> Any:
+        with _carried():
+            return super().invoke(ctx)
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        """In the order they were added (the README's), not alphabetically."""
+        return list(self.commands)
 
     def main(self, *args: Any, **kwargs: Any) -> Any:
         from advisor.errors import AdvisorError
@@ -133,6 +193,8 @@ class AdvisorGroup(click.Group):
         kwargs["standalone_mode"] = False
         try:
             code = super().main(*args, **kwargs)
+        except _Stopped as stopped:
+            _stopped(_command_name(args, kwargs), stopped.original)
         except click.exceptions.NoArgsIsHelpError as exc:
             click.echo(exc.ctx.get_help() if exc.ctx else str(exc))
             sys.exit(2)
@@ -193,7 +255,8 @@ def _register() -> None:
     from advisor.cli.train import train
     from advisor.cli.tune import tune
 
-    for command in (profile, recommend, tune, train, predict, report, run, export):
+    # The README's order: the main job first, then its steps as a run takes them.
+    for command in (run, profile, recommend, tune, predict, train, report, export):
         main.add_command(command)
 
 

@@ -13,7 +13,10 @@ import click
 FORMAT_CHOICES = ("hf", "accelerate", "lightning", "deepspeed", "torchtitan")
 
 
-@click.command("export")
+@click.command(
+    "export",
+    short_help="A plan in another stack's format: hf, deepspeed, torchtitan ...",
+)
 @click.argument("plan", metavar="RUN_OR_PLAN", type=click.Path(path_type=Path))
 @click.option(
     "--to",

@@ -179,17 +179,18 @@ def seq_len_option(default: int | None = None) -> Decorator[Any]:
     )
 
 
-def global_batch_option(*, required: bool = False, default: int | None = None) -> Decorator[Any]:
+SEARCHED_GLOBAL_BATCH = (
+    "Sequences per optimizer step = micro-batch x accumulation x world size; the search holds "
+    "it fixed."
+)
+
+
+def global_batch_option(
+    *, required: bool = False, default: int | None = None, help: str = SEARCHED_GLOBAL_BATCH
+) -> Decorator[Any]:
     # No ``default=None`` when required: click (8.3+) takes an explicit None as a default given.
     extra: dict[str, Any] = {"default": default, "show_default": True} if default else {}
-    return click.option(
-        "--global-batch-size",
-        type=POSITIVE,
-        required=required,
-        help="Sequences per optimizer step = micro-batch x accumulation x world size; the search "
-        "holds it fixed.",
-        **extra,
-    )
+    return click.option("--global-batch-size", type=POSITIVE, required=required, help=help, **extra)
 
 
 # -- TrainConfig ----------------------------------------------------------------------------------
@@ -213,7 +214,12 @@ hyperparameter_options = _stack(
 
 config_options = _stack(
     seq_len_option(),
-    global_batch_option(),
+    # (train, predict: no search holds it; the batch arithmetic of README's advisor train)
+    global_batch_option(
+        help="Sequences per optimizer step = micro-batch x accumulation x world size. Without "
+        "it, that product; with it (and no --grad-accum-steps), the accumulation follows; a "
+        "product that does not match is refused."
+    ),
     click.option("--micro-batch-size", type=POSITIVE, help="Sequences per forward/backward."),
     click.option("--grad-accum-steps", type=POSITIVE, help="Micro-batches per optimizer step."),
     click.option(
@@ -227,7 +233,13 @@ config_options = _stack(
         "matmul of a block recomputed too: torchtitan's 'op') | blocks:K (K of the repeated "
         "blocks, spread evenly).",
     ),
-    click.option("--parallelism", type=click.Choice(PARALLELISMS), help="single, ddp or fsdp."),
+    click.option(
+        "--parallelism",
+        type=click.Choice(PARALLELISMS),
+        help="single (one process), ddp (a replica of the model per rank) or fsdp (parameters, "
+        "gradients and optimizer state sharded over the ranks); advisor train runs ddp and fsdp's "
+        "--world-size ranks through torchrun.",
+    ),
     click.option("--world-size", type=POSITIVE, help="Ranks (processes/devices) for ddp/fsdp."),
     hyperparameter_options,
     click.option("--num-workers", type=NON_NEGATIVE, help="Data-loader worker processes."),
@@ -478,7 +490,8 @@ run_length_options = _stack(
         "--steps",
         type=POSITIVE,
         default=None,
-        help=f"Optimizer steps to train (default {DEFAULT_STEPS} unless --tokens).",
+        help=f"Optimizer steps to train (default {DEFAULT_STEPS} unless --tokens; a --resume "
+        "without either finishes the run's own length).",
     ),
     click.option(
         "--tokens",

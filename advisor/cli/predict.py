@@ -19,7 +19,7 @@ from advisor.cli.options import (
 )
 
 
-@click.command()
+@click.command(short_help="What one config would cost: memory, step time, tokens/s.")
 @profile_path_option
 @config_options
 @memory_budget_option

@@ -24,7 +24,7 @@ from profilers.defaults import TRACE_TARGETS
 from profilers.rundir import RunDir
 
 
-@click.command()
+@click.command(short_help="Probe a model on this device: profile.json, probes.csv.")
 @model_options
 @default_seq_len_option()
 @device_option("Device to probe.")

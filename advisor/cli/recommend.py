@@ -30,7 +30,7 @@ if TYPE_CHECKING:
 GiB = 2**30
 
 
-@click.command()
+@click.command(short_help="The fastest config that fits a fixed global batch: plan.json.")
 @profile_path_option
 @global_batch_option(required=True)
 @memory_budget_option

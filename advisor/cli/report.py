@@ -8,7 +8,7 @@ from typing import Any
 import click
 
 
-@click.command("report")
+@click.command("report", short_help="One self-contained HTML page about a run directory.")
 @click.argument("run_dir", metavar="RUN", type=click.Path(path_type=Path))
 @click.option(
     "--out",

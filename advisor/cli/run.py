@@ -86,7 +86,7 @@ class CliRunProgress:
         click.echo(f"note: {text}", err=True)  # also with --quiet, as the trainer's notes
 
 
-@click.command("run")
+@click.command("run", short_help="Profile, recommend, train and report, into one run directory.")
 @model_options
 @default_seq_len_option()
 @default_global_batch_option()

@@ -95,7 +95,7 @@ class CliTuneProgress:
         self._echo(f"trial {record.number} ({_params_text(record.params)}) {how}")
 
 
-@click.command()
+@click.command(short_help="Tune lr, warm-up, weight decay at a plan: tuned_plan.json.")
 @click.option(
     "--plan",
     "plan_path",
