@@ -873,6 +873,7 @@ def _reported_by_the_ranks(
     import threading
 
     from advisor.cli.train import API_REPORT_ENV
+    from advisor.training import json_lines_after
 
     handle, name = tempfile.mkstemp(prefix="advisor-ranks-", suffix=".jsonl")
     os.close(handle)
@@ -891,16 +892,8 @@ def _reported_by_the_ranks(
     def drain() -> None:
         nonlocal offset
         with lock:
-            with open(path, "rb") as f:
-                f.seek(offset)
-                chunk = f.read()
-            whole = chunk[: chunk.rfind(b"\n") + 1]
-            offset += len(whole)
-            for line in whole.decode(errors="replace").splitlines():
-                try:
-                    record = json.loads(line)
-                except ValueError:
-                    continue
+            records, offset = json_lines_after(path, offset)
+            for record in records:
                 if isinstance(record, dict) and isinstance(record.get("note"), str):
                     note(record["note"])
                 elif isinstance(record, dict) and isinstance(record.get("result"), dict):

@@ -165,14 +165,10 @@ def _steps_to(on_line: Callable[[str], None] | None, out: Path) -> Iterator[None
         while True:
             finished = done.is_set()
             if path.exists():
-                with open(path, "rb") as f:
-                    f.seek(offset)
-                    chunk = f.read()
-                whole = chunk[: chunk.rfind(b"\n") + 1]
-                offset += len(whole)
-                for line in whole.decode(errors="replace").splitlines():
+                lines, offset = json_lines_after(path, offset)
+                for data in lines:
                     try:
-                        record = parse_record(json.loads(line))
+                        record = parse_record(data)
                     except ValueError:
                         continue
                     if isinstance(record, TrainRecord) and record.loss is not None:
@@ -188,6 +184,23 @@ def _steps_to(on_line: Callable[[str], None] | None, out: Path) -> Iterator[None
     finally:
         done.set()
         thread.join(timeout=5)
+
+
+def json_lines_after(path: Path, offset: int) -> tuple[list[Any], int]:
+    """The JSON values of the whole lines another process appended to ``path`` after byte
+    ``offset`` (a line still being written waits for the next call; one that is not JSON is
+    skipped), and the offset to read from next."""
+    with open(path, "rb") as f:
+        f.seek(offset)
+        chunk = f.read()
+    whole = chunk[: chunk.rfind(b"\n") + 1]
+    values = []
+    for line in whole.decode(errors="replace").splitlines():
+        try:
+            values.append(json.loads(line))
+        except ValueError:
+            continue
+    return values, offset + len(whole)
 
 
 def whatif_plan(plan: str | os.PathLike[str] | None) -> str | None:

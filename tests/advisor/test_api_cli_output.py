@@ -26,18 +26,10 @@ from advisor.cli import main
 from advisor.cli.train import API_REPORT_ENV, RANKS_STDOUT
 from advisor.errors import AdvisorNote
 from strategies.config import TrainConfig
+from tests.advisor.test_api import TINY  # one gpt-tiny block: the smallest real training run
 from tests.reports.runs import write_training
 
 ROOT = Path(__file__).resolve().parents[2]
-# One gpt-tiny block on random tokens: the smallest real training run.
-TINY = TrainConfig(
-    model="gpt-tiny",
-    model_args={"n_layer": 1},
-    data="synthetic",
-    seq_len=32,
-    global_batch_size=2,
-    micro_batch_size=2,
-)
 DDP = TINY.replace(parallelism="ddp", world_size=2, micro_batch_size=1)
 # A warm-up longer than the run: the trainer's note says the lr never decays.
 WARMUP_NOTE = "warmup_steps=20 is not below the run's length (2)"

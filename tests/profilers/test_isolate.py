@@ -38,8 +38,9 @@ def _hang() -> None:
     time.sleep(300)
 
 
-def _hang_ignoring_sigterm() -> None:
+def _hang_ignoring_sigterm(ready: str) -> None:
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    Path(ready).write_text("ignoring SIGTERM")
     time.sleep(300)
 
 
@@ -129,9 +130,16 @@ def test_hang_is_killed_as_timeout() -> None:
     assert outcome.exitcode == -signal.SIGTERM
 
 
-def test_hang_that_ignores_sigterm_is_killed() -> None:
-    outcome = run_isolated(Isolation(timeout_s=1, grace_s=0.5), _hang_ignoring_sigterm)
-    assert outcome.status == "timeout"  # our own SIGKILL is not mistaken for the OOM killer
+def test_hang_that_ignores_sigterm_is_killed(tmp_path: Path) -> None:
+    # A child still starting when the timeout came (a loaded host: its spawn took over 1 s)
+    # had not yet ignored SIGTERM, and SIGTERM ended it: a longer timeout, until it had.
+    for timeout_s in (1, 4, 16):
+        ready = tmp_path / f"ready-{timeout_s}"
+        isolation = Isolation(timeout_s=timeout_s, grace_s=0.5)
+        outcome = run_isolated(isolation, _hang_ignoring_sigterm, str(ready))
+        assert outcome.status == "timeout"  # our own SIGKILL is not mistaken for the OOM killer
+        if ready.exists():
+            break
     assert outcome.exitcode == -signal.SIGKILL
 
 
