@@ -813,6 +813,8 @@ def train(
         config["model"] = model_spec(config["model"])
     if config.get("model_args") is not None:
         config["model_args"] = _model_and_args(DEFAULT_MODEL, config["model_args"])[1]
+    if callable(progress):  # a ddp/fsdp run calls it from two threads (steps, rank notes)
+        progress = _one_call_at_a_time(progress)
     say = _progress("train", progress)
     source = _plan_source(plan)
     base = source.config if isinstance(source, Plan) else source
@@ -854,6 +856,20 @@ def train(
     if rank0.get("already_complete") is True:
         summary = dataclasses.replace(summary, already_complete=True)
     return summary
+
+
+def _one_call_at_a_time(callback: Callable[[str], Any]) -> Callable[[str], Any]:
+    """``callback`` behind a lock: the caller's function is never entered by two threads at
+    once (a single-process run calls it from one)."""
+    import threading
+
+    lock = threading.Lock()
+
+    def serialized(message: str) -> Any:
+        with lock:
+            return callback(message)
+
+    return serialized
 
 
 @contextlib.contextmanager

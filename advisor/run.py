@@ -45,7 +45,7 @@ from strategies.config import (
     HYPERPARAMETER_KEYS,
     WORKLOAD_KEYS,
 )
-from strategies.errors import StrategyError
+from strategies.errors import UNPRICED, StrategyError
 from strategies.restrict import normalize_only, only_args, read_recorded, same_only
 
 
@@ -306,9 +306,10 @@ def profile_again(out: Path) -> str | None:
     failed = [r for r in timing if r.get("status") != "ok"]
     # a timeout or a failure before a skip: what a busy host did to the baseline's timing
     failed.sort(key=lambda r: r.get("status") == "skipped")
-    unfit = any(str(r.get("reason", "")).startswith(_UNFIT_DEVICE) for r in timing)
-    if unfit and not (failed and failed[0].get("status") != "skipped"):
-        return None
+    if failed and all(str(r.get("reason", "")).startswith(_UNFIT_DEVICE) for r in failed):
+        return None  # every group it could not time does not fit: another profile cannot
+    # (a group skipped as unfit beside others skipped for the budget: those may fit, again)
+    failed = [r for r in failed if not str(r.get("reason", "")).startswith(_UNFIT_DEVICE)]
     if not failed:
         return "it has no step-time fit: no candidate can be priced from it"
     row = failed[0]
@@ -477,10 +478,14 @@ def _recommend_stage(request: RunRequest, out: Path, say: ProgressFn) -> tuple[s
             progress=lambda message: say(message, -1.0),
         )
     except StrategyError as exc:
-        if len(exc.args) == 1 and profile_again(out) is not None:
+        message = str(exc.args[0]) if len(exc.args) == 1 else ""
+        if message.startswith(UNPRICED) and profile_again(out) is not None:
             # it priced nothing (a busy host timed its baseline out): say the way on, which
             # the resume takes (it profiles again), in the stage's one line
-            exc.args = (f"{exc.args[0]}; the same command plus --resume profiles it again",)
+            exc.args = (
+                f"{message}; the same command plus --resume profiles it again (a larger "
+                "--budget-s gives its timing more time)",
+            )
         raise
     detail = f"{plan.candidate.label()}"
     if plan.baseline and plan.baseline.measured_speedup is not None:

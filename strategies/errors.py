@@ -6,6 +6,9 @@ exit 2). The message is one sentence that names the problem and the knob that wo
 
 from __future__ import annotations
 
+# The head of recommend's error when nothing could be priced (advisor.run adds its way on).
+UNPRICED = "no candidate could be predicted from this profile"
+
 
 class StrategyError(ValueError):
     """A prediction or search the inputs do not allow; the message names the fix."""

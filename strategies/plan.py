@@ -23,7 +23,7 @@ from typing import Any
 from strategies.budgets import LAYOUT_MARGIN
 from strategies.config import TrainConfig
 from strategies.cost import CostModel, GiB
-from strategies.errors import NothingFits, StrategyError
+from strategies.errors import UNPRICED, NothingFits, StrategyError
 from strategies.plan_reasons import plan_reasons
 from strategies.plan_records import (
     MEASUREMENT_STATUSES,
@@ -134,7 +134,7 @@ def nothing_fits(evaluations: Sequence[Evaluation], model: CostModel) -> Strateg
         reasons = [reason for reason, _ in counts.most_common()]  # ties: the search's order
         if model.interrupted_probes:
             return StrategyError(
-                "no candidate could be predicted from this profile: Ctrl-C stopped it before "
+                f"{UNPRICED}: Ctrl-C stopped it before "
                 f"it measured enough ({model.interrupted_probes} probes cut short, "
                 "'interrupted (Ctrl-C)' in its probes.csv): run 'advisor profile' again and "
                 "let it finish"
@@ -146,8 +146,7 @@ def nothing_fits(evaluations: Sequence[Evaluation], model: CostModel) -> Strateg
             else ""
         )
         return StrategyError(
-            "no candidate could be predicted from this profile: "
-            + (reasons[0] + others if reasons else "the space is empty")
+            f"{UNPRICED}: " + (reasons[0] + others if reasons else "the space is empty")
         )
     smallest = min(priced, key=lambda e: e.prediction.budgeted_bytes if e.prediction else 0)
     p = smallest.prediction

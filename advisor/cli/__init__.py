@@ -184,7 +184,7 @@ class AdvisorGroup(click.Group):
             return super().invoke(ctx)
 
     def list_commands(self, ctx: click.Context) -> list[str]:
-        """In the order they were added (the README's), not alphabetically."""
+        """In the order they were added (the README's Commands table), not alphabetically."""
         return list(self.commands)
 
     def main(self, *args: Any, **kwargs: Any) -> Any:
@@ -255,7 +255,7 @@ def _register() -> None:
     from advisor.cli.train import train
     from advisor.cli.tune import tune
 
-    # The README's order: the main job first, then its steps as a run takes them.
+    # The README's Commands table's order: the main job first, then its steps as a run takes them.
     for command in (run, profile, recommend, tune, predict, train, report, export):
         main.add_command(command)
 

@@ -32,17 +32,23 @@ POLL_S = 0.5  # how often the watchdog looks at os.getppid() (the sentinel wakes
 _WATCHED: set[int] = set()  # the pid whose watch runs (one per process; a fork's differs)
 
 
-def _parent_death_signal(signum: int) -> bool:
-    """Linux: ask the kernel for ``signum`` when the parent dies; False where it cannot."""
+def _prctl() -> Callable[..., int] | None:
+    """Linux's ``prctl``, looked up here (a ``preexec_fn`` must not load a library in the
+    forked child of a threaded process: the loader's lock may be held); None elsewhere."""
     if not sys.platform.startswith("linux"):
-        return False
+        return None
     import ctypes
 
     try:
-        libc = ctypes.CDLL("libc.so.6", use_errno=True)
-        return int(libc.prctl(PR_SET_PDEATHSIG, signum)) == 0
+        return ctypes.CDLL("libc.so.6", use_errno=True).prctl
     except (OSError, AttributeError):
-        return False
+        return None
+
+
+def _parent_death_signal(signum: int, prctl: Callable[..., int] | None = None) -> bool:
+    """Linux: ask the kernel for ``signum`` when the parent dies; False where it cannot."""
+    prctl = prctl or _prctl()
+    return prctl is not None and int(prctl(PR_SET_PDEATHSIG, signum)) == 0
 
 
 def kill_with_parent(parent: int | None = None) -> Callable[[], None]:
@@ -50,9 +56,12 @@ def kill_with_parent(parent: int | None = None) -> Callable[[], None]:
     elsewhere). Made in the parent, which names itself: a child whose parent died before the
     request exits at once."""
     parent = os.getpid() if parent is None else parent
+    prctl = _prctl()  # looked up in the parent: the child only calls it
 
     def preexec() -> None:  # pragma: no cover - runs in the child before exec
-        if _parent_death_signal(signal.SIGKILL) and os.getppid() != parent:
+        if prctl is None:
+            return
+        if _parent_death_signal(signal.SIGKILL, prctl) and os.getppid() != parent:
             os._exit(1)  # the parent died before we asked
 
     return preexec

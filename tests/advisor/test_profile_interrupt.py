@@ -176,9 +176,9 @@ def test_advisor_run_resumed_profiles_again(interrupted: Interrupted, tmp_path: 
             row["reason"] = "time budget spent"
     RunDir(finished).profile.write_text(json.dumps(data))
     shutil.copy(RunDir(interrupted.out).probes, RunDir(finished).probes)
-    # ... unless it priced no step (a busy host spent the core's budget before any timing):
-    # then the resume profiles again (advisor.run.profile_again)
-    assert reusable_profile(finished, request) is bool(data["fits"]["time"])
+    assert data["fits"]["time"], "the fixture's core timed nothing (a profile that priced no "
+    "step is profiled again: tests/advisor/test_run_lifecycle2.py)"
+    assert reusable_profile(finished, request) is True
 
 
 # -- the command line ----------------------------------------------------------------------------

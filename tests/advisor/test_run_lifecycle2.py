@@ -30,11 +30,12 @@ def invoke(*args: str) -> Result:
 
 
 def untimed(profile: dict[str, Any], *rows: dict[str, Any]) -> dict[str, Any]:
-    """``profile`` with no step-time fit and ``rows`` for its throughput probes: what a busy
-    host left (the baseline's timing timed out)."""
+    """``profile`` with no step-time fit and ``rows`` for its throughput probes (in place of
+    its own): what a busy host left (the baseline's timing timed out)."""
     data = json.loads(json.dumps(profile))
     data["fits"]["time"] = []
-    data["probes"] = [*data["probes"], *rows]
+    timing = ("throughput", "throughput_fit")
+    data["probes"] = [*(r for r in data["probes"] if r["probe"] not in timing), *rows]
     return data
 
 
@@ -87,7 +88,10 @@ def test_a_resume_profiles_again_when_the_profile_priced_nothing(
     assert len(errors) == 1 and "Traceback" not in failed.stderr
     assert errors[0].startswith("error: no candidate could be predicted from this profile")
     assert "(its probe: timeout: no result after 31.2 s)" in errors[0]
-    assert errors[0].endswith("; the same command plus --resume profiles it again")
+    assert errors[0].endswith(
+        "; the same command plus --resume profiles it again (a larger --budget-s gives its "
+        "timing more time)"
+    )
 
     resumed = invoke("run", *args, "--resume")
     assert resumed.exit_code == 0, resumed.output
@@ -136,6 +140,18 @@ def test_which_profiles_a_resume_reuses(hand: Path) -> None:
     }
     _write(hand, untimed(good, unfit))
     assert profile_again(hand) is None and reusable_profile(hand, request)
+
+    # the lead group does not fit, the others were skipped for the budget: they may fit,
+    # so it is measured again, naming the skip that another profile can mend
+    budget = {
+        **TIMED_OUT,
+        "name": "fp32/full/b=1",
+        "status": "skipped",
+        "reason": "time budget spent",
+    }
+    _write(hand, untimed(good, unfit, budget))
+    assert str(profile_again(hand)).endswith("fp32/full/b=1: skipped: time budget spent)")
+    assert not reusable_profile(hand, request)
 
     # the budget ran out before any timing (a busy host spent it): measured again
     spent = {**TIMED_OUT, "status": "skipped", "reason": "time budget spent"}
@@ -236,7 +252,8 @@ def stop(signum, frame):
 signal.signal(signal.SIGTERM, stop)
 sys.stderr.write("step 1/300\\n")
 sys.stderr.flush()
-pathlib.Path(sys.argv[1] + ".ready").write_text(str(os.getpid()))
+pathlib.Path(sys.argv[1] + ".tmp").write_text(str(os.getpid()))  # whole, then named
+os.replace(sys.argv[1] + ".tmp", sys.argv[1] + ".ready")
 time.sleep(60)
 """
 
@@ -307,7 +324,10 @@ def memory_pass(w, specs, device):
 advisor.workload.AdvisorWorkload = Workload
 local._memory_pass = memory_pass
 if os.environ["LIFECYCLE_PDEATHSIG"] == "0":  # the portable watch alone (macOS has no prctl)
-    orphans._parent_death_signal = lambda signum: False
+    orphans._parent_death_signal = lambda *args: False
+else:  # the kernel's signal alone: the watch sees the parent go but ends nothing
+    watch = orphans.exit_with_parent
+    orphans.exit_with_parent = lambda parent=None: watch(parent, end=lambda: None)
 
 if __name__ == "__main__":
     from types import SimpleNamespace
@@ -349,7 +369,8 @@ def test_a_validation_child_dies_with_its_killed_run(
 
 LAUNCHER_CHILD = """\
 import os, pathlib, sys, time
-pathlib.Path(sys.argv[1]).write_text(str(os.getpid()))
+pathlib.Path(sys.argv[1] + ".tmp").write_text(str(os.getpid()))  # whole, then named
+os.replace(sys.argv[1] + ".tmp", sys.argv[1])
 time.sleep(60)
 """
 
