@@ -688,7 +688,7 @@ def _follow_child(args: list[str], sink: Any, source: Any) -> tuple[int, str]:
         [sys.executable, "-m", "advisor", *args],
         stdout=subprocess.DEVNULL,
         stderr=sink,
-        preexec_fn=term_with_parent,  # SIGKILL of this process: the child still checkpoints
+        preexec_fn=term_with_parent(),  # SIGKILL of this process: the child still checkpoints
     ) as child:
         _CHILDREN.append(child)
         stopped: KeyboardInterrupt | None = None

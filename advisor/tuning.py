@@ -174,15 +174,12 @@ class TrialRunner(Protocol):
     def __call__(self, spec: TrialSpec, on_eval: OnEval) -> TrialOutcome: ...
 
 
-def term_with_parent() -> None:  # pragma: no cover - runs in the child before exec
-    """Linux: the child (a trial, ``advisor run``'s training) gets SIGTERM (and saves, then
-    exits) when the process that started it dies."""
-    if not sys.platform.startswith("linux"):
-        return
-    import ctypes
+def term_with_parent() -> Callable[[], None]:
+    """A ``preexec_fn`` (Linux): the child (a trial, ``advisor run``'s training) gets SIGTERM
+    (and saves, then exits) when the process that started it dies (advisor.orphans)."""
+    from advisor.orphans import kill_with_parent
 
-    with contextlib.suppress(OSError):
-        ctypes.CDLL("libc.so.6").prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    return kill_with_parent(signum=signal.SIGTERM)
 
 
 class ChildTrainer:
@@ -209,7 +206,7 @@ class ChildTrainer:
                 [sys.executable, "-m", "advisor", *options.train_args(spec.plan)],
                 stdout=subprocess.DEVNULL,
                 stderr=err,
-                preexec_fn=term_with_parent,
+                preexec_fn=term_with_parent(),
             )
             try:
                 while True:

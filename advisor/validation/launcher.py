@@ -10,7 +10,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from advisor.validation.orphans import kill_with_parent
+from advisor.orphans import kill_with_parent
 from advisor.validation.validator import SAFETY, STARTUP_S, over_budget
 from profilers.host_activity import HostMeter
 from profilers.metrics_record import MetricsRecord, TrainRecord

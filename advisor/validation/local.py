@@ -189,7 +189,7 @@ def measure_configs(
     ``parent``: the pid of the process that started the child, which it dies with (a
     SIGKILLed ``advisor run`` left it measuring on for 30-60 s); None: its parent now.
     """
-    from advisor.validation.orphans import exit_with_parent
+    from advisor.orphans import exit_with_parent
 
     exit_with_parent(parent)
     from advisor.workload import AdvisorWorkload

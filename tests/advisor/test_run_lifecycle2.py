@@ -307,7 +307,7 @@ def test_a_trial_child_whose_run_is_killed_stops_and_logs_to_its_file(
 LOCAL_PARENT = """\
 import os, sys, time
 import advisor.validation.local as local
-import advisor.validation.orphans as orphans
+import advisor.orphans as orphans
 import advisor.workload
 
 class Workload:
@@ -448,7 +448,7 @@ def test_a_failed_torchrun_validation_still_names_its_last_line(
 def test_validation_called_in_process_starts_no_watch() -> None:
     """measure_configs called in-process (a test, a benchmark): no parent to die with, and
     nothing of this process is killed."""
-    from advisor.validation.orphans import exit_with_parent
+    from advisor.orphans import exit_with_parent
 
     ended: list[bool] = []
     assert exit_with_parent(12345, end=lambda: ended.append(True)) is False

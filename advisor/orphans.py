@@ -1,4 +1,4 @@
-"""Validation children that end with the process that started them.
+"""Children that end with the process that started them (validation's, training's).
 
 A SIGKILLed ``advisor run`` (or ``advisor recommend``: the out-of-memory killer, a closed
 terminal, a scheduler) left its validation child measuring on for 30-60 s, holding the memory
@@ -51,17 +51,18 @@ def _parent_death_signal(signum: int, prctl: Callable[..., int] | None = None) -
     return prctl is not None and int(prctl(PR_SET_PDEATHSIG, signum)) == 0
 
 
-def kill_with_parent(parent: int | None = None) -> Callable[[], None]:
-    """A ``preexec_fn`` that makes the child die (SIGKILL) with this process (Linux; a no-op
-    elsewhere). Made in the parent, which names itself: a child whose parent died before the
-    request exits at once."""
+def kill_with_parent(parent: int | None = None, signum: int = signal.SIGKILL) -> Callable[[], None]:
+    """A ``preexec_fn`` that makes the child get ``signum`` when this process dies (Linux; a
+    no-op elsewhere): SIGKILL, or SIGTERM for a training child that saves a checkpoint first
+    (a tune trial, ``advisor run``'s training). Made in the parent, which names itself: a child
+    whose parent died before the request exits at once."""
     parent = os.getpid() if parent is None else parent
     prctl = _prctl()  # looked up in the parent: the child only calls it
 
     def preexec() -> None:  # pragma: no cover - runs in the child before exec
         if prctl is None:
             return
-        if _parent_death_signal(signal.SIGKILL, prctl) and os.getppid() != parent:
+        if _parent_death_signal(signum, prctl) and os.getppid() != parent:
             os._exit(1)  # the parent died before we asked
 
     return preexec
