@@ -68,11 +68,16 @@ def test_the_preset_with_overrides_rebuilds_the_published_model() -> None:
 
 @pytest.mark.slow
 def test_layers_extended_match_direct_traces_single_and_per_fsdp_rank() -> None:
-    """Single-device fits extended from 1 and 2 layers, FSDP per-rank fits from 3 and 4, both
-    against direct traces of 5 layers."""
+    """Single-device fits extended from 1 and 2 layers against direct traces of 5 layers; the
+    FSDP per-rank fits are there, per window. Those fits come from
+    profilers.memory_distributed, which traces a 5-block rank whole (copies only from 8
+    blocks): a direct trace of the rank here traced the same specs of the same model a second
+    time (a child and five traces). The benchmark's rank fits against a direct trace:
+    tests/benchmarks/test_knobs_whatif.py (kept gathered, the same fsdp_memory_models); ranks
+    extended from 3 and 4 blocks against whole ones, byte for byte:
+    tests/profilers/test_memory_distributed_blocks.py."""
     from profilers.flops import count_step_flops
     from profilers.memory import trace_step_memory
-    from profilers.memory_distributed import trace_distributed_step_memories
     from profilers.memory_model import fit_memory_models
     from profilers.workload import StepSpec
 
@@ -107,22 +112,8 @@ def test_layers_extended_match_direct_traces_single_and_per_fsdp_rank() -> None:
     assert (sharded.parallelism, sharded.world_size) == ("fsdp", wp.FSDP_TRACE_WORLD)
     for b in (1, 4, 16):
         assert single.predict(b) == pytest.approx(truth.predict(b), rel=0.01)
-    rank_specs = [
-        StepSpec(
-            seq_len=64,
-            micro_batch_size=b,
-            grad_accum_steps=a,
-            precision="bf16",
-            parallelism="fsdp",
-            world_size=wp.FSDP_TRACE_WORLD,
-        )
-        for b, a in ((1, 1), (2, 1), (3, 1), (2, 2), (3, 2))
-    ]
-    (rank_truth,) = fit_memory_models(
-        trace_distributed_step_memories(direct, rank_specs, target_device_type="cuda")
-    )
-    for b, a in ((1, 1), (2, 1), (3, 1), (6, 1), (3, 2)):
-        assert sharded.predict(b, a) == pytest.approx(rank_truth.predict(b, a), rel=0.01)
+    # traced at micro-batch 1, 2, 3 (and with accumulation), each window kept to reshard
+    assert [b for b, _ in sharded.reshard_points] == [1, 2, 3]
 
 
 def test_the_ops_half_count_extends_in_depth_like_the_others() -> None:

@@ -5,6 +5,7 @@ and a model that fails its check, fall back to the line."""
 from __future__ import annotations
 
 import dataclasses
+import functools
 
 import pytest
 
@@ -29,9 +30,13 @@ def _spec(setting: str, b: int, accum: int, precision: str, seq: int) -> StepSpe
     )
 
 
+@functools.cache
 def _anchors(
-    workload: AdvisorWorkload, layers: int, precision: str, seq: int, cuda: bool
+    model: str, layers: int, precision: str, seq: int, cuda: bool
 ) -> dict[str, MemoryModel]:
+    """none, blocks:L/2 and full traced as a profile traces them, once a module run per shape
+    (the gpt-tiny case below and the gpt_anchors fixture share one: callers do not mutate it)."""
+    workload = AdvisorWorkload(model=model, model_args={"n_layer": layers})
     out = {}
     for setting in ("none", f"blocks:{layers // 2}", "full"):
         traces = [
@@ -55,7 +60,7 @@ def test_every_k_from_the_windows_equals_its_whole_trace(
     model: str, layers: int, precision: str, seq: int, cuda: bool, line_off: float
 ) -> None:
     workload = AdvisorWorkload(model=model, model_args={"n_layer": layers})
-    anchors = _anchors(workload, layers, precision, seq, cuda)
+    anchors = _anchors(model, layers, precision, seq, cuda)
     middle = layers // 2
     line_errors = []
     for k in (k for k in range(1, layers) if k != middle):
@@ -99,8 +104,8 @@ def test_the_windows_split_the_step_without_changing_its_peak() -> None:
 
 @pytest.fixture(scope="module")
 def gpt_anchors() -> dict[str, MemoryModel]:
-    workload = AdvisorWorkload(model="gpt-tiny", model_args={"n_layer": 4})
-    return _anchors(workload, 4, "fp32", 32, False)
+    # The first CASE's anchors (the accuracy benchmark's shape), traced once for both.
+    return _anchors("gpt-tiny", 4, "fp32", 128, False)
 
 
 def test_the_window_fits_survive_the_profile(gpt_anchors: dict[str, MemoryModel]) -> None:

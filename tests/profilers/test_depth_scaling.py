@@ -15,6 +15,7 @@ from advisor.workload import AdvisorWorkload
 from profilers.flops import _count, count_step_flops
 from profilers.isolate import Isolation, run_isolated
 from profilers.memory_blocks import DepthScaling, depth_scaling, trace_scaled
+from profilers.memory_distributed import rank_depth_scaling
 from profilers.memory_records import BYTE_COUNT_FIELDS, MemoryTrace
 from profilers.memory_tracing import trace
 from profilers.workload import ModelFacts, StepSpec
@@ -154,7 +155,7 @@ def test_a_deepseek_shape_is_traced_from_copies_as_the_whole_model_traces(
 
 
 def _ranks_both_ways(workload: AdvisorWorkload) -> list[tuple[dict[str, Any], dict[str, Any]]]:
-    """Child (the fake process group is process-wide): FSDP ranks, profiled and whole."""
+    """In the child (the fake process group is process-wide): FSDP ranks, profiled and whole."""
     from profilers import memory_distributed as md
 
     out = []
@@ -175,10 +176,35 @@ def _ranks_both_ways(workload: AdvisorWorkload) -> list[tuple[dict[str, Any], di
     return out
 
 
-def _assert_ranks_traced_as_whole(workload: AdvisorWorkload, depths: tuple[int, int]) -> None:
-    outcome = run_isolated(Isolation(timeout_s=600, num_threads=1), _ranks_both_ways, workload)
+def _every_rank_both_ways(
+    workloads: dict[str, AdvisorWorkload],
+) -> dict[str, list[tuple[dict[str, Any], dict[str, Any]]]]:
+    """Child: :func:`_ranks_both_ways` of each workload, one after the other."""
+    return {name: _ranks_both_ways(workload) for name, workload in workloads.items()}
+
+
+@pytest.fixture(scope="module")
+def fsdp_ranks() -> dict[str, list[tuple[dict[str, Any], dict[str, Any]]]]:
+    """The FSDP ranks of both shapes below from ONE child: a child's start-up (torch,
+    transformers, the fake process group) cost about as much as a shape's traces. The budget
+    is the two children's it replaces."""
+    workloads = {
+        # a rank's copies: 3 dense + 3 and + 4 MoE blocks
+        "deepseek": deepseek(11, dense_first=3),
+        # period 2 (RoPE left out of every 2nd layer, the MoE ones): copies of 3 and 4 periods
+        "periodic": llama4(16, no_rope_layer_interval=2),
+    }
+    isolation = Isolation(timeout_s=1200, num_threads=1)
+    outcome = run_isolated(isolation, _every_rank_both_ways, workloads)
     assert outcome.ok, f"{outcome.reason}\n{outcome.traceback}"
-    for profiled_dict, whole_dict in outcome.value:
+    ranks: dict[str, list[tuple[dict[str, Any], dict[str, Any]]]] = outcome.value
+    return ranks
+
+
+def _assert_ranks_traced_as_whole(
+    ranks: list[tuple[dict[str, Any], dict[str, Any]]], depths: tuple[int, int]
+) -> None:
+    for profiled_dict, whole_dict in ranks:
         profiled, whole = MemoryTrace.from_dict(profiled_dict), MemoryTrace.from_dict(whole_dict)
         assert profiled.scaled_from_blocks == depths and whole.scaled_from_blocks is None
         for field in BYTE_COUNT_FIELDS:
@@ -190,9 +216,14 @@ def _assert_ranks_traced_as_whole(workload: AdvisorWorkload, depths: tuple[int, 
         assert at_64(profiled) == at_64(whole)
 
 
-def test_a_deepseek_shaped_fsdp_rank_is_traced_from_copies_as_whole() -> None:
-    # a rank's copies: 3 dense + 3 and + 4 MoE blocks
-    _assert_ranks_traced_as_whole(deepseek(11, dense_first=3), (6, 7))
+def test_a_deepseek_shaped_fsdp_rank_is_traced_from_copies_as_whole(
+    fsdp_ranks: dict[str, list[tuple[dict[str, Any], dict[str, Any]]]],
+) -> None:
+    # a rank's copies: 3 dense + 3 and + 4 MoE blocks (deepseek(11, dense_first=3))
+    assert rank_depth_scaling(deepseek(11, dense_first=3)) == DepthScaling(
+        layers=11, prefix=3, period=1, depths=(6, 7)
+    )
+    _assert_ranks_traced_as_whole(fsdp_ranks["deepseek"], (6, 7))
 
 
 def test_a_llama4_pattern_is_counted_and_traced_whole_periods_at_a_time() -> None:
@@ -213,7 +244,9 @@ def test_a_llama4_pattern_is_counted_and_traced_whole_periods_at_a_time() -> Non
     assert scaled.forward_backward_breakdown == whole.forward_backward_breakdown
 
 
-def test_a_periodic_fsdp_rank_is_traced_from_whole_periods_as_whole() -> None:
+def test_a_periodic_fsdp_rank_is_traced_from_whole_periods_as_whole(
+    fsdp_ranks: dict[str, list[tuple[dict[str, Any], dict[str, Any]]]],
+) -> None:
     """A rank's windows up to the second period's end and each of the last period's are their
     own (memory_distributed.trace_scaled); checked before by a script only. Llama 4 with RoPE
     left out of every 2nd layer, the MoE ones: period 2, copies of 3 and 4 periods."""
@@ -221,4 +254,4 @@ def test_a_periodic_fsdp_rank_is_traced_from_whole_periods_as_whole() -> None:
     assert depth_scaling(workload, (3, 4), min_layers=8) == DepthScaling(
         layers=16, prefix=0, period=2, depths=(6, 8)
     )
-    _assert_ranks_traced_as_whole(workload, (6, 8))
+    _assert_ranks_traced_as_whole(fsdp_ranks["periodic"], (6, 8))

@@ -68,6 +68,19 @@ def _trace(parallelism: str, world_size: int, b: int, accum: int = 1) -> MemoryT
     return _cpu_traces()[_spec(parallelism, world_size, b, accum)]
 
 
+# The CUDA target's traces, from one child too: fp16 beside bf16, and fp32 against the CPU's.
+_CUDA_SPECS = (
+    *(dataclasses.replace(_spec("fsdp", 2, 2, accum=2), precision=p) for p in ("bf16", "fp16")),
+    _spec("fsdp", 2, 4),
+)
+
+
+@functools.cache
+def _cuda_traces() -> dict[StepSpec, MemoryTrace]:
+    traces = trace_distributed_step_memories(WORKLOAD, _CUDA_SPECS, target_device_type="cuda")
+    return {t.spec: t for t in traces}
+
+
 @functools.cache
 def _single(b: int) -> MemoryTrace:
     return trace_single(WORKLOAD, _spec("single", 1, b))
@@ -172,10 +185,7 @@ def test_an_fp16_fsdp_rank_is_traced_like_a_bf16_one_with_a_loss_scaler_beside_i
     # reading found_inf.item(), which a fake tensor cannot answer: every fp16 FSDP rank trace
     # failed, and no fp16 FSDP candidate could be priced. Same step in bf16 and fp16: the
     # same bytes but the scaler's few scalars (a CUDA block each).
-    specs = [
-        dataclasses.replace(_spec("fsdp", 2, 2, accum=2), precision=p) for p in ("bf16", "fp16")
-    ]
-    bf16, fp16 = trace_distributed_step_memories(WORKLOAD, specs, target_device_type="cuda")
+    bf16, fp16 = (_cuda_traces()[spec] for spec in _CUDA_SPECS[:2])
     assert bf16.parameter_bytes == fp16.parameter_bytes
     assert bf16.gradient_bytes == fp16.gradient_bytes
     for name in ("forward_backward_peak_bytes", "optimizer_step_peak_bytes"):
@@ -185,7 +195,7 @@ def test_an_fp16_fsdp_rank_is_traced_like_a_bf16_one_with_a_loss_scaler_beside_i
 
 def test_cuda_target_rounds_every_storage_to_512_byte_blocks() -> None:
     cpu = _trace("fsdp", 2, 4)
-    cuda = trace_distributed_step_memory(WORKLOAD, cpu.spec, target_device_type="cuda")
+    cuda = _cuda_traces()[cpu.spec]
     assert cuda.target_device_type == "cuda"
     for name in ("parameter_bytes", "gradient_bytes", "optimizer_state_bytes", "peak_bytes"):
         assert getattr(cuda, name) % CUDA_BLOCK == 0, name
