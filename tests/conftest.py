@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from collections.abc import Iterator
 
 import pytest
 
@@ -29,3 +30,18 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             f"test ids made of bytes may differ between xdist workers: {named_by_bytes[0]}: "
             "give its parametrize ids=[...]"
         )
+
+
+@pytest.fixture(scope="module")
+def one_torch_thread() -> Iterator[None]:
+    """A module's in-process training on one intra-op thread (restored after it). The tiny
+    models' matmuls on two threads of a loaded two-core host (CI's two xdist workers and their
+    child processes) waited on each other: a step 20-50 times slower. Use it where the results
+    compared are each computed in one process (this one or a child, each its own thread
+    count): ``pytestmark = pytest.mark.usefixtures("one_torch_thread")``."""
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)

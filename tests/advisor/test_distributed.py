@@ -17,7 +17,10 @@ import pytest
 if TYPE_CHECKING:
     from strategies.config import TrainConfig
 
-pytestmark = pytest.mark.skipif((os.cpu_count() or 1) < 2, reason="world size 2 needs two cores")
+pytestmark = [
+    pytest.mark.skipif((os.cpu_count() or 1) < 2, reason="world size 2 needs two cores"),
+    pytest.mark.usefixtures("one_torch_thread"),  # tests/conftest.py
+]
 
 BASE = [
     "--model",
@@ -63,19 +66,21 @@ def losses(out: Path) -> list[float]:
 
 @pytest.fixture(scope="module")
 def single(tmp_path_factory: pytest.TempPathFactory) -> list[float]:
+    """BASE's run in one process, in this one (the trainer ``advisor train`` runs): no launch."""
+    from advisor.trainer.loop import RunOptions, train
+    from strategies.config import TrainConfig
+
     out = tmp_path_factory.mktemp("single") / "run"
-    run_ok(
-        "train",
-        *BASE,
-        "--micro-batch-size",
-        "2",
-        "--grad-accum-steps",
-        "2",
-        "--steps",
-        str(STEPS),
-        "--out",
-        str(out),
+    config = TrainConfig(
+        model="gpt-tiny",
+        model_args={"n_layer": 2, "n_embd": 32},
+        seq_len=32,
+        global_batch_size=4,
+        micro_batch_size=2,
+        grad_accum_steps=2,
+        warmup_steps=2,
     )
+    train(config, RunOptions(out=out, steps=STEPS, eval_batches=1, progress=False))
     return losses(out)
 
 

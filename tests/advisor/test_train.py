@@ -16,6 +16,8 @@ from advisor.errors import TrainingDiverged, UsageProblem
 from advisor.trainer.loop import RunOptions, train
 from strategies.config import TrainConfig
 
+pytestmark = pytest.mark.usefixtures("one_torch_thread")  # tests/conftest.py
+
 # A tiny GPT that sleeps in forward: signals must land in the middle of the run whatever the
 # host's speed (a quiet machine trains the plain tiny model to the end in under a second).
 SLOW = str(Path(__file__).parent.parent / "data" / "slow_model.py") + ":factory"
@@ -36,6 +38,10 @@ TINY = [
     "2",
     "--quiet",
 ]
+# Steps of the signal tests' runs: a checkpoint at 4, then 4 more steps of 2 sleeping forwards and
+# an eval each (>= 0.5 s) for a kill or a SIGTERM to land in; the resumed run continues through
+# the warm-up's end and the decay. 24 steps checked nothing more and cost ~3 times as long.
+STEPS = "8"
 TINY_CONFIG = TrainConfig(
     model="gpt-tiny",
     model_args={"n_layer": 1, "n_embd": 32},
@@ -82,26 +88,26 @@ def wait_for(path: Path, proc: subprocess.Popen[str], timeout: float = 240) -> N
 @pytest.fixture(scope="module")
 def reference(tmp_path_factory: pytest.TempPathFactory) -> list[tuple[int, float]]:
     out = tmp_path_factory.mktemp("ref") / "run"
-    run_ok("train", *TINY, "--steps", "24", "--checkpoint-every", "4", "--out", str(out))
+    run_ok("train", *TINY, "--steps", STEPS, "--checkpoint-every", "4", "--out", str(out))
     return losses(out)
 
 
 def test_sigkill_then_resume_reproduces_losses_bitwise(tmp_path: Path, reference: list) -> None:
     out = tmp_path / "run"
-    args = ["train", *TINY, "--steps", "24", "--checkpoint-every", "4", "--out", str(out)]
+    args = ["train", *TINY, "--steps", STEPS, "--checkpoint-every", "4", "--out", str(out)]
     proc = advisor(*args)
-    wait_for(out / "checkpoints" / "step_00000008", proc)
+    wait_for(out / "checkpoints" / "step_00000004", proc)
     proc.send_signal(signal.SIGKILL)
     proc.wait(timeout=30)
     assert proc.returncode == -signal.SIGKILL
-    assert len(losses(out)) < 24  # it really was cut short
+    assert len(losses(out)) < int(STEPS)  # it really was cut short
     run_ok(*args, "--resume")
     assert losses(out) == reference  # same steps, same float losses: bit for bit
 
 
 def test_sigterm_saves_a_checkpoint_and_exits_cleanly(tmp_path: Path, reference: list) -> None:
     out = tmp_path / "run"
-    args = ["train", *TINY, "--steps", "24", "--checkpoint-every", "100", "--out", str(out)]
+    args = ["train", *TINY, "--steps", STEPS, "--checkpoint-every", "100", "--out", str(out)]
     proc = advisor(*args)
     wait_for(out / "metrics.jsonl", proc)
     proc.send_signal(signal.SIGTERM)

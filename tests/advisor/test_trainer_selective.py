@@ -13,6 +13,8 @@ from advisor.trainer.step import AdvisorStep
 from advisor.workload import AdvisorWorkload
 from profilers.workload import StepSpec
 
+pytestmark = pytest.mark.usefixtures("one_torch_thread")  # tests/conftest.py
+
 GPT4 = AdvisorWorkload("gpt-tiny", {"n_layer": 4, "n_embd": 32, "n_head": 2, "block_size": 32})
 LLAMA4 = AdvisorWorkload("llama-tiny", {"n_layer": 4})
 SETTINGS = ("none", "full", "ops", "ops-half", "blocks:1", "blocks:2", "blocks:3")

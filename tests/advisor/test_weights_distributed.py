@@ -27,8 +27,9 @@ from tests.advisor.test_weights import (
 
 transformers = pytest.importorskip("transformers")
 pytestmark = [
+    pytest.mark.usefixtures("one_torch_thread"),  # tests/conftest.py
     pytest.mark.skipif((os.cpu_count() or 1) < 2, reason="world size 2 needs two cores"),
-    pytest.mark.slow,  # 30-45 s each on two shared cores: two or three torchrun jobs per test
+    pytest.mark.slow,  # 20-40 s each on two shared cores: a torchrun job per test
 ]
 
 DATA = Path(__file__).resolve().parents[1] / "data"
@@ -45,6 +46,23 @@ def advisor_train(*args: str) -> None:
         env={**os.environ, "PYTHONUNBUFFERED": "1"},
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
+
+
+def train_here(out: Path, model: str, micro: int, steps: int, init_from: str | None = None) -> None:
+    """One process's run of COMMON's settings in this process (``advisor.train``'s trainer, as
+    the command runs it): the references need no launch of their own (~7-15 s each)."""
+    from advisor.trainer.loop import RunOptions, train
+    from strategies.config import TrainConfig
+
+    config = TrainConfig(
+        model=model,
+        data="synthetic",
+        seq_len=SEQ_LEN,
+        global_batch_size=BATCH,
+        micro_batch_size=micro,
+        init_from=init_from,
+    )
+    train(config, RunOptions(out=out, steps=steps, eval_batches=1, eval_every=0, progress=False))
 
 
 def losses(out: Path) -> list[float]:
@@ -83,16 +101,14 @@ def test_every_rank_starts_from_the_weights(
     saved.load_state_dict(trained, strict=False)
     expected = loss_of(saved, first_batch(saved.config.vocab_size))
     single = tmp_path / "single"
-    advisor_train(
-        *("--model", f"hf:{hf_dir}", "--init-from", str(out), "--micro-batch-size", "4"),
-        *("--steps", "1", "--out", str(single)),
-    )
+    train_here(single, f"hf:{hf_dir}", micro=4, steps=1, init_from=str(out))
     assert first_step_loss(single) == pytest.approx(expected, abs=1e-5)
 
 
 def test_fsdp_trains_a_sequential_model_like_one_process(tmp_path: Path) -> None:
-    model = ["--model", f"{DATA / 'sequential_model.py'}:factory", "--steps", "3"]
-    advisor_train(*model, "--micro-batch-size", "4", "--out", str(tmp_path / "single"))
+    factory = f"{DATA / 'sequential_model.py'}:factory"
+    model = ["--model", factory, "--steps", "3"]
+    train_here(tmp_path / "single", factory, micro=4, steps=3)
     advisor_train(
         *model,
         *("--parallelism", "fsdp", "--world-size", "2", "--micro-batch-size", "2"),
