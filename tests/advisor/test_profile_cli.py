@@ -12,6 +12,7 @@ import json
 import re
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -90,18 +91,30 @@ MODELS = {
 
 
 # The one profile that also measures collectives (world size 2, gloo): the smallest model, so
-# the phases before the communication probe leave it its share on a loaded host.
+# the phases before the communication probe leave it its share on a loaded host. It is also the
+# one traced for a CUDA GPU (--trace-for cuda: the traces' target only, no probe more), which
+# test_a_cpu_profile_can_trace_for_a_cuda_gpu reads instead of profiling once more.
 WITH_COMM = "user-factory"
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("case", MODELS)
-def test_every_kind_of_model_spec_gets_a_complete_profile(tmp_path: Path, case: str) -> None:
+@pytest.fixture(scope="module")
+def profiles(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], tuple[Path, str]]:
+    """Each case's profile (its directory and stdout), run once for the module."""
+    done: dict[str, tuple[Path, str]] = {}
+
+    def profile(case: str) -> tuple[Path, str]:
+        if case not in done:
+            out = tmp_path_factory.mktemp("profiles") / case
+            done[case] = (out, advisor_profile(out, *profile_args(case)))
+        return done[case]
+
+    return profile
+
+
+def profile_args(case: str) -> tuple[str, ...]:
     spec, *model_args = MODELS[case]
-    out = tmp_path / case
     comm = case == WITH_COMM
-    stdout = advisor_profile(
-        out,
+    return (
         "--model",
         spec,
         *model_args,
@@ -125,8 +138,18 @@ def test_every_kind_of_model_spec_gets_a_complete_profile(tmp_path: Path, case: 
         # the core's two timing children are ~15 s fewer: 85 s and 70 s, less 15 s, leave the
         # phases after the core the seconds they had (5 s kept as a margin for CI's load).
         "75" if comm else "65",
-        *(() if comm else ("--no-comm",)),
+        *(("--trace-for", "cuda") if comm else ("--no-comm",)),
     )
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("case", MODELS)
+def test_every_kind_of_model_spec_gets_a_complete_profile(
+    profiles: Callable[[str], tuple[Path, str]], case: str
+) -> None:
+    spec = MODELS[case][0]
+    comm = case == WITH_COMM
+    out, stdout = profiles(case)
     profile = assert_complete(out, stdout, name=spec, seq_len=32)
     assert profile.workload["model"] == spec and profile.workload["data"] == "stdlib"
     if case == "bert-tiny":
@@ -152,21 +175,19 @@ def test_every_kind_of_model_spec_gets_a_complete_profile(tmp_path: Path, case: 
 
 
 @pytest.mark.slow
-def test_a_cpu_profile_can_trace_for_a_cuda_gpu(tmp_path: Path) -> None:
+def test_a_cpu_profile_can_trace_for_a_cuda_gpu(
+    profiles: Callable[[str], tuple[Path, str]],
+) -> None:
     """--trace-for cuda on a CPU: every memory fit is a CUDA target's (512-byte blocks, CUDA
-    autocast's fp32 softmax), the what-if says so, and the CPU still gets a plan from it.
+    autocast's fp32 softmax), the what-if says so, and the CPU still gets a plan from it (the
+    user-factory profile above, traced for CUDA: a profile of its own cost its whole budget).
     A hand-written attention's softmax(scores) keeps fp32 probabilities on a GPU: the bf16
     trace for CUDA holds more than the CPU's (CPU autocast keeps them in bf16)."""
     from strategies.cost import cost_model_from_profile
     from strategies.space import SearchRequest
     from strategies.whatif import whatif_cost_model
 
-    model: tuple[str, ...] = ("--model", "benchmarks/models/eager_gpt.py:eager_gpt")
-    model += ("--model-arg", "n_layer=2", "--model-arg", "n_embd=64", "--model-arg", "n_head=4")
-    model += ("--model-arg", "vocab_size=256", "--model-arg", "block_size=128")
-    common = (*model, "--precision", "bf16", "--seq-len", "128", "--budget-s", "45", "--no-comm")
-    advisor_profile(tmp_path / "cuda", *common, "--trace-for", "cuda")
-    cuda = load_profile(tmp_path / "cuda")
+    cuda = load_profile(profiles(WITH_COMM)[0])
     assert cuda.fits.memory and {m.target_device_type for m in cuda.fits.memory} == {"cuda"}
     for_gpu, _ = whatif_cost_model(cuda, SearchRequest(global_batch_size=8, target="h100-80gb"))
     assert any("traced for a CUDA target" in a for a in for_gpu.assumptions)
@@ -178,7 +199,7 @@ def test_a_cpu_profile_can_trace_for_a_cuda_gpu(tmp_path: Path) -> None:
     from profilers.workload import StepSpec
 
     args = {"n_layer": 2, "n_embd": 64, "n_head": 4, "vocab_size": 256, "block_size": 128}
-    workload = AdvisorWorkload(model[1], args)
+    workload = AdvisorWorkload("benchmarks/models/eager_gpt.py:eager_gpt", args)
     spec = StepSpec(seq_len=128, micro_batch_size=4, precision="bf16")
     on_cpu = trace_step_memory(workload, spec).peak_bytes
     on_gpu = trace_step_memory(workload, spec, target_device_type="cuda").peak_bytes

@@ -116,14 +116,27 @@ def test_a_resume_that_would_not_train_the_same_plan_is_refused_before_any_work(
 
 
 def test_a_resume_says_which_profile_settings_it_does_not_apply(
-    run_dir: Path, tmp_path: Path
+    run_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """--resume --budget-s 60 reused the 30 s profile without a word."""
+    import advisor.run
+    from advisor.errors import UsageProblem
+
+    def stop(*args: object, **kwargs: object) -> None:
+        raise UsageProblem("stop here")
+
+    # The profile stage's detail is all this test reads: the resume stops at the train stage
+    # (reached: the other budget neither refused the resume nor planned again). That a resume
+    # then trains and reports: test_resume_skips_what_is_done.
+    monkeypatch.setattr(advisor.run, "_train_stage", stop)
     copy = tmp_path / "run"
     shutil.copytree(run_dir, copy)
     result = invoke("run", *REAL_RUN_ARGS, "--budget-s", "60", "--out", str(copy), "--resume")
-    assert result.exit_code == 0, result.output
-    profile = json.loads((copy / "run.json").read_text())["stages"]["profile"]
+    assert result.exit_code == 2 and result.stderr.endswith("error: stop here\n"), result.output
+    stages = json.loads((copy / "run.json").read_text())["stages"]
+    assert stages["recommend"] == {**stages["recommend"], "status": "skipped"}
+    assert stages["train"]["status"] == "failed" and stages["train"]["detail"] == "stop here"
+    profile = stages["profile"]
     assert profile["status"] == "skipped"
     assert profile["detail"] == (
         f"reusing {copy / 'profile.json'} (profiled with --budget-s 30, not 60: a resume "
