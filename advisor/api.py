@@ -813,9 +813,9 @@ def train(
         config["model"] = model_spec(config["model"])
     if config.get("model_args") is not None:
         config["model_args"] = _model_and_args(DEFAULT_MODEL, config["model_args"])[1]
+    say = _progress("train", progress)  # a callback of the wrong shape: refused here
     if callable(progress):  # a ddp/fsdp run calls it from two threads (steps, rank notes)
-        progress = _one_call_at_a_time(progress)
-    say = _progress("train", progress)
+        progress = say = _one_call_at_a_time(progress)
     source = _plan_source(plan)
     base = source.config if isinstance(source, Plan) else source
     with _in_api_terms():

@@ -230,6 +230,13 @@ def _wait_for(path: Path) -> None:
         time.sleep(0.05)
 
 
+def _default_sigint() -> None:
+    """In the child before exec: SIGINT as a terminal's process gets it. A process that starts
+    with SIGINT ignored keeps ignoring it (Python installs its handler only over SIG_DFL), and
+    a test worker's SIGINT may be ignored (CI, 2026-12-07: the child slept through its Ctrl-C)."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def test_a_real_ctrl_c_is_one_line_on_a_pipe(tmp_path: Path) -> None:
     started = tmp_path / "started"
     child = subprocess.Popen(
@@ -238,6 +245,7 @@ def test_a_real_ctrl_c_is_one_line_on_a_pipe(tmp_path: Path) -> None:
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
+        preexec_fn=_default_sigint,
     )
     try:
         _wait_for(started)
@@ -258,6 +266,7 @@ def test_a_ctrl_c_typed_at_a_terminal_gets_its_line_after_the_echoed_caret_c(
     started = tmp_path / "started"
     pid, fd = pty.fork()
     if pid == 0:  # the child: the command, on the terminal
+        _default_sigint()
         os.chdir(ROOT)
         os.execv(sys.executable, [sys.executable, "-c", _WAITING, str(started), str(tmp_path)])
     try:
