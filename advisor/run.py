@@ -274,11 +274,6 @@ def _read_json(path: Path) -> dict[str, Any] | None:
     return data if isinstance(data, dict) else None
 
 
-# What a throughput probe skipped on a device too small for the model says (profilers.
-# phases_core): profiling again there cannot price a step; recommend's error names --target.
-_UNFIT_DEVICE = "predicted not to fit the device"
-
-
 def profile_again(out: Path) -> str | None:
     """Why ``--resume`` profiles RUN/profile.json again although it may have measured this
     workload (None: nothing against reusing it): Ctrl-C cut it short, or it priced no step.
@@ -289,6 +284,7 @@ def profile_again(out: Path) -> str | None:
     this profile"), and until 2026-12-08 every resume reused that profile and failed the same
     way. A profile that timed nothing because the model does not fit this device is reused:
     another profile here would not fit it either (recommend's error names --target)."""
+    from profilers.memory_records import PREDICTED_NOT_TO_FIT
     from profilers.profile_record import INTERRUPTED
 
     data = _read_json(RunDir(out).profile)
@@ -306,10 +302,10 @@ def profile_again(out: Path) -> str | None:
     failed = [r for r in timing if r.get("status") != "ok"]
     # a timeout or a failure before a skip: what a busy host did to the baseline's timing
     failed.sort(key=lambda r: r.get("status") == "skipped")
-    if failed and all(str(r.get("reason", "")).startswith(_UNFIT_DEVICE) for r in failed):
+    if failed and all(str(r.get("reason", "")).startswith(PREDICTED_NOT_TO_FIT) for r in failed):
         return None  # every group it could not time does not fit: another profile cannot
     # (a group skipped as unfit beside others skipped for the budget: those may fit, again)
-    failed = [r for r in failed if not str(r.get("reason", "")).startswith(_UNFIT_DEVICE)]
+    failed = [r for r in failed if not str(r.get("reason", "")).startswith(PREDICTED_NOT_TO_FIT)]
     if not failed:
         return "it has no step-time fit: no candidate can be priced from it"
     row = failed[0]
