@@ -33,6 +33,7 @@ from advisor.trainer.options import (
     RunOptions,
     run_steps,
 )
+from profilers import rundir
 from profilers.defaults import DEFAULT_MEMORY_BUDGET, DEFAULT_PROFILE_BUDGET_S
 from profilers.rundir import RunDir, write_atomically
 from strategies.budgets import DEFAULT_VALIDATE_ROUNDS, DEFAULT_VALIDATE_TOP_K
@@ -634,10 +635,6 @@ def _as_terminated(exc: KeyboardInterrupt) -> None:
             exc.signum = signal.SIGTERM  # type: ignore[attr-defined]
 
 
-# The training child's stderr, kept beside its files (appended by each resume).
-CHILD_LOG = "train.log"
-
-
 def _run_advisor(args: list[str]) -> tuple[int, str]:
     """Run ``python -m advisor ARGS``; stream its stderr through; return (exit code, last line).
 
@@ -651,10 +648,10 @@ def _run_advisor(args: list[str]) -> tuple[int, str]:
 
     with contextlib.ExitStack() as stack:
         if "--out" in args:
-            log = Path(args[args.index("--out") + 1]) / CHILD_LOG
+            log = Path(args[args.index("--out") + 1]) / rundir.TRAIN_LOG
             log.parent.mkdir(parents=True, exist_ok=True)
         else:
-            log = Path(stack.enter_context(tempfile.TemporaryDirectory())) / CHILD_LOG
+            log = Path(stack.enter_context(tempfile.TemporaryDirectory())) / rundir.TRAIN_LOG
         sink = stack.enter_context(open(log, "a", encoding="utf-8"))
         source = stack.enter_context(open(log, encoding="utf-8", errors="replace"))
         source.seek(0, 2)  # this child's lines only

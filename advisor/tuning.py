@@ -176,8 +176,8 @@ class TrialRunner(Protocol):
 
 def term_with_parent() -> Callable[[], None]:
     """A ``preexec_fn`` (Linux): the child (a trial, ``advisor run``'s training) gets SIGTERM
-    (and saves, then exits) when the process that started it dies (advisor.orphans)."""
-    from advisor.orphans import kill_with_parent
+    (and saves, then exits) when the process that started it dies (profilers.orphans)."""
+    from profilers.orphans import kill_with_parent
 
     return kill_with_parent(signum=signal.SIGTERM)
 

@@ -45,6 +45,7 @@ from dataclasses import dataclass, field
 from multiprocessing.connection import Connection, wait
 from typing import TYPE_CHECKING, Any
 
+from profilers import orphans
 from profilers.stopping import stopped
 
 if TYPE_CHECKING:
@@ -204,6 +205,7 @@ def run_isolated(
             dict(isolation.env),
             isolation.memory_limit_bytes,
             isolation.num_threads,
+            os.getpid(),
         ),
         name="advisor-probe",
         daemon=False,  # a daemonic child may not start workers (DataLoader, the input probe)
@@ -399,10 +401,15 @@ def _child_main(
     env: dict[str, str],
     memory_limit_bytes: int | None,
     num_threads: int | None,
+    parent: int,
 ) -> None:
-    """Runs in the child: set up, unpickle, call, send one message, exit without teardown."""
+    """Runs in the child: set up, unpickle, call, send one message, exit without teardown.
+    ``parent``: the pid of the process that started it, which it dies with (profilers.orphans:
+    a SIGKILLed 'advisor profile' or 'advisor run' left its probe or validation child running
+    on in its own process group, up to the probe's timeout)."""
     if hasattr(os, "setpgid"):
         os.setpgid(0, 0)  # before anything can start workers: they join this group
+    orphans.exit_with_parent(parent)  # kills the group: the workers it starts too
     # Out of the terminal's process group now: Ctrl-C reaches the parent only, which decides
     # what becomes of this child. Until here it was blocked (_start).
     if hasattr(signal, "pthread_sigmask"):

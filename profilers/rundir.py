@@ -60,6 +60,10 @@ LAUNCH_CONFIG = "launch_config.json"
 CHECKPOINTS = "checkpoints"
 LATEST_CHECKPOINT = "latest"
 CHECKPOINT_PREFIX = "step_"
+# The stderr of the training child 'advisor run' starts (appended by each resume), and the
+# ranks' stdout of a ddp/fsdp run that the Python API launched (a library call prints nothing).
+TRAIN_LOG = "train.log"
+RANKS_STDOUT = "stdout.log"
 CHECKPOINT_NAME = re.compile(rf"^{CHECKPOINT_PREFIX}(\d{{8}})$")
 
 

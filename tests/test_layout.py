@@ -196,6 +196,8 @@ RUN_FILE_NAMES = (
     rundir.LAUNCH_CONFIG,
     rundir.CHECKPOINTS,
     rundir.LATEST_CHECKPOINT,
+    rundir.TRAIN_LOG,
+    rundir.RANKS_STDOUT,
 )
 CHECKPOINT_LITERAL = re.compile(rf"^\.?{rundir.CHECKPOINT_PREFIX}(\d|$)")
 

@@ -28,13 +28,13 @@ from advisor.launch import LaunchSpec, launched_rank, under_torchrun
 from advisor.training import default_out as default_out
 from advisor.training import needs_launch, resolve_train_config, whatif_plan
 from advisor.training import train as run_training
+from profilers import rundir
 
 # Set by advisor.train (the Python API) for the ranks it launches: the file where rank 0
 # appends its notes and its result as JSON lines, which the caller reads to report as a
 # single-process run does (through its on_note, and its return value). Its ranks' stdout then
-# goes to RANKS_STDOUT in the run directory: a library call prints nothing of its own.
+# goes to rundir.RANKS_STDOUT in the run directory: a library call prints nothing of its own.
 API_REPORT_ENV = "ADVISOR_API_REPORT"
-RANKS_STDOUT = "stdout.log"
 
 
 def _api_report() -> Path | None:
@@ -113,7 +113,7 @@ def train(**params: Any) -> None:
     options = run_options(params, out or default_out("train"), resume=params["resume"])
     report = _api_report()
     if report is not None:
-        _stdout_to(options.out / RANKS_STDOUT)
+        _stdout_to(options.out / rundir.RANKS_STDOUT)
         options = dataclasses.replace(options, on_note=lambda text: _report(report, {"note": text}))
     spec = None
     if needs_launch(config):

@@ -10,10 +10,10 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from advisor.orphans import kill_with_parent
 from advisor.validation.validator import SAFETY, STARTUP_S, over_budget
 from profilers.host_activity import HostMeter
 from profilers.metrics_record import MetricsRecord, TrainRecord
+from profilers.orphans import kill_with_parent
 from strategies.config import TrainConfig
 from strategies.cost import Prediction
 from strategies.plan import Measurement

@@ -13,7 +13,6 @@ own so one crash (an OOM the model did not predict) doesn't cost the others thei
 from __future__ import annotations
 
 import math
-import os
 import statistics
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -90,7 +89,6 @@ class LocalValidator:
             warmup=self.warmup,
             rounds=self.rounds,
             interleave=together,
-            parent=os.getpid(),  # the child dies with this process (orphans.exit_with_parent)
         )
         if outcome.ok:
             return [
@@ -180,18 +178,14 @@ def measure_configs(
     warmup: int,
     rounds: int,
     interleave: bool,
-    parent: int | None = None,
 ) -> list[dict[str, Any]]:
     """Runs in the isolated child: each spec's real peak memory, then its timed steps.
 
     Returns one plain dict per spec (status, reason, memory, samples, and the share of the
     host others took while the steps were timed). A spec whose memory pass fails is not timed.
-    ``parent``: the pid of the process that started the child, which it dies with (a
-    SIGKILLed ``advisor run`` left it measuring on for 30-60 s); None: its parent now.
+    The child dies with the process that started it (profilers.isolate: a SIGKILLed ``advisor
+    run`` left it measuring on for 30-60 s).
     """
-    from advisor.orphans import exit_with_parent
-
-    exit_with_parent(parent)
     from advisor.workload import AdvisorWorkload
 
     # AdvisorWorkload satisfies the probes' Workload protocol (AdvisorStep is a TrainStep);

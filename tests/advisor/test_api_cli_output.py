@@ -23,8 +23,9 @@ from click.testing import CliRunner, Result
 
 import advisor
 from advisor.cli import main
-from advisor.cli.train import API_REPORT_ENV, RANKS_STDOUT
+from advisor.cli.train import API_REPORT_ENV
 from advisor.errors import AdvisorNote
+from profilers.rundir import RANKS_STDOUT
 from strategies.config import TrainConfig
 from tests.advisor.test_api import TINY  # one gpt-tiny block: the smallest real training run
 from tests.reports.runs import write_training

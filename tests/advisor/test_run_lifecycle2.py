@@ -300,14 +300,14 @@ def test_a_trial_child_whose_run_is_killed_stops_and_logs_to_its_file(
     )
 
 
-# -- 3. validation children ----------------------------------------------------------------------
+# -- 3. validation and probe children ----------------------------------------------------------
 
 # Imported again by the spawned validation child (multiprocessing's spawn runs the main script's
 # top level in it): the patches hold there, and its memory pass only says it runs, then sleeps.
 LOCAL_PARENT = """\
 import os, sys, time
 import advisor.validation.local as local
-import advisor.orphans as orphans
+import profilers.orphans as orphans
 import advisor.workload
 
 class Workload:
@@ -363,6 +363,57 @@ def test_a_validation_child_dies_with_its_killed_run(
         parent.send_signal(signal.SIGKILL)
         parent.wait()
         assert _gone_soon(pid), "the validation child outlived its killed run"
+    finally:
+        parent.kill()
+
+
+# The stand-in for 'advisor profile': a probe child (profilers.isolate) that says it runs, then
+# sleeps past the test. Patched as LOCAL_PARENT's are (spawn imports this script in the child).
+PROBE_PARENT = """\
+import os, time
+import profilers.orphans as orphans
+from profilers.isolate import Isolation, run_isolated
+
+def probe(ready):
+    with open(ready + ".tmp", "w") as f:
+        f.write(str(os.getpid()))
+    os.replace(ready + ".tmp", ready)
+    time.sleep(60)
+
+if os.environ["LIFECYCLE_PDEATHSIG"] == "0":
+    orphans._parent_death_signal = lambda *args: False
+else:
+    watch = orphans.exit_with_parent
+    orphans.exit_with_parent = lambda parent=None: watch(parent, end=lambda: None)
+
+if __name__ == "__main__":
+    run_isolated(Isolation(timeout_s=120), probe, os.environ["LIFECYCLE_READY"])
+"""
+
+
+@pytest.mark.parametrize("pdeathsig", [True, False], ids=["prctl", "watch-only"])
+def test_a_probe_child_dies_with_its_killed_profile(
+    tmp_path: Path, started: list[int], pdeathsig: bool
+) -> None:
+    """SIGKILL of 'advisor profile' (or of 'advisor run' while it profiles): its probe child,
+    in a process group of its own, timed on up to the probe's timeout, holding the cores (a
+    GPU's memory) the next run was to use. Every isolated child now watches its parent."""
+    if pdeathsig and not sys.platform.startswith("linux"):
+        pytest.skip("PR_SET_PDEATHSIG is Linux's")
+    script = tmp_path / "profile.py"
+    script.write_text(PROBE_PARENT)
+    ready = tmp_path / "child.pid"
+    parent = _parent(
+        str(script), LIFECYCLE_READY=str(ready), LIFECYCLE_PDEATHSIG="1" if pdeathsig else "0"
+    )
+    try:
+        _wait_for(ready, parent, 30.0)
+        pid = int(ready.read_text())
+        started.append(pid)
+        assert not _gone(pid)
+        parent.send_signal(signal.SIGKILL)
+        parent.wait()
+        assert _gone_soon(pid), f"the probe child outlived its killed profile: {_state(pid)}"
     finally:
         parent.kill()
 
@@ -448,7 +499,7 @@ def test_a_failed_torchrun_validation_still_names_its_last_line(
 def test_validation_called_in_process_starts_no_watch() -> None:
     """measure_configs called in-process (a test, a benchmark): no parent to die with, and
     nothing of this process is killed."""
-    from advisor.orphans import exit_with_parent
+    from profilers.orphans import exit_with_parent
 
     ended: list[bool] = []
     assert exit_with_parent(12345, end=lambda: ended.append(True)) is False

@@ -1,14 +1,16 @@
-"""Children that end with the process that started them (validation's, training's).
+"""Children that end with the process that started them (probes', validation's, training's).
 
 A SIGKILLed ``advisor run`` (or ``advisor recommend``: the out-of-memory killer, a closed
 terminal, a scheduler) left its validation child measuring on for 30-60 s, holding the memory
-and the cores the next run was to use: the isolated child (:mod:`.local`) is in a process group
-of its own, so nothing told it. Two ways, both here:
+and the cores the next run was to use, and a SIGKILLed ``advisor profile`` its probe child
+timing on up to the probe's timeout: every isolated child (:mod:`profilers.isolate`) is in a
+process group of its own, so nothing told it. Two ways, both here:
 
-* :func:`exit_with_parent`: in a child already running Python (the isolated child), a daemon
-  thread waits for the parent's end (multiprocessing's parent sentinel, a pipe that reads EOF
-  when the parent dies, whatever kills it; else ``os.getppid()`` changing, polled) and then
-  kills the child's process group: itself and the workers it started. Linux and macOS alike.
+* :func:`exit_with_parent`: in a child already running Python (every isolated child calls it
+  first), a daemon thread waits for the parent's end (multiprocessing's parent sentinel, a
+  pipe that reads EOF when the parent dies, whatever kills it; else ``os.getppid()`` changing,
+  polled) and then kills the child's process group: itself and the workers it started. Linux
+  and macOS alike.
   On Linux ``PR_SET_PDEATHSIG`` (SIGKILL) also ends the child itself at once, even while a
   long native call holds the GIL (the kernel's signal then comes first; torch's DataLoader and
   compile workers watch their own parent and exit after it).
