@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import json
 import re
+import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -223,7 +224,10 @@ def _read_dcp(directory: Path) -> dict[str, torch.Tensor]:
         raise UsageProblem(
             f"{directory} holds no model tensors: pass a checkpoint that 'advisor train' wrote"
         )
-    dcp.load({"model": model}, checkpoint_id=str(directory), no_dist=True)
+    with warnings.catch_warnings():
+        # Said even when asked for (no_dist=True): one process reading it whole is the intent.
+        warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+        dcp.load({"model": model}, checkpoint_id=str(directory), no_dist=True)
     return model
 
 

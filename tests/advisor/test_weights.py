@@ -241,6 +241,29 @@ def test_the_header_check_reads_a_distributed_checkpoint(tmp_path: Path) -> None
         )
 
 
+def test_a_distributed_checkpoint_loads_in_one_process_without_a_warning(
+    tmp_path: Path,
+) -> None:
+    """An FSDP checkpoint read whole in one process (--init-from, advisor.train(init_from=)):
+    torch's 'torch.distributed is disabled ...' UserWarning reached the API's caller, though
+    one process was the intent."""
+    import warnings
+
+    import torch.distributed.checkpoint as dcp
+
+    model = build_model("gpt-tiny", {"n_layer": 1, "n_embd": 32}).module
+    step = tmp_path / "step_00000002"
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the test's own save warns the same
+        dcp.save({"model": model.state_dict()}, checkpoint_id=str(step), no_dist=True)
+    fresh = build_model("gpt-tiny", {"n_layer": 1, "n_embd": 32}).module
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        load_weights(fresh, WeightsSource(path=step, kind="dcp", files=()), "a")
+    for key, value in model.state_dict().items():
+        assert torch.equal(fresh.state_dict()[key], value), key
+
+
 def test_run_refuses_weights_of_another_model_before_it_profiles(
     hf_dir: Path, tmp_path: Path
 ) -> None:
