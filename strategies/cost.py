@@ -63,6 +63,7 @@ from strategies.uncertainty import (
     compile_term,
     delta_term,
     drift_term,
+    extrapolation_term,
     fit_terms,
     host_term,
     source_term,
@@ -453,6 +454,12 @@ class CostModel:
         if compute.fit is not None and time.step_s > 0:
             weight = time.micro_batches * time.forward_backward_s / time.step_s
             terms += fit_terms(compute.fit, c.micro_batch_size, min(weight, 1.0))
+        elif compute.anchors and time.step_s > 0:  # blocks:K: its anchors' farthest distance
+            weight = min(time.micro_batches * time.forward_backward_s / time.step_s, 1.0)
+            outside = [extrapolation_term(f, c.micro_batch_size, weight) for f in compute.anchors]
+            far = max((t for t in outside if t is not None), key=lambda t: t[1], default=None)
+            if far is not None:
+                terms.append(far)
         shared = self.machine.shared_host and not self.machine.estimate
         terms.append(host_term(shared, self.host_load_1m, self.host_cpus))
         if shared:

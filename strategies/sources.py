@@ -61,6 +61,9 @@ class ComputeTime:
     # the time was derived rather than timed (strategies.uncertainty).
     fit: AffineFit | None = None
     derived: bool = False
+    # blocks:K interpolated between two timed settings: their fits (no fit of its own), whose
+    # probed sizes say how far outside them the candidate's micro-batch is.
+    anchors: tuple[AffineFit, ...] = ()
     # Seconds per micro-batch: the standard error of a same-child delta added to the fit (the
     # recompute timed beside none, the loss chunks' cost; profilers.throughput.delta_time_model),
     # in quadrature when both are; 0 when none is, or its child timed one round only.
@@ -216,6 +219,7 @@ class MeasuredTime:
                 rank_slowdown=slowdown,
                 rank_slowdown_from=slowdown_from,
                 derived=True,
+                anchors=(low.forward_backward, high.forward_backward),
             )
         base = self.fits.time_model(c.precision, "none")
         counted = self.flops.flops_per_token if self.flops else {}

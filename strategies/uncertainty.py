@@ -36,11 +36,12 @@ host that may be shared. Its error has independent parts, each a relative standa
   this part 33; its 84 interpolated rows are unchanged (60). With a shared host's ``host``
   part as well, 41 of the 42 were covered before and after: on these CPUs the host's part
   dwarfs it; it matters where the others are small (a device the job owns, a fit of one
-  sample per size). Not covered: a blocks:K time interpolated between two timed settings (no
-  single fit to measure the distance from) and torch.compile's speed-up, held at the nearest
-  measured size's outside them. Nothing else is extrapolated: accumulation repeats the timed
-  micro-batch (the fit is per micro-batch), and a sequence length other than the profile's
-  is refused (strategies.cost.CostModel.check_config).
+  sample per size). A blocks:K time interpolated between two timed settings has no fit of its
+  own: it takes the larger of its two anchors' parts (each anchor's line is predicted at the
+  same micro-batch). Not covered: torch.compile's speed-up, held at the nearest measured
+  size's outside them (no measurement of how it bends there). Nothing else is extrapolated:
+  accumulation repeats the timed micro-batch (the fit is per micro-batch), and a sequence
+  length other than the profile's is refused (strategies.cost.CostModel.check_config).
 * ``host``: a shared host's visit-to-visit scatter, which no sample taken in the profile's few
   seconds shows. Measured, not assumed, on the *tuning* models only (gpt-tiny and
   llama-tiny, 60 configs × 3 visits each, benchmarks/results/regret_grid.csv of the earlier

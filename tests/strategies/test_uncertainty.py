@@ -157,6 +157,32 @@ def test_a_prediction_far_outside_the_probed_sizes_has_a_wider_interval(
     assert "extrapolation" in [n for n, _, _ in at_16.comparable().terms]
 
 
+def test_a_blocks_k_time_outside_its_anchors_sizes_has_the_extrapolation_part(
+    profile: Profile,
+) -> None:
+    """blocks:K is interpolated between the timed none and full (no fit of its own): at
+    micro-batch 16, 4× past both anchors' probed 2-4, its interval was micro-batch 4's."""
+    model = cost_model_from_profile(_two_four_profile(profile), memory_budget=0.9)
+
+    def terms(b: int) -> dict[str, float]:
+        p = _prediction(
+            model,
+            micro_batch_size=b,
+            grad_accum_steps=1,
+            global_batch_size=b,
+            activation_checkpointing="blocks:1",
+        )
+        assert p.uncertainty is not None and "interpolated" in p.breakdown.time.compute_source
+        return {n: s for n, s, _ in p.uncertainty.terms}
+
+    assert "extrapolation" not in terms(3)
+    far = terms(16)
+    # weighted by the micro-batches' share of the step (the optimizer step is timed apart)
+    assert 0.9 * EXTRAPOLATION_PER_LOG_DISTANCE * math.log(4) < far["extrapolation"]
+    assert far["extrapolation"] <= EXTRAPOLATION_PER_LOG_DISTANCE * math.log(4)
+    assert "source" in far  # the interpolation's own part stays
+
+
 def test_the_fit_terms_scale_with_the_share_of_the_step() -> None:
     full = {n: s for n, s, _ in fit_terms(NOISY, 4, 1.0)}
     half = {n: s for n, s, _ in fit_terms(NOISY, 4, 0.5)}
