@@ -5,12 +5,14 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
@@ -84,29 +86,44 @@ def single(tmp_path_factory: pytest.TempPathFactory) -> list[float]:
     return losses(out)
 
 
+def world_2_args(parallelism: str, micro: int, accum: int) -> list[str]:
+    """BASE as ``parallelism``×2, ``micro`` × ``accum`` per rank (the out directory not named)."""
+    return [
+        *BASE,
+        *("--parallelism", parallelism, "--world-size", "2"),
+        *("--micro-batch-size", str(micro), "--grad-accum-steps", str(accum)),
+        *("--steps", str(STEPS)),
+    ]
+
+
+@pytest.fixture(scope="module")
+def launched(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str, int, int], Path]:
+    """The out directory of ``world_2_args``' run, launched once for the module: the refused
+    resume starts from the equality test's DDP run rather than launching one of its own."""
+    runs: dict[tuple[str, int, int], Path] = {}
+
+    def run(parallelism: str, micro: int, accum: int) -> Path:
+        key = (parallelism, micro, accum)
+        if key not in runs:
+            out = tmp_path_factory.mktemp(f"{parallelism}-{micro}-{accum}") / "run"
+            run_ok("train", *world_2_args(*key), "--out", str(out))
+            runs[key] = out
+        return runs[key]
+
+    return run
+
+
 @pytest.mark.parametrize(
     ("parallelism", "micro", "accum"), [("ddp", 2, 1), ("ddp", 1, 2), ("fsdp", 1, 2)]
 )
 def test_world_size_2_matches_one_process_at_the_same_global_batch(
-    tmp_path: Path, single: list[float], parallelism: str, micro: int, accum: int
+    launched: Callable[[str, int, int], Path],
+    single: list[float],
+    parallelism: str,
+    micro: int,
+    accum: int,
 ) -> None:
-    out = tmp_path / "run"
-    run_ok(
-        "train",
-        *BASE,
-        "--parallelism",
-        parallelism,
-        "--world-size",
-        "2",
-        "--micro-batch-size",
-        str(micro),
-        "--grad-accum-steps",
-        str(accum),
-        "--steps",
-        str(STEPS),
-        "--out",
-        str(out),
-    )
+    out = launched(parallelism, micro, accum)
     got = losses(out)
     assert len(got) == len(single) == STEPS
     for a, b in zip(got, single, strict=True):
@@ -121,6 +138,22 @@ def _wait_for(path: Path, proc: subprocess.Popen[str], timeout: float = 300) -> 
         assert proc.poll() is None, proc.communicate()[1]
         assert time.monotonic() < deadline, f"{path} never appeared"
         time.sleep(0.05)
+
+
+def train_records(out: Path) -> list[dict[str, Any]]:
+    """The train records of ``out``'s metrics.jsonl, less a last line a kill left unfinished."""
+    text = (out / "metrics.jsonl").read_text()
+    lines = [json.loads(x) for x in text[: text.rfind("\n") + 1].splitlines()]
+    return [r for r in lines if r["kind"] == "train"]
+
+
+def _wait_for_step(out: Path, step: int, proc: subprocess.Popen[str]) -> None:
+    _wait_for(out / "metrics.jsonl", proc)
+    deadline = time.monotonic() + 300
+    while not any(r["step"] >= step for r in train_records(out)):
+        assert proc.poll() is None, proc.communicate()[1]
+        assert time.monotonic() < deadline, f"step {step} never logged"
+        time.sleep(0.02)
 
 
 def _children(pid: int) -> list[int]:
@@ -146,6 +179,10 @@ def _children(pid: int) -> list[int]:
 def test_sigkill_of_the_launcher_then_resume_reproduces_the_losses(
     tmp_path: Path, parallelism: str
 ) -> None:
+    """The launcher SIGKILLed after step 4's checkpoint and a few more steps: its ranks die with
+    it, and the resume trains the steps after the checkpoint again to the very losses the run
+    had logged for them (its own uninterrupted log up to the kill is the reference: no third
+    launch of the same run)."""
     # A tiny GPT that sleeps in forward, so the kill lands mid-run on any host.
     slow = str(Path(__file__).parent.parent / "data" / "slow_model.py") + ":factory"
     args = [
@@ -169,11 +206,9 @@ def test_sigkill_of_the_launcher_then_resume_reproduces_the_losses(
         "4",
         "--out",
     ]
-    reference = tmp_path / "reference"
-    run_ok(*args, str(reference))
     out = tmp_path / "run"
     proc = advisor(*args, str(out))
-    _wait_for(out / "checkpoints" / "step_00000004" / "extra.pt", proc)
+    _wait_for_step(out, 6, proc)  # two steps past the checkpoint at step 4
     ranks = _children(proc.pid)
     proc.send_signal(signal.SIGKILL)
     proc.wait(timeout=30)
@@ -185,8 +220,18 @@ def test_sigkill_of_the_launcher_then_resume_reproduces_the_losses(
     ):
         assert time.monotonic() < deadline, "a rank outlived its launcher"
         time.sleep(0.1)
+    logged = train_records(out)  # steps 1..6 or a few more, as the kill found them
+    assert (out / "checkpoints" / "step_00000004" / "extra.pt").is_file()
+    # A host that stalled the test past step 8's checkpoint: the resume starts from step 4
+    # all the same (its latest then), so it trains logged steps again.
+    for later in (out / "checkpoints").glob("step_*"):
+        if int(later.name.removeprefix("step_")) > 4:
+            shutil.rmtree(later)
     run_ok(*args, str(out), "--resume")
-    assert losses(out) == losses(reference)
+    resumed = train_records(out)
+    assert [r["step"] for r in resumed] == list(range(1, STEPS + 1))
+    assert len(logged) >= 6
+    assert [r["loss"] for r in resumed[: len(logged)]] == [r["loss"] for r in logged]
 
 
 @pytest.mark.parametrize("parallelism", ["ddp", "fsdp"])
@@ -424,20 +469,21 @@ def test_launcher_validator_judges_what_the_run_held_against_the_budget() -> Non
     )
 
 
-def test_a_rank_refused_for_bad_usage_is_one_line_and_exit_2(tmp_path: Path) -> None:
-    """A DDP run resumed with another model: the rank refuses it (exit 2). Before, the rank
+def test_a_rank_refused_for_bad_usage_is_one_line_and_exit_2(
+    tmp_path: Path, launched: Callable[[str, int, int], Path]
+) -> None:
+    """A DDP run resumed with another model: its ranks refuse it (exit 2). Before, the rank
     printed its error, torchrun's agent logged an ERROR line, the launcher printed the error
-    again as 'rank 0 exited with code 2', and the command exited 1."""
+    again as 'rank 0 exited with code 2', and the command exited 1. (Both ranks refuse here:
+    still the one line.)"""
     out = tmp_path / "run"
-    first = [*BASE, "--parallelism", "ddp", "--world-size", "1", "--micro-batch-size", "4"]
-    first += ["--steps", "1", "--out", str(out)]
-    done = subprocess.run(
-        [sys.executable, "-m", "advisor", "train", *first], capture_output=True, text=True
-    )
-    assert done.returncode == 0, done.stderr
-    other = [a if a != "n_layer=2" else "n_layer=3" for a in first]
+    # A copy of the equality test's DDP run (its checkpoint at the last step): no launch of
+    # its own to make one, and the launch refused below leaves that run's directory alone.
+    shutil.copytree(launched("ddp", 2, 1), out)
+    other = [a if a != "n_layer=2" else "n_layer=3" for a in world_2_args("ddp", 2, 1)]
+    other += ["--steps", str(STEPS + 1), "--out", str(out), "--resume"]
     proc = subprocess.run(
-        [sys.executable, "-m", "advisor", "train", *other, "--steps", "2", "--resume"],
+        [sys.executable, "-m", "advisor", "train", *other],
         capture_output=True,
         text=True,
         timeout=300,
