@@ -340,17 +340,16 @@ if __name__ == "__main__":
 """
 
 
-@pytest.mark.parametrize("pdeathsig", [True, False], ids=["prctl", "watch-only"])
-def test_a_validation_child_dies_with_its_killed_run(
-    tmp_path: Path, started: list[int], pdeathsig: bool
+def _isolated_child_dies_with_its_parent(
+    script_text: str, tmp_path: Path, started: list[int], pdeathsig: bool
 ) -> None:
-    """SIGKILL of 'advisor run' (or 'advisor recommend') while it validates: its isolated
-    validation child, in a process group of its own, measured on for 30-60 s. It now dies
-    within seconds: Linux's PR_SET_PDEATHSIG, and a watch of the parent on every platform."""
+    """Run ``script_text`` (a parent that starts an isolated child, which writes its pid to
+    $LIFECYCLE_READY and sleeps), SIGKILL the parent, and expect the child gone within seconds:
+    by the kernel's signal alone (``pdeathsig``) or by the child's watch of its parent alone."""
     if pdeathsig and not sys.platform.startswith("linux"):
         pytest.skip("PR_SET_PDEATHSIG is Linux's")
     script = tmp_path / "parent.py"
-    script.write_text(LOCAL_PARENT)
+    script.write_text(script_text)
     ready = tmp_path / "child.pid"
     parent = _parent(
         str(script), LIFECYCLE_READY=str(ready), LIFECYCLE_PDEATHSIG="1" if pdeathsig else "0"
@@ -362,9 +361,19 @@ def test_a_validation_child_dies_with_its_killed_run(
         assert not _gone(pid)
         parent.send_signal(signal.SIGKILL)
         parent.wait()
-        assert _gone_soon(pid), "the validation child outlived its killed run"
+        assert _gone_soon(pid), f"the child outlived its killed parent: {_state(pid)}"
     finally:
         parent.kill()
+
+
+@pytest.mark.parametrize("pdeathsig", [True, False], ids=["prctl", "watch-only"])
+def test_a_validation_child_dies_with_its_killed_run(
+    tmp_path: Path, started: list[int], pdeathsig: bool
+) -> None:
+    """SIGKILL of 'advisor run' (or 'advisor recommend') while it validates: its isolated
+    validation child, in a process group of its own, measured on for 30-60 s. It now dies
+    within seconds: Linux's PR_SET_PDEATHSIG, and a watch of the parent on every platform."""
+    _isolated_child_dies_with_its_parent(LOCAL_PARENT, tmp_path, started, pdeathsig)
 
 
 # The stand-in for 'advisor profile': a probe child (profilers.isolate) that says it runs, then
@@ -398,24 +407,7 @@ def test_a_probe_child_dies_with_its_killed_profile(
     """SIGKILL of 'advisor profile' (or of 'advisor run' while it profiles): its probe child,
     in a process group of its own, timed on up to the probe's timeout, holding the cores (a
     GPU's memory) the next run was to use. Every isolated child now watches its parent."""
-    if pdeathsig and not sys.platform.startswith("linux"):
-        pytest.skip("PR_SET_PDEATHSIG is Linux's")
-    script = tmp_path / "profile.py"
-    script.write_text(PROBE_PARENT)
-    ready = tmp_path / "child.pid"
-    parent = _parent(
-        str(script), LIFECYCLE_READY=str(ready), LIFECYCLE_PDEATHSIG="1" if pdeathsig else "0"
-    )
-    try:
-        _wait_for(ready, parent, 30.0)
-        pid = int(ready.read_text())
-        started.append(pid)
-        assert not _gone(pid)
-        parent.send_signal(signal.SIGKILL)
-        parent.wait()
-        assert _gone_soon(pid), f"the probe child outlived its killed profile: {_state(pid)}"
-    finally:
-        parent.kill()
+    _isolated_child_dies_with_its_parent(PROBE_PARENT, tmp_path, started, pdeathsig)
 
 
 LAUNCHER_CHILD = """\
