@@ -488,9 +488,9 @@ def test_a_failed_torchrun_validation_still_names_its_last_line(
     assert measured.reason == "CUDA out of memory on rank 1"
 
 
-def test_validation_called_in_process_starts_no_watch() -> None:
-    """measure_configs called in-process (a test, a benchmark): no parent to die with, and
-    nothing of this process is killed."""
+def test_exit_with_parent_outside_a_multiprocessing_child_starts_no_watch() -> None:
+    """Called in-process (a test, a benchmark calling an isolated child's function itself):
+    no parent to die with, and nothing of this process is killed."""
     from profilers.orphans import exit_with_parent
 
     ended: list[bool] = []
