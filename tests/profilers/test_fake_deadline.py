@@ -79,10 +79,11 @@ def test_a_profile_of_a_model_too_slow_to_trace_stops_its_traces_with_a_reason()
 def test_a_long_loop_inside_one_module_stops_between_its_torch_calls() -> None:
     """Until 2026-12-05 the deadline was checked only as a module's forward started: one
     module looping over ops (Jamba's Mamba scan at sequence 4096, ~20 s of fake ops) ran to
-    its end past it. Here 40 steps of 0.1 s in one forward, a deadline 0.5 s in."""
+    its end past it. Here 20 steps of 0.1 s in one forward, a deadline 0.5 s in."""
     from advisor.models.registry import load_factory
 
-    workload = AdvisorWorkload(SLOW, {"loop_steps": 40, "delay_s": 0.1})
+    steps = 20
+    workload = AdvisorWorkload(SLOW, {"loop_steps": steps, "delay_s": 0.1})
     progress = sys.modules[load_factory(SLOW).__module__].PROGRESS
     quick = AdvisorWorkload(SLOW, {"loop_steps": 1, "delay_s": 0.0})
     for count in (count_step_flops, trace_step_memory):
@@ -93,21 +94,21 @@ def test_a_long_loop_inside_one_module_stops_between_its_torch_calls() -> None:
             pytest.raises(TraceOverBudget, match="ran past the test's deadline"),
         ):
             count(workload, SPEC)
-        assert len(progress) == 1 and progress[0] < 40, (count.__name__, progress)
+        assert len(progress) == 1 and progress[0] < steps, (count.__name__, progress)
     progress.clear()
     trace_step_memory(workload, SPEC)  # no deadline: every loop runs to its end
-    assert progress == [40]  # the measured step (the first one's optimizer state is primed)
+    assert progress == [steps]  # the measured step (the first one's optimizer state is primed)
 
 
 def test_a_backward_that_would_end_past_the_deadline_is_not_started() -> None:
     """A backward runs in the autograd engine's C++ and is never interrupted, so it is not
-    started when twice its forward would end past the deadline: here a 4 s forward (40
+    started when twice its forward would end past the deadline: here a 2 s forward (20
     steps of 0.1 s) with 2 s left when it ends."""
-    workload = AdvisorWorkload(SLOW, {"loop_steps": 40, "delay_s": 0.1})
+    workload = AdvisorWorkload(SLOW, {"loop_steps": 20, "delay_s": 0.1})
     count_step_flops(AdvisorWorkload(SLOW, {"loop_steps": 1, "delay_s": 0.0}), SPEC)
     t0 = time.perf_counter()
     with (
-        fake_deadline(t0 + 6, "the test's deadline"),
+        fake_deadline(t0 + 4, "the test's deadline"),
         pytest.raises(TraceOverBudget, match=r"backward would run past the test's deadline"),
     ):
         count_step_flops(workload, SPEC)
