@@ -2,7 +2,8 @@
 
 Runs on advisor's real step (``AdvisorWorkload``): the wrappers (DDP's reducer, FSDP2's
 ``fully_shard``) are what is measured, and the toy workload has none. All distributed traces of
-one target come from ONE child process (cached): importing torch there dominates the cost.
+gpt-tiny, for both targets, come from ONE child process (cached): importing torch there costs
+as much as a few traces.
 """
 
 from __future__ import annotations
@@ -14,19 +15,21 @@ import json
 import pytest
 
 from advisor.workload import AdvisorWorkload
-from profilers.isolate import Isolation
+from profilers.isolate import Isolation, run_isolated
 from profilers.memory import MemoryModel, MemoryTrace, fit_memory, fit_memory_models
 from profilers.memory import trace_step_memory as trace_single
 from profilers.memory_distributed import (
+    DEFAULT_ISOLATION,
     DistributedTraceError,
-    trace_distributed_step_memories,
     trace_distributed_step_memory,
 )
 from profilers.memory_records import MemoryBreakdown
 from profilers.profile_record import Fits
 from profilers.workload import StepSpec
 
-WORKLOAD = AdvisorWorkload("gpt-tiny")
+# gpt-tiny with 3 blocks, not its 4: every rank trace costs ~25% less, and a rank still has a
+# block between its first and its last (FSDP prefetches differ at the ends).
+WORKLOAD = AdvisorWorkload("gpt-tiny", {"n_layer": 3})
 SEQ_LEN = 64
 PROBED = (1, 4)
 UNPROBED = 2
@@ -58,27 +61,43 @@ _CPU_SPECS = (
 )
 
 
-@functools.cache
 def _cpu_traces() -> dict[StepSpec, MemoryTrace]:
-    traces = trace_distributed_step_memories(WORKLOAD, _CPU_SPECS)
-    return {t.spec: t for t in traces}
+    return _traces()["cpu"]
 
 
 def _trace(parallelism: str, world_size: int, b: int, accum: int = 1) -> MemoryTrace:
     return _cpu_traces()[_spec(parallelism, world_size, b, accum)]
 
 
-# The CUDA target's traces, from one child too: fp16 beside bf16, and fp32 against the CPU's.
+# The CUDA target's traces, from the same child: fp16 beside bf16, and fp32 against the CPU's.
 _CUDA_SPECS = (
     *(dataclasses.replace(_spec("fsdp", 2, 2, accum=2), precision=p) for p in ("bf16", "fp16")),
     _spec("fsdp", 2, 4),
 )
 
 
-@functools.cache
 def _cuda_traces() -> dict[StepSpec, MemoryTrace]:
-    traces = trace_distributed_step_memories(WORKLOAD, _CUDA_SPECS, target_device_type="cuda")
-    return {t.spec: t for t in traces}
+    return _traces()["cuda"]
+
+
+def _trace_both_targets(
+    workload: AdvisorWorkload, specs: dict[str, tuple[StepSpec, ...]]
+) -> dict[str, list[MemoryTrace]]:
+    """In the child: what trace_distributed_step_memories traces there, per target."""
+    from profilers import memory_distributed as md
+
+    return {target: md.trace_in_this_process(workload, s, target) for target, s in specs.items()}
+
+
+@functools.cache
+def _traces() -> dict[str, dict[StepSpec, MemoryTrace]]:
+    """Both targets' traces from one child (trace_distributed_step_memories starts one per
+    target: it runs below, under trace_distributed_step_memory, and in test_memory_reshard)."""
+    specs = {"cpu": _CPU_SPECS, "cuda": _CUDA_SPECS}
+    outcome = run_isolated(DEFAULT_ISOLATION, _trace_both_targets, WORKLOAD, specs)
+    assert outcome.ok, f"{outcome.reason}\n{outcome.traceback}"
+    traced: dict[str, list[MemoryTrace]] = outcome.value
+    return {target: {t.spec: t for t in traces} for target, traces in traced.items()}
 
 
 @functools.cache
