@@ -451,11 +451,14 @@ class CostModel:
     def _uncertainty(self, c: Candidate, compute: ComputeTime, time: TimeTerms) -> Uncertainty:
         """The parts of the step time's error (strategies.uncertainty)."""
         terms = []
-        if compute.fit is not None and time.step_s > 0:
-            weight = time.micro_batches * time.forward_backward_s / time.step_s
-            terms += fit_terms(compute.fit, c.micro_batch_size, min(weight, 1.0))
-        elif compute.anchors and time.step_s > 0:  # blocks:K: its anchors' farthest distance
-            weight = min(time.micro_batches * time.forward_backward_s / time.step_s, 1.0)
+        # The micro-batches' share of the step (the optimizer step is timed apart): what the
+        # fit's, the delta's and the compile's parts are weighted by.
+        timed = time.step_s > 0
+        share = time.micro_batches * time.forward_backward_s / time.step_s if timed else 0.0
+        weight = min(share, 1.0)
+        if compute.fit is not None and timed:
+            terms += fit_terms(compute.fit, c.micro_batch_size, weight)
+        elif compute.anchors and timed:  # blocks:K: its anchors' farthest distance
             outside = [extrapolation_term(f, c.micro_batch_size, weight) for f in compute.anchors]
             far = max((t for t in outside if t is not None), key=lambda t: t[1], default=None)
             if far is not None:
@@ -472,17 +475,15 @@ class CostModel:
             terms.append(source_term("what_if_fp32" if c.precision == "fp32" else "what_if"))
         if compute.derived:
             terms.append(source_term("derived_checkpointing"))
-        if compute.delta_se_s > 0 and compute.forward_backward_s > 0 and time.step_s > 0:
+        if compute.delta_se_s > 0 and compute.forward_backward_s > 0 and timed:
             # Relative to the forward+backward it was measured on, weighted like the fit's
             # terms (a rank's slowdown scales the delta with the rest of its micro-batch).
-            weight = min(time.micro_batches * time.forward_backward_s / time.step_s, 1.0)
             terms.append(delta_term(weight * compute.delta_se_s / compute.forward_backward_s))
         if c.parallelism != "single" and not compute.parallel_measured:
             kind = f"cpu_{c.parallelism}" if shared else "gpu_collectives"
             terms.append(source_term(kind))
         measured = compute.compiled
-        if measured is not None and time.step_s > 0:
-            weight = min(time.micro_batches * time.forward_backward_s / time.step_s, 1.0)
+        if measured is not None and timed:
             speedup = measured.speedup_at(c.micro_batch_size)
             terms.append(
                 compile_term(weight, measured.speedup_log_sd, measured.pairs_per_size, speedup)
