@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import types
+import typing
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -326,6 +328,7 @@ class Profile:
                 f"profile schema version {version!r} is not {SCHEMA_VERSION}: re-run "
                 "'advisor profile' with this version of advisor"
             )
+        _check_profile_types(data)
         model = dict(data["model"])
         flops = model.pop("flops", None)
         measured: list[CpuStepMemory | CudaStepMemory] = []
@@ -414,4 +417,236 @@ def _json_kind(value: Any) -> str:
         return "a boolean"
     if isinstance(value, int | float):
         return "a number"
-    return "a string" if isinstance(value, str) else "an array"
+    if isinstance(value, str):
+        return "a string"
+    return "an object" if isinstance(value, dict) else "an array"
+
+
+# -- field types ----------------------------------------------------------------------------------
+# A field of the wrong JSON type (``"peak_bytes": "12"``, ``"seq_len": true``, ``null`` for a
+# number) would pass ``from_dict`` (most records keep what they read) and fail far away, in the
+# cost model or the search, or quietly plan nonsense. :func:`_check_profile_types` checks every
+# field a record declares against its annotation first: int fields take JSON integers (not
+# booleans), float fields integers or floats (not booleans; NaN and infinities as before), str
+# strings, bool true/false, ``X | None`` also null, tuples and lists arrays (a fixed-length tuple
+# that many items), dicts and records objects, and a tuple of ``(str, X)`` pairs the object its
+# ``to_dict`` writes for it. Keys a record does not declare (derived ones such as
+# ``tokens_per_s``, or a newer advisor's) and missing ones are left to ``from_dict``.
+
+
+class _WrongType(TypeError):
+    """A JSON value that is not the type its field declares; ``str`` names the field."""
+
+    def __init__(self, expected: str, value: Any, *path: str) -> None:
+        super().__init__()
+        self.expected = expected
+        self.value = value
+        self.path = list(path)  # innermost first: each level adds its own as it unwinds
+
+    def __str__(self) -> str:
+        where = "".join(reversed(self.path)).lstrip(".")
+        got = _json_kind(self.value)
+        if type(self.value) is float and "whole" in self.expected:
+            got = repr(self.value)  # a fraction where a whole number belongs: says more
+        elif type(self.value) is list and "items" in self.expected:
+            got = f"an array of {len(self.value)} items"  # a fixed-length array's
+        return f"{where}: expected {self.expected}, got {got}"
+
+
+@dataclass(frozen=True, slots=True)
+class _Scalar:
+    """A JSON scalar of one of ``allowed`` exact types (a JSON boolean is no number)."""
+
+    allowed: frozenset[type]
+    expected: str
+
+    def __call__(self, value: Any) -> None:
+        if type(value) not in self.allowed:
+            raise _WrongType(self.expected, value)
+
+
+_Check = Callable[[Any], None]
+_CHECKS: dict[Any, _Check] = {}
+_NULL = type(None)
+
+
+def _segment(key: str) -> str:
+    return f".{key}" if key.isidentifier() else f"[{json.dumps(key)}]"
+
+
+def _optional(inner: _Check) -> _Check:
+    if isinstance(inner, _Scalar):  # one type test
+        return _Scalar(inner.allowed | {_NULL}, f"{inner.expected} or null")
+
+    def check(value: Any) -> None:
+        if value is not None:
+            try:
+                inner(value)
+            except _WrongType as exc:
+                if not exc.path:  # this value itself: null would have done too
+                    exc.expected += " or null"
+                raise
+
+    return check
+
+
+def _items(inner: _Check, length: int | None = None) -> _Check:
+    """An array whose items all pass ``inner``; of ``length`` items when given."""
+    expected = "an array" if length is None else f"an array of {length} items"
+    scalar = inner if isinstance(inner, _Scalar) else None
+
+    def check(value: Any) -> None:
+        if type(value) is not list or (length is not None and len(value) != length):
+            raise _WrongType(expected, value)
+        if scalar is not None:  # scalars (xs, samples): no call per item
+            for index, item in enumerate(value):
+                if type(item) not in scalar.allowed:
+                    raise _WrongType(scalar.expected, item, f"[{index}]")
+            return
+        for index, item in enumerate(value):
+            try:
+                inner(item)
+            except _WrongType as exc:
+                exc.path.append(f"[{index}]")
+                raise
+
+    return check
+
+
+def _tuple_items(checks: Sequence[_Check]) -> _Check:
+    """A fixed-length array: item i passes ``checks[i]``."""
+    expected = f"an array of {len(checks)} items"
+
+    def check(value: Any) -> None:
+        if type(value) is not list or len(value) != len(checks):
+            raise _WrongType(expected, value)
+        for index, (inner, item) in enumerate(zip(checks, value, strict=True)):
+            try:
+                inner(item)
+            except _WrongType as exc:
+                exc.path.append(f"[{index}]")
+                raise
+
+    return check
+
+
+def _values(inner: _Check) -> _Check:
+    """An object whose values all pass ``inner`` (JSON keys are strings)."""
+    scalar = inner if isinstance(inner, _Scalar) else None
+
+    def check(value: Any) -> None:
+        if type(value) is not dict:
+            raise _WrongType("an object", value)
+        for key, item in value.items():
+            if scalar is not None:
+                if type(item) not in scalar.allowed:
+                    raise _WrongType(scalar.expected, item, _segment(key))
+                continue
+            try:
+                inner(item)
+            except _WrongType as exc:
+                exc.path.append(_segment(key))
+                raise
+
+    return check
+
+
+def _record(fields: Mapping[str, _Check]) -> _Check:
+    """An object whose keys named in ``fields`` pass their checks; other keys are not read.
+    ``fields`` may be filled after the call (a record that holds its own kind)."""
+
+    def check(value: Any) -> None:
+        if type(value) is not dict:
+            raise _WrongType("an object", value)
+        for key, item in value.items():
+            inner = fields.get(key)
+            if inner is None:
+                continue
+            if isinstance(inner, _Scalar):  # most fields: no call
+                if type(item) not in inner.allowed:
+                    raise _WrongType(inner.expected, item, _segment(key))
+                continue
+            try:
+                inner(item)
+            except _WrongType as exc:
+                exc.path.append(_segment(key))
+                raise
+
+    return check
+
+
+def _dataclass_fields(cls: type) -> dict[str, _Check]:
+    hints = typing.get_type_hints(cls)
+    return {f.name: _type_check(hints[f.name]) for f in dataclasses.fields(cls)}
+
+
+def _type_check(annotation: Any) -> _Check:
+    """The check of a JSON value against a field's annotation (built once per type)."""
+    found = _CHECKS.get(annotation)
+    if found is not None:
+        return found
+    if isinstance(annotation, type) and dataclasses.is_dataclass(annotation):
+        fields: dict[str, _Check] = {}
+        _CHECKS[annotation] = check = _record(fields)
+        fields.update(_dataclass_fields(annotation))  # after: a record may hold its own kind
+        return check
+    _CHECKS[annotation] = check = _build_type_check(annotation)
+    return check
+
+
+_SCALARS = {
+    bool: _Scalar(frozenset({bool}), "true or false"),
+    int: _Scalar(frozenset({int}), "a whole number"),
+    float: _Scalar(frozenset({int, float}), "a number"),
+    str: _Scalar(frozenset({str}), "a string"),
+}
+
+
+def _build_type_check(annotation: Any) -> _Check:
+    if annotation in _SCALARS:
+        return _SCALARS[annotation]
+    origin, args = typing.get_origin(annotation), typing.get_args(annotation)
+    if origin in (types.UnionType, typing.Union) and _NULL in args and len(args) == 2:
+        return _optional(_type_check(next(a for a in args if a is not _NULL)))
+    if origin is list and len(args) == 1:
+        return _items(_type_check(args[0]))
+    if origin is tuple and len(args) == 2 and args[1] is Ellipsis:
+        item, item_args = args[0], typing.get_args(args[0])
+        if typing.get_origin(item) is tuple and len(item_args) == 2 and item_args[0] is str:
+            return _values(_type_check(item_args[1]))  # (name, X) pairs: written as an object
+        return _items(_type_check(item))
+    if origin is tuple and args and Ellipsis not in args:
+        return _tuple_items([_type_check(a) for a in args])
+    if origin is dict and len(args) == 2:
+        return _values(_type_check(args[1]))
+    return lambda _: None  # Any, or a type this check does not know: from_dict decides
+
+
+def _measured_row() -> _Check:
+    """A memory_measured row: a CUDA step's fields for ``"kind": "cuda"``, else a CPU step's
+    (as :meth:`Profile.from_dict` reads it)."""
+    cuda, cpu = _type_check(CudaStepMemory), _type_check(CpuStepMemory)
+
+    def check(value: Any) -> None:
+        if type(value) is dict and value.get("kind") == "cuda":
+            cuda(value)
+        else:
+            cpu(value)
+
+    return check
+
+
+_PROFILE_CHECK: list[_Check] = []  # built on first use
+
+
+def _check_profile_types(data: Mapping[str, Any]) -> None:
+    """Raise ``_WrongType`` (a TypeError naming the field, e.g. ``memory[3].peak_bytes``) for
+    the first field of ``data`` whose JSON type its record does not declare."""
+    if not _PROFILE_CHECK:
+        fields = _dataclass_fields(Profile)
+        # As to_dict writes them: the FLOP count inside "model", measured rows by their kind.
+        flops = fields.pop("flops")
+        fields["model"] = _record({**_dataclass_fields(ModelFacts), "flops": flops})
+        fields["memory_measured"] = _items(_measured_row())
+        _PROFILE_CHECK.append(_record(fields))
+    _PROFILE_CHECK[0](data if type(data) is dict else dict(data))
