@@ -53,13 +53,15 @@ def _parent_death_signal(signum: int, prctl: Callable[..., int] | None = None) -
     return prctl is not None and int(prctl(PR_SET_PDEATHSIG, signum)) == 0
 
 
-def kill_with_parent(parent: int | None = None, signum: int = signal.SIGKILL) -> Callable[[], None]:
+def kill_with_parent(parent: int | None = None, signum: int | None = None) -> Callable[[], None]:
     """A ``preexec_fn`` that makes the child get ``signum`` when this process dies (Linux; a
     no-op elsewhere): SIGKILL, or SIGTERM for a training child that saves a checkpoint first
     (a tune trial, ``advisor run``'s training). Made in the parent, which names itself: a child
     whose parent died before the request exits at once."""
     parent = os.getpid() if parent is None else parent
     prctl = _prctl()  # looked up in the parent: the child only calls it
+    # SIGKILL by name at call time: Windows' signal module has none (nor a prctl to ask).
+    signum = getattr(signal, "SIGKILL", 9) if signum is None else signum
 
     def preexec() -> None:  # pragma: no cover - runs in the child before exec
         if prctl is None:
@@ -73,10 +75,13 @@ def kill_with_parent(parent: int | None = None, signum: int = signal.SIGKILL) ->
 def _end_group() -> None:
     """Kill this process and, when it leads its process group (the isolated child made itself
     leader), the workers in that group with it."""
+    kill = getattr(signal, "SIGKILL", None)
+    if kill is None:  # Windows: no process groups to kill, no SIGKILL
+        os._exit(1)
     with contextlib.suppress(OSError):
         if os.getpgrp() == os.getpid():
-            os.killpg(os.getpid(), signal.SIGKILL)
-    os.kill(os.getpid(), signal.SIGKILL)
+            os.killpg(os.getpid(), kill)
+    os.kill(os.getpid(), kill)
 
 
 def exit_with_parent(parent: int | None = None, *, end: Callable[[], None] = _end_group) -> bool:
@@ -94,7 +99,7 @@ def exit_with_parent(parent: int | None = None, *, end: Callable[[], None] = _en
     if os.getpid() in _WATCHED:
         return False
     _WATCHED.add(os.getpid())
-    _parent_death_signal(signal.SIGKILL)
+    _parent_death_signal(getattr(signal, "SIGKILL", 9))
     if os.getppid() != parent:
         end()  # it died before we asked
         return True

@@ -88,10 +88,13 @@ class RMSNorm(nn.Module):
 
 
 def rope_tables(head_dim: int, max_seq_len: int, theta: float) -> torch.Tensor:
-    """cos/sin tables, shape (max_seq_len, head_dim) with cos in the first half (RoFormer §3.4)."""
-    inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim))
-    angles = torch.outer(torch.arange(max_seq_len, dtype=torch.float32), inv_freq)
-    return torch.cat([angles.cos(), angles.sin()], dim=-1)
+    """cos/sin tables, shape (max_seq_len, head_dim) with cos in the first half (RoFormer §3.4),
+    on the default device. Computed on the CPU: on ``meta`` (a meta build) ``arange`` runs
+    through torch's Python references, whose first call imports torch._dynamo (~4 s)."""
+    f32, cpu = torch.float32, torch.device("cpu")
+    inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=f32, device=cpu) / head_dim))
+    angles = torch.outer(torch.arange(max_seq_len, dtype=f32, device=cpu), inv_freq)
+    return torch.cat([angles.cos(), angles.sin()], dim=-1).to(torch.get_default_device())
 
 
 def apply_rope(x: torch.Tensor, table: torch.Tensor) -> torch.Tensor:

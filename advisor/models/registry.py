@@ -49,10 +49,52 @@ def parse_model_args(pairs: list[str] | tuple[str, ...]) -> dict[str, Any]:
     return out
 
 
+# Random in-place initialisers: on ``meta`` they have no values to fill, and torch runs them
+# through its Python references (torch._refs), whose first call imports torch._dynamo: ~4 s
+# of every meta build in a fresh process (the launcher's host-memory check, a resume's
+# checkpoint check, a workload's facts), which nothing else there needed.
+_TENSOR_INITS = (
+    "normal_",
+    "uniform_",
+    "random_",
+    "exponential_",
+    "cauchy_",
+    "log_normal_",
+    "geometric_",
+    "bernoulli_",
+)
+
+
+class _SkipInitOnMeta(torch.overrides.TorchFunctionMode):
+    """Inside a ``meta`` build: ``torch.nn.init``'s initialisers and the tensors' random
+    in-place fills return their (meta) tensor as is; every other call runs as usual."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        init = torch.nn.init
+        self.skipped = {
+            f for name in dir(init) if name.endswith("_") and callable(f := getattr(init, name))
+        } | {getattr(torch.Tensor, name) for name in _TENSOR_INITS}
+
+    def __torch_function__(
+        self,
+        func: Any,
+        types: Any,
+        args: tuple[Any, ...] = (),
+        kwargs: dict[str, Any] | None = None,
+    ) -> Any:
+        kwargs = kwargs or {}
+        if func in self.skipped:
+            tensor = args[0] if args else kwargs.get("tensor", kwargs.get("self"))
+            if isinstance(tensor, torch.Tensor) and tensor.is_meta:
+                return tensor
+        return func(*args, **kwargs)
+
+
 @contextlib.contextmanager
 def _build_device(meta: bool) -> Iterator[None]:
     if meta:
-        with torch.device("meta"):
+        with torch.device("meta"), _SkipInitOnMeta():
             yield
     else:
         yield

@@ -226,7 +226,8 @@ def _read_dcp(directory: Path) -> dict[str, torch.Tensor]:
         )
     with warnings.catch_warnings():
         # Said even when asked for (no_dist=True): one process reading it whole is the intent.
-        warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+        # torch 2.13 says "is disabled", earlier releases "is unavailable or uninitialized".
+        warnings.filterwarnings("ignore", message=r"torch\.distributed is (disabled|unavailable)")
         dcp.load({"model": model}, checkpoint_id=str(directory), no_dist=True)
     return model
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import subprocess
 import sys
 from pathlib import Path
 
@@ -59,6 +60,49 @@ def test_every_preset_builds_on_meta_without_memory(name: str) -> None:
     assert facts.num_layers == len(adapter.blocks()) > 0
     assert facts.block_class == type(adapter.blocks()[0]).__name__
     assert facts.num_params == facts.num_trainable_params > 0
+
+
+def test_a_meta_build_skips_the_initialisers_and_never_imports_the_compiler(
+    tmp_path: Path,
+) -> None:
+    """A meta build (the launcher's host-memory check, a workload's facts) has no values to
+    initialise: it must not pay torch._dynamo's ~4 s import, which torch's Python references
+    for a meta ``normal_`` or ``arange`` would start. A fresh interpreter, for sys.modules."""
+    user = tmp_path / "inits.py"
+    user.write_text(
+        "import torch\n"
+        "from torch import nn\n"
+        "def model():\n"
+        "    m = nn.Sequential(nn.Embedding(16, 8), nn.Linear(8, 16))\n"
+        "    nn.init.trunc_normal_(m[1].weight, std=0.02)\n"
+        "    m[0].weight.data.normal_(0.0, 0.02)\n"
+        "    m[1].bias.data.uniform_(-1.0, 1.0)\n"
+        "    m.cpu_table = torch.zeros(4, device='cpu')\n"
+        "    nn.init.ones_(m.cpu_table)  # a real tensor: still initialised\n"
+        "    return m\n"
+    )
+    code = (
+        "import sys\n"
+        "from advisor.models import PRESETS, build_model\n"
+        f"specs = [*PRESETS, {str(user) + ':model'!r}]\n"
+        "params = {s: sum(p.numel() for p in build_model(s, meta=True).module.parameters())"
+        " for s in specs}\n"
+        "user = build_model(specs[-1], meta=True).module\n"
+        "assert all(p.is_meta for p in user.parameters())\n"
+        "assert user.cpu_table.tolist() == [1.0] * 4\n"
+        "print(sorted(m for m in sys.modules if m.startswith('torch._dynamo')), params)\n"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=False
+    )
+    assert proc.returncode == 0, proc.stderr
+    imported, _, counts = proc.stdout.partition(" ")
+    assert imported == "[]", proc.stdout
+    # The same parameters as the real build (the presets' published sizes are checked below).
+    real = build_model(str(user) + ":model")
+    assert f"{str(user) + ':model'!r}: {sum(p.numel() for p in real.module.parameters())}" in counts
+    assert real.module[0].weight.std() < 0.1  # a real build still runs the initialisers
+    assert real.module.cpu_table.tolist() == [1.0] * 4
 
 
 @pytest.mark.parametrize("name", sorted(PUBLISHED))

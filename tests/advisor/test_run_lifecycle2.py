@@ -496,3 +496,20 @@ def test_exit_with_parent_outside_a_multiprocessing_child_starts_no_watch() -> N
     ended: list[bool] = []
     assert exit_with_parent(12345, end=lambda: ended.append(True)) is False
     assert ended == []
+
+
+def test_the_orphan_watch_imports_and_makes_its_hooks_without_sigkill() -> None:
+    """Windows' signal module has no SIGKILL (nor a prctl): importing the module and making a
+    launcher's ``preexec_fn`` must not fail there (the default signal is looked up at call
+    time). A fresh interpreter with SIGKILL removed before the import."""
+    code = (
+        "import signal\n"
+        "del signal.SIGKILL\n"
+        "from profilers.orphans import kill_with_parent\n"
+        "hook = kill_with_parent()\n"
+        "print(callable(hook))\n"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=False
+    )
+    assert (proc.returncode, proc.stdout) == (0, "True\n"), proc.stderr
