@@ -448,7 +448,7 @@ class _WrongType(TypeError):
         got = _json_kind(self.value)
         if type(self.value) is float and "whole" in self.expected:
             got = repr(self.value)  # a fraction where a whole number belongs: says more
-        elif type(self.value) is list and "items" in self.expected:
+        elif isinstance(self.value, list | tuple) and "items" in self.expected:
             got = f"an array of {len(self.value)} items"  # a fixed-length array's
         return f"{where}: expected {self.expected}, got {got}"
 
@@ -496,7 +496,7 @@ def _items(inner: _Check, length: int | None = None) -> _Check:
     scalar = inner if isinstance(inner, _Scalar) else None
 
     def check(value: Any) -> None:
-        if type(value) is not list or (length is not None and len(value) != length):
+        if not isinstance(value, list | tuple) or (length is not None and len(value) != length):
             raise _WrongType(expected, value)
         if scalar is not None:  # scalars (xs, samples): no call per item
             for index, item in enumerate(value):
@@ -518,7 +518,7 @@ def _tuple_items(checks: Sequence[_Check]) -> _Check:
     expected = f"an array of {len(checks)} items"
 
     def check(value: Any) -> None:
-        if type(value) is not list or len(value) != len(checks):
+        if not isinstance(value, list | tuple) or len(value) != len(checks):
             raise _WrongType(expected, value)
         for index, (inner, item) in enumerate(zip(checks, value, strict=True)):
             try:
@@ -535,7 +535,7 @@ def _values(inner: _Check) -> _Check:
     scalar = inner if isinstance(inner, _Scalar) else None
 
     def check(value: Any) -> None:
-        if type(value) is not dict:
+        if not isinstance(value, Mapping):
             raise _WrongType("an object", value)
         for key, item in value.items():
             if scalar is not None:
@@ -556,7 +556,7 @@ def _record(fields: Mapping[str, _Check]) -> _Check:
     ``fields`` may be filled after the call (a record that holds its own kind)."""
 
     def check(value: Any) -> None:
-        if type(value) is not dict:
+        if not isinstance(value, Mapping):
             raise _WrongType("an object", value)
         for key, item in value.items():
             inner = fields.get(key)
@@ -628,7 +628,7 @@ def _measured_row() -> _Check:
     cuda, cpu = _type_check(CudaStepMemory), _type_check(CpuStepMemory)
 
     def check(value: Any) -> None:
-        if type(value) is dict and value.get("kind") == "cuda":
+        if isinstance(value, Mapping) and value.get("kind") == "cuda":
             cuda(value)
         else:
             cpu(value)
@@ -648,5 +648,8 @@ def _check_profile_types(data: Mapping[str, Any]) -> None:
         flops = fields.pop("flops")
         fields["model"] = _record({**_dataclass_fields(ModelFacts), "flops": flops})
         fields["memory_measured"] = _items(_measured_row())
+        # The workload's description is free-form (a workload names its own keys) but for
+        # the sequence length, which every profile's reader takes as a whole number.
+        fields["workload"] = _record({"seq_len": _SCALARS[int]})
         _PROFILE_CHECK.append(_record(fields))
     _PROFILE_CHECK[0](data if type(data) is dict else dict(data))

@@ -67,7 +67,12 @@ _TENSOR_INITS = (
 
 class _SkipInitOnMeta(torch.overrides.TorchFunctionMode):
     """Inside a ``meta`` build: ``torch.nn.init``'s initialisers and the tensors' random
-    in-place fills return their (meta) tensor as is; every other call runs as usual."""
+    in-place fills return their (meta) tensor as is, after the same call on a small CPU
+    stand-in of its rank and dtype (at most 2 along each dimension), so that what a real build
+    refuses is refused here too (a fan of a 1-D tensor, ``uniform_(1, -1)``, an in-place fill
+    of a leaf that requires grad), with torch's own message and the random state untouched.
+    ``dirac_`` (whose check needs the real sizes) is skipped unchecked. Every other call runs
+    as usual."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -87,8 +92,26 @@ class _SkipInitOnMeta(torch.overrides.TorchFunctionMode):
         if func in self.skipped:
             tensor = args[0] if args else kwargs.get("tensor", kwargs.get("self"))
             if isinstance(tensor, torch.Tensor) and tensor.is_meta:
+                if func is not torch.nn.init.dirac_:
+                    self._check_on_cpu(func, tensor, args, kwargs)
                 return tensor
         return func(*args, **kwargs)
+
+    @staticmethod
+    def _check_on_cpu(
+        func: Any, tensor: torch.Tensor, args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> None:
+        proxy = torch.empty(
+            [min(size, 2) for size in tensor.shape], dtype=tensor.dtype, device="cpu"
+        )
+        if tensor.requires_grad and tensor.is_leaf:
+            proxy.requires_grad_(True)
+
+        def swap(value: Any) -> Any:
+            return proxy if value is tensor else value
+
+        with torch.random.fork_rng(devices=[]):
+            func(*map(swap, args), **{key: swap(value) for key, value in kwargs.items()})
 
 
 @contextlib.contextmanager

@@ -226,7 +226,7 @@ def _read_dcp(directory: Path) -> dict[str, torch.Tensor]:
         )
     with warnings.catch_warnings():
         # Said even when asked for (no_dist=True): one process reading it whole is the intent.
-        # torch 2.13 says "is disabled", earlier releases "is unavailable or uninitialized".
+        # Worded "is disabled" or "is unavailable or uninitialized" (by release and path).
         warnings.filterwarnings("ignore", message=r"torch\.distributed is (disabled|unavailable)")
         dcp.load({"model": model}, checkpoint_id=str(directory), no_dist=True)
     return model

@@ -105,6 +105,33 @@ def test_a_meta_build_skips_the_initialisers_and_never_imports_the_compiler(
     assert real.module.cpu_table.tolist() == [1.0] * 4
 
 
+@pytest.mark.parametrize(
+    ("line", "error"),
+    [
+        ("nn.init.kaiming_uniform_(m[1].bias)", "Fan in and fan out can not be computed"),
+        ("m[1].weight.uniform_(1.0, -1.0)", "a leaf Variable that requires grad"),
+        ("nn.init.normal_(m[1].weight, std=-1.0)", "normal expects std >= 0.0"),
+    ],
+    ids=["fan-of-a-vector", "in-place-on-a-leaf", "negative-std"],
+)
+def test_a_meta_build_refuses_the_initialiser_a_real_build_refuses(
+    tmp_path: Path, line: str, error: str
+) -> None:
+    """The initialisers a meta build skips are still checked (on a small CPU stand-in): a
+    factory a real build refuses is refused before a profile or a launch starts."""
+    user = tmp_path / "broken.py"
+    user.write_text(
+        "from torch import nn\n"
+        "def model():\n"
+        "    m = nn.Sequential(nn.Embedding(16, 8), nn.Linear(8, 16))\n"
+        f"    {line}\n"
+        "    return m\n"
+    )
+    for meta in (False, True):
+        with pytest.raises(UsageProblem, match=error):
+            build_model(f"{user}:model", meta=meta)
+
+
 @pytest.mark.parametrize("name", sorted(PUBLISHED))
 def test_preset_matches_published_size(name: str) -> None:
     published_params, published_layers = PUBLISHED[name]

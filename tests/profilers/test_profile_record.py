@@ -172,7 +172,10 @@ def test_a_profile_with_every_kind_of_row_reads_back(
     sorted(str(p.relative_to(REPO)) for p in REPO.glob("benchmarks/results/**/profile.json")),
 )
 def test_every_committed_profile_still_loads(path: str) -> None:
-    assert load_profile(REPO / path).schema_version == 1
+    profile = load_profile(REPO / path)
+    assert profile.schema_version == 1
+    # In memory too: to_dict keeps tuples and from_dict (an API) reads them back.
+    assert Profile.from_dict(profile.to_dict()) == profile
 
 
 WRONG = [
@@ -220,6 +223,7 @@ WRONG = [
     ("elapsed_s", "1", "a number, got a string"),
     ("budget_s", True, "a number or null, got a boolean"),
     ("precisions", "fp32", "an array or null, got a string"),
+    ("workload.seq_len", True, "a whole number, got a boolean"),
 ]
 
 
