@@ -349,8 +349,9 @@ def test_validation_flags_default_to_the_library_and_state_its_margins() -> None
 @pytest.mark.parametrize(
     ("field", "value", "said"),
     [
-        ("seq_len", "abc", "its workload's seq_len is 'abc', not a positive whole number"),
-        ("seq_len", None, "its workload's seq_len is None, not a positive whole number"),
+        # Not a whole number at all: refused as the profile is read (load_profile's type check).
+        ("seq_len", "abc", "workload.seq_len: expected a whole number, got a string"),
+        ("seq_len", None, "workload.seq_len: expected a whole number, got null"),
         ("seq_len", 0, "its workload's seq_len is 0, not a positive whole number"),
         ("model", None, "its workload names no model (model: None)"),
         ("model_args", "x", "its workload's model_args is 'x', not an object"),
@@ -369,7 +370,11 @@ def test_a_damaged_workload_is_one_line_not_a_traceback(
     extra = ["--global-batch-size", "8", "--validate-top", "0", "--quiet"]
     result = run(command, "--profile", str(bad), *(extra if command == "recommend" else []))
     assert result.exit_code == 2, result.output
-    assert result.stderr == f"error: the profile is damaged ({said}): re-run 'advisor profile'\n"
+    if said.startswith("workload."):
+        line = f"error: profile {bad} is not a profile ({said}): re-run 'advisor profile'\n"
+    else:
+        line = f"error: the profile is damaged ({said}): re-run 'advisor profile'\n"
+    assert result.stderr == line
 
 
 def _without_overhead(profile_path: Path, status: str, reason: str) -> Path:
