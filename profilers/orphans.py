@@ -32,6 +32,9 @@ from collections.abc import Callable
 PR_SET_PDEATHSIG = 1  # linux/prctl.h
 POLL_S = 0.5  # how often the watchdog looks at os.getppid() (the sentinel wakes it at once)
 _WATCHED: set[int] = set()  # the pid whose watch runs (one per process; a fork's differs)
+# Signal 9 by name where it has one: Windows' signal module has no SIGKILL (nor a prctl to ask,
+# nor process groups to kill).
+_SIGKILL: int = getattr(signal, "SIGKILL", 9)
 
 
 def _prctl() -> Callable[..., int] | None:
@@ -60,8 +63,7 @@ def kill_with_parent(parent: int | None = None, signum: int | None = None) -> Ca
     whose parent died before the request exits at once."""
     parent = os.getpid() if parent is None else parent
     prctl = _prctl()  # looked up in the parent: the child only calls it
-    # SIGKILL by name at call time: Windows' signal module has none (nor a prctl to ask).
-    signum = getattr(signal, "SIGKILL", 9) if signum is None else signum
+    signum = _SIGKILL if signum is None else signum
 
     def preexec() -> None:  # pragma: no cover - runs in the child before exec
         if prctl is None:
@@ -75,13 +77,12 @@ def kill_with_parent(parent: int | None = None, signum: int | None = None) -> Ca
 def _end_group() -> None:
     """Kill this process and, when it leads its process group (the isolated child made itself
     leader), the workers in that group with it."""
-    kill = getattr(signal, "SIGKILL", None)
-    if kill is None:  # Windows: no process groups to kill, no SIGKILL
+    if not hasattr(os, "killpg"):  # Windows: no process groups to kill, no SIGKILL
         os._exit(1)
     with contextlib.suppress(OSError):
         if os.getpgrp() == os.getpid():
-            os.killpg(os.getpid(), kill)
-    os.kill(os.getpid(), kill)
+            os.killpg(os.getpid(), _SIGKILL)
+    os.kill(os.getpid(), _SIGKILL)
 
 
 def exit_with_parent(parent: int | None = None, *, end: Callable[[], None] = _end_group) -> bool:
@@ -99,7 +100,7 @@ def exit_with_parent(parent: int | None = None, *, end: Callable[[], None] = _en
     if os.getpid() in _WATCHED:
         return False
     _WATCHED.add(os.getpid())
-    _parent_death_signal(getattr(signal, "SIGKILL", 9))
+    _parent_death_signal(_SIGKILL)
     if os.getppid() != parent:
         end()  # it died before we asked
         return True

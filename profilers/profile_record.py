@@ -9,6 +9,7 @@ provenance and per-probe status this module adds. Every nested record keeps its 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import types
 import typing
@@ -490,25 +491,28 @@ def _optional(inner: _Check) -> _Check:
     return check
 
 
+def _at(inner: _Check, item: Any, segment: str) -> None:
+    """Check ``item`` with ``inner``; a wrong type names ``segment`` in its path."""
+    if isinstance(inner, _Scalar):  # most fields and items: one type test, no call
+        if type(item) not in inner.allowed:
+            raise _WrongType(inner.expected, item, segment)
+        return
+    try:
+        inner(item)
+    except _WrongType as exc:
+        exc.path.append(segment)
+        raise
+
+
 def _items(inner: _Check, length: int | None = None) -> _Check:
     """An array whose items all pass ``inner``; of ``length`` items when given."""
     expected = "an array" if length is None else f"an array of {length} items"
-    scalar = inner if isinstance(inner, _Scalar) else None
 
     def check(value: Any) -> None:
         if not isinstance(value, list | tuple) or (length is not None and len(value) != length):
             raise _WrongType(expected, value)
-        if scalar is not None:  # scalars (xs, samples): no call per item
-            for index, item in enumerate(value):
-                if type(item) not in scalar.allowed:
-                    raise _WrongType(scalar.expected, item, f"[{index}]")
-            return
         for index, item in enumerate(value):
-            try:
-                inner(item)
-            except _WrongType as exc:
-                exc.path.append(f"[{index}]")
-                raise
+            _at(inner, item, f"[{index}]")
 
     return check
 
@@ -521,32 +525,19 @@ def _tuple_items(checks: Sequence[_Check]) -> _Check:
         if not isinstance(value, list | tuple) or len(value) != len(checks):
             raise _WrongType(expected, value)
         for index, (inner, item) in enumerate(zip(checks, value, strict=True)):
-            try:
-                inner(item)
-            except _WrongType as exc:
-                exc.path.append(f"[{index}]")
-                raise
+            _at(inner, item, f"[{index}]")
 
     return check
 
 
 def _values(inner: _Check) -> _Check:
     """An object whose values all pass ``inner`` (JSON keys are strings)."""
-    scalar = inner if isinstance(inner, _Scalar) else None
 
     def check(value: Any) -> None:
         if not isinstance(value, Mapping):
             raise _WrongType("an object", value)
         for key, item in value.items():
-            if scalar is not None:
-                if type(item) not in scalar.allowed:
-                    raise _WrongType(scalar.expected, item, _segment(key))
-                continue
-            try:
-                inner(item)
-            except _WrongType as exc:
-                exc.path.append(_segment(key))
-                raise
+            _at(inner, item, _segment(key))
 
     return check
 
@@ -560,17 +551,8 @@ def _record(fields: Mapping[str, _Check]) -> _Check:
             raise _WrongType("an object", value)
         for key, item in value.items():
             inner = fields.get(key)
-            if inner is None:
-                continue
-            if isinstance(inner, _Scalar):  # most fields: no call
-                if type(item) not in inner.allowed:
-                    raise _WrongType(inner.expected, item, _segment(key))
-                continue
-            try:
-                inner(item)
-            except _WrongType as exc:
-                exc.path.append(_segment(key))
-                raise
+            if inner is not None:
+                _at(inner, item, _segment(key))
 
     return check
 
@@ -636,20 +618,21 @@ def _measured_row() -> _Check:
     return check
 
 
-_PROFILE_CHECK: list[_Check] = []  # built on first use
+@functools.cache
+def _profile_check() -> _Check:
+    """The check of a whole profile (built on first use)."""
+    fields = _dataclass_fields(Profile)
+    # As to_dict writes them: the FLOP count inside "model", measured rows by their kind.
+    flops = fields.pop("flops")
+    fields["model"] = _record({**_dataclass_fields(ModelFacts), "flops": flops})
+    fields["memory_measured"] = _items(_measured_row())
+    # The workload's description is free-form (a workload names its own keys) but for
+    # the sequence length, which every profile's reader takes as a whole number.
+    fields["workload"] = _record({"seq_len": _SCALARS[int]})
+    return _record(fields)
 
 
 def _check_profile_types(data: Mapping[str, Any]) -> None:
     """Raise ``_WrongType`` (a TypeError naming the field, e.g. ``memory[3].peak_bytes``) for
     the first field of ``data`` whose JSON type its record does not declare."""
-    if not _PROFILE_CHECK:
-        fields = _dataclass_fields(Profile)
-        # As to_dict writes them: the FLOP count inside "model", measured rows by their kind.
-        flops = fields.pop("flops")
-        fields["model"] = _record({**_dataclass_fields(ModelFacts), "flops": flops})
-        fields["memory_measured"] = _items(_measured_row())
-        # The workload's description is free-form (a workload names its own keys) but for
-        # the sequence length, which every profile's reader takes as a whole number.
-        fields["workload"] = _record({"seq_len": _SCALARS[int]})
-        _PROFILE_CHECK.append(_record(fields))
-    _PROFILE_CHECK[0](data if type(data) is dict else dict(data))
+    _profile_check()(data)
