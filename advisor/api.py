@@ -318,6 +318,14 @@ def _given_path(value: Any, name: str) -> Path:
     return Path(value)
 
 
+def _val_data(value: str | os.PathLike[str] | None) -> str | None:
+    """``val_data=``: the CLI's --val-data SPEC (a path, or ``"FILE.jsonl:FIELD"``) as given."""
+    if value is None:
+        return None
+    _given_path(value, "val_data")  # a str or an os.PathLike, else refused
+    return os.fspath(value)
+
+
 def _out_dir(value: str | os.PathLike[str] | None) -> Path | None:
     """``out=`` of a function that writes a directory: a file in the way is a UsageProblem
     before any work (it was a FileExistsError, for profile after its probes had run)."""
@@ -411,6 +419,7 @@ _KEYWORDS = {
     "--nnodes": "nnodes",
     "--node-rank": "node_rank",
     "--rdzv-endpoint": "rdzv_endpoint",
+    "--val-data": "val_data",
 }
 _FLAG = re.compile(r"--[a-z][a-z-]*(?: [^\s(]+)?")
 
@@ -754,6 +763,7 @@ def train(
     keep_checkpoints: int = DEFAULT_KEEP_CHECKPOINTS,
     eval_every: int | None = None,
     eval_batches: int = DEFAULT_EVAL_BATCHES,
+    val_data: str | os.PathLike[str] | None = None,
     device: str = "auto",
     nnodes: int = 1,
     node_rank: int = 0,
@@ -771,7 +781,10 @@ def train(
     ``steps`` or ``tokens``: the run's length (default 300 steps). ``out``: the run directory
     (default ``runs/train-TIMESTAMP``); ``resume``: continue the run in ``out`` from its last
     checkpoint. ``checkpoint_every``/``keep_checkpoints``/``eval_every``/``eval_batches``: as the
-    CLI's flags. ddp/fsdp plans run through torchrun (``nnodes``, ``node_rank``,
+    CLI's flags. ``val_data``: the file the evaluations read (``--val-data``: text, a
+    ``.jsonl`` (``"FILE.jsonl:FIELD"``), a ``.bin`` or ``.npy`` of token ids, or a directory's
+    ``val.bin``; all of it), instead of the data's validation split; a resume without it keeps
+    the run's own. ddp/fsdp plans run through torchrun (``nnodes``, ``node_rank``,
     ``rdzv_endpoint`` for several machines), and report as a run in this process does (notes,
     the return value); the ranks' own stdout goes to ``OUT/stdout.log``, not to the caller's.
     ``progress``: True prints the per-step lines on stderr, or a callback ``progress(message)``
@@ -828,6 +841,7 @@ def train(
         checkpoint_every=checkpoint_every,
         eval_every=eval_every,
         eval_batches=eval_batches,
+        val_data=_val_data(val_data),
         keep_checkpoints=keep_checkpoints,
         device=device,
         progress=progress is True,  # the per-step display; a callback gets the lines alone
@@ -988,6 +1002,7 @@ def tune(
     out: str | os.PathLike[str] | None = None,
     device: str = "auto",
     seed: int | None = None,
+    val_data: str | os.PathLike[str] | None = None,
     progress: TuneProgress | Callable[[str], None] | bool | None = None,
 ) -> TuneResult:
     """Tune lr / warm-up / weight decay at the plan's config (``advisor tune``).
@@ -999,11 +1014,13 @@ def tune(
     ``storage``: an Optuna RDB URL (default ``sqlite:///OUT/study.db``), shared by workers;
     ``out``: where ``tuned_plan.json`` and ``tune/`` go (default: the plan's directory; needed
     for a Plan record, which is written there as ``tune/plan.json`` first); ``seed``: the
-    sampler's (default: fresh per worker); ``progress``: True prints advisor tune's lines on
-    stderr (a trial's parameters as it starts, its result as it ends), a callback
-    ``progress(message)`` receives them, or an :class:`advisor.tuning.TuneProgress` gets
-    each event. Returns a :class:`advisor.tuning.TuneResult` (``.plan`` is the tuned Plan,
-    ``.trials`` every trial, ``.summary`` the study)."""
+    sampler's (default: fresh per worker); ``val_data``: the file the trials are scored on
+    (as ``train``'s; default: the plan's data's validation split); ``progress``: True
+    prints advisor tune's lines on stderr (a trial's parameters as it starts, its result as
+    it ends), a callback ``progress(message)`` receives them, or an
+    :class:`advisor.tuning.TuneProgress` gets each event. Returns a
+    :class:`advisor.tuning.TuneResult` (``.plan`` is the tuned Plan, ``.trials`` every trial,
+    ``.summary`` the study)."""
     _not_while_a_child_imports_the_script()
     from advisor.tuning import TuneRequest
     from advisor.tuning import tune as run_tune
@@ -1040,6 +1057,7 @@ def tune(
         storage=storage,
         device=device,
         seed=seed,
+        val_data=_val_data(val_data),
     )
     with _in_api_terms(), _kept_environment():
         return run_tune(source, request, out=directory, progress=shown)

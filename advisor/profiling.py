@@ -153,6 +153,7 @@ def profile(request: ProfileRequest, out: Path, progress: Progress | None = None
         model_vocab=facts.vocab_size,
         min_tokens=request.seq_len + 1,
         model=request.model,
+        need_val=False,  # a profile never evaluates: a --val-data run has no val split here
     )
     check_shapes(
         TrainConfig(model=request.model, data=request.data, seq_len=request.seq_len), facts, source

@@ -22,7 +22,7 @@ import signal
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -84,6 +84,9 @@ class RunRequest:
     # train
     eval_every: int | None = None
     eval_batches: int = DEFAULT_EVAL_BATCHES
+    # --val-data: the file the evaluations (and the tune stage's scores) read; None: the
+    # validation split of --data (a resume without it keeps the run's own: run())
+    val_data: str | None = None
     checkpoint_every: int | None = None
     keep_checkpoints: int = DEFAULT_KEEP_CHECKPOINTS
     resume: bool = False
@@ -178,6 +181,7 @@ class RunRequest:
             .options(self.config_overrides)
             .option("eval_every", self.eval_every)
             .option("eval_batches", self.eval_batches, default=DEFAULT_EVAL_BATCHES)
+            .option("val_data", self.val_data)
             .option("checkpoint_every", self.checkpoint_every)
             .option("keep_checkpoints", self.keep_checkpoints, default=DEFAULT_KEEP_CHECKPOINTS)
             .option("out", out)
@@ -523,6 +527,7 @@ def _tune_stage(request: RunRequest, out: Path, say: ProgressFn) -> tuple[str, A
             storage=request.storage,
             device=request.device,
             eval_batches=request.eval_batches,
+            val_data=request.val_data,
         ),
         out=out,
         progress=Say(),
@@ -558,6 +563,7 @@ def _train_stage(request: RunRequest, out: Path, show_progress: bool) -> tuple[s
         checkpoint_every=request.checkpoint_every,
         eval_every=request.eval_every,
         eval_batches=request.eval_batches,
+        val_data=request.val_data,
         keep_checkpoints=request.keep_checkpoints,
         device=request.device,
         progress=show_progress,
@@ -734,7 +740,12 @@ class _RunLog:
         self.path = RunDir(out).run_log
         self.data: dict[str, Any] = {
             "command": request.command(out),
-            "request": {k: v for k, v in asdict(request).items() if k != "resume"},
+            # (val_data only when given: run.json of a run without it is as it was)
+            "request": {
+                k: v
+                for k, v in asdict(request).items()
+                if k != "resume" and not (k == "val_data" and v is None)
+            },
             "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
             "steps": request.train_steps,
             "stages": {},
@@ -754,6 +765,13 @@ def run(request: RunRequest, out: Path, progress: RunProgress | None = None) -> 
     error after writing the (partial) report."""
     display = progress or _Silent()
     _check_out(out, request)
+    request = _with_recorded_val_data(out, request)
+    # The data and --val-data refused now, not by the training child after the profile (which
+    # reads the train split only) and the search: minutes.
+    from advisor.training import check_data
+    from strategies.config import TrainConfig
+
+    check_data(TrainConfig(**request.workload()), request.val_data)
     # Weights of another model fail at the first training step: refuse them before the profile.
     from advisor.trainer.checkpoint import check_initial_weights
 
@@ -895,6 +913,17 @@ def run(request: RunRequest, out: Path, progress: RunProgress | None = None) -> 
     return RunResult(
         out=out, report=report, stages=tuple(stages), plan=plan, tuned=tuned, train=trained
     )
+
+
+def _with_recorded_val_data(out: Path, request: RunRequest) -> RunRequest:
+    """A ``--resume`` that names no --val-data keeps the one the run was started with
+    (run.json's request): its tune stage then resumes the same study, and its training
+    evaluates on the same file (the trainer keeps it too, from train_config.json)."""
+    if not request.resume or request.val_data is not None:
+        return request
+    recorded = (_read_json(RunDir(out).run_log) or {}).get("request")
+    val_data = recorded.get("val_data") if isinstance(recorded, dict) else None
+    return replace(request, val_data=val_data) if isinstance(val_data, str) else request
 
 
 def _note(display: RunProgress, text: str) -> None:

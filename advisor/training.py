@@ -27,6 +27,7 @@ from profilers.rundir import PLAN, TUNED_PLAN, RunDir, TrainDir
 from strategies.config import ConfigError, TrainConfig, compose_config, load_plan_config
 
 if TYPE_CHECKING:
+    from advisor.data.token_source import TokenSource
     from advisor.trainer.loop import TrainResult
 
 
@@ -282,8 +283,10 @@ def resumed_options(options: RunOptions) -> RunOptions:
     """``options`` of a ``--resume`` with what the run was started with in place of what the
     command does not say: its length (neither --steps nor --tokens: it trained on to the
     default 300 steps, with a schedule that had ended at the original length) and its
-    evaluation and checkpoint cadence (``train_config.json``'s ``total_steps`` and
-    ``options``). Anything else, or a run not resumed, is returned as is."""
+    evaluation and checkpoint cadence and its ``--val-data`` (``train_config.json``'s
+    ``total_steps`` and ``options``; a resume that names another --val-data evaluates on it
+    from then on, and the trainer says so). Anything else, or a run not resumed, is returned
+    as is."""
     from advisor.trainer.options import DEFAULT_STEPS
 
     kept: dict[str, Any] = {}
@@ -301,7 +304,33 @@ def resumed_options(options: RunOptions) -> RunOptions:
     for name in ("checkpoint_every", "eval_every"):
         if getattr(options, name) is None and isinstance(kept.get(name), int):
             changes[name] = kept[name]
+    if options.val_data is None and isinstance(kept.get("val_data"), str):
+        changes["val_data"] = kept["val_data"]
     return dataclasses.replace(options, **changes) if changes else options
+
+
+def check_data(config: TrainConfig, val_data: str | None) -> TokenSource:
+    """Every refusal of ``config``'s data and of ``--val-data`` beside its model, as the
+    trainer makes them (:func:`advisor.data.resolve_data`, ``check_shapes``), for a command
+    that trains later: ``advisor run`` before its profile (which reads the train split only),
+    ``advisor tune`` before its first trial (a trial refused it after minutes). The model is
+    read on the meta device, not built. Returns the source."""
+    from advisor.data import resolve_data
+    from advisor.trainer.loop import check_shapes
+    from advisor.workload import AdvisorWorkload
+
+    workload = AdvisorWorkload(config.model, dict(config.model_args), config.data, config.tokenizer)
+    facts = workload.facts()
+    source = resolve_data(
+        config.data,
+        tokenizer=config.tokenizer,
+        model_vocab=facts.vocab_size,
+        min_tokens=config.seq_len + 1,
+        model=config.model,
+        val_data=val_data,
+    )
+    check_shapes(config, facts, source)
+    return source
 
 
 def launch_ranks(

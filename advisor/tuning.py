@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime
+import hashlib
 import json
 import os
 import shutil
@@ -73,6 +74,7 @@ from strategies.tuning import (
 if TYPE_CHECKING:
     import optuna
 
+    from advisor.data.token_source import TokenSource
     from strategies.plan_records import Plan
 
 ATTR = "advisor_tune"  # each trial's user attribute: worker, heartbeat, then its outcome
@@ -97,6 +99,9 @@ class TuneRequest:
     device: str = "auto"
     eval_batches: int = DEFAULT_EVAL_BATCHES
     seed: int | None = None  # the sampler's; None: fresh per worker (trials' losses are seeded)
+    # --val-data: the file the trials are scored on (None: the plan's data's validation split);
+    # a study of its own (:func:`prepare`)
+    val_data: str | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.trials, int) or self.trials < 1:
@@ -116,6 +121,7 @@ class TuneRequest:
             .option("tokens_per_trial", self.tokens_per_trial)
             .option("params", self.params, default=DEFAULT_PARAMS)
             .option("device", self.device, default="auto")
+            .option("val_data", self.val_data)
             .option("out", out)
             .argv()
         )
@@ -149,6 +155,7 @@ class TrialSpec:
     plan: Path
     device: str = "auto"
     eval_batches: int = DEFAULT_EVAL_BATCHES
+    val_data: str | None = None
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -192,6 +199,7 @@ class ChildTrainer:
             steps=spec.steps,
             eval_every=spec.eval_every,
             eval_batches=spec.eval_batches,
+            val_data=spec.val_data,
             checkpoint_every=spec.steps,  # one checkpoint, at the end (deleted after)
             keep_checkpoints=1,
             device=spec.device,
@@ -410,6 +418,9 @@ def prepare(plan_path: Path, request: TuneRequest, out: Path | None) -> _Setup:
                 "--tokens-per-trial"
             )
     _check_storage(request.storage)
+    from advisor.training import check_data
+
+    source = check_data(config, request.val_data)  # a trial refused it after minutes
     directory = out if out is not None else file.parent
     if directory.exists() and not directory.is_dir():
         raise UsageProblem(f"--out {directory} is a file: name a directory")
@@ -426,11 +437,26 @@ def prepare(plan_path: Path, request: TuneRequest, out: Path | None) -> _Setup:
         warmup=warmup,
         ranges=ranges,
         storage=request.storage or default_storage(directory),
-        study_name=study_name(config, ranges, steps * config.tokens_per_step),
+        study_name=_study_name(config, ranges, steps * config.tokens_per_step, source.val),
         command=request.command(file, directory),
         asked_tokens=request.tokens_per_trial,
         defaults=defaults,
     )
+
+
+def _study_name(
+    config: TrainConfig, ranges: tuple[ParamRange, ...], tokens: int, val: TokenSource | None
+) -> str:
+    """:func:`strategies.tuning.study_name`, and for trials scored on ``--val-data`` a name of
+    their own: a study resumed with another validation set mixed scores of two sets. The set
+    is its files (resolved: ``val.txt`` and ``./val.txt`` are one) and its description (its
+    token count: a file written again with other contents is another set)."""
+    name = study_name(config, ranges, tokens)
+    if val is None:
+        return name
+    files = val.shards[1] if val.shards else (val.paths or ("",))[1:]
+    key = "|".join([*(str(Path(f).resolve()) for f in files), val.description])
+    return f"{name}-val-{hashlib.sha256(key.encode()).hexdigest()[:8]}"
 
 
 def _check_storage(storage: str | None) -> None:
@@ -637,6 +663,7 @@ def _one_trial(
             plan=plan_file,
             device=request.device,
             eval_batches=request.eval_batches,
+            val_data=request.val_data,
         )
         outcome = run_trial(spec, on_eval)
     except BaseException as exc:  # Ctrl-C, SIGTERM: the next run of the study re-runs this trial

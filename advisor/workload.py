@@ -95,6 +95,7 @@ class AdvisorWorkload:
             model_vocab=adapter.vocab_size,
             min_tokens=spec.seq_len + 1,
             model=self.model,
+            need_val=False,  # the input probe reads the train split
         )
         dataset = WindowDataset(
             source, "train", spec.seq_len, 0, adapter.make_objective(source.vocab_size)

@@ -220,7 +220,7 @@ def commands(run: RunFiles) -> Commands:
     for command in (train,) if train is explicit else (train, explicit, as_trained):
         if command is None:
             continue
-        for key in ("eval_every", "checkpoint_every", "eval_batches"):
+        for key in ("eval_every", "checkpoint_every", "eval_batches", "val_data"):
             command.option(key, kept.get(key))
         command.option("out", train_dir)
     # A training run alone (advisor train --model ... --out): its own command is the recipe;

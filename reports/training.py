@@ -366,7 +366,9 @@ def _loss_text(stats: TrainingStats) -> str:
     return f"{first:.3f} → {last:.3f}"
 
 
-def _facts(stats: TrainingStats, data: Any) -> tuple[Fact, ...]:
+def _facts(stats: TrainingStats, data: Any, val_data: Any = None) -> tuple[Fact, ...]:
+    """``data``/``val_data``: train_config.json's descriptions of the data and of the
+    --val-data file the evaluations read (None: the data's own validation split)."""
     facts = [
         Fact(
             label="steps",
@@ -400,6 +402,14 @@ def _facts(stats: TrainingStats, data: Any) -> tuple[Fact, ...]:
         facts.append(Fact(label="fp16 overflow skips", value=str(stats.skipped_steps)))
     if data:
         facts.append(Fact(label="data", value=str(data)))
+    if val_data:
+        facts.append(
+            Fact(
+                label="validation data",
+                value=str(val_data),
+                hint="what the eval loss is measured on (--val-data)",
+            )
+        )
     return tuple(facts)
 
 
@@ -512,7 +522,11 @@ def training_section(
         id="training",
         title="Training",
         lead=tuple(lead),
-        facts=_facts(stats, mapping(run.train_config).get("data")),
+        facts=_facts(
+            stats,
+            mapping(run.train_config).get("data"),
+            mapping(run.train_config).get("val_data"),
+        ),
         bullets=tuple(_bullets(run.profile, above_one, mfu is not None)),
         charts=nonempty(charts),
     )

@@ -157,7 +157,9 @@ model_options = _stack(
         default=None,
         help="stdlib (default: Python's own sources, byte-level), synthetic, a text file, "
         'FILE.jsonl[:FIELD] (JSON lines, the "text" field), a .bin of uint16 token ids, a .npy '
-        "of integer token ids, or a directory with train.bin/val.bin.",
+        "of integer token ids (a .bin may be an llm.c shard: its header is read), or a "
+        "directory with train.bin/val.bin or shards named *train*/*val* (llm.c's FineWeb "
+        "shards).",
     ),
     click.option(
         "--tokenizer",
@@ -501,6 +503,19 @@ run_length_options = _stack(
     ),
 )
 
+VAL_DATA_HELP = (
+    "Evaluate on this file instead of --data's validation split: text (read as --data is, "
+    "through the same tokenizer), FILE.jsonl[:FIELD], a .bin of uint16 ids, a .npy of integer "
+    "ids, or a directory's val.bin or *val* shards; all of it is the validation set, and a "
+    "single --data file then trains on all of it. A --resume without it keeps the run's own."
+)
+
+
+def val_data_option(help_text: str = VAL_DATA_HELP) -> Decorator[Any]:
+    """--val-data (train, run: in :data:`train_output_options`; tune)."""
+    return click.option("--val-data", default=None, metavar="SPEC", help=help_text)
+
+
 train_output_options = _stack(
     click.option(
         "--checkpoint-every",
@@ -529,6 +544,7 @@ train_output_options = _stack(
         help="Validation global batches per eval (the same samples for any micro/accum/rank "
         "split).",
     ),
+    val_data_option(),
 )
 
 
@@ -543,6 +559,7 @@ def run_options(params: Mapping[str, Any], out: Path, *, resume: bool) -> RunOpt
         checkpoint_every=params["checkpoint_every"],
         eval_every=params["eval_every"],
         eval_batches=params["eval_batches"],
+        val_data=params["val_data"],
         keep_checkpoints=params["keep_checkpoints"],
         device=params["device"],
         progress=not params["quiet"],

@@ -10,7 +10,14 @@ from typing import Any
 
 import click
 
-from advisor.cli.options import POSITIVE, TOKENS, device_option, out_option, quiet_option
+from advisor.cli.options import (
+    POSITIVE,
+    TOKENS,
+    device_option,
+    out_option,
+    quiet_option,
+    val_data_option,
+)
 from strategies.config import DEFAULT_STEPS
 from strategies.tuning import (
     DEFAULT_PARAMS,
@@ -131,6 +138,11 @@ class CliTuneProgress:
     help="Optuna storage URL, also shared by several workers (e.g. postgresql+psycopg2://...); "
     "default sqlite:///OUT/study.db.",
 )
+@val_data_option(
+    "Score the trials on this file instead of the plan's data's validation split (the same "
+    "forms as advisor train's --val-data: text read as the plan's data is, FILE.jsonl[:FIELD], "
+    "a .bin or .npy of token ids, or a directory's val.bin); a study of its own."
+)
 @out_option("Where tuned_plan.json and tune/ go (default: the plan's directory).")
 @device_option("Where the trials train.")
 @quiet_option("No progress lines on stderr.")
@@ -147,6 +159,7 @@ def tune(**params: Any) -> None:
         params=params["params"],
         storage=params["storage"],
         device=params["device"],
+        val_data=params["val_data"],
     )
     from advisor.run import sigterm_stops_the_run
 

@@ -28,7 +28,8 @@ from advisor.errors import UsageProblem
 
 ACCEPTED = (
     '--data takes UTF-8 text, .jsonl lines with a "text" field, a .bin of uint16 token ids, '
-    "a .npy of integer token ids, a directory with train.bin and val.bin, stdlib or synthetic"
+    "a .npy of integer token ids, a directory with train.bin and val.bin (or shards named for "
+    "their split), stdlib or synthetic"
 )
 JSONL_SUFFIXES = (".jsonl", ".json")
 DOCUMENT_SEPARATOR = b"\n\n"  # between JSONL documents, as after each stdlib file

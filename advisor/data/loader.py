@@ -16,6 +16,7 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset, Sampler
 
+from advisor.data.shards import ShardedTokens
 from advisor.data.token_source import TokenSource
 from advisor.models.objectives import Objective
 
@@ -43,7 +44,8 @@ class WindowDataset(Dataset[dict[str, torch.Tensor]]):
         self.source, self.split, self.seq_len = source, split, seq_len
         self.seed = seed if split == "train" else mix(seed, _STREAM_VAL)
         self.objective = objective
-        self._tokens: np.ndarray | None = None  # opened lazily in each worker process
+        # opened lazily in each worker process
+        self._tokens: np.ndarray | ShardedTokens | None = None
 
     def __getstate__(self) -> dict[str, Any]:
         return {**self.__dict__, "_tokens": None}
@@ -147,7 +149,7 @@ class DataUse(NamedTuple):
     train_tokens: int  # tokens in the train split
     drawn_tokens: int  # steps x global batch x seq_len: the tokens the run trains on
     passes: float  # drawn_tokens / train_tokens
-    val_windows: int  # distinct validation windows (one per start position)
+    val_windows: int  # distinct validation windows (one per start position; --val-data's own)
     eval_windows: int  # windows one evaluation draws (eval batches x global batch)
 
 
@@ -182,8 +184,10 @@ def repetition_notice(source: TokenSource, use: DataUse | None) -> str | None:
             "more data or fewer --steps repeat less)"
         )
     if use.eval_windows > use.val_windows:
+        # --val-data: its own windows, named (the line otherwise names --data alone)
+        of = f" of --val-data {source.val.label or source.val.spec}" if source.val else ""
         parts.append(
             f"each evaluation draws {use.eval_windows:,} windows from {use.val_windows:,} "
-            "distinct validation windows (fewer --eval-batches repeat less)"
+            f"distinct validation windows{of} (fewer --eval-batches repeat less)"
         )
     return f"data {source.label or source.spec}: {'; '.join(parts)}" if parts else None

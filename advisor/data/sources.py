@@ -7,11 +7,18 @@
   A file that is not text (NUL bytes, an archive's magic ...) is refused (advisor.data.formats).
 * ``FILE.jsonl`` (or ``.json`` lines, ``FILE.jsonl:FIELD``): the documents of each line's
   ``"text"`` field, read as a text file is.
-* ``FILE.bin``: uint16 token ids (nanoGPT format); last 10% is val. A directory holding
-  ``train.bin`` and ``val.bin`` uses those two files. ``FILE.npy``: integer token ids.
+* ``FILE.bin``: uint16 token ids (nanoGPT format), or an llm.c token shard (its header read,
+  advisor.data.shards); last 10% is val. A directory holding ``train.bin`` and ``val.bin``, or
+  shards named for their split (``fineweb_train_000001.bin`` ...), reads each split as one
+  stream. ``FILE.npy``: integer token ids.
 * ``synthetic``: random tokens over the model's vocabulary, for probes and smoke tests.
 * with ``--tokenizer DIR`` (a local Hugging Face tokenizer, extra ``hf``), text sources are
   tokenized once and cached as token-id files.
+
+``--val-data SPEC`` names a validation set of its own: the whole of a file of the forms above
+(or a directory's ``val.bin``), read as the train data is (text through the same tokenizer);
+the train split of a single-file ``--data`` is then the whole file (a directory's train.bin
+and the stdlib's train files stay as they are).
 
 Token arrays are memory-mapped from files (the cache for ``stdlib`` and tokenized text), so data
 loader workers open them cheaply under any multiprocessing start method.
@@ -19,7 +26,10 @@ loader workers open them cheaply under any multiprocessing start method.
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import hashlib
+import json
 import os
 import sysconfig
 from pathlib import Path
@@ -27,12 +37,21 @@ from pathlib import Path
 import numpy as np
 
 from advisor.data.formats import (
+    ACCEPTED,
     id_range,
     is_npy,
     jsonl_source,
     jsonl_spec,
     npy_source,
     refuse_binary,
+)
+from advisor.data.shards import (
+    HEADER_BYTES,
+    ShardHeader,
+    ShardSet,
+    directory_shards,
+    shard_header,
+    shard_set,
 )
 from advisor.data.token_source import BYTE_VOCAB, VAL_FRACTION, TokenSource, cache_dir
 from advisor.data.tokenized import TEXT_KINDS, model_tokenizer, tokenize_source
@@ -114,13 +133,33 @@ def _refuse_wider_ids(path: Path) -> None:
         )
 
 
-def _bin_vocab(paths: list[Path]) -> int:
-    top = 0
-    for path in paths:
-        if path.stat().st_size == 0:
-            continue
-        top = max(top, id_range(np.memmap(path, dtype=np.uint16, mode="r"))[1])
-    return top + 1
+# Files at least this large have their largest id cached (a 10B-token data set is scanned once).
+ID_CACHE_MIN_BYTES = 1 << 24
+
+
+def _largest_id(path: Path, dtype: str, offset: int) -> int:
+    """The largest id of a token file (0 if it holds none), cached for a large file under its
+    path, size and modification time: the vocabulary check of every later command is free."""
+    stat = path.stat()
+    if stat.st_size <= offset:
+        return 0
+    # ctime and the inode too: a copy that keeps the mtime (cp -p, rsync -a) changes them
+    key = (
+        f"{path.resolve()}:{stat.st_size}:{stat.st_mtime_ns}:{stat.st_ctime_ns}:{stat.st_ino}:"
+        f"{dtype}:{offset}"
+    )
+    cached = cache_dir() / f"ids-{hashlib.sha1(key.encode()).hexdigest()[:16]}.json"
+    if stat.st_size >= ID_CACHE_MIN_BYTES and cached.is_file():
+        with contextlib.suppress(OSError, ValueError, KeyError, TypeError):
+            return int(json.loads(cached.read_text())["largest_id"])
+    high = id_range(np.memmap(path, dtype=dtype, mode="r", offset=offset))[1]
+    if stat.st_size >= ID_CACHE_MIN_BYTES:
+        write_atomically(cached, json.dumps({"file": key, "largest_id": high}).encode())
+    return high
+
+
+def _bin_vocab(paths: list[Path], dtype: str = "uint16", offset: int = 0) -> int:
+    return max((_largest_id(path, dtype, offset) for path in paths), default=0) + 1
 
 
 def resolve_data(
@@ -130,12 +169,18 @@ def resolve_data(
     model_vocab: int | None = None,
     min_tokens: int = 2,
     model: str | None = None,
+    val_data: str | None = None,
+    need_val: bool = True,
 ) -> TokenSource:
     """The token source named by ``--data`` (``min_tokens``: each split must hold a window).
     Text for an ``hf:DIR`` ``model`` that ships a tokenizer is tokenized with it when
     ``tokenizer`` is None (:func:`advisor.data.tokenized.model_tokenizer`). ``model_vocab``
     (the model's vocabulary; synthetic data draws from it, 256 if None): a tokenizer larger
-    than it is refused before it tokenizes anything."""
+    than it is refused before it tokenizes anything. ``val_data`` (``--val-data``): the
+    validation set, nested as the source's ``val`` (:func:`_val_file_source`). ``need_val``
+    False (a profile, which never evaluates): only the train split must be there."""
+    if val_data is not None:
+        _refuse_val_spec(val_data, spec)
     if spec == "synthetic":
         if tokenizer:
             raise UsageProblem("--tokenizer has no effect on synthetic data: drop it")
@@ -146,17 +191,37 @@ def resolve_data(
             vocab_size=vocab,
             description=f"random tokens over {vocab} ids",
         )
-    source = _stdlib_source() if spec == "stdlib" else _file_source(spec)
+    own_val = need_val and val_data is None
+    source = _stdlib_source() if spec == "stdlib" else _file_source(spec, need_val=own_val)
     if tokenizer and source.kind not in TEXT_KINDS:
         raise UsageProblem(
             f"--tokenizer applies to text data, not .{source.kind} token ids: drop it"
         )
+    val = None
+    if val_data is not None:
+        val = _val_file_source(val_data)
+        _refuse_other_tokens(spec, source, val_data, val)
+        _refuse_train_files(spec, source, val_data, val)
     name = tokenizer or model_tokenizer(model)  # the model directory's own, by default
     if name and source.kind in TEXT_KINDS:
         source = tokenize_source(
             source, name, own=not tokenizer, model_vocab=model_vocab, model=model
         )
-    for split in ("train", "val"):
+        if val is not None:  # the same tokenizer: the ids mean the same tokens in both
+            val = tokenize_source(
+                val, name, own=not tokenizer, model_vocab=model_vocab, model=model
+            )
+            val = dataclasses.replace(val, split_at=None)  # all of it is the validation set
+    if val is not None:
+        if (count := val.num_tokens("val")) < min_tokens:
+            raise UsageProblem(
+                f"--val-data {val_data!r} has {count} tokens, fewer than one window of "
+                f"{min_tokens}: use more validation data or a shorter --seq-len"
+            )
+        # A single file trains on all of it (no 10% held back); a directory or the stdlib
+        # keeps its train part (split_at is None for them already).
+        source = dataclasses.replace(source, split_at=None, val=val)
+    for split in ("train", "val") if need_val or val is not None else ("train",):
         if source.num_tokens(split) < min_tokens:
             raise UsageProblem(
                 f"data {spec!r} has {source.num_tokens(split)} {split} tokens, fewer than one "
@@ -165,7 +230,7 @@ def resolve_data(
     return source
 
 
-def _file_source(spec: str) -> TokenSource:
+def _file_source(spec: str, *, need_val: bool = True) -> TokenSource:
     """A file or directory named by ``--data``, by its suffix (``.bin``, ``.npy``, ``.jsonl``
     in any case) or else as text."""
     if (jsonl := jsonl_spec(spec)) is not None:
@@ -179,32 +244,10 @@ def _file_source(spec: str) -> TokenSource:
             "directory with train.bin and val.bin"
         )
     if path.is_dir():
-        train, val = path / "train.bin", path / "val.bin"
-        if not (train.is_file() and val.is_file()):
-            # Which one is missing, and what else would do: "needs train.bin and val.bin" left
-            # a directory of one train.bin (or of a .npy or text) without a way forward.
-            missing = " and ".join(p.name for p in (train, val) if not p.is_file())
-            alone = (
-                f", or pass {train} alone (its last 10% is validation)" if train.is_file() else ""
-            )
-            raise UsageProblem(
-                f"directory {path} has no {missing}: a --data directory holds train.bin and "
-                f"val.bin of uint16 token ids (nanoGPT's format){alone}; a file of ids or text "
-                "is passed as the file itself"
-            )
-        for part in (train, val):
-            _refuse_wider_ids(part)
-        return TokenSource(
-            spec=spec,
-            kind="bin",
-            vocab_size=_bin_vocab([train, val]),
-            paths=(str(train), str(val)),
-            dtype="uint16",
-            # The counts too: a resume tells a train.bin written again by its size (loop).
-            description=f"{path}/{{train,val}}.bin ({train.stat().st_size // 2:,} + "
-            f"{val.stat().st_size // 2:,} tokens)",
-        )
+        return _directory_source(spec, path, need_val=need_val)
     if path.suffix.lower() == ".bin":
+        if (header := shard_header(path)) is not None:
+            return _llmc_file(spec, path, header)
         if path.stat().st_size % 2:
             raise UsageProblem(
                 f"{path} has an odd size ({path.stat().st_size:,} bytes): a .bin holds uint16 "
@@ -217,3 +260,208 @@ def _file_source(spec: str) -> TokenSource:
         return npy_source(spec, path)
     refuse_binary(path)
     return _single_file(spec, path, "uint8", BYTE_VOCAB, "text")
+
+
+def _llmc_file(spec: str, path: Path, header: ShardHeader) -> TokenSource:
+    """One llm.c token shard (advisor.data.shards): its ids past the header; the last 10% is
+    the validation split, as for a plain .bin."""
+    n = header.num_tokens
+    return TokenSource(
+        spec=spec,
+        kind="bin",
+        vocab_size=_bin_vocab([path], header.dtype, HEADER_BYTES),
+        paths=(str(path), str(path)),
+        split_at=int(n * (1 - VAL_FRACTION)),
+        dtype=header.dtype,
+        offset=HEADER_BYTES,
+        description=f"{path.name} ({n:,} tokens, an llm.c {header.writer} shard)",
+        label=path.name,
+    )
+
+
+DIRECTORY_FORMS = (
+    "a --data directory holds train.bin and val.bin of uint16 token ids (nanoGPT's format), "
+    "or shards named for their split (llm.c's fineweb_train_000001.bin ... and "
+    "fineweb_val_000000.bin)"
+)
+
+
+def _read_alike(paths: list[Path]) -> ShardSet:
+    """The shards ``paths`` in one format (advisor.data.shards.shard_set); raw uint16 ones are
+    checked for wider ids as a single .bin is."""
+    shards = shard_set(paths)
+    if shards.writer is None:
+        for path in paths:
+            _refuse_wider_ids(path)
+    return shards
+
+
+def _shards_format(shards: ShardSet) -> str:
+    return f"llm.c {shards.writer} shards" if shards.writer else "uint16 ids"
+
+
+def _directory_source(spec: str, path: Path, *, need_val: bool = True) -> TokenSource:
+    """A --data directory: train.bin and val.bin, or shards whose names say their split, each
+    split read as one stream (``need_val`` False: --val-data names the validation set, so the
+    directory may have no val shard)."""
+    found = directory_shards(path)
+    # train.bin and val.bin, where there, are the splits (other files beside them are not read)
+    for split in ("train", "val"):
+        if (path / f"{split}.bin").is_file():
+            found[split] = [path / f"{split}.bin"]
+    train, val = found["train"], found["val"]
+    if not train or (need_val and not val):
+        # Which one is missing, and what else would do: "needs train.bin and val.bin" left
+        # a directory of one train.bin (or of a .npy or text) without a way forward.
+        missing = " and ".join(
+            what for what, files in (("train.bin", train), ("val.bin", val)) if not files
+        )
+        alone = ""
+        if len(train) == 1:
+            alone = f", or pass {train[0]} alone (its last 10% is validation)"
+        if train:
+            alone += ", or name the validation set with --val-data"
+        neither = found[""]
+        if neither:
+            names = ", ".join(p.name for p in neither[:3]) + (", ..." if len(neither) > 3 else "")
+            alone += f" ({len(neither)} .bin files name neither split: {names})"
+        raise UsageProblem(
+            f"directory {path} has no {missing}: {DIRECTORY_FORMS}{alone}; a file of ids or "
+            "text is passed as the file itself"
+        )
+    alike = _read_alike(train + val)  # one format for both splits
+    train_set, val_set = shard_set(train), shard_set(val) if val else None
+    classic = (
+        [p.name for p in train] == ["train.bin"]
+        and [p.name for p in val] == ["val.bin"]
+        and alike.writer is None
+    )
+    if classic:
+        # The counts too: a resume tells a train.bin written again by its size (loop).
+        description = f"{path}/{{train,val}}.bin ({train_set.num_tokens:,} + "
+        description += f"{val_set.num_tokens if val_set else 0:,} tokens)"
+    else:
+        counts = f"{train_set.num_tokens:,}"
+        files = f"{len(train)} train shard{'s' if len(train) > 1 else ''}"
+        if val_set is not None:
+            files += f" + {len(val)} val shard{'s' if len(val) > 1 else ''}"
+            counts += f" + {val_set.num_tokens:,}"
+        description = f"{path}: {files} ({counts} tokens, {_shards_format(alike)})"
+    one_each = len(train) == 1 and len(val) == 1
+    return TokenSource(
+        spec=spec,
+        kind="bin",
+        vocab_size=_bin_vocab(train + val, alike.dtype, alike.offset),
+        paths=(str(train[0]), str((val or train)[0])),
+        dtype=alike.dtype,
+        offset=alike.offset,
+        shards=None if one_each else (alike.paths[: len(train)], alike.paths[len(train) :]),
+        description=description,
+    )
+
+
+VAL_DATA_FORMS = (
+    "a text file, FILE.jsonl[:FIELD], a .bin of uint16 token ids, a .npy of integer token ids, "
+    "or a directory holding val.bin or val shards"
+)
+
+
+def _refuse_val_spec(val_data: str, data: str) -> None:
+    """``--val-data`` names a file: not the stdlib or random tokens, and not beside
+    ``--data synthetic`` (whose windows are random ids, never read from a file)."""
+    if val_data in ("synthetic", "stdlib"):
+        raise UsageProblem(
+            f"--val-data {val_data} is not a validation file: pass {VAL_DATA_FORMS}, or drop "
+            "--val-data to evaluate on the validation split of --data"
+        )
+    if data == "synthetic":
+        raise UsageProblem(
+            f"--val-data {val_data} with --data synthetic: random tokens have no validation "
+            "file; pass the train data as --data FILE, or drop --val-data"
+        )
+
+
+def _val_file_source(spec: str) -> TokenSource:
+    """``--val-data SPEC``: the whole of a file of ``--data``'s file forms, or a directory's
+    val.bin (its train.bin, if any, is not read), as a source whose "val" tokens are all of it
+    (``split_at`` None: the file, not its last 10%)."""
+    path = Path(spec).expanduser()
+    if jsonl_spec(spec) is None and path.is_dir():
+        val = [path / "val.bin"] if (path / "val.bin").is_file() else directory_shards(path)["val"]
+        if not val:
+            raise UsageProblem(
+                f"--val-data directory {path} has no val.bin: write the validation ids there "
+                "as val.bin (uint16, nanoGPT's format) or as shards named for it (llm.c's "
+                "fineweb_val_000000.bin), or pass the validation file itself"
+            )
+        shards = _read_alike(val)
+        if [p.name for p in val] == ["val.bin"] and shards.writer is None:
+            description, label = f"{val[0]} ({shards.num_tokens:,} tokens)", str(val[0])
+        else:
+            plural = "s" if len(val) > 1 else ""
+            description = (
+                f"{path}: {len(val)} val shard{plural} ({shards.num_tokens:,} tokens, "
+                f"{_shards_format(shards)})"
+            )
+            label = str(path)
+        return TokenSource(
+            spec=spec,
+            kind="bin",
+            vocab_size=_bin_vocab(val, shards.dtype, shards.offset),
+            paths=(str(val[0]), str(val[0])),
+            dtype=shards.dtype,
+            offset=shards.offset,
+            shards=None if len(val) == 1 else ((), shards.paths),
+            description=description,
+            label=label,
+        )
+    if jsonl_spec(spec) is None and not path.exists():
+        raise UsageProblem(f"--val-data {spec!r} does not exist: pass {VAL_DATA_FORMS}")
+    try:
+        return dataclasses.replace(_file_source(spec), split_at=None)
+    except UsageProblem as exc:  # the readers name --data and its forms: this is --val-data
+        text = str(exc).replace(ACCEPTED, f"--val-data takes {VAL_DATA_FORMS}")
+        raise UsageProblem(text.replace("--data ", "--val-data ")) from None
+
+
+def _token_files(source: TokenSource, split: str) -> set[Path]:
+    """The files a split of a (not yet tokenized) source reads."""
+    if source.paths is None:
+        return set()
+    if source.shards is not None:
+        files = source.shards[split == "val"]
+    elif source.split_at is not None or split == "train":
+        files = (source.paths[0],)
+    else:
+        files = (source.paths[1],)
+    return {Path(f).resolve() for f in files}
+
+
+def _refuse_train_files(spec: str, train: TokenSource, val_data: str, val: TokenSource) -> None:
+    """``--val-data`` that names what the run trains on: its eval loss would measure the
+    training data, not held-out data."""
+    if _token_files(train, "train") & _token_files(val, "val"):
+        raise UsageProblem(
+            f"--val-data {val_data} is data that --data {spec} trains on: its eval loss would "
+            "measure training data; pass a held-out file, or drop --val-data to evaluate on "
+            "the validation split of --data"
+        )
+
+
+def _refuse_other_tokens(spec: str, train: TokenSource, val_data: str, val: TokenSource) -> None:
+    """Text validation data beside token-id train data (or the reverse): the same number
+    would mean a byte in one and a token in the other."""
+    train_text, val_text = train.kind in TEXT_KINDS, val.kind in TEXT_KINDS
+    if train_text == val_text:
+        return
+    if val_text:
+        raise UsageProblem(
+            f"--val-data {val_data} is text but --data {spec} holds token ids "
+            f"(.{train.kind}): pass validation token ids from the same tokenizer (.bin or .npy), "
+            "or text for both"
+        )
+    raise UsageProblem(
+        f"--val-data {val_data} holds token ids (.{val.kind}) but --data {spec} is text: pass "
+        "validation text (it is read as --data is, through the same tokenizer), or token ids "
+        "for both"
+    )

@@ -127,6 +127,13 @@ def check_shapes(config: TrainConfig, facts: ModelFacts, source: TokenSource) ->
             f"{config.model} has a vocabulary of {facts.vocab_size}: use "
             f"--model-arg vocab_size={source.vocab_size} (or a matching tokenizer)"
         )
+    val = source.val
+    if val is not None and val.vocab_size > facts.vocab_size:
+        raise UsageProblem(
+            f"--val-data {val.spec!r} has token ids up to {val.vocab_size - 1} but "
+            f"{config.model} has a vocabulary of {facts.vocab_size}: pass validation ids from "
+            f"the train data's tokenizer (or --model-arg vocab_size={val.vocab_size})"
+        )
 
 
 def check_block_knobs(config: TrainConfig, facts: ModelFacts) -> None:
@@ -228,6 +235,7 @@ class Trainer:
             model_vocab=self.facts.vocab_size,
             min_tokens=config.seq_len + 1,
             model=config.model,
+            val_data=options.val_data,
         )
         check_shapes(config, self.facts, self.source)
         self.out = options.out
@@ -409,7 +417,8 @@ class Trainer:
         return value
 
     def evaluate(self) -> float:
-        """Mean loss over the first ``eval_batches`` global batches of the validation split.
+        """Mean loss over the first ``eval_batches`` global batches of the validation split
+        (all of ``--val-data`` when given: the source's nested ``val``).
 
         The same samples whatever the split into micro-batches, accumulation and ranks, so the
         eval loss of two configs at one global batch is comparable.
@@ -567,6 +576,8 @@ class Trainer:
                     f"{was}; now: {now}): the resumed steps read the new "
                     "data, so they will not match an uninterrupted run"
                 )
+            if (note := self._val_data_note()) is not None:
+                self._note(note)
         write_atomically(
             self.files.train_config,
             json.dumps(
@@ -579,6 +590,7 @@ class Trainer:
                         "eval_every": self.eval_every,
                         "eval_batches": self.options.eval_batches,
                         "keep_checkpoints": self.options.keep_checkpoints,
+                        **self._val_data_option(),
                     },
                     "device": str(self.device),
                     # which GPU: a what-if plan's report tells its target from another one
@@ -586,6 +598,7 @@ class Trainer:
                     if self.device.type == "cuda"
                     else None,
                     "data": self.source.description,
+                    **self._val_data_record(),
                     "model": self.facts.to_dict(),
                     "weights": weights,
                 },
@@ -593,6 +606,43 @@ class Trainer:
             )
             + "\n",
             durable=True,
+        )
+
+    def _val_data_option(self) -> dict[str, str]:
+        """train_config.json's ``options`` entry of --val-data (none without it: the file of a
+        run without one is as it was)."""
+        return {} if self.options.val_data is None else {"val_data": self.options.val_data}
+
+    def _val_data_record(self) -> dict[str, str]:
+        """train_config.json's ``val_data``: what the evaluations read (none without it)."""
+        return {} if self.source.val is None else {"val_data": self.source.val.description}
+
+    def _val_data_note(self) -> str | None:
+        """A resume whose validation set is not the one the run started with: its evaluations
+        from now on do not compare with the earlier ones (and where the run had held back the
+        last 10% of a single --data file for them, its train steps now read that too)."""
+        was, val = self._saved("val_data"), self.source.val
+        if val is None or was == val.description:
+            return None
+        if isinstance(was, str):
+            return (
+                f"validation data changed since {self.out} last started (then: {was}; now: "
+                f"{val.description}): the evaluations from here on read the new data, so their "
+                "losses do not compare with the earlier ones"
+            )
+        assert self.source.paths is not None  # --val-data beside synthetic data is refused
+        train, held = self.source.paths
+        whole = (
+            f"; the train steps now read the whole of {self.config.data} (its last 10%, held "
+            "back for validation until now, included), so they will not match an "
+            "uninterrupted run"
+            if train == held
+            else ""
+        )
+        return (
+            f"--val-data {val.spec}: {self.out} started without it, evaluating on the "
+            f"validation split of {self.config.data}; the evaluations from here on read "
+            f"{val.description}, so their losses do not compare with the earlier ones{whole}"
         )
 
     def _saved_weights(self) -> Any:

@@ -35,6 +35,9 @@ class RunOptions:
     checkpoint_every: int | None = None  # None: about four checkpoints per run
     eval_every: int | None = None  # None: about ten evals per run; 0: only at the end
     eval_batches: int = DEFAULT_EVAL_BATCHES
+    # --val-data: the file evaluations read (advisor.data.resolve_data); None: the validation
+    # split of the config's data
+    val_data: str | None = None
     keep_checkpoints: int = DEFAULT_KEEP_CHECKPOINTS
     device: str = "auto"
     progress: bool = True
@@ -54,6 +57,7 @@ class RunOptions:
             .option("out", self.out)
             .option("device", self.device)
             .option("eval_batches", self.eval_batches)
+            .option("val_data", self.val_data)
             .option("keep_checkpoints", self.keep_checkpoints)
             .option("steps", self.steps)
             .option("tokens", self.tokens)

@@ -143,9 +143,10 @@ def test_a_data_directory_missing_a_split_names_it_and_the_way_forward(tmp_path:
         resolve_data(str(tmp_path / "half"))
     assert one_line_problem(excinfo) == (
         f"directory {tmp_path / 'half'} has no val.bin: a --data directory holds train.bin and "
-        "val.bin of uint16 token ids (nanoGPT's format), or pass "
-        f"{tmp_path / 'half' / 'train.bin'} alone (its last 10% is validation); a file of ids "
-        "or text is passed as the file itself"
+        "val.bin of uint16 token ids (nanoGPT's format), or shards named for their split "
+        "(llm.c's fineweb_train_000001.bin ... and fineweb_val_000000.bin), or pass "
+        f"{tmp_path / 'half' / 'train.bin'} alone (its last 10% is validation), or name the "
+        "validation set with --val-data; a file of ids or text is passed as the file itself"
     )
     with pytest.raises(UsageProblem, match=r"has no train\.bin and val\.bin: a --data dir"):
         resolve_data(str(tmp_path / "none"))

@@ -143,8 +143,8 @@ def test_a_file_that_is_not_text_is_refused(
     assert hint in message
     assert message.endswith(
         '--data takes UTF-8 text, .jsonl lines with a "text" field, a .bin of uint16 token '
-        "ids, a .npy of integer token ids, a directory with train.bin and val.bin, stdlib or "
-        "synthetic"
+        "ids, a .npy of integer token ids, a directory with train.bin and val.bin (or shards "
+        "named for their split), stdlib or synthetic"
     )
 
 
