@@ -14,7 +14,7 @@ import torch
 from click.testing import CliRunner
 
 from advisor.cli import main
-from advisor.data import WindowDataset, resolve_data, sources
+from advisor.data import StepSampler, WindowDataset, make_loader, resolve_data, sources
 from advisor.data.shards import (
     HEADER_BYTES,
     ShardedTokens,
@@ -389,3 +389,28 @@ def test_a_run_checks_its_data_before_the_profile_that_reads_train_only(tmp_path
     assert source.val is not None and source.val.description.startswith(f"{held}: 1 val shard")
     with pytest.raises(UsageProblem, match=r"has no val\.bin: .* or name the validation set"):
         check_data(config, None)
+
+
+def test_loader_workers_read_shards_and_a_nested_val_set_as_in_process(tmp_path: Path) -> None:
+    data, held = tmp_path / "data", tmp_path / "held"
+    data.mkdir()
+    held.mkdir()
+    for i in range(3):
+        write_shard(data / f"fw_train_{i + 1:06d}.bin", ids(50, i))
+    write_shard(held / "fw_val_000000.bin", ids(60, 8))
+    write_shard(held / "fw_val_000001.bin", ids(60, 9))
+    source = resolve_data(str(data), val_data=str(held))
+    objective = build_model("gpt-tiny", {"n_layer": 1}, meta=True).make_objective(256)
+    for split in ("train", "val"):
+        dataset = WindowDataset(source, split, 32, 3, objective)
+
+        def batches(workers: int, dataset: WindowDataset = dataset) -> list[torch.Tensor]:
+            sampler = StepSampler(start_step=0, num_steps=4, micro_batch=4, accum=1)
+            loader = make_loader(
+                dataset, sampler, micro_batch=4, num_workers=workers, pin_memory=False
+            )
+            return [batch["input_ids"] for batch in loader]
+
+        in_process = batches(0)
+        assert len(in_process) == 4
+        assert all(torch.equal(a, b) for a, b in zip(in_process, batches(2), strict=True))
