@@ -141,7 +141,7 @@ class CliTuneProgress:
 @val_data_option(
     "Score the trials on this file instead of the plan's data's validation split (the same "
     "forms as advisor train's --val-data: text read as the plan's data is, FILE.jsonl[:FIELD], "
-    "a .bin or .npy of token ids, or a directory's val.bin); a study of its own."
+    "a .bin or .npy of token ids, or a directory's val.bin or *val* shards); a study of its own."
 )
 @out_option("Where tuned_plan.json and tune/ go (default: the plan's directory).")
 @device_option("Where the trials train.")
