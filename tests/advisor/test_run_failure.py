@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import torch
 from click.testing import CliRunner, Result
 
 from advisor.cli import main
@@ -438,14 +439,16 @@ def test_a_resume_that_plans_again_says_why(tmp_path: Path) -> None:
     )
 
 
+@pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without CUDA")
 def test_a_run_whose_input_is_refused_has_no_report_to_fail(tmp_path: Path) -> None:
-    """A --data that does not exist fails the profile at once: the report stage was then
+    """An input the profile refuses at once (--device cuda without one; a missing --data was,
+    until the run checked its data before the profile, 2026-12-07): the report stage was then
     recorded as failed, telling the user to "run 'advisor run --out ...' first"."""
     out = tmp_path / "r"
-    result = invoke("run", "--data", str(tmp_path / "nope"), "--out", str(out))
+    result = invoke("run", "--device", "cuda", "--out", str(out))
     assert result.exit_code == 2
     errors = [line for line in result.stderr.splitlines() if line.startswith("error: ")]
-    assert len(errors) == 1 and errors[0].startswith(f"error: data '{tmp_path / 'nope'}' does")
+    assert errors == ["error: --device cuda but no CUDA device is visible: use --device cpu"]
     assert "report: skipped: nothing to report: no stage saved anything" in result.stderr
     assert "the report of the partial run" not in result.stderr
     stages = json.loads((out / "run.json").read_text())["stages"]
@@ -453,6 +456,17 @@ def test_a_run_whose_input_is_refused_has_no_report_to_fail(tmp_path: Path) -> N
         "profile": "failed",
         "report": "skipped",
     }
+
+
+def test_a_run_whose_data_is_refused_stops_before_its_first_stage(tmp_path: Path) -> None:
+    """The data (and --val-data) are checked before the profile, which reads the train split
+    only: nothing is written, the error is the one line."""
+    out = tmp_path / "r"
+    result = invoke("run", "--data", str(tmp_path / "nope"), "--out", str(out))
+    assert result.exit_code == 2
+    assert result.stderr.startswith(f"error: data '{tmp_path / 'nope'}' does not exist: ")
+    assert len(result.stderr.splitlines()) == 1
+    assert not out.exists()
 
 
 def test_run_json_names_the_stage_that_runs(
