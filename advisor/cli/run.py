@@ -112,7 +112,7 @@ class CliRunProgress:
 @quiet_option()
 def run(**params: Any) -> None:
     """Profile, recommend, train and report in one go, into one run directory. With no
-    arguments: gpt-tiny on Python's own sources, three to four minutes on two CPU cores."""
+    arguments: gpt-tiny on Python's own sources, three to five minutes on two CPU cores."""
     from advisor.run import RunRequest
     from advisor.run import run as run_all
 
