@@ -783,8 +783,8 @@ def train(
     checkpoint. ``checkpoint_every``/``keep_checkpoints``/``eval_every``/``eval_batches``: as the
     CLI's flags. ``val_data``: the file the evaluations read (``--val-data``: text, a
     ``.jsonl`` (``"FILE.jsonl:FIELD"``), a ``.bin`` or ``.npy`` of token ids, or a directory's
-    ``val.bin``; all of it), instead of the data's validation split; a resume without it keeps
-    the run's own. ddp/fsdp plans run through torchrun (``nnodes``, ``node_rank``,
+    ``val.bin`` or val shards; all of it), instead of the data's validation split; a resume
+    without it keeps the run's own. ddp/fsdp plans run through torchrun (``nnodes``, ``node_rank``,
     ``rdzv_endpoint`` for several machines), and report as a run in this process does (notes,
     the return value); the ranks' own stdout goes to ``OUT/stdout.log``, not to the caller's.
     ``progress``: True prints the per-step lines on stderr, or a callback ``progress(message)``

@@ -466,9 +466,8 @@ def training_section(
                 "plan does not predict."
             )
         return Section(id="training", title="Training", note=note)
-    config = mapping(mapping(run.train_config).get("config")) or mapping(
-        mapping(plan).get("config")
-    )
+    trained = mapping(run.train_config)
+    config = mapping(trained.get("config")) or mapping(mapping(plan).get("config"))
     same_config = same_candidate(plan_candidate(plan), candidate(config))
     elsewhere = trained_elsewhere(plan, run.train_config)
     curves = _Run(
@@ -522,11 +521,7 @@ def training_section(
         id="training",
         title="Training",
         lead=tuple(lead),
-        facts=_facts(
-            stats,
-            mapping(run.train_config).get("data"),
-            mapping(run.train_config).get("val_data"),
-        ),
+        facts=_facts(stats, trained.get("data"), trained.get("val_data")),
         bullets=tuple(_bullets(run.profile, above_one, mfu is not None)),
         charts=nonempty(charts),
     )
