@@ -50,23 +50,24 @@ _MAGIC: tuple[tuple[bytes, str, str], ...] = (
 )
 
 
-def refuse_binary(path: Path) -> None:
+def refuse_binary(path: Path, accepted: str = ACCEPTED) -> None:
     """Refuse a file read as text that is not text: a known binary format's magic, or a NUL
-    byte in its first :data:`SNIFF_BYTES` (UTF-16, token ids under another name)."""
+    byte in its first :data:`SNIFF_BYTES` (UTF-16, token ids under another name). ``accepted``
+    ends the message: what the option that named the file takes."""
     with open(path, "rb") as f:
         head = f.read(SNIFF_BYTES)
     for magic, what, fix in _MAGIC:
         if head.startswith(magic):
-            raise UsageProblem(f"{path} is {what}, not text: {fix}; {ACCEPTED}")
+            raise UsageProblem(f"{path} is {what}, not text: {fix}; {accepted}")
     if head[:1] == b"\x80" and head[1:2] in (b"\x02", b"\x03", b"\x04", b"\x05"):
         raise UsageProblem(
             f"{path} is a Python pickle, not text: save its token ids with np.save as .npy; "
-            f"{ACCEPTED}"
+            f"{accepted}"
         )
     if b"\x00" in head:
         raise UsageProblem(
             f"{path} is not text (NUL bytes in its first {SNIFF_BYTES // 1024} KB): save token "
-            f"ids as .bin or .npy, re-encode UTF-16 text as UTF-8; {ACCEPTED}"
+            f"ids as .bin or .npy, re-encode UTF-16 text as UTF-8; {accepted}"
         )
 
 
@@ -139,10 +140,11 @@ def jsonl_spec(spec: str) -> tuple[Path, str] | None:
     return None
 
 
-def _documents(path: Path, field: str) -> int:
+def _documents(path: Path, field: str, flag: str) -> int:
     """Write ``path``'s documents, joined by :data:`DOCUMENT_SEPARATOR`, to the cache's text
-    file for (path, field), reading one line at a time; the number of documents."""
-    hint = f'give each line a "{field}" string, or name the field that holds the text: --data '
+    file for (path, field), reading one line at a time; the number of documents. ``flag``: the
+    option that named the file (``--data``, ``--val-data``), for the hints."""
+    hint = f'give each line a "{field}" string, or name the field that holds the text: {flag} '
     hint += f"{path}:FIELD"
     documents = 0
     with open(path, "rb") as f, atomic_output(_jsonl_cache(path, field)) as out:
@@ -189,14 +191,15 @@ def _jsonl_cache(path: Path, field: str) -> Path:
     return cache_dir() / f"jsonl-{hashlib.sha1(key.encode()).hexdigest()[:16]}.txt"
 
 
-def jsonl_source(spec: str, path: Path, field: str) -> TokenSource:
-    """JSON lines: the documents' text, extracted once into the cache, read as a text file."""
+def jsonl_source(spec: str, path: Path, field: str, flag: str = "--data") -> TokenSource:
+    """JSON lines: the documents' text, extracted once into the cache, read as a text file
+    (``flag``: the option that named it, for the refusals' hints)."""
     text_path = _jsonl_cache(path, field)
     counts = text_path.with_suffix(".json")
     if text_path.exists() and counts.exists():
         documents = int(json.loads(counts.read_text())["documents"])
     else:
-        documents = _documents(path, field)
+        documents = _documents(path, field, flag)
         with atomic_output(counts) as f:
             f.write(json.dumps({"documents": documents}).encode())
     n = text_path.stat().st_size

@@ -148,26 +148,27 @@ class ShardSet:
     paths: tuple[str, ...]
     dtype: str
     offset: int
-    num_tokens: int
+    counts: tuple[int, ...]  # the tokens of each shard, in order
     writer: str | None  # llm.c's writer ("GPT-2", "LLaMA 3"), None for raw uint16 ids
 
-    def describe(self) -> str:
-        files = f"{len(self.paths)} shard{'s' if len(self.paths) != 1 else ''}"
-        return f"{files}, {self.num_tokens:,} tokens"
+    @property
+    def num_tokens(self) -> int:
+        return sum(self.counts)
 
 
 def shard_set(paths: Sequence[Path]) -> ShardSet:
     """The shards ``paths`` (one split, in order) read alike: every one an llm.c shard of the
     same writer, or every one raw uint16 ids; a mix is refused, naming one of each."""
     kinds: dict[str | None, Path] = {}
-    total = 0
+    counts: list[int] = []
     dtype = "uint16"
     for path in paths:
         header = shard_header(path)
         writer = header.writer if header else None
         kinds.setdefault(writer, path)
         if header is not None:
-            dtype, total = header.dtype, total + header.num_tokens
+            dtype = header.dtype
+            counts.append(header.num_tokens)
         else:
             size = path.stat().st_size
             if size % 2:
@@ -175,7 +176,7 @@ def shard_set(paths: Sequence[Path]) -> ShardSet:
                     f"{path} has an odd size ({size:,} bytes): a .bin holds uint16 token ids, 2 "
                     "bytes each (or an llm.c header and its ids)"
                 )
-            total += size // 2
+            counts.append(size // 2)
     if len(kinds) > 1:
         named = "; ".join(
             f"{path.name}: {f'llm.c {writer} shard' if writer else 'raw uint16 ids'}"
@@ -189,6 +190,6 @@ def shard_set(paths: Sequence[Path]) -> ShardSet:
         paths=tuple(str(p) for p in paths),
         dtype=dtype,
         offset=HEADER_BYTES if writer else 0,
-        num_tokens=total,
+        counts=tuple(counts),
         writer=writer,
     )

@@ -47,7 +47,6 @@ from advisor.data.formats import (
 )
 from advisor.data.shards import (
     HEADER_BYTES,
-    ShardHeader,
     ShardSet,
     directory_shards,
     shard_header,
@@ -96,17 +95,21 @@ def _stdlib_source() -> TokenSource:
     )
 
 
-def _single_file(spec: str, path: Path, dtype: str, vocab: int, kind: str) -> TokenSource:
-    n = path.stat().st_size // np.dtype(dtype).itemsize
-    split_at = int(n * (1 - VAL_FRACTION))
+def _single_file(
+    spec: str, path: Path, dtype: str, vocab: int, kind: str, *, offset: int = 0, what: str = ""
+) -> TokenSource:
+    """One file of ids (or text) past ``offset`` bytes; its last 10% is the validation split.
+    ``what``: said of the file after its token count (", an llm.c GPT-2 shard")."""
+    n = (path.stat().st_size - offset) // np.dtype(dtype).itemsize
     return TokenSource(
         spec=spec,
         kind=kind,
         vocab_size=vocab,
         paths=(str(path), str(path)),
-        split_at=split_at,
+        split_at=int(n * (1 - VAL_FRACTION)),
         dtype=dtype,
-        description=f"{path.name} ({n:,} tokens)",
+        offset=offset,
+        description=f"{path.name} ({n:,} tokens{what})",
         label=path.name,
     )
 
@@ -230,12 +233,15 @@ def resolve_data(
     return source
 
 
-def _file_source(spec: str, *, need_val: bool = True) -> TokenSource:
+def _file_source(
+    spec: str, *, need_val: bool = True, flag: str = "--data", accepted: str = ACCEPTED
+) -> TokenSource:
     """A file or directory named by ``--data``, by its suffix (``.bin``, ``.npy``, ``.jsonl``
-    in any case) or else as text."""
+    in any case) or else as text. ``flag`` and ``accepted``: the option that named it and what
+    that option takes, for the refusals (``--val-data`` reads its files here too)."""
     if (jsonl := jsonl_spec(spec)) is not None:
-        refuse_binary(jsonl[0])
-        return jsonl_source(spec, *jsonl)
+        refuse_binary(jsonl[0], accepted)
+        return jsonl_source(spec, *jsonl, flag=flag)
     path = Path(spec).expanduser()
     if not path.exists():
         raise UsageProblem(
@@ -246,8 +252,12 @@ def _file_source(spec: str, *, need_val: bool = True) -> TokenSource:
     if path.is_dir():
         return _directory_source(spec, path, need_val=need_val)
     if path.suffix.lower() == ".bin":
-        if (header := shard_header(path)) is not None:
-            return _llmc_file(spec, path, header)
+        if (header := shard_header(path)) is not None:  # llm.c's: its ids past the header
+            vocab = _bin_vocab([path], header.dtype, HEADER_BYTES)
+            what = f", an llm.c {header.writer} shard"
+            return _single_file(
+                spec, path, header.dtype, vocab, "bin", offset=HEADER_BYTES, what=what
+            )
         if path.stat().st_size % 2:
             raise UsageProblem(
                 f"{path} has an odd size ({path.stat().st_size:,} bytes): a .bin holds uint16 "
@@ -258,25 +268,8 @@ def _file_source(spec: str, *, need_val: bool = True) -> TokenSource:
         return _single_file(spec, path, "uint16", _bin_vocab([path]), "bin")
     if is_npy(path):
         return npy_source(spec, path)
-    refuse_binary(path)
+    refuse_binary(path, accepted)
     return _single_file(spec, path, "uint8", BYTE_VOCAB, "text")
-
-
-def _llmc_file(spec: str, path: Path, header: ShardHeader) -> TokenSource:
-    """One llm.c token shard (advisor.data.shards): its ids past the header; the last 10% is
-    the validation split, as for a plain .bin."""
-    n = header.num_tokens
-    return TokenSource(
-        spec=spec,
-        kind="bin",
-        vocab_size=_bin_vocab([path], header.dtype, HEADER_BYTES),
-        paths=(str(path), str(path)),
-        split_at=int(n * (1 - VAL_FRACTION)),
-        dtype=header.dtype,
-        offset=HEADER_BYTES,
-        description=f"{path.name} ({n:,} tokens, an llm.c {header.writer} shard)",
-        label=path.name,
-    )
 
 
 DIRECTORY_FORMS = (
@@ -296,8 +289,19 @@ def _read_alike(paths: list[Path]) -> ShardSet:
     return shards
 
 
-def _shards_format(shards: ShardSet) -> str:
-    return f"llm.c {shards.writer} shards" if shards.writer else "uint16 ids"
+def _shards_description(path: Path, splits: dict[str, list[Path]], shards: ShardSet) -> str:
+    """``DIR: 2 train shards + 1 val shard (a + b tokens, llm.c GPT-2 shards)``: the shards of
+    each split named (``shards``: all of them, read alike, in the order of ``splits``)."""
+    files: list[str] = []
+    counts: list[str] = []
+    start = 0
+    for split, paths in splits.items():
+        if paths:
+            files.append(f"{len(paths)} {split} shard{'s' if len(paths) > 1 else ''}")
+            counts.append(f"{sum(shards.counts[start : start + len(paths)]):,}")
+            start += len(paths)
+    form = f"llm.c {shards.writer} shards" if shards.writer else "uint16 ids"
+    return f"{path}: {' + '.join(files)} ({' + '.join(counts)} tokens, {form})"
 
 
 def _directory_source(spec: str, path: Path, *, need_val: bool = True) -> TokenSource:
@@ -330,7 +334,6 @@ def _directory_source(spec: str, path: Path, *, need_val: bool = True) -> TokenS
             "text is passed as the file itself"
         )
     alike = _read_alike(train + val)  # one format for both splits
-    train_set, val_set = shard_set(train), shard_set(val) if val else None
     classic = (
         [p.name for p in train] == ["train.bin"]
         and [p.name for p in val] == ["val.bin"]
@@ -338,15 +341,10 @@ def _directory_source(spec: str, path: Path, *, need_val: bool = True) -> TokenS
     )
     if classic:
         # The counts too: a resume tells a train.bin written again by its size (loop).
-        description = f"{path}/{{train,val}}.bin ({train_set.num_tokens:,} + "
-        description += f"{val_set.num_tokens if val_set else 0:,} tokens)"
+        train_count, val_count = alike.counts
+        description = f"{path}/{{train,val}}.bin ({train_count:,} + {val_count:,} tokens)"
     else:
-        counts = f"{train_set.num_tokens:,}"
-        files = f"{len(train)} train shard{'s' if len(train) > 1 else ''}"
-        if val_set is not None:
-            files += f" + {len(val)} val shard{'s' if len(val) > 1 else ''}"
-            counts += f" + {val_set.num_tokens:,}"
-        description = f"{path}: {files} ({counts} tokens, {_shards_format(alike)})"
+        description = _shards_description(path, {"train": train, "val": val}, alike)
     one_each = len(train) == 1 and len(val) == 1
     return TokenSource(
         spec=spec,
@@ -398,12 +396,7 @@ def _val_file_source(spec: str) -> TokenSource:
         if [p.name for p in val] == ["val.bin"] and shards.writer is None:
             description, label = f"{val[0]} ({shards.num_tokens:,} tokens)", str(val[0])
         else:
-            plural = "s" if len(val) > 1 else ""
-            description = (
-                f"{path}: {len(val)} val shard{plural} ({shards.num_tokens:,} tokens, "
-                f"{_shards_format(shards)})"
-            )
-            label = str(path)
+            description, label = _shards_description(path, {"val": val}, shards), str(path)
         return TokenSource(
             spec=spec,
             kind="bin",
@@ -417,11 +410,9 @@ def _val_file_source(spec: str) -> TokenSource:
         )
     if jsonl_spec(spec) is None and not path.exists():
         raise UsageProblem(f"--val-data {spec!r} does not exist: pass {VAL_DATA_FORMS}")
-    try:
-        return dataclasses.replace(_file_source(spec), split_at=None)
-    except UsageProblem as exc:  # the readers name --data and its forms: this is --val-data
-        text = str(exc).replace(ACCEPTED, f"--val-data takes {VAL_DATA_FORMS}")
-        raise UsageProblem(text.replace("--data ", "--val-data ")) from None
+    accepted = f"--val-data takes {VAL_DATA_FORMS}"
+    source = _file_source(spec, flag="--val-data", accepted=accepted)
+    return dataclasses.replace(source, split_at=None)
 
 
 def _token_files(source: TokenSource, split: str) -> set[Path]:

@@ -134,7 +134,7 @@ def test_a_split_of_llmc_shards_reads_alike(tmp_path: Path) -> None:
     shards = shard_set([a, b])
     assert (shards.dtype, shards.offset, shards.num_tokens) == ("uint32", HEADER_BYTES, 17)
     assert shards.writer == "LLaMA 3" and shards.paths == (str(a), str(b))
-    assert shards.describe() == "2 shards, 17 tokens"
+    assert shards.counts == (10, 7)
 
 
 def test_raw_uint16_shards_have_no_header(tmp_path: Path) -> None:
@@ -147,7 +147,7 @@ def test_raw_uint16_shards_have_no_header(tmp_path: Path) -> None:
         300,
         None,
     )
-    assert shards.describe() == "1 shard, 300 tokens"
+    assert shards.counts == (300,)
 
 
 def test_shards_that_mix_formats_are_refused_naming_one_of_each(tmp_path: Path) -> None:

@@ -71,6 +71,7 @@ def files(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
         "short": root / "short.txt",
         "npy": root / "val.npy",
         "jsonl": root / "val.jsonl",
+        "gzip": root / "val.txt.gz",
         "dir": root / "data",
         "val_dir": root / "val_only",
         "same_val_dir": root / "same_val",
@@ -83,6 +84,7 @@ def files(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     rng.integers(0, 200, 600).astype(np.uint16).tofile(paths["val_ids"])
     np.full(100, 300, dtype=np.uint16).tofile(paths["big_ids"])
     paths["short"].write_text("abc")
+    paths["gzip"].write_bytes(b"\x1f\x8b\x08\x00" + bytes(range(60)))
     np.save(paths["npy"], np.arange(100, dtype=np.int32))
     paths["jsonl"].write_text(
         json.dumps({"text": "hello " * 20}) + "\n" + json.dumps({"text": "x"})
@@ -245,6 +247,19 @@ def refusals(f: dict[str, Path]) -> list[tuple[str, str, str]]:
             str(f["text"]),
             str(f["text"].with_name("missing.txt")),
             f"--val-data '{f['text'].with_name('missing.txt')}' does not exist: pass {FORMS}",
+        ),
+        # the readers' refusals name the option that named the file, and what it takes
+        (
+            str(f["text"]),
+            str(f["gzip"]),
+            f"{f['gzip']} is gzip-compressed, not text: decompress it first; --val-data takes "
+            f"{FORMS}",
+        ),
+        (
+            str(f["text"]),
+            f"{f['jsonl']}:body",
+            f'{f["jsonl"]} line 1 has no "body" field (its keys: text): give each line a "body" '
+            f"string, or name the field that holds the text: --val-data {f['jsonl']}:FIELD",
         ),
         (
             str(f["ids"]),
