@@ -133,13 +133,14 @@ def test_zero_trials(tmp_path: Path) -> None:
 @pytest.mark.slow
 def test_tune_then_train_the_tuned_plan(tmp_path: Path) -> None:
     """Real trials (each an ``advisor train`` child), then the tuned plan trained again: the
-    same held-out loss as its trial (training is deterministic per seed)."""
+    same held-out loss as its trial (training is deterministic per seed). 512 tokens per trial:
+    4 steps of the plan's 128 tokens, an eval at each (as the retrain's --eval-every 1)."""
     plan = write_plan(
         tmp_path, parallelism="single", world_size=1, micro_batch_size=4, grad_accum_steps=1
     )
     command = [sys.executable, "-m", "advisor"]
     done = subprocess.run(
-        [*command, "tune", "--plan", str(plan), "--trials", "3", "--tokens-per-trial", "1280",
+        [*command, "tune", "--plan", str(plan), "--trials", "3", "--tokens-per-trial", "512",
          "--device", "cpu"],
         capture_output=True, text=True, check=False, timeout=900,
     )  # fmt: skip
@@ -152,7 +153,7 @@ def test_tune_then_train_the_tuned_plan(tmp_path: Path) -> None:
     out = tmp_path / "train"
     done = subprocess.run(
         [*command, "train", "--plan", str(RunDir(tmp_path).tuned_plan), "--out", str(out),
-         "--steps", "10", "--eval-every", "1", "--quiet", "--device", "cpu"],
+         "--steps", "4", "--eval-every", "1", "--quiet", "--device", "cpu"],
         capture_output=True, text=True, check=False, timeout=900,
     )  # fmt: skip
     assert done.returncode == 0, done.stderr
